@@ -1,0 +1,197 @@
+"""Strict decoding of a spec document into plain, typed Python values.
+
+The reference decodes specs with sigs.k8s.io/yaml's UnmarshalStrict: YAML 1.1 (so JSON too),
+unknown and duplicate keys rejected, struct keys matched exactly first and then
+case-insensitively (Go's encoding/json), and scalars coerced to strings where the field is a
+string (``name: 0`` is "0"). We compose the document with libyaml when PyYAML has it and walk
+the node tree against a small schema, so each error carries the field path and the bad value.
+"""
+import yaml
+from yaml.constructor import ConstructorError, SafeConstructor
+
+from .errors import CDIError
+
+try:  # libyaml's C parser; the pure-Python one gives the same nodes, only slower.
+    from yaml import CSafeLoader as _Loader
+except ImportError:  # pragma: no cover - depends on how PyYAML was built
+    from yaml import SafeLoader as _Loader
+
+_STR_TAG = "tag:yaml.org,2002:str"
+_INT_TAG = "tag:yaml.org,2002:int"
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_NULL_TAG = "tag:yaml.org,2002:null"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+
+# A limit on visited nodes guards against alias bombs ("billion laughs").
+MAX_NODES = 1_000_000
+
+_constructor = SafeConstructor()
+
+
+class DecodeError(CDIError):
+    def __init__(self, field, reason):
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}" if field else reason)
+
+
+# --- schema -------------------------------------------------------------------------------
+
+class Scalar:
+    def __init__(self, kind, low=None, high=None):
+        self.kind, self.low, self.high = kind, low, high  # kind: str, int, bool
+
+
+class ListOf:
+    def __init__(self, item):
+        self.item = item
+
+
+class MapOf:
+    def __init__(self, value):
+        self.value = value
+
+
+class Struct:
+    def __init__(self, name, fields):
+        self.name = name
+        self.fields = fields
+        self.folded = {key.lower(): key for key in fields}
+
+
+STRING = Scalar("str")
+BOOL = Scalar("bool")
+INT64 = Scalar("int", -(1 << 63), (1 << 63) - 1)
+UINT32 = Scalar("int", 0, (1 << 32) - 1)
+INT = INT64
+
+DEVICE_NODE = Struct("DeviceNode", {
+    "path": STRING, "hostPath": STRING, "type": STRING, "major": INT64, "minor": INT64,
+    "fileMode": UINT32, "permissions": STRING, "uid": UINT32, "gid": UINT32,
+})
+MOUNT = Struct("Mount", {"hostPath": STRING, "containerPath": STRING, "options": ListOf(STRING),
+                         "type": STRING})
+HOOK = Struct("Hook", {"hookName": STRING, "path": STRING, "args": ListOf(STRING),
+                       "env": ListOf(STRING), "timeout": INT})
+INTEL_RDT = Struct("IntelRdt", {"closID": STRING, "l3CacheSchema": STRING, "memBwSchema": STRING,
+                                "schemata": ListOf(STRING), "enableMonitoring": BOOL})
+NET_DEVICE = Struct("LinuxNetDevice", {"hostInterfaceName": STRING, "name": STRING})
+CONTAINER_EDITS = Struct("ContainerEdits", {
+    "env": ListOf(STRING), "deviceNodes": ListOf(DEVICE_NODE), "netDevices": ListOf(NET_DEVICE),
+    "hooks": ListOf(HOOK), "mounts": ListOf(MOUNT), "intelRdt": INTEL_RDT,
+    "additionalGids": ListOf(UINT32),
+})
+DEVICE = Struct("Device", {"name": STRING, "annotations": MapOf(STRING),
+                           "containerEdits": CONTAINER_EDITS})
+SPEC = Struct("Spec", {"cdiVersion": STRING, "kind": STRING, "annotations": MapOf(STRING),
+                       "devices": ListOf(DEVICE), "containerEdits": CONTAINER_EDITS})
+
+# --- walking ------------------------------------------------------------------------------
+
+
+def _describe(node):
+    if isinstance(node, yaml.MappingNode):
+        return "object"
+    if isinstance(node, yaml.SequenceNode):
+        return "array"
+    kind = {_STR_TAG: "string", _INT_TAG: "number", _FLOAT_TAG: "number", _BOOL_TAG: "bool",
+            _NULL_TAG: "null"}.get(node.tag, node.tag)
+    return f"{kind} {node.value!r}" if kind != "null" else kind
+
+
+class _Walker:
+    def __init__(self):
+        self.budget = MAX_NODES
+
+    def value(self, node, schema, field):
+        self.budget -= 1
+        if self.budget < 0:
+            raise DecodeError(field, f"document too large (more than {MAX_NODES} nodes after aliases)")
+        if isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG:
+            return None  # Go leaves the zero value; callers treat None as absent.
+        if isinstance(schema, Scalar):
+            return self.scalar(node, schema, field)
+        if isinstance(schema, ListOf):
+            if not isinstance(node, yaml.SequenceNode):
+                raise DecodeError(field, f"cannot unmarshal {_describe(node)} into a list")
+            return [self.value(item, schema.item, f"{field}[{index}]")
+                    for index, item in enumerate(node.value)]
+        if not isinstance(node, yaml.MappingNode):
+            what = "a map" if isinstance(schema, MapOf) else schema.name
+            raise DecodeError(field, f"cannot unmarshal {_describe(node)} into {what}")
+        if isinstance(schema, MapOf):
+            return self.mapping(node, schema, field)
+        return self.struct(node, schema, field)
+
+    def _keys(self, node, field):
+        seen = set()
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise DecodeError(field, f"mapping key {_describe(key_node)} is not a scalar")
+            key = key_node.value
+            if key in seen:
+                raise DecodeError(_join(field, key), f'mapping key "{key}" already defined '
+                                  f"(line {key_node.start_mark.line + 1})")
+            seen.add(key)
+            yield key, value_node
+
+    def mapping(self, node, schema, field):
+        result = {}
+        for key, value_node in self._keys(node, field):
+            value = self.value(value_node, schema.value, f"{field}[{key!r}]")
+            result[key] = "" if value is None else value
+        return result
+
+    def struct(self, node, schema, field):
+        result = {}
+        for key, value_node in self._keys(node, field):
+            name = key if key in schema.fields else schema.folded.get(key.lower())
+            if name is None:
+                raise DecodeError(_join(field, key), f'unknown field "{key}"')
+            result[name] = self.value(value_node, schema.fields[name], _join(field, name))
+        return result
+
+    def scalar(self, node, schema, field):
+        if not isinstance(node, yaml.ScalarNode):
+            raise DecodeError(field, f"cannot unmarshal {_describe(node)} into {_type_name(schema)}")
+        if schema.kind == "str":
+            return node.value
+        if schema.kind == "bool":
+            if node.tag != _BOOL_TAG:
+                raise DecodeError(field, f"cannot unmarshal {_describe(node)} into bool")
+            return _constructor.construct_yaml_bool(node)
+        if node.tag != _INT_TAG:
+            raise DecodeError(field, f"cannot unmarshal {_describe(node)} into {_type_name(schema)}")
+        try:
+            number = _constructor.construct_yaml_int(node)
+        except (ValueError, ConstructorError):
+            raise DecodeError(field, f"cannot unmarshal {_describe(node)} into {_type_name(schema)}") from None
+        if not schema.low <= number <= schema.high:
+            raise DecodeError(field, f"number {node.value} overflows {_type_name(schema)}")
+        return number
+
+
+def _type_name(schema):
+    if schema.kind == "int":
+        return "uint32" if schema.low == 0 else "int64"
+    return {"str": "string", "bool": "bool"}[schema.kind]
+
+
+def _join(field, key):
+    return f"{field}.{key}" if field else key
+
+
+def decode_spec(data):
+    """Decode spec bytes into a dict with canonical keys; None for an empty document.
+
+    Raises DecodeError (with the field path) on any syntax, type, unknown-key or duplicate-key
+    problem. Only the first YAML document is read, as the reference does.
+    """
+    try:
+        documents = yaml.compose_all(data, Loader=_Loader)
+        node = next(documents, None)
+    except yaml.YAMLError as err:
+        raise DecodeError("", "yaml: " + " ".join(str(err).split())) from None
+    if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG):
+        return None
+    return _Walker().value(node, SPEC, "")

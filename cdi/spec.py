@@ -1,0 +1,179 @@
+"""A CDI spec file: reading, validating, and writing.
+
+A loaded spec is a `Spec`: its decoded document (a dict with canonical keys), the file it came
+from, the priority of its directory, and its devices by name.
+"""
+import errno
+import json
+import os
+import tempfile
+
+from . import parser
+from .container_edits import EditsInvalid, is_empty, validate_edits
+from .decode import DecodeError, decode_spec
+from .errors import CDIError, SpecError
+from .version import minimum_version, normalize_version, validate_version
+
+# A spec larger than this is refused rather than parsed (specs are a few hundred KiB at most).
+MAX_SPEC_BYTES = 32 << 20
+
+
+class Spec:
+    __slots__ = ("path", "priority", "doc", "vendor", "cls", "devices")
+
+    def __init__(self, doc, path, priority):
+        self.doc = doc
+        self.path = path
+        self.priority = priority
+        self.vendor, self.cls = parser.parse_qualifier(doc.get("kind", ""))
+        self.devices = {device.get("name", ""): device for device in doc.get("devices") or ()}
+
+    @property
+    def kind(self):
+        return self.doc.get("kind", "")
+
+    @property
+    def edits(self):
+        return self.doc.get("containerEdits") or {}
+
+    def qualified_names(self):
+        return [parser.qualified_name(self.vendor, self.cls, name) for name in self.devices]
+
+
+def validate_spec_doc(doc, path):
+    """Raise SpecError for a decoded spec that the reference would reject, in its order."""
+    def invalid(field, reason):
+        return SpecError(path, field, reason)
+
+    try:
+        validate_version(doc)
+    except CDIError as err:
+        raise invalid("cdiVersion", str(err)) from None
+    vendor, cls = parser.parse_qualifier(doc.get("kind", ""))
+    try:
+        parser.validate_vendor_name(vendor)
+        parser.validate_class_name(cls)
+    except CDIError as err:
+        raise invalid("kind", f'{err} (kind "{doc.get("kind", "")}")') from None
+    try:
+        validate_edits(doc.get("containerEdits"), "containerEdits")
+    except EditsInvalid as err:
+        raise invalid(err.field, err.reason) from None
+    seen = set()
+    for index, device in enumerate(doc.get("devices") or ()):
+        device = device or {}
+        name = device.get("name", "")
+        where = f"devices[{index}]"
+        try:
+            parser.validate_device_name(name)
+        except CDIError as err:
+            raise invalid(f"{where}.name", f'failed add device "{name}": {err}') from None
+        edits = device.get("containerEdits")
+        if is_empty(edits):
+            raise invalid(f"{where}.containerEdits", f'failed add device "{name}": invalid device, empty device edits')
+        try:
+            validate_edits(edits, f"{where}.containerEdits")
+        except EditsInvalid as err:
+            raise invalid(err.field, f'failed add device "{name}": invalid device "{name}": {err.reason}') from None
+        if name in seen:
+            raise invalid(f"{where}.name", f'invalid spec, multiple device "{name}"')
+        seen.add(name)
+    if not seen:
+        raise invalid("devices", "invalid spec, no devices")
+
+
+def parse_spec(data, path, priority=0):
+    """Decode and validate spec bytes; returns a Spec or raises SpecError."""
+    try:
+        doc = decode_spec(data)
+    except DecodeError as err:
+        raise SpecError(path, err.field, "failed to unmarshal CDI Spec: " + err.reason, kind="parse") from None
+    if doc is None:
+        raise SpecError(path, "", "no Spec data", kind="nodata")
+    # Devices given as `null` decode to None; the reference sees a zero-value device.
+    if doc.get("devices"):
+        doc["devices"] = [device or {} for device in doc["devices"]]
+    validate_spec_doc(doc, path)
+    return Spec(doc, path, priority)
+
+
+def read_spec_bytes(path):
+    """Read a spec file without blocking on FIFOs or trusting its size."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as err:
+        raise SpecError(path, "", os.strerror(err.errno), kind="read") from err
+    try:
+        info = os.fstat(fd)
+        if not (info.st_mode & 0o170000) == 0o100000:
+            raise SpecError(path, "", "not a regular file", kind="read")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > MAX_SPEC_BYTES:
+                raise SpecError(path, "", f"file larger than {MAX_SPEC_BYTES} bytes", kind="read")
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        return data, info
+    finally:
+        os.close(fd)
+
+
+def read_spec(path, priority=0):
+    data, _ = read_spec_bytes(path)
+    return parse_spec(data, path, priority)
+
+
+# --- writing ------------------------------------------------------------------------------
+
+def spec_file_name(vendor, cls, transient_id=""):
+    """The reference's name for a generated spec file (without extension)."""
+    name = f"{vendor}-{cls}"
+    if transient_id:
+        name += "_" + transient_id
+    return name.replace("/", "_")
+
+
+def _dump_yaml(doc):
+    import yaml  # only the writer needs the emitter
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return "---\n" + yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False)
+
+
+def write_spec(doc, path, overwrite=True):
+    """Validate `doc` and write it atomically to `path` (.yaml or .json by extension).
+
+    A missing cdiVersion is filled with the minimum version the content needs. The file is
+    written to a temp file in the same directory, fsynced and renamed into place, so readers
+    never see a partial spec.
+    """
+    doc = dict(doc)
+    if not doc.get("cdiVersion"):
+        doc["cdiVersion"] = minimum_version(doc)
+    elif normalize_version(doc["cdiVersion"]) is None:
+        raise SpecError(path, "cdiVersion", f'invalid version "{doc["cdiVersion"]}"')
+    if not path.endswith((".json", ".yaml")):
+        path += ".yaml"
+    # Round-trip through the strict decoder so what we write is exactly what we would load.
+    text = json.dumps(doc, indent=2) + "\n" if path.endswith(".json") else _dump_yaml(doc)
+    parse_spec(text.encode(), path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    if not overwrite and os.path.lexists(path):
+        raise SpecError(path, "", os.strerror(errno.EEXIST), kind="read")
+    fd, tmp = tempfile.mkstemp(prefix="spec.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
