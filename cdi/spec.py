@@ -10,7 +10,6 @@ import tempfile
 
 from . import parser
 from .container_edits import EditsInvalid, is_empty, validate_edits
-from .decode import DecodeError, decode_spec
 from .errors import CDIError, SpecError
 from .version import minimum_version, normalize_version, validate_version
 
@@ -84,6 +83,8 @@ def validate_spec_doc(doc, path):
 
 def parse_spec(data, path, priority=0):
     """Decode and validate spec bytes; returns a Spec or raises SpecError."""
+    from .decode import DecodeError, decode_spec  # PyYAML loads only when a file is parsed
+
     try:
         doc = decode_spec(data)
     except DecodeError as err:

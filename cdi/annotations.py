@@ -1,0 +1,66 @@
+"""CDI device requests carried in container annotations (``cdi.k8s.io/<plugin>_<id>``)."""
+from .errors import CDIError
+from .parser import is_qualified_name
+
+ANNOTATION_PREFIX = "cdi.k8s.io/"
+MAX_NAME_LENGTH = 63
+_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+
+
+def annotation_key(plugin_name, device_id, prefix=ANNOTATION_PREFIX):
+    """The annotation key for a plugin's device (plugin by convention ``vendor.device-type``)."""
+    if not plugin_name:
+        raise CDIError("invalid plugin name, empty")
+    if not device_id:
+        raise CDIError("invalid deviceID, empty")
+    name = plugin_name + "_" + device_id.replace("/", "_")
+    if len(name) > MAX_NAME_LENGTH:
+        raise CDIError(f'invalid plugin+deviceID "{name}", too long')
+    if name[0] not in _ALNUM:
+        raise CDIError(f"invalid name \"{name}\", first '{name[0]}' should be alphanumeric")
+    for char in name[1:-1]:
+        if char not in _ALNUM and char not in "_-.":
+            raise CDIError(f"invalid name \"{name}\", invalid character '{char}'")
+    if name[-1] not in _ALNUM:
+        raise CDIError(f"invalid name \"{name}\", last '{name[-1]}' should be alphanumeric")
+    return prefix + name
+
+
+def annotation_value(devices):
+    """The annotation value for a list of qualified device names (comma-joined)."""
+    for device in devices:
+        if not is_qualified_name(device):
+            raise CDIError(f'invalid CDI device name "{device}"')
+    return ",".join(devices)
+
+
+def update_annotations(annotations, plugin_name, device_id, devices):
+    """A copy of `annotations` with the request added; the input is never modified."""
+    key = annotation_key(plugin_name, device_id)
+    value = annotation_value(devices)
+    annotations = dict(annotations or {})
+    if key in annotations:
+        raise CDIError(f'CDI annotation failed, key "{key}" used')
+    annotations[key] = value
+    return annotations
+
+
+def parse_annotations(annotations, prefixes=(ANNOTATION_PREFIX,)):
+    """(keys, devices) requested by annotations whose key starts with one of `prefixes`.
+
+    Keys are taken in sorted order (the reference's order across keys is Go map order, i.e.
+    random); the order inside one value is kept. Any malformed name fails the whole parse.
+    """
+    keys, devices = [], []
+    for key in sorted(annotations or {}):
+        if not key.startswith(tuple(prefixes)):
+            continue
+        value = annotations[key]
+        if not isinstance(value, str):
+            raise CDIError(f'invalid CDI annotation "{key}": value is not a string')
+        for device in value.split(","):
+            if not is_qualified_name(device):
+                raise CDIError(f'invalid CDI device name "{device}"')
+            devices.append(device)
+        keys.append(key)
+    return keys, devices
