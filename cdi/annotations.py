@@ -1,5 +1,5 @@
 """CDI device requests carried in container annotations (``cdi.k8s.io/<plugin>_<id>``)."""
-from .errors import CDIError
+from .errors import CDIError, q
 from .parser import is_qualified_name
 
 ANNOTATION_PREFIX = "cdi.k8s.io/"
@@ -15,14 +15,14 @@ def annotation_key(plugin_name, device_id, prefix=ANNOTATION_PREFIX):
         raise CDIError("invalid deviceID, empty")
     name = plugin_name + "_" + device_id.replace("/", "_")
     if len(name) > MAX_NAME_LENGTH:
-        raise CDIError(f'invalid plugin+deviceID "{name}", too long')
+        raise CDIError(f'invalid plugin+deviceID {q(name)}, too long')
     if name[0] not in _ALNUM:
-        raise CDIError(f"invalid name \"{name}\", first '{name[0]}' should be alphanumeric")
+        raise CDIError(f"invalid name {q(name)}, first '{name[0]}' should be alphanumeric")
     for char in name[1:-1]:
         if char not in _ALNUM and char not in "_-.":
-            raise CDIError(f"invalid name \"{name}\", invalid character '{char}'")
+            raise CDIError(f"invalid name {q(name)}, invalid character '{char}'")
     if name[-1] not in _ALNUM:
-        raise CDIError(f"invalid name \"{name}\", last '{name[-1]}' should be alphanumeric")
+        raise CDIError(f"invalid name {q(name)}, last '{name[-1]}' should be alphanumeric")
     return prefix + name
 
 
@@ -30,7 +30,7 @@ def annotation_value(devices):
     """The annotation value for a list of qualified device names (comma-joined)."""
     for device in devices:
         if not is_qualified_name(device):
-            raise CDIError(f'invalid CDI device name "{device}"')
+            raise CDIError(f'invalid CDI device name {q(device)}')
     return ",".join(devices)
 
 
@@ -40,7 +40,7 @@ def update_annotations(annotations, plugin_name, device_id, devices):
     value = annotation_value(devices)
     annotations = dict(annotations or {})
     if key in annotations:
-        raise CDIError(f'CDI annotation failed, key "{key}" used')
+        raise CDIError(f'CDI annotation failed, key {q(key)} used')
     annotations[key] = value
     return annotations
 
@@ -57,10 +57,10 @@ def parse_annotations(annotations, prefixes=(ANNOTATION_PREFIX,)):
             continue
         value = annotations[key]
         if not isinstance(value, str):
-            raise CDIError(f'invalid CDI annotation "{key}": value is not a string')
+            raise CDIError(f'invalid CDI annotation {q(key)}: value is not a string')
         for device in value.split(","):
             if not is_qualified_name(device):
-                raise CDIError(f'invalid CDI device name "{device}"')
+                raise CDIError(f'invalid CDI device name {q(device)}')
             devices.append(device)
         keys.append(key)
     return keys, devices

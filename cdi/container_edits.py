@@ -9,7 +9,7 @@ import os
 import posixpath
 import stat
 
-from .errors import CDIError, EditError
+from .errors import CDIError, EditError, q
 
 HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 NO_PERMISSIONS = "none"
@@ -28,7 +28,7 @@ class EditsInvalid(CDIError):
 def _check_env(env, field):
     for index, entry in enumerate(env or ()):
         if entry.find("=") <= 0:
-            return f"{field}[{index}]", f'invalid environment variable "{entry}"'
+            return f"{field}[{index}]", f'invalid environment variable {q(entry)}'
     return None
 
 
@@ -48,26 +48,32 @@ def validate_edits(edits, field):
         raise EditsInvalid(bad[0], "invalid container edits: " + bad[1])
     for index, node in enumerate(edits.get("deviceNodes") or ()):
         where = f"{field}.deviceNodes[{index}]"
+        if node is None:
+            raise EditsInvalid(where, "invalid (nil) device node")
         path = node.get("path", "")
         if not path:
             raise EditsInvalid(f"{where}.path", "invalid (empty) device path")
         if node.get("type", "") not in _DEVICE_TYPES:
-            raise EditsInvalid(f"{where}.type", f'device "{path}": invalid type "{node["type"]}"')
+            raise EditsInvalid(f"{where}.type", f'device {q(path)}: invalid type ' + q(node["type"]))
         permissions = node.get("permissions", "")
         if permissions and permissions != NO_PERMISSIONS and permissions.strip("rwm"):
-            raise EditsInvalid(f"{where}.permissions", f'device "{path}": invalid permissions "{permissions}"')
+            raise EditsInvalid(f"{where}.permissions", f'device {q(path)}: invalid permissions {q(permissions)}')
     for index, hook in enumerate(edits.get("hooks") or ()):
         where = f"{field}.hooks[{index}]"
+        if hook is None:
+            raise EditsInvalid(where, "invalid (nil) hook")
         name = hook.get("hookName", "")
         if name not in HOOK_NAMES:
-            raise EditsInvalid(f"{where}.hookName", f'invalid hook name "{name}"')
+            raise EditsInvalid(f"{where}.hookName", f'invalid hook name {q(name)}')
         if not hook.get("path"):
-            raise EditsInvalid(f"{where}.path", f'invalid hook "{name}" with empty path')
+            raise EditsInvalid(f"{where}.path", f'invalid hook {q(name)} with empty path')
         bad = _check_env(hook.get("env"), f"{where}.env")
         if bad:
-            raise EditsInvalid(bad[0], f'invalid hook "{name}": {bad[1]}')
+            raise EditsInvalid(bad[0], f'invalid hook {q(name)}: {bad[1]}')
     for index, mount in enumerate(edits.get("mounts") or ()):
         where = f"{field}.mounts[{index}]"
+        if mount is None:
+            raise EditsInvalid(where, "invalid (nil) mount")
         if not mount.get("hostPath"):
             raise EditsInvalid(f"{where}.hostPath", "invalid mount, empty host path")
         if not mount.get("containerPath"):
@@ -83,6 +89,8 @@ def validate_edits(edits, field):
 def _validate_net_devices(devices, field):
     host_seen, name_seen = {}, {}
     for index, dev in enumerate(devices):
+        if dev is None:
+            raise EditsInvalid(f"{field}[{index}]", "invalid (nil) linux net device")
         host, name = dev.get("hostInterfaceName", ""), dev.get("name", "")
         if not host:
             raise EditsInvalid(f"{field}[{index}].hostInterfaceName", "invalid linux net device, empty HostInterfaceName")
@@ -90,13 +98,13 @@ def _validate_net_devices(devices, field):
             raise EditsInvalid(f"{field}[{index}].name", "invalid linux net device, empty Name")
         if host in host_seen:
             raise EditsInvalid(f"{field}[{index}].hostInterfaceName",
-                               f'invalid linux net device, duplicate HostInterfaceName "{host}" '
-                               f'with names "{name}" and "{host_seen[host]}"')
+                               f'invalid linux net device, duplicate HostInterfaceName {q(host)} '
+                               f'with names {q(name)} and {q(host_seen[host])}')
         host_seen[host] = name
         if name in name_seen:
             raise EditsInvalid(f"{field}[{index}].name",
-                               f'invalid linux net device, duplicate Name "{name}" '
-                               f'with HostInterfaceName "{host}" and "{name_seen[name]}"')
+                               f'invalid linux net device, duplicate Name {q(name)} '
+                               f'with HostInterfaceName {q(host)} and {q(name_seen[name])}')
         name_seen[name] = host
 
 
@@ -139,21 +147,21 @@ def resolve_device_node(node):
         info = os.lstat(host_path)
     except OSError as err:
         if not minimal:
-            raise EditError(f'failed to stat CDI host device "{host_path}": {_strerror(err)}') from None
+            raise EditError(f'failed to stat CDI host device {q(host_path)}: {_strerror(err)}') from None
         info = None
     if info is not None:
         mode = info.st_mode
         host_type = ("b" if stat.S_ISBLK(mode) else "c" if stat.S_ISCHR(mode)
                      else "p" if stat.S_ISFIFO(mode) else None)
         if host_type is None:
-            raise EditError(f'failed to stat CDI host device "{host_path}": not a device node')
+            raise EditError(f'failed to stat CDI host device {q(host_path)}: not a device node')
         if file_mode is None:
             file_mode = stat.S_IMODE(mode)
         if not minimal:
             if dev_type == "":
                 dev_type = host_type
             elif dev_type != host_type:
-                raise EditError(f'CDI device ("{path}", "{host_path}"), host type mismatch '
+                raise EditError(f'CDI device ({q(path)}, {q(host_path)}), host type mismatch '
                                 f"({dev_type}, {host_type})")
             if dev_type != "p" and major == 0:
                 major, minor = os.major(info.st_rdev), os.minor(info.st_rdev)
@@ -343,7 +351,7 @@ def apply_edits(config, edits):
         _apply_mounts(work, edits["mounts"])
     for hook in edits.get("hooks") or ():
         if hook.get("hookName") not in HOOK_NAMES:
-            raise EditError(f'unknown hook name "{hook.get("hookName")}"')
+            raise EditError("unknown hook name " + q(hook.get("hookName")))
         work.list("hooks", hook["hookName"]).append(_oci_hook(hook))
     rdt = edits.get("intelRdt")
     if rdt is not None:

@@ -9,7 +9,7 @@ the node tree against a small schema, so each error carries the field path and t
 import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 
-from .errors import CDIError
+from .errors import CDIError, q
 
 try:  # libyaml's C parser; the pure-Python one gives the same nodes, only slower.
     from yaml import CSafeLoader as _Loader
@@ -108,7 +108,11 @@ class _Walker:
         if self.budget < 0:
             raise DecodeError(field, f"document too large (more than {MAX_NODES} nodes after aliases)")
         if isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG:
-            return None  # Go leaves the zero value; callers treat None as absent.
+            # Go leaves the zero value: "" for a string, false for a bool, nil for the rest
+            # (pointers, lists, objects; a nil entry of a list of objects is kept as None).
+            if isinstance(schema, Scalar) and schema.kind != "int":
+                return "" if schema.kind == "str" else False
+            return None
         if isinstance(schema, Scalar):
             return self.scalar(node, schema, field)
         if isinstance(schema, ListOf):
@@ -130,7 +134,7 @@ class _Walker:
                 raise DecodeError(field, f"mapping key {_describe(key_node)} is not a scalar")
             key = key_node.value
             if key in seen:
-                raise DecodeError(_join(field, key), f'mapping key "{key}" already defined '
+                raise DecodeError(_join(field, key), f'mapping key {q(key)} already defined '
                                   f"(line {key_node.start_mark.line + 1})")
             seen.add(key)
             yield key, value_node
@@ -147,7 +151,7 @@ class _Walker:
         for key, value_node in self._keys(node, field):
             name = key if key in schema.fields else schema.folded.get(key.lower())
             if name is None:
-                raise DecodeError(_join(field, key), f'unknown field "{key}"')
+                raise DecodeError(_join(field, key), f'unknown field {q(key)}')
             result[name] = self.value(value_node, schema.fields[name], _join(field, name))
         return result
 
@@ -155,7 +159,7 @@ class _Walker:
         if not isinstance(node, yaml.ScalarNode):
             raise DecodeError(field, f"cannot unmarshal {_describe(node)} into {_type_name(schema)}")
         if schema.kind == "str":
-            return node.value
+            return _as_string(node)
         if schema.kind == "bool":
             if node.tag != _BOOL_TAG:
                 raise DecodeError(field, f"cannot unmarshal {_describe(node)} into bool")
@@ -169,6 +173,26 @@ class _Walker:
         if not schema.low <= number <= schema.high:
             raise DecodeError(field, f"number {node.value} overflows {_type_name(schema)}")
         return number
+
+
+def _as_string(node):
+    """A scalar for a string field, as sigs.k8s.io/yaml renders it: YAML 1.1 numbers and
+    booleans are resolved first and then printed (``010`` is "8", ``on`` is "true")."""
+    if node.tag == _INT_TAG:
+        try:
+            return str(_constructor.construct_yaml_int(node))
+        except ValueError:
+            return node.value
+    if node.tag == _BOOL_TAG:
+        return "true" if _constructor.construct_yaml_bool(node) else "false"
+    if node.tag == _FLOAT_TAG:
+        try:
+            text = repr(_constructor.construct_yaml_float(node))
+        except ValueError:
+            return node.value
+        text = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}.get(text, text)
+        return text[:-2] if text.endswith(".0") else text
+    return node.value
 
 
 def _type_name(schema):

@@ -26,12 +26,12 @@ class SpecError(CDIError):
     def __str__(self):
         where = f"{self.field}: " if self.field else ""
         if self.kind == "read":
-            return f'failed to read CDI Spec "{self.path}": {self.reason}'
+            return f'failed to read CDI Spec {q(self.path)}: {self.reason}'
         if self.kind == "nodata":
-            return f'failed to parse CDI Spec "{self.path}", no Spec data'
+            return f'failed to parse CDI Spec {q(self.path)}, no Spec data'
         if self.kind == "parse":
-            return f'failed to parse CDI Spec "{self.path}": {where}{self.reason}'
-        return f'invalid CDI Spec "{self.path}": {where}{self.reason}'
+            return f'failed to parse CDI Spec {q(self.path)}: {where}{self.reason}'
+        return f'invalid CDI Spec {q(self.path)}: {where}{self.reason}'
 
 
 class EditError(CDIError):
@@ -49,3 +49,25 @@ class UnresolvableDevicesError(CDIError):
     def __str__(self):
         text = "unresolvable CDI devices " + ", ".join(self.unresolved)
         return f"{text}; {self.detail}" if self.detail else text
+
+
+_ESCAPES = {"\a": r"\a", "\b": r"\b", "\f": r"\f", "\n": r"\n", "\r": r"\r", "\t": r"\t",
+            "\v": r"\v", "\\": r"\\", '"': r"\""}
+
+
+def q(value):
+    """Quote like Go's %q, so messages match the reference's byte for byte."""
+    out = ['"']
+    for char in str(value):
+        if char in _ESCAPES:
+            out.append(_ESCAPES[char])
+        elif char.isprintable():
+            out.append(char)
+        elif ord(char) < 0x80:
+            out.append(f"\\x{ord(char):02x}")
+        elif ord(char) < 0x10000:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    out.append('"')
+    return "".join(out)

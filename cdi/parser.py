@@ -4,7 +4,7 @@ Rules and error texts follow the CDI library's pkg/parser: vendor and class star
 letter, continue with ``[A-Za-z0-9_.-]`` and end alphanumeric; a device name starts and ends
 alphanumeric and may hold ``[A-Za-z0-9_.:-]`` inside. There are no length limits.
 """
-from .errors import NameError_
+from .errors import NameError_, q
 
 _ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 _LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -47,12 +47,12 @@ def _qualifier_problem(name):
     if not name:
         return "empty name"
     if name[0] not in _LETTERS:
-        return f'"{name}", should start with letter'
+        return f'{q(name)}, should start with letter'
     for char in name[1:-1]:
         if char not in _QUALIFIER_INNER:
-            return f"invalid character '{char}' in name \"{name}\""
+            return f"invalid character '{char}' in name {q(name)}"
     if len(name) > 1 and name[-1] not in _ALNUM:
-        return f'"{name}", should end with a letter or digit'
+        return f'{q(name)}, should end with a letter or digit'
     return None
 
 
@@ -73,29 +73,29 @@ def validate_device_name(name):
         raise NameError_("invalid (empty) device name")
     if name[0] not in _ALNUM:
         # The reference says "class" here; the text is kept as it is.
-        raise NameError_(f'invalid class "{name}", should start with a letter or digit')
+        raise NameError_(f'invalid class {q(name)}, should start with a letter or digit')
     for char in name[1:-1]:
         if char not in _NAME_INNER:
-            raise NameError_(f"invalid character '{char}' in device name \"{name}\"")
+            raise NameError_(f"invalid character '{char}' in device name {q(name)}")
     if len(name) > 1 and name[-1] not in _ALNUM:
-        raise NameError_(f'invalid name "{name}", should end with a letter or digit')
+        raise NameError_(f'invalid name {q(name)}, should end with a letter or digit')
 
 
 def parse_qualified_name(device):
     """Parse and validate a qualified name; returns (vendor, class, name) or raises NameError_."""
     vendor, cls, name = parse_device(device)
     if not vendor:
-        raise NameError_(f'unqualified device "{device}", missing vendor')
+        raise NameError_(f'unqualified device {q(device)}, missing vendor')
     if not cls:
-        raise NameError_(f'unqualified device "{device}", missing class')
+        raise NameError_(f'unqualified device {q(device)}, missing class')
     if not name:
-        raise NameError_(f'unqualified device "{device}", missing device name')
+        raise NameError_(f'unqualified device {q(device)}, missing device name')
     try:
         validate_vendor_name(vendor)
         validate_class_name(cls)
         validate_device_name(name)
     except NameError_ as err:
-        raise NameError_(f'invalid device "{device}": {err}') from None
+        raise NameError_(f'invalid device {q(device)}: {err}') from None
     return vendor, cls, name
 
 

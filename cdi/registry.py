@@ -6,25 +6,26 @@ defined twice at the same priority is an error for both files and the name is de
 the scan (even if a higher-priority directory also defines it, as the reference does).
 
 Speed: parsing hundreds of YAML files on every container create is too slow, so the parsed
-result is kept in a cache file (see `RegistryCache`). Every use re-stats every spec file and
-compares (device, inode, size, mtime, ctime) with what the cache recorded; any difference, or a
-file added or removed, re-parses just the changed files. A file modified so recently that its
-mtime cannot be trusted to have ticked is also verified by content hash ("racy" entries).
+result is kept in a cache file (`RegistryCache`). Every use lists the spec directories and
+stats every spec file, and compares (mode, device, inode, size, mtime, ctime) of each with
+what the cache recorded; any difference, or a file added or removed, re-parses just the
+changed files. A file modified so recently that its mtime may not have ticked since is
+"racy": its stat proves nothing, so its content is compared byte for byte on every use until
+it has aged.
 """
-import hashlib
-import json
 import marshal
 import os
-import tempfile
+import struct
 import time
 
 from . import __version__, parser
-from .container_edits import apply_edits, merge_edits
-from .errors import CDIError, EditError, SpecError, UnresolvableDevicesError
+from .errors import CDIError, EditError, SpecError, UnresolvableDevicesError, q
 from .spec import Spec, parse_spec, read_spec_bytes
 from .spec_dirs import DEFAULT_SPEC_DIRS, scan_spec_dirs
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+_MAGIC = b"CDISHIM\x02"
+_HEADER = struct.Struct("<8sII")
 # An mtime within this many ns of the moment the cache was built may not have ticked yet.
 RACY_WINDOW_NS = 2_000_000_000
 CACHE_DIR_ENV = "CDI_SHIM_CACHE_DIR"
@@ -34,11 +35,7 @@ DEFAULT_CACHE_DIR = "/run/cdi-shim/cache"
 def _validator(info):
     if info is None:
         return None
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-
-
-def _digest(data):
-    return hashlib.blake2b(data, digest_size=16).digest()
+    return (info.st_mode, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def _kind_hint(data):
@@ -50,38 +47,57 @@ def _kind_hint(data):
     return ""
 
 
-def load_file_entry(path, priority):
-    """Read and parse one spec file into a cacheable entry.
+class _Entry:
+    """One spec file as loaded: its stat, and either its document or its error."""
 
-    Entry: (validator, digest, ok, payload, kind, names) where payload is the spec document as
-    JSON text when ok, else the error text.
-    """
+    __slots__ = ("validator", "data", "ok", "doc", "error", "kind", "names")
+
+    def __init__(self, validator, data, ok, doc, error, kind, names):
+        self.validator, self.data, self.ok = validator, data, ok
+        self.doc, self.error, self.kind, self.names = doc, error, kind, names
+
+
+def load_entry(path, priority):
     try:
         data, info = read_spec_bytes(path)
     except SpecError as err:
-        return (None, None, False, str(err), "", ())
-    validator, digest = _validator(info), _digest(data)
+        return _Entry(None, None, False, None, str(err), "", ())
     try:
         spec = parse_spec(data, path, priority)
     except SpecError as err:
-        kind = _kind_hint(data)
-        return (validator, digest, False, str(err), kind, ())
-    return (validator, digest, True, json.dumps(spec.doc, separators=(",", ":")), spec.kind,
-            tuple(spec.devices))
+        return _Entry(_validator(info), data, False, None, str(err), _kind_hint(data), ())
+    return _Entry(_validator(info), data, True, spec.doc, "", spec.kind, tuple(spec.devices))
+
+
+class _State:
+    """What the registry knows. `hot` is all a warm resolve needs; the rest loads lazily."""
+
+    def __init__(self, hot, entries_loader):
+        self.hot = hot
+        self._entries_loader = entries_loader
+        self._entries = None
+
+    @property
+    def entries(self):
+        if self._entries is None:
+            self._entries = self._entries_loader()
+        return self._entries
 
 
 class RegistryCache:
-    """A file holding the parsed spec files of one list of spec directories.
+    """The file that keeps a registry's parsed specs between processes.
 
-    Written atomically (temp file + rename), so concurrent refreshes by several processes are
-    safe: each writes a complete, self-validating snapshot and the last rename wins. It is only
-    trusted when owned by us and not writable by anyone else, because it steers what goes into
+    Layout: magic, the lengths of two marshal sections, then the sections: "hot" (signature of
+    the directories, device index, where each document lies) and "cold" (per-file metadata
+    for rebuilds), then the marshalled documents. Written to a temp file and renamed, so
+    several processes refreshing at once each leave a complete, self-validating snapshot. It
+    is trusted only when owned by us and writable by no one else: it steers what goes into
     containers.
     """
 
     def __init__(self, spec_dirs, cache_dir):
         self.cache_dir = cache_dir
-        key = hashlib.sha1("\0".join(spec_dirs).encode()).hexdigest()[:16]
+        key = "%016x" % (hash_dirs(spec_dirs))
         self.path = os.path.join(cache_dir, f"registry-{key}.bin") if cache_dir else None
         self.spec_dirs = tuple(spec_dirs)
 
@@ -96,37 +112,81 @@ class RegistryCache:
             info = os.fstat(fd)
             if info.st_uid != os.geteuid() or info.st_mode & 0o022 or (info.st_mode & 0o170000) != 0o100000:
                 return None
-            with os.fdopen(os.dup(fd), "rb") as stream:
-                data = stream.read()
+            chunks = []
+            while True:
+                chunk = os.read(fd, max(info.st_size, 1 << 16))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            data = b"".join(chunks)
         finally:
             os.close(fd)
         try:
-            state = marshal.loads(data)
-        except (EOFError, ValueError, TypeError):
+            magic, hot_len, cold_len = _HEADER.unpack_from(data)
+            if magic != _MAGIC:
+                return None
+            start = _HEADER.size
+            hot = marshal.loads(data[start:start + hot_len])
+            if not isinstance(hot, dict) or hot.get("version") != __version__ or hot.get("dirs") != self.spec_dirs:
+                return None
+            body = memoryview(data)[start + hot_len + cold_len:]
+            cold_bytes = data[start + hot_len:start + hot_len + cold_len]
+        except (struct.error, EOFError, ValueError, TypeError):
             return None
-        if not isinstance(state, dict) or state.get("format") != CACHE_FORMAT \
-                or state.get("version") != __version__ \
-                or state.get("dirs") != self.spec_dirs:
-            return None
-        return state
+
+        def entries():
+            meta = marshal.loads(cold_bytes)
+            result = []
+            for (validator, data, ok, error, kind, names), (offset, length) in zip(meta, hot["spans"]):
+                doc = marshal.loads(body[offset:offset + length]) if ok else None
+                result.append(_Entry(validator, data, ok, doc, error, kind, names))
+            return result
+
+        hot["doc_at"] = lambda index: marshal.loads(body[hot["spans"][index][0]:sum(hot["spans"][index])])
+        return _State(hot, entries)
 
     def store(self, state):
         if not self.path:
             return
+        docs, spans, meta, offset = [], [], [], 0
+        for entry in state.entries:
+            blob = marshal.dumps(entry.doc) if entry.ok else b""
+            spans.append((offset, len(blob)))
+            offset += len(blob)
+            docs.append(blob)
+            # Raw content is kept only for racy files: it is what proves them unchanged.
+            keep = entry.data if entry.validator is None or entry.validator[4] in state.hot["racy_mtimes"] else None
+            meta.append((entry.validator, keep, entry.ok, entry.error, entry.kind, entry.names))
+        hot = {key: value for key, value in state.hot.items() if key != "doc_at"}
+        hot["spans"] = spans
+        hot_bytes, cold_bytes = marshal.dumps(hot), marshal.dumps(meta)
         try:
+            import tempfile
+
             os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".registry.", dir=self.cache_dir)
         except OSError:
             return  # a read-only or foreign cache dir only costs speed
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(marshal.dumps(state))
+                out.write(_HEADER.pack(_MAGIC, len(hot_bytes), len(cold_bytes)))
+                out.write(hot_bytes)
+                out.write(cold_bytes)
+                out.write(b"".join(docs))
             os.rename(tmp, self.path)
         except OSError:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def hash_dirs(spec_dirs):
+    """A stable 64-bit key for a list of directories (FNV-1a; no hashlib import needed)."""
+    value = 0xCBF29CE484222325
+    for byte in "\0".join(spec_dirs).encode():
+        value = ((value ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return value
 
 
 def default_cache_dir():
@@ -155,81 +215,79 @@ class Registry:
     def refresh(self):
         """Bring the registry up to date with the spec directories; returns self."""
         files, dir_errors = scan_spec_dirs(self.spec_dirs)
+        signature = ([(path, priority, _validator(info)) for priority, path, info in files], dir_errors)
         cached = self._state or self._cache.load()
-        previous, racy = {}, ()
-        if cached:
-            previous = {path: entry for path, entry in zip(cached["paths"], cached["entries"])}
-            racy = frozenset(cached["racy"])
-            if self._unchanged(cached, files, dir_errors, previous):
-                self._state, self.reparsed = cached, 0
-                if racy and self._settled(files):
-                    # Every racy file has now aged past the window: trust stats from here on.
-                    self._state = dict(cached, racy=[])
-                    self._cache.store(self._state)
-                return self
-        self._state = self._rebuild(files, dir_errors, previous, racy)
+        self.reparsed = 0
+        if cached is not None and cached.hot["signature"] == signature and self._racy_unchanged(cached):
+            self._state = cached
+            if cached.hot["racy"] and self._aged(files):
+                # Every racy file has aged past the window: from now on its stat is proof.
+                cached.hot["racy"], cached.hot["racy_mtimes"] = [], []
+                self._cache.store(cached)
+            return self
+        self._state = self._rebuild(files, signature, cached)
         self._cache.store(self._state)
         return self
 
     @staticmethod
-    def _entry_current(entry, info, racy_paths, path):
-        if entry is None or entry[0] is None or entry[0] != _validator(info):
-            return False
-        if path in racy_paths:
+    def _racy_unchanged(state):
+        for path, content in state.hot["racy"]:
             try:
                 data, _ = read_spec_bytes(path)
             except SpecError:
-                return False
-            return _digest(data) == entry[1]
-        return True
-
-    def _unchanged(self, cached, files, dir_errors, previous):
-        if cached["dir_errors"] != dir_errors or len(cached["paths"]) != len(files):
-            return False
-        racy = set(cached["racy"])
-        for (priority, path, info), cached_path, cached_priority in zip(files, cached["paths"], cached["priorities"]):
-            if path != cached_path or priority != cached_priority:
-                return False
-            if not self._entry_current(previous[path], info, racy, path):
+                data = None
+            if data != content:
                 return False
         return True
 
     @staticmethod
-    def _settled(files):
+    def _aged(files):
         now = time.time_ns()
         return all(info is not None and now - info.st_mtime_ns >= RACY_WINDOW_NS
                    and now - info.st_ctime_ns >= RACY_WINDOW_NS for _, _, info in files)
 
-    def _rebuild(self, files, dir_errors, previous, previous_racy):
+    def _rebuild(self, files, signature, cached):
         now = time.time_ns()
+        previous = {}
+        if cached is not None:
+            racy = {path for path, _ in cached.hot["racy"]}
+            previous = {path: entry for path, entry in zip(cached.hot["paths"], cached.entries)
+                        if path not in racy}
         paths, priorities, entries, racy = [], [], [], []
-        self.reparsed = 0
         for priority, path, info in files:
             entry = previous.get(path)
-            # A previous entry is reused only when its stat matches and it was not racy
-            # (a racy entry's stat proves nothing, so it is parsed again).
-            if entry is None or entry[0] is None or entry[0] != _validator(info) or path in previous_racy:
-                entry = load_file_entry(path, priority)
+            if entry is None or entry.validator is None or entry.validator != _validator(info):
+                entry = load_entry(path, priority)
                 self.reparsed += 1
             paths.append(path)
             priorities.append(priority)
             entries.append(entry)
-            if entry[0] is None or now - entry[0][3] < RACY_WINDOW_NS or now - entry[0][4] < RACY_WINDOW_NS:
-                racy.append(path)
+            if entry.validator is None or now - entry.validator[4] < RACY_WINDOW_NS \
+                    or now - entry.validator[5] < RACY_WINDOW_NS:
+                racy.append((path, entry.data))
         devices, errors = self._index(paths, priorities, entries)
-        return {"format": CACHE_FORMAT, "version": __version__, "dirs": self.spec_dirs, "paths": paths, "priorities": priorities,
-                "entries": entries, "racy": racy, "dir_errors": dir_errors, "devices": devices,
-                "errors": errors}
+        hot = {"format": CACHE_FORMAT, "version": __version__, "dirs": self.spec_dirs,
+               "signature": signature, "racy": racy,
+               "racy_mtimes": [entry.validator[4] for entry in entries if entry.validator
+                               and (entry.validator and (now - entry.validator[4] < RACY_WINDOW_NS
+                                                         or now - entry.validator[5] < RACY_WINDOW_NS))],
+               "paths": paths, "priorities": priorities, "devices": devices, "errors": errors,
+               "kinds": [entry.kind for entry in entries], "ok": [entry.ok for entry in entries],
+               "load_errors": [entry.error for entry in entries]}
+        hot["doc_at"] = lambda index: entries[index].doc
+        state = _State(hot, lambda: entries)
+        state._entries = entries
+        return state
 
     @staticmethod
     def _index(paths, priorities, entries):
         devices, errors, conflicts = {}, {}, set()
         for index, (path, priority, entry) in enumerate(zip(paths, priorities, entries)):
-            if not entry[2]:
-                errors.setdefault(path, []).append("failed to load CDI Spec " + entry[3])
+            if not entry.ok:
+                errors.setdefault(path, []).append("failed to load CDI Spec " + entry.error)
                 continue
-            vendor, cls = parser.parse_qualifier(entry[4])
-            for name in entry[5]:
+            vendor, cls = parser.parse_qualifier(entry.kind)
+            for name in entry.names:
                 qualified = parser.qualified_name(vendor, cls, name)
                 old = devices.get(qualified)
                 if old is not None:
@@ -237,7 +295,7 @@ class Registry:
                     if priority < old_priority:
                         continue
                     if priority == old_priority:
-                        message = f'conflicting device "{qualified}" (specs "{path}", "{old_path}")'
+                        message = f'conflicting device {q(qualified)} (specs {q(path)}, {q(old_path)})'
                         errors.setdefault(path, []).append(message)
                         errors.setdefault(old_path, []).append(message)
                         conflicts.add(qualified)
@@ -247,59 +305,53 @@ class Registry:
             devices.pop(qualified, None)
         return devices, errors
 
-    def _loaded(self):
+    def _hot(self):
         if self._state is None:
             self.refresh()
-        return self._state
+        return self._state.hot
 
     # --- queries --------------------------------------------------------------------------
 
     def errors(self):
         """{path or directory: [error text]} from the last refresh."""
-        state = self._loaded()
-        result = {path: list(messages) for path, messages in state["errors"].items()}
-        for directory, message in state["dir_errors"].items():
+        hot = self._hot()
+        result = {path: list(messages) for path, messages in hot["errors"].items()}
+        for directory, message in hot["signature"][1].items():
             result.setdefault(directory, []).append(message)
         return result
 
     def device_names(self):
         """Every resolvable qualified device name, sorted."""
-        return sorted(self._loaded()["devices"])
+        return sorted(self._hot()["devices"])
 
     def spec_paths(self):
-        state = self._loaded()
-        return [path for path, entry in zip(state["paths"], state["entries"]) if entry[2]]
+        hot = self._hot()
+        return [path for path, ok in zip(hot["paths"], hot["ok"]) if ok]
+
+    def _spec_at(self, index):
+        hot = self._state.hot
+        return Spec(hot["doc_at"](index), hot["paths"][index], hot["priorities"][index])
 
     def get_spec(self, path):
         """The Spec loaded from `path` (None if it did not load)."""
-        state = self._loaded()
-        try:
-            index = state["paths"].index(path)
-        except ValueError:
+        hot = self._hot()
+        if path not in hot["paths"]:
             return None
-        return self._spec_at(index)
-
-    def _spec_at(self, index):
-        state = self._state
-        entry = state["entries"][index]
-        if not entry[2]:
-            return None
-        return Spec(json.loads(entry[3]), state["paths"][index], state["priorities"][index])
+        index = hot["paths"].index(path)
+        return self._spec_at(index) if hot["ok"][index] else None
 
     def vendors(self):
         """{vendor: [spec path, ...]} of the specs that loaded (per-vendor grouping)."""
-        state = self._loaded()
+        hot = self._hot()
         grouped = {}
-        for path, entry in zip(state["paths"], state["entries"]):
-            if entry[2]:
-                vendor, _ = parser.parse_qualifier(entry[4])
-                grouped.setdefault(vendor, []).append(path)
+        for path, ok, kind in zip(hot["paths"], hot["ok"], hot["kinds"]):
+            if ok:
+                grouped.setdefault(parser.parse_qualifier(kind)[0], []).append(path)
         return grouped
 
     def lookup(self, qualified):
         """(Spec, device dict) for a qualified name looked up verbatim, or None."""
-        state = self._loaded()
-        index = state["devices"].get(qualified)
+        index = self._hot()["devices"].get(qualified)
         if index is None:
             return None
         spec = self._spec_at(index)
@@ -310,13 +362,14 @@ class Registry:
     def resolve(self, names):
         """The edit blocks for the requested devices, in the reference's order.
 
-        Spec-level edits come once per spec, just before its first requested device. Raises
-        UnresolvableDevicesError listing every name not found (and why, where we can tell).
+        Spec-level edits come once per spec, just before its first requested device. Returns
+        (blocks, [(name, spec path)]). Raises UnresolvableDevicesError listing every name not
+        found, with what we can tell about why.
         """
-        self._loaded()
+        devices = self._hot()["devices"]
         specs_seen, blocks, unresolved, origins = {}, [], [], []
         for name in names:
-            index = self._state["devices"].get(name)
+            index = devices.get(name)
             if index is None:
                 unresolved.append(name)
                 continue
@@ -332,6 +385,8 @@ class Registry:
 
     def inject(self, config, names):
         """Return a new OCI config with the named devices injected; `config` is not modified."""
+        from .container_edits import apply_edits, merge_edits
+
         if config is None:
             raise CDIError("can't inject devices, nil OCI Spec")
         blocks, _ = self.resolve(names)
@@ -342,10 +397,10 @@ class Registry:
 
     def explain_unresolved(self, names, limit=8):
         """Why names did not resolve: what exists of that kind, where we looked, load errors."""
-        state = self._state
+        hot = self._hot()
         parts = []
         for name in names:
-            vendor, cls, device = parser.parse_device(name)
+            vendor, cls, _ = parser.parse_device(name)
             if not vendor:
                 try:
                     parser.parse_qualified_name(name)
@@ -353,20 +408,17 @@ class Registry:
                     parts.append(str(err))
                 continue
             prefix = f"{vendor}/{cls}="
-            known = sorted(q[len(prefix):] for q in state["devices"] if q.startswith(prefix))
+            known = sorted(q[len(prefix):] for q in hot["devices"] if q.startswith(prefix))
             if known:
-                shown = ", ".join(f'"{d}"' for d in known[:limit])
+                shown = ", ".join(f'{q(d)}' for d in known[:limit])
                 more = f" and {len(known) - limit} more" if len(known) > limit else ""
                 parts.append(f"{vendor}/{cls} has only {shown}{more}")
             else:
                 parts.append(f"no spec defines devices of kind {vendor}/{cls}")
-            for path, entry in zip(state["paths"], state["entries"]):
-                if not entry[2] and parser.parse_qualifier(entry[4])[0] == vendor:
-                    parts.append(entry[3])
-            for path, messages in state["errors"].items():
-                for message in messages:
-                    if message.startswith("conflicting device") and f'"{name}"' in message:
-                        parts.append(message)
+            for ok, kind, error in zip(hot["ok"], hot["kinds"], hot["load_errors"]):
+                if not ok and parser.parse_qualifier(kind)[0] == vendor:
+                    parts.append(error)
+            for messages in hot["errors"].values():
+                parts.extend(m for m in messages if m.startswith("conflicting device") and f'{q(name)}' in m)
         parts.append("searched " + ", ".join(self.spec_dirs))
-        unique = list(dict.fromkeys(parts))
-        return "; ".join(unique)
+        return "; ".join(dict.fromkeys(parts))

@@ -4,13 +4,11 @@ A loaded spec is a `Spec`: its decoded document (a dict with canonical keys), th
 from, the priority of its directory, and its devices by name.
 """
 import errno
-import json
 import os
-import tempfile
 
 from . import parser
 from .container_edits import EditsInvalid, is_empty, validate_edits
-from .errors import CDIError, SpecError
+from .errors import CDIError, SpecError, q
 from .version import minimum_version, normalize_version, validate_version
 
 # A spec larger than this is refused rather than parsed (specs are a few hundred KiB at most).
@@ -53,7 +51,7 @@ def validate_spec_doc(doc, path):
         parser.validate_vendor_name(vendor)
         parser.validate_class_name(cls)
     except CDIError as err:
-        raise invalid("kind", f'{err} (kind "{doc.get("kind", "")}")') from None
+        raise invalid("kind", str(err)) from None
     try:
         validate_edits(doc.get("containerEdits"), "containerEdits")
     except EditsInvalid as err:
@@ -66,16 +64,16 @@ def validate_spec_doc(doc, path):
         try:
             parser.validate_device_name(name)
         except CDIError as err:
-            raise invalid(f"{where}.name", f'failed add device "{name}": {err}') from None
+            raise invalid(f"{where}.name", f'failed add device {q(name)}: {err}') from None
         edits = device.get("containerEdits")
         if is_empty(edits):
-            raise invalid(f"{where}.containerEdits", f'failed add device "{name}": invalid device, empty device edits')
+            raise invalid(f"{where}.containerEdits", f'failed add device {q(name)}: invalid device, empty device edits')
         try:
             validate_edits(edits, f"{where}.containerEdits")
         except EditsInvalid as err:
-            raise invalid(err.field, f'failed add device "{name}": invalid device "{name}": {err.reason}') from None
+            raise invalid(err.field, f'failed add device {q(name)}: invalid device {q(name)}: {err.reason}') from None
         if name in seen:
-            raise invalid(f"{where}.name", f'invalid spec, multiple device "{name}"')
+            raise invalid(f"{where}.name", f'invalid spec, multiple device {q(name)}')
         seen.add(name)
     if not seen:
         raise invalid("devices", "invalid spec, no devices")
@@ -156,9 +154,12 @@ def write_spec(doc, path, overwrite=True):
     if not doc.get("cdiVersion"):
         doc["cdiVersion"] = minimum_version(doc)
     elif normalize_version(doc["cdiVersion"]) is None:
-        raise SpecError(path, "cdiVersion", f'invalid version "{doc["cdiVersion"]}"')
+        raise SpecError(path, "cdiVersion", "invalid version " + q(doc["cdiVersion"]))
     if not path.endswith((".json", ".yaml")):
         path += ".yaml"
+    import json
+    import tempfile
+
     # Round-trip through the strict decoder so what we write is exactly what we would load.
     text = json.dumps(doc, indent=2) + "\n" if path.endswith(".json") else _dump_yaml(doc)
     parse_spec(text.encode(), path)

@@ -1,6 +1,8 @@
 """Spec directories: which files in them are specs, in priority order."""
 import errno
 import os
+import stat
+from .errors import q
 
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # rising priority
 SPEC_EXTENSIONS = (".json", ".yaml")
@@ -11,7 +13,7 @@ def is_spec_file_name(name):
 
     Temporary files of writers (``*.tmp``) never match.
     """
-    return os.path.splitext(name)[1] in SPEC_EXTENSIONS
+    return name.endswith(SPEC_EXTENSIONS)  # Go's filepath.Ext: ".yaml" alone counts too
 
 
 def placement_problem(path, spec_dirs):
@@ -19,16 +21,16 @@ def placement_problem(path, spec_dirs):
     name = os.path.basename(path)
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.splitext(name)[1] == ".yml":
-        return f'"{path}" has the extension .yml; only .json and .yaml files are read'
+        return f'{q(path)} has the extension .yml; only .json and .yaml files are read'
     if not is_spec_file_name(name):
-        return f'"{path}" does not end in .json or .yaml; it is not read as a spec'
+        return f'{q(path)} does not end in .json or .yaml; it is not read as a spec'
     dirs = [os.path.abspath(d) for d in spec_dirs]
     if directory in dirs:
         return None
     for spec_dir in dirs:
         if directory.startswith(spec_dir.rstrip("/") + "/"):
-            return f'"{path}" is in a sub-directory of {spec_dir}; sub-directories are not scanned'
-    return f'"{path}" is outside the spec directories ({", ".join(spec_dirs)}); it will not be loaded'
+            return f'{q(path)} is in a sub-directory of {spec_dir}; sub-directories are not scanned'
+    return f'{q(path)} is outside the spec directories ({", ".join(spec_dirs)}); it will not be loaded'
 
 
 def scan_spec_dirs(spec_dirs):
@@ -36,25 +38,35 @@ def scan_spec_dirs(spec_dirs):
 
     Priority is the index of the directory in `spec_dirs` (later wins). Files of one directory
     come sorted by name; missing directories are skipped quietly; sub-directories are not
-    scanned. stat follows symlinks (a symlinked spec is read, as the reference does).
+    scanned. stat follows symlinks (a symlinked spec is read, as the reference does); a
+    dangling link gets None and reports its error when read.
     Unlike the reference, an unreadable directory does not stop the scan of the next ones:
     its error is returned instead of being dropped.
+
+    This runs on every container create, so it does one stat per file and nothing more.
     """
     files, dir_errors = [], {}
     for priority, directory in enumerate(spec_dirs):
         try:
-            with os.scandir(directory) as entries:
-                names = sorted(entry.name for entry in entries
-                               if is_spec_file_name(entry.name) and not entry.is_dir(follow_symlinks=False))
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as err:
             if err.errno != errno.ENOENT:
-                dir_errors[directory] = f'failed to read CDI spec directory "{directory}": {os.strerror(err.errno)}'
+                dir_errors[directory] = f'failed to read CDI spec directory {q(directory)}: {os.strerror(err.errno)}'
             continue
-        for name in names:
-            path = os.path.join(directory, name)
-            try:
-                info = os.stat(path)
-            except OSError:
-                info = None  # a dangling link: reading it reports the error
-            files.append((priority, path, info))
+        try:
+            names = sorted(name for name in os.listdir(fd) if name.endswith(SPEC_EXTENSIONS))
+            for name in names:
+                try:
+                    info = os.stat(name, dir_fd=fd)
+                except OSError:
+                    info = None
+                if info is not None and stat.S_ISDIR(info.st_mode) \
+                        and not stat.S_ISLNK(os.lstat(name, dir_fd=fd).st_mode):
+                    continue  # a real sub-directory (a link to one is read, and fails, as in Go)
+                files.append((priority, directory + "/" + name if not directory.endswith("/")
+                              else directory + name, info))
+        except OSError as err:
+            dir_errors[directory] = f'failed to read CDI spec directory {q(directory)}: {os.strerror(err.errno)}'
+        finally:
+            os.close(fd)
     return files, dir_errors

@@ -1,5 +1,5 @@
 """cdiVersion: the known versions, the minimum a spec needs, and the version gate."""
-from .errors import CDIError
+from .errors import CDIError, q
 
 CURRENT_VERSION = "1.1.0"
 
@@ -21,7 +21,11 @@ def normalize_version(version):
 def _edits_blocks(spec):
     yield spec.get("containerEdits") or {}
     for device in spec.get("devices") or ():
-        yield device.get("containerEdits") or {}
+        yield (device or {}).get("containerEdits") or {}
+
+
+def _items(edits, key):
+    return [item for item in edits.get(key) or () if item]  # nil entries are rejected later
 
 
 def _requires_v110(spec):
@@ -42,7 +46,7 @@ def _requires_v070(spec):
 def _requires_v060(spec):
     if spec.get("annotations"):
         return True
-    if any(device.get("annotations") for device in spec.get("devices") or ()):
+    if any((device or {}).get("annotations") for device in spec.get("devices") or ()):
         return True
     _, _, cls = spec.get("kind", "").partition("/")
     return "." in cls
@@ -50,15 +54,14 @@ def _requires_v060(spec):
 
 def _requires_v050(spec):
     for device in spec.get("devices") or ():
-        name = device.get("name", "")
+        name = (device or {}).get("name", "")
         if name and "0" <= name[0] <= "9":
             return True
-    return any(node.get("hostPath") for edits in _edits_blocks(spec)
-               for node in edits.get("deviceNodes") or ())
+    return any(node.get("hostPath") for edits in _edits_blocks(spec) for node in _items(edits, "deviceNodes"))
 
 
 def _requires_v040(spec):
-    return any(mount.get("type") for edits in _edits_blocks(spec) for mount in edits.get("mounts") or ())
+    return any(mount.get("type") for edits in _edits_blocks(spec) for mount in _items(edits, "mounts"))
 
 
 _GATES = (("1.1.0", _requires_v110), ("0.7.0", _requires_v070), ("0.6.0", _requires_v060),
@@ -78,7 +81,7 @@ def validate_version(spec):
     declared = spec.get("cdiVersion", "")
     version = normalize_version(declared)
     if version is None:
-        raise CDIError(f'invalid version "{declared}"')
+        raise CDIError(f'invalid version {q(declared)}')
     needed = minimum_version(spec)
     if _key(needed) > _key(version):
         raise CDIError(f"the spec version must be at least v{needed}")

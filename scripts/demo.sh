@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Demo: a busybox container gets a (fake) GPU through CDI: a char device with NVIDIA's major
+# number, an env variable and a bind-mounted "driver" file, injected by cdi-shim and run by runc.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=$(mktemp -d /tmp/cdi-shim-demo.XXXXXX)
+trap 'runc delete -f cdi-shim-demo >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+
+mkdir -p "$work/bundle/rootfs/bin" "$work/specs" "$work/dev"
+cp /bin/busybox "$work/bundle/rootfs/bin/busybox"
+for tool in sh ls cat env; do ln -s busybox "$work/bundle/rootfs/bin/$tool"; done
+mknod "$work/dev/nvidia0" c 195 0          # a fake GPU: NVIDIA's major number, no driver behind it
+echo "fake driver 999.99" > "$work/driver-version"
+
+cat > "$work/specs/nvidia.yaml" <<SPEC
+cdiVersion: "0.5.0"
+kind: nvidia.com/gpu
+containerEdits:
+  env: [NVIDIA_DEMO=1]
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes:
+        - {path: /dev/nvidia0, hostPath: $work/dev/nvidia0}
+      mounts:
+        - {hostPath: $work/driver-version, containerPath: /driver/version, options: [ro, bind]}
+SPEC
+
+(cd "$work/bundle" && runc spec)
+python3 - "$work/bundle/config.json" <<'PY'
+import json, sys
+path = sys.argv[1]
+config = json.load(open(path))
+config["process"]["terminal"] = False
+config["process"]["args"] = ["sh", "-c", "ls -l /dev/nvidia0; env | grep NVIDIA; cat /driver/version"]
+json.dump(config, open(path, "w"))
+PY
+echo "== cdi-shim cdi list"
+.venv/bin/cdi-shim cdi list --spec-dir "$work/specs"
+echo "== injecting nvidia.com/gpu=0 and running the container"
+.venv/bin/cdi-shim cdi inject --spec-dir "$work/specs" --device nvidia.com/gpu=0 \
+    "$work/bundle/config.json" > "$work/config.edited.json"
+mv "$work/config.edited.json" "$work/bundle/config.json"
+.venv/bin/cdi-shim-runtime run --bundle "$work/bundle" cdi-shim-demo

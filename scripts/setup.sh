@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh Debian machine (as root): system packages, a venv, the package.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(runc containerd busybox-static podman gcc libc6-dev)
+missing=()
+for pkg in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Never the pyenv shim: resolve the real interpreter so timings and the venv are honest.
+python=$(python3 -c 'import sys; print(sys.executable)')
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
