@@ -15,7 +15,6 @@ it has aged.
 """
 import marshal
 import os
-import struct
 import time
 
 from . import __version__, parser
@@ -23,9 +22,8 @@ from .errors import CDIError, EditError, SpecError, UnresolvableDevicesError, q
 from .spec import Spec, parse_spec, read_spec_bytes
 from .spec_dirs import DEFAULT_SPEC_DIRS, scan_spec_dirs
 
-CACHE_FORMAT = 2
-_MAGIC = b"CDISHIM\x02"
-_HEADER = struct.Struct("<8sII")
+_MAGIC = b"CDISHIM\x03"  # bump when the layout changes
+_HEADER_SIZE = 16  # magic, then the lengths of the hot and cold sections (u32 LE)
 # An mtime within this many ns of the moment the cache was built may not have ticked yet.
 RACY_WINDOW_NS = 2_000_000_000
 CACHE_DIR_ENV = "CDI_SHIM_CACHE_DIR"
@@ -70,18 +68,32 @@ def load_entry(path, priority):
 
 
 class _State:
-    """What the registry knows. `hot` is all a warm resolve needs; the rest loads lazily."""
+    """What the registry knows.
 
-    def __init__(self, hot, entries_loader):
+    `hot` is all a warm resolve needs (directory signature, where each kind's devices lie);
+    `cold` (paths, per-file entries, the full device index, errors) loads only when asked
+    for; `kind_devices(kind)` and `spec_at(i)` load one kind's index and one spec.
+    """
+
+    def __init__(self, hot, cold_loader, spec_at, kind_devices):
         self.hot = hot
-        self._entries_loader = entries_loader
-        self._entries = None
+        self._cold_loader = cold_loader
+        self._cold = None
+        self.spec_at = spec_at
+        self.kind_devices = kind_devices
 
     @property
-    def entries(self):
-        if self._entries is None:
-            self._entries = self._entries_loader()
-        return self._entries
+    def cold(self):
+        if self._cold is None:
+            self._cold = self._cold_loader()
+        return self._cold
+
+
+def _by_kind(devices):
+    grouped = {}
+    for qualified, index in devices.items():
+        grouped.setdefault(qualified.partition("=")[0], {})[qualified] = index
+    return grouped
 
 
 class RegistryCache:
@@ -111,55 +123,76 @@ class RegistryCache:
         try:
             info = os.fstat(fd)
             if info.st_uid != os.geteuid() or info.st_mode & 0o022 or (info.st_mode & 0o170000) != 0o100000:
+                os.close(fd)
                 return None
-            chunks = []
-            while True:
-                chunk = os.read(fd, max(info.st_size, 1 << 16))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            data = b"".join(chunks)
-        finally:
-            os.close(fd)
-        try:
-            magic, hot_len, cold_len = _HEADER.unpack_from(data)
-            if magic != _MAGIC:
+            # Read lazily with pread: a warm resolve touches only the header, the hot section
+            # and one spec, whatever the number of spec files. The fd stays open for that.
+            header = os.pread(fd, _HEADER_SIZE, 0)
+            if len(header) != _HEADER_SIZE or header[:8] != _MAGIC:
+                os.close(fd)
                 return None
-            start = _HEADER.size
-            hot = marshal.loads(data[start:start + hot_len])
+            hot_len = int.from_bytes(header[8:12], "little")
+            cold_len = int.from_bytes(header[12:16], "little")
+            hot = marshal.loads(os.pread(fd, hot_len, _HEADER_SIZE))
             if not isinstance(hot, dict) or hot.get("version") != __version__ or hot.get("dirs") != self.spec_dirs:
+                os.close(fd)
                 return None
-            body = memoryview(data)[start + hot_len + cold_len:]
-            cold_bytes = data[start + hot_len:start + hot_len + cold_len]
-        except (struct.error, EOFError, ValueError, TypeError):
+        except (OSError, EOFError, ValueError, TypeError):
+            os.close(fd)
             return None
+        body_start = _HEADER_SIZE + hot_len + cold_len
+        stream = os.fdopen(fd, "rb", buffering=0)  # closes the fd when the state is dropped
 
-        def entries():
-            meta = marshal.loads(cold_bytes)
-            result = []
-            for (validator, data, ok, error, kind, names), (offset, length) in zip(meta, hot["spans"]):
-                doc = marshal.loads(body[offset:offset + length]) if ok else None
-                result.append(_Entry(validator, data, ok, doc, error, kind, names))
-            return result
+        def read(offset, length):
+            data = os.pread(stream.fileno(), length, offset)
+            if len(data) != length:
+                raise CDIError(f"registry cache {self.path} is truncated")
+            return data
 
-        hot["doc_at"] = lambda index: marshal.loads(body[hot["spans"][index][0]:sum(hot["spans"][index])])
-        return _State(hot, entries)
+        def rest():
+            cold = marshal.loads(read(_HEADER_SIZE + hot_len, cold_len))
+            body = read(body_start, os.fstat(stream.fileno()).st_size - body_start)
+            entries = []
+            for (validator, data, ok, error, kind, names), (offset, length) in zip(cold["meta"], hot["spans"]):
+                doc = marshal.loads(body[offset:offset + length])[0] if ok else None
+                entries.append(_Entry(validator, data, ok, doc, error, kind, names))
+            cold["entries"] = entries
+            return cold
+
+        def spec_at(index):
+            offset, length = hot["spans"][index]
+            return Spec(*marshal.loads(read(body_start + offset, length)))
+
+        def kind_devices(kind):
+            span = hot["kinds"].get(kind)
+            return marshal.loads(read(body_start + span[0], span[1])) if span else {}
+
+        return _State(hot, rest, spec_at, kind_devices)
 
     def store(self, state):
         if not self.path:
             return
+        cold = state.cold
         docs, spans, meta, offset = [], [], [], 0
-        for entry in state.entries:
-            blob = marshal.dumps(entry.doc) if entry.ok else b""
+        racy = {path for path, _ in state.hot["racy"]}
+        for path, priority, entry in zip(cold["paths"], cold["priorities"], cold["entries"]):
+            blob = marshal.dumps((entry.doc, path, priority)) if entry.ok else b""
             spans.append((offset, len(blob)))
             offset += len(blob)
             docs.append(blob)
             # Raw content is kept only for racy files: it is what proves them unchanged.
-            keep = entry.data if entry.validator is None or entry.validator[4] in state.hot["racy_mtimes"] else None
-            meta.append((entry.validator, keep, entry.ok, entry.error, entry.kind, entry.names))
-        hot = {key: value for key, value in state.hot.items() if key != "doc_at"}
-        hot["spans"] = spans
-        hot_bytes, cold_bytes = marshal.dumps(hot), marshal.dumps(meta)
+            meta.append((entry.validator, entry.data if path in racy else None, entry.ok, entry.error,
+                         entry.kind, entry.names))
+        kinds = {}
+        for kind, devices in _by_kind(cold["devices"]).items():
+            blob = marshal.dumps(devices)
+            kinds[kind] = (offset, len(blob))
+            offset += len(blob)
+            docs.append(blob)
+        hot = dict(state.hot, spans=spans, kinds=kinds)
+        cold = {key: value for key, value in cold.items() if key != "entries"}
+        cold["meta"] = meta
+        hot_bytes, cold_bytes = marshal.dumps(hot), marshal.dumps(cold)
         try:
             import tempfile
 
@@ -169,7 +202,7 @@ class RegistryCache:
             return  # a read-only or foreign cache dir only costs speed
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(_HEADER.pack(_MAGIC, len(hot_bytes), len(cold_bytes)))
+                out.write(_MAGIC + len(hot_bytes).to_bytes(4, "little") + len(cold_bytes).to_bytes(4, "little"))
                 out.write(hot_bytes)
                 out.write(cold_bytes)
                 out.write(b"".join(docs))
@@ -222,7 +255,8 @@ class Registry:
             self._state = cached
             if cached.hot["racy"] and self._aged(files):
                 # Every racy file has aged past the window: from now on its stat is proof.
-                cached.hot["racy"], cached.hot["racy_mtimes"] = [], []
+                cached.cold  # noqa: B018 - load everything before rewriting the file
+                cached.hot["racy"] = []
                 self._cache.store(cached)
             return self
         self._state = self._rebuild(files, signature, cached)
@@ -251,7 +285,7 @@ class Registry:
         previous = {}
         if cached is not None:
             racy = {path for path, _ in cached.hot["racy"]}
-            previous = {path: entry for path, entry in zip(cached.hot["paths"], cached.entries)
+            previous = {path: entry for path, entry in zip(cached.cold["paths"], cached.cold["entries"])
                         if path not in racy}
         paths, priorities, entries, racy = [], [], [], []
         for priority, path, info in files:
@@ -266,17 +300,14 @@ class Registry:
                     or now - entry.validator[5] < RACY_WINDOW_NS:
                 racy.append((path, entry.data))
         devices, errors = self._index(paths, priorities, entries)
-        hot = {"format": CACHE_FORMAT, "version": __version__, "dirs": self.spec_dirs,
-               "signature": signature, "racy": racy,
-               "racy_mtimes": [entry.validator[4] for entry in entries if entry.validator
-                               and (entry.validator and (now - entry.validator[4] < RACY_WINDOW_NS
-                                                         or now - entry.validator[5] < RACY_WINDOW_NS))],
-               "paths": paths, "priorities": priorities, "devices": devices, "errors": errors,
-               "kinds": [entry.kind for entry in entries], "ok": [entry.ok for entry in entries],
-               "load_errors": [entry.error for entry in entries]}
-        hot["doc_at"] = lambda index: entries[index].doc
-        state = _State(hot, lambda: entries)
-        state._entries = entries
+        hot = {"version": __version__, "dirs": self.spec_dirs, "signature": signature, "racy": racy}
+        cold = {"paths": paths, "priorities": priorities, "entries": entries, "errors": errors,
+                "devices": devices}
+        kinds = _by_kind(devices)
+        state = _State(hot, lambda: cold,
+                       lambda index: Spec(entries[index].doc, paths[index], priorities[index]),
+                       lambda kind: kinds.get(kind, {}))
+        state._cold = cold
         return state
 
     @staticmethod
@@ -310,48 +341,54 @@ class Registry:
             self.refresh()
         return self._state.hot
 
+    def _cold(self):
+        self._hot()
+        return self._state.cold
+
     # --- queries --------------------------------------------------------------------------
 
     def errors(self):
         """{path or directory: [error text]} from the last refresh."""
-        hot = self._hot()
-        result = {path: list(messages) for path, messages in hot["errors"].items()}
-        for directory, message in hot["signature"][1].items():
+        result = {path: list(messages) for path, messages in self._cold()["errors"].items()}
+        for directory, message in self._hot()["signature"][1].items():
             result.setdefault(directory, []).append(message)
         return result
 
     def device_names(self):
         """Every resolvable qualified device name, sorted."""
-        return sorted(self._hot()["devices"])
+        return sorted(self._cold()["devices"])
 
     def spec_paths(self):
-        hot = self._hot()
-        return [path for path, ok in zip(hot["paths"], hot["ok"]) if ok]
+        cold = self._cold()
+        return [path for path, entry in zip(cold["paths"], cold["entries"]) if entry.ok]
 
     def _spec_at(self, index):
-        hot = self._state.hot
-        return Spec(hot["doc_at"](index), hot["paths"][index], hot["priorities"][index])
+        return self._state.spec_at(index)
 
     def get_spec(self, path):
         """The Spec loaded from `path` (None if it did not load)."""
-        hot = self._hot()
-        if path not in hot["paths"]:
+        cold = self._cold()
+        if path not in cold["paths"]:
             return None
-        index = hot["paths"].index(path)
-        return self._spec_at(index) if hot["ok"][index] else None
+        index = cold["paths"].index(path)
+        return self._spec_at(index) if cold["entries"][index].ok else None
 
     def vendors(self):
         """{vendor: [spec path, ...]} of the specs that loaded (per-vendor grouping)."""
-        hot = self._hot()
+        cold = self._cold()
         grouped = {}
-        for path, ok, kind in zip(hot["paths"], hot["ok"], hot["kinds"]):
-            if ok:
-                grouped.setdefault(parser.parse_qualifier(kind)[0], []).append(path)
+        for path, entry in zip(cold["paths"], cold["entries"]):
+            if entry.ok:
+                grouped.setdefault(parser.parse_qualifier(entry.kind)[0], []).append(path)
         return grouped
+
+    def _index_of(self, qualified):
+        self._hot()
+        return self._state.kind_devices(qualified.partition("=")[0]).get(qualified)
 
     def lookup(self, qualified):
         """(Spec, device dict) for a qualified name looked up verbatim, or None."""
-        index = self._hot()["devices"].get(qualified)
+        index = self._index_of(qualified)
         if index is None:
             return None
         spec = self._spec_at(index)
@@ -366,10 +403,9 @@ class Registry:
         (blocks, [(name, spec path)]). Raises UnresolvableDevicesError listing every name not
         found, with what we can tell about why.
         """
-        devices = self._hot()["devices"]
         specs_seen, blocks, unresolved, origins = {}, [], [], []
         for name in names:
-            index = devices.get(name)
+            index = self._index_of(name)
             if index is None:
                 unresolved.append(name)
                 continue
@@ -397,7 +433,7 @@ class Registry:
 
     def explain_unresolved(self, names, limit=8):
         """Why names did not resolve: what exists of that kind, where we looked, load errors."""
-        hot = self._hot()
+        hot, cold = self._hot(), self._cold()
         parts = []
         for name in names:
             vendor, cls, _ = parser.parse_device(name)
@@ -408,17 +444,17 @@ class Registry:
                     parts.append(str(err))
                 continue
             prefix = f"{vendor}/{cls}="
-            known = sorted(q[len(prefix):] for q in hot["devices"] if q.startswith(prefix))
+            known = sorted(q[len(prefix):] for q in cold["devices"] if q.startswith(prefix))
             if known:
                 shown = ", ".join(f'{q(d)}' for d in known[:limit])
                 more = f" and {len(known) - limit} more" if len(known) > limit else ""
                 parts.append(f"{vendor}/{cls} has only {shown}{more}")
             else:
                 parts.append(f"no spec defines devices of kind {vendor}/{cls}")
-            for ok, kind, error in zip(hot["ok"], hot["kinds"], hot["load_errors"]):
-                if not ok and parser.parse_qualifier(kind)[0] == vendor:
-                    parts.append(error)
-            for messages in hot["errors"].values():
+            for entry in cold["entries"]:
+                if not entry.ok and parser.parse_qualifier(entry.kind)[0] == vendor:
+                    parts.append(entry.error)
+            for messages in cold["errors"].values():
                 parts.extend(m for m in messages if m.startswith("conflicting device") and f'{q(name)}' in m)
         parts.append("searched " + ", ".join(self.spec_dirs))
         return "; ".join(dict.fromkeys(parts))

@@ -7,9 +7,7 @@ import errno
 import os
 
 from . import parser
-from .container_edits import EditsInvalid, is_empty, validate_edits
 from .errors import CDIError, SpecError, q
-from .version import minimum_version, normalize_version, validate_version
 
 # A spec larger than this is refused rather than parsed (specs are a few hundred KiB at most).
 MAX_SPEC_BYTES = 32 << 20
@@ -39,6 +37,9 @@ class Spec:
 
 def validate_spec_doc(doc, path):
     """Raise SpecError for a decoded spec that the reference would reject, in its order."""
+    from .container_edits import EditsInvalid, is_empty, validate_edits
+    from .version import validate_version
+
     def invalid(field, reason):
         return SpecError(path, field, reason)
 
@@ -150,6 +151,8 @@ def write_spec(doc, path, overwrite=True):
     written to a temp file in the same directory, fsynced and renamed into place, so readers
     never see a partial spec.
     """
+    from .version import minimum_version, normalize_version
+
     doc = dict(doc)
     if not doc.get("cdiVersion"):
         doc["cdiVersion"] = minimum_version(doc)
