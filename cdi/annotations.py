@@ -1,6 +1,6 @@
 """CDI device requests carried in container annotations (``cdi.k8s.io/<plugin>_<id>``)."""
 from .errors import CDIError, q
-from .parser import is_qualified_name
+from .parser import is_qualified_name, parse_qualified_name
 
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 MAX_NAME_LENGTH = 63
@@ -29,18 +29,23 @@ def annotation_key(plugin_name, device_id, prefix=ANNOTATION_PREFIX):
 def annotation_value(devices):
     """The annotation value for a list of qualified device names (comma-joined)."""
     for device in devices:
-        if not is_qualified_name(device):
-            raise CDIError(f'invalid CDI device name {q(device)}')
+        parse_qualified_name(device)  # its error is the reference's error
     return ",".join(devices)
 
 
 def update_annotations(annotations, plugin_name, device_id, devices):
     """A copy of `annotations` with the request added; the input is never modified."""
-    key = annotation_key(plugin_name, device_id)
-    value = annotation_value(devices)
+    try:
+        key = annotation_key(plugin_name, device_id)
+    except CDIError as err:
+        raise CDIError(f"CDI annotation failed: {err}") from None
+    if key in (annotations or {}):
+        raise CDIError(f"CDI annotation failed, key {q(key)} used")
+    try:
+        value = annotation_value(devices)
+    except CDIError as err:
+        raise CDIError(f"CDI annotation failed: {err}") from None
     annotations = dict(annotations or {})
-    if key in annotations:
-        raise CDIError(f'CDI annotation failed, key {q(key)} used')
     annotations[key] = value
     return annotations
 

@@ -149,12 +149,14 @@ def resolve_device_node(node):
         if not minimal:
             raise EditError(f'failed to stat CDI host device {q(host_path)}: {_strerror(err)}') from None
         info = None
+    host_type = None
     if info is not None:
         mode = info.st_mode
         host_type = ("b" if stat.S_ISBLK(mode) else "c" if stat.S_ISCHR(mode)
                      else "p" if stat.S_ISFIFO(mode) else None)
-        if host_type is None:
+        if host_type is None and not minimal:
             raise EditError(f'failed to stat CDI host device {q(host_path)}: not a device node')
+    if host_type is not None:
         if file_mode is None:
             file_mode = stat.S_IMODE(mode)
         if not minimal:
@@ -282,7 +284,7 @@ def _apply_device_nodes(config, nodes):
     user = config.peek("process", "user")
     user = user if isinstance(user, dict) else {}
     linux_devices = config.list("linux", "devices")
-    rules = config.list("linux", "resources", "devices")
+    rules = None  # linux.resources is only touched when a cgroup rule is added (Go omitempty)
     for node, device in devices:
         for key in ("uid", "gid"):
             ident = user.get(key)
@@ -303,6 +305,8 @@ def _apply_device_nodes(config, nodes):
             rule = {"allow": True, "type": device["type"], "major": device["major"], "minor": device["minor"]}
             if access:
                 rule["access"] = access
+            if rules is None:
+                rules = config.list("linux", "resources", "devices")
             rules.append(rule)
 
 
@@ -356,7 +360,7 @@ def apply_edits(config, edits):
     rdt = edits.get("intelRdt")
     if rdt is not None:
         work.obj("linux")["intelRdt"] = {key: value for key, value in rdt.items()
-                                         if value not in (None, "", False)}
+                                         if value not in (None, "", False, [])}
     if edits.get("additionalGids"):
         _apply_additional_gids(work, edits["additionalGids"])
     return work.root

@@ -43,17 +43,35 @@ def parse_device(device):
     return vendor, cls, name
 
 
+def _go_scan(name, first_set, inner_set):
+    """Check a name the way the Go code does: the first and last *bytes* as runes, the bytes
+    between decoded as UTF-8 (an invalid or split sequence is U+FFFD). Returns
+    (where, char) of the first problem ("first", "inner" or "last"), or None."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if chr(raw[0]) not in first_set:
+        return "first", chr(raw[0])
+    if len(raw) == 1:
+        return None
+    for char in raw[1:-1].decode("utf-8", "replace"):
+        if char not in inner_set:
+            return "inner", char
+    if chr(raw[-1]) not in _ALNUM:
+        return "last", chr(raw[-1])
+    return None
+
+
 def _qualifier_problem(name):
     if not name:
         return "empty name"
-    if name[0] not in _LETTERS:
-        return f'{q(name)}, should start with letter'
-    for char in name[1:-1]:
-        if char not in _QUALIFIER_INNER:
-            return f"invalid character '{char}' in name {q(name)}"
-    if len(name) > 1 and name[-1] not in _ALNUM:
-        return f'{q(name)}, should end with a letter or digit'
-    return None
+    problem = _go_scan(name, _LETTERS, _QUALIFIER_INNER)
+    if problem is None:
+        return None
+    where, char = problem
+    if where == "first":
+        return f"{q(name)}, should start with letter"
+    if where == "inner":
+        return f"invalid character '{char}' in name {q(name)}"
+    return f"{q(name)}, should end with a letter or digit"
 
 
 def validate_vendor_name(vendor):
@@ -71,14 +89,16 @@ def validate_class_name(cls):
 def validate_device_name(name):
     if not name:
         raise NameError_("invalid (empty) device name")
-    if name[0] not in _ALNUM:
+    problem = _go_scan(name, _ALNUM, _NAME_INNER)
+    if problem is None:
+        return
+    where, char = problem
+    if where == "first":
         # The reference says "class" here; the text is kept as it is.
-        raise NameError_(f'invalid class {q(name)}, should start with a letter or digit')
-    for char in name[1:-1]:
-        if char not in _NAME_INNER:
-            raise NameError_(f"invalid character '{char}' in device name {q(name)}")
-    if len(name) > 1 and name[-1] not in _ALNUM:
-        raise NameError_(f'invalid name {q(name)}, should end with a letter or digit')
+        raise NameError_(f"invalid class {q(name)}, should start with a letter or digit")
+    if where == "inner":
+        raise NameError_(f"invalid character '{char}' in device name {q(name)}")
+    raise NameError_(f"invalid name {q(name)}, should end with a letter or digit")
 
 
 def parse_qualified_name(device):

@@ -433,7 +433,7 @@ class Registry:
 
     def explain_unresolved(self, names, limit=8):
         """Why names did not resolve: what exists of that kind, where we looked, load errors."""
-        hot, cold = self._hot(), self._cold()
+        cold = self._cold()
         parts = []
         for name in names:
             vendor, cls, _ = parser.parse_device(name)

@@ -1,5 +1,4 @@
 """The registry: directory priority, conflicts, broken files, and the persistent parse cache."""
-import json
 import os
 import subprocess
 import sys

@@ -1,0 +1,91 @@
+"""Which CDI devices a container asks for: annotations, the device env var, device-plugin
+volume mounts, and the runtime's own ``--device`` options, in that order."""
+from cdi.annotations import parse_annotations
+from cdi.errors import CDIError
+from cdi.parser import is_qualified_name
+
+DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices/"
+
+
+class RequestError(CDIError):
+    pass
+
+
+def env_values(env, name):
+    """Every value of `name` in an OCI process.env list, in order."""
+    prefix = name + "="
+    return [entry[len(prefix):] for entry in env or () if isinstance(entry, str) and entry.startswith(prefix)]
+
+
+def env_devices(values, default_kind):
+    """Devices from the values of the device env var (NVIDIA_VISIBLE_DEVICES semantics).
+
+    If it appears more than once: `void` beats `none` beats everything else, and `all` beats
+    a list. A bare index or UUID becomes ``<default_kind>=<value>``; a qualified name stays.
+    """
+    if not values:
+        return []
+    stripped = [value.strip() for value in values]
+    if "void" in stripped or "none" in stripped:
+        return []
+    if "all" in stripped:
+        return [f"{default_kind}=all"]
+    devices = []
+    for value in stripped:
+        for item in value.split(","):
+            item = item.strip()
+            if not item or item in ("none", "void"):
+                continue
+            devices.append(item if is_qualified_name(item) else f"{default_kind}={item}")
+    return devices
+
+
+def mount_devices(mounts, default_kind):
+    """Devices requested by the device plugin's volume-mount strategy."""
+    devices = []
+    for mount in mounts or ():
+        destination = mount.get("destination", "") if isinstance(mount, dict) else ""
+        if isinstance(destination, str) and destination.startswith(DEVICE_MOUNT_ROOT):
+            device_id = destination.rstrip("/").rsplit("/", 1)[-1]
+            if device_id and destination.rstrip("/") != DEVICE_MOUNT_ROOT.rstrip("/"):
+                devices.append(device_id if is_qualified_name(device_id) else f"{default_kind}={device_id}")
+    return devices
+
+
+def has_cap_sys_admin(config):
+    caps = ((config.get("process") or {}).get("capabilities") or {}).get("bounding") or ()
+    return "CAP_SYS_ADMIN" in caps
+
+
+def collect_requests(config, settings, cli_devices=(), warn=lambda message: None):
+    """The ordered, de-duplicated list of devices the container requests.
+
+    `settings` is a shim.config.Config. Raises RequestError for a malformed request.
+    """
+    requested = []
+    annotations = config.get("annotations") or {}
+    if not isinstance(annotations, dict):
+        raise RequestError("config.json: annotations is not an object")
+    try:
+        requested += parse_annotations(annotations, settings.annotation_prefixes)[1]
+    except CDIError as err:
+        raise RequestError(f"malformed CDI request in annotations: {err}") from None
+    process = config.get("process") or {}
+    if settings.device_env:
+        values = env_values(process.get("env"), settings.device_env)
+        devices = env_devices(values, settings.default_kind)
+        if devices and not settings.accept_env_unprivileged and not has_cap_sys_admin(config):
+            warn(f"ignoring {settings.device_env}={','.join(values)}: the container lacks CAP_SYS_ADMIN "
+                 "and accept-env-unprivileged is false")
+            devices = []
+        requested += devices
+    requested += mount_devices(config.get("mounts"), settings.default_kind)
+    for device in cli_devices:
+        if not is_qualified_name(device):
+            raise RequestError(f'malformed --device "{device}": expected a qualified CDI device name '
+                               "such as vendor.com/class=name")
+        requested.append(device)
+    for device in requested:
+        if not is_qualified_name(device):
+            raise RequestError(f'malformed CDI device request "{device}": expected vendor.com/class=name')
+    return list(dict.fromkeys(requested))
