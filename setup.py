@@ -1,4 +1,77 @@
-from setuptools import setup
+"""Build glue: the cffi extension (shim._native) and the native runtime front end.
 
-# The C parts are built through cffi (API mode); pyproject.toml holds the metadata.
-setup(cffi_modules=["csrc/build_native.py:ffibuilder"])
+pyproject.toml holds the metadata. The front end `cdi-shim-runtime` is a small C program
+installed as a script; it needs to know which interpreter and which import directories run
+the Python half, so those are compiled in here.
+"""
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+
+from setuptools import setup
+from distutils.command.build_scripts import build_scripts  # setuptools ships this distutils
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FRONT_END_SOURCE = os.path.join("csrc", "runtime_main.c")
+FRONT_END = os.path.join("build", "native", "cdi-shim-runtime")
+
+
+def _version():
+    with open(os.path.join(HERE, "cdi", "__init__.py")) as source:
+        for line in source:
+            if line.startswith("__version__"):
+                return line.split("=")[1].strip().strip("\"'")
+    raise RuntimeError("cdi/__init__.py has no __version__")
+
+
+def _import_dirs():
+    # The installed packages first (a normal install), then the source tree (an editable one).
+    dirs = []
+    for key in ("platlib", "purelib"):
+        path = sysconfig.get_path(key)
+        if path not in dirs:
+            dirs.append(path)
+    dirs.append(HERE)
+    for path in dirs + [sys.executable]:
+        if any(char in path for char in "\"\\'\n"):
+            raise RuntimeError(f"cannot compile the path {path!r} into the runtime front end")
+    return "[" + ", ".join(f"'{path}'" for path in dirs) + "]"
+
+
+def build_front_end():
+    os.makedirs(os.path.dirname(os.path.join(HERE, FRONT_END)), exist_ok=True)
+    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[:1] or ["cc"]
+    command = compiler + [
+        "-O2", "-Wall", "-Wextra", "-std=gnu11",
+        f'-DCDS_PYTHON="{sys.executable}"',
+        f'-DCDS_PYPATH="{_import_dirs()}"',
+        f'-DCDS_VERSION="{_version()}"',
+        "-o", os.path.join(HERE, FRONT_END), os.path.join(HERE, FRONT_END_SOURCE),
+    ]
+    # Static when the C library allows it: no dynamic loading on every exec probe.
+    if subprocess.run(command + ["-static"], stderr=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(command, check=True)
+
+
+class CopyNativeScripts(build_scripts):
+    """The only script is a compiled program: copy it as it is (no shebang rewriting)."""
+
+    def copy_scripts(self):
+        self.mkpath(self.build_dir)
+        outfiles = []
+        for script in self.scripts:
+            target = os.path.join(self.build_dir, os.path.basename(script))
+            self.copy_file(script, target)
+            os.chmod(target, 0o755)
+            outfiles.append(target)
+        return outfiles, outfiles
+
+
+build_front_end()
+setup(
+    cffi_modules=["csrc/build_native.py:ffibuilder"],
+    scripts=[FRONT_END],
+    cmdclass={"build_scripts": CopyNativeScripts},
+)

@@ -26,6 +26,7 @@ devices:
         - {hostPath: $work/driver-version, containerPath: /driver/version, options: [ro, bind]}
 SPEC
 
+printf 'spec-dirs = ["%s"]\n' "$work/specs" > "$work/config.toml"
 (cd "$work/bundle" && runc spec)
 python3 - "$work/bundle/config.json" <<'PY'
 import json, sys
@@ -36,9 +37,7 @@ config["process"]["args"] = ["sh", "-c", "ls -l /dev/nvidia0; env | grep NVIDIA;
 json.dump(config, open(path, "w"))
 PY
 echo "== cdi-shim cdi list"
-.venv/bin/cdi-shim cdi list --spec-dir "$work/specs"
-echo "== injecting nvidia.com/gpu=0 and running the container"
-.venv/bin/cdi-shim cdi inject --spec-dir "$work/specs" --device nvidia.com/gpu=0 \
-    "$work/bundle/config.json" > "$work/config.edited.json"
-mv "$work/config.edited.json" "$work/bundle/config.json"
-.venv/bin/cdi-shim-runtime run --bundle "$work/bundle" cdi-shim-demo
+CDI_SHIM_CONFIG="$work/config.toml" .venv/bin/cdi-shim cdi list
+echo "== cdi-shim-runtime --device nvidia.com/gpu=0 run (injects, then execs runc)"
+CDI_SHIM_CONFIG="$work/config.toml" .venv/bin/cdi-shim-runtime --device nvidia.com/gpu=0 \
+    run --bundle "$work/bundle" cdi-shim-demo

@@ -19,4 +19,6 @@ python=$(python3 -c 'import sys; print(sys.executable)')
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/pip install -q --disable-pip-version-check --config-settings editable_mode=compat -e '.[test]'
+# Byte-compile now, so the first container create does not pay for compiling.
+.venv/bin/python -m compileall -q cdi shim >/dev/null

@@ -1,6 +1,7 @@
 """The bundle's config.json: read it carefully, replace it atomically."""
-import json
 import os
+
+from . import fastjson
 
 MAX_CONFIG_BYTES = 64 << 20
 
@@ -39,7 +40,7 @@ def read_config(bundle):
         os.close(fd)
     raw = b"".join(chunks)
     try:
-        config = json.loads(raw)
+        config = fastjson.loads(raw)
     except ValueError as err:
         raise BundleError(f"{path} is not valid JSON: {err}") from None
     if not isinstance(config, dict):
@@ -50,7 +51,7 @@ def read_config(bundle):
 def write_config(bundle, config, mode):
     """Replace BUNDLE/config.json atomically: temp file in the bundle, fsync, rename."""
     path = config_path(bundle)
-    data = json.dumps(config, separators=(",", ":")).encode()
+    data = fastjson.dumps(config).encode()
     tmp = os.path.join(bundle, f".config.json.cdi-shim.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode & 0o7777)
     try:

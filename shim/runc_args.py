@@ -4,8 +4,6 @@ runc (urfave/cli) takes global options, then a command, then that command's opti
 positional arguments. We find the command, the bundle, the log file and format, and take out
 our own global option ``--device NAME``; everything else passes to runc unchanged.
 """
-from dataclasses import dataclass, field
-
 # runc's global options that take a value (runc 1.1: main.go); the rest are booleans.
 GLOBAL_VALUE_OPTIONS = {"--root", "--log", "--log-format", "--criu", "--rootless"}
 OWN_VALUE_OPTIONS = {"--device"}
@@ -18,16 +16,18 @@ class ArgvError(Exception):
     pass
 
 
-@dataclass
 class RuncArgs:
-    runc_argv: list          # what runc gets: argv[1:] without our own options
-    command: str = ""
-    devices: list = field(default_factory=list)
-    bundle: str = "."
-    log_file: str = ""
-    log_format: str = "text"
-    debug: bool = False
-    container_id: str = ""
+    """What parse_runc_argv found. `runc_argv` is what runc gets: argv[1:] minus our options."""
+
+    def __init__(self, runc_argv):
+        self.runc_argv = runc_argv
+        self.command = ""
+        self.devices = []
+        self.bundle = "."
+        self.log_file = ""
+        self.log_format = "text"
+        self.debug = False
+        self.container_id = ""
 
 
 def _split(arg):

@@ -5,10 +5,11 @@ containerd shows the last error of runc's log file in pod events, so failures ar
 there the way runc writes them: with --log-format json one object a line with level, msg and
 time; with text, logrus's key=value line.
 """
-import json
 import os
 import sys
 import time
+
+from .fastjson import dumps
 
 MAX_LOG_BYTES = 4 << 20  # the cdi-shim log file is rotated once past this (one old copy kept)
 
@@ -22,8 +23,8 @@ def _timestamp():
 def format_line(level, message, log_format):
     stamp = _timestamp()
     if log_format == "json":
-        return json.dumps({"level": level, "msg": message, "time": stamp}) + "\n"
-    return f"time={json.dumps(stamp)} level={level} msg={json.dumps(message)}\n"
+        return dumps({"level": level, "msg": message, "time": stamp}) + "\n"
+    return f"time={dumps(stamp)} level={level} msg={dumps(message)}\n"
 
 
 def _append(path, line):

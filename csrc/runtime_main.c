@@ -1,0 +1,383 @@
+/*
+ * cdi-shim-runtime: the native front end of the runtime wrapper.
+ *
+ * containerd calls this binary exactly as it would call runc, for every container operation
+ * (state, start, kill, delete, exec probes...). Only create/run may need CDI injection, and
+ * only when the bundle's config.json can be asking for a device. Everything else is exec'd
+ * straight into runc here, so it costs one exec and no interpreter start-up.
+ *
+ * The decision "nothing can be requested" is conservative: config.json is searched for the
+ * raw byte patterns a request needs (an annotation key with a configured prefix, the device
+ * env var, a device-plugin mount). If any pattern, or any JSON escape that could hide one,
+ * appears, or if our config file holds anything this small reader does not understand, the
+ * Python implementation decides (exec'd with the interpreter and paths baked in at build).
+ * A false "maybe" costs time; a false "no" cannot happen.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef CDS_PYTHON
+#error "CDS_PYTHON (the interpreter) must be defined by the build"
+#endif
+#ifndef CDS_PYPATH
+#error "CDS_PYPATH (a Python list literal of import dirs) must be defined by the build"
+#endif
+#ifndef CDS_VERSION
+#define CDS_VERSION "unknown"
+#endif
+
+#define MAX_CONFIG_JSON (64u << 20)
+#define MAX_SETTINGS_FILE (1u << 20)
+#define MAX_PREFIXES 16
+#define DEVICE_MOUNT_PATTERN "\"/var/run/nvidia-container-devices/"
+
+struct settings {
+    char runtime[4096];
+    char device_env[256];
+    char prefixes[MAX_PREFIXES][256];
+    int n_prefixes;
+    int understood; /* 0: let Python read the config file (and report its problems) */
+};
+
+static void free_buf(char **buf) { free(*buf); }
+static void close_fd(int *fd) { if (*fd >= 0) close(*fd); }
+
+/* Read a whole regular file, refusing links, FIFOs and anything over `limit`.
+ * Returns the length, or -1 with errno set (EFBIG when too large). */
+static long read_file(const char *path, size_t limit, char **out)
+{
+    __attribute__((cleanup(close_fd))) int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0)
+        return -1;
+    if (!S_ISREG(st.st_mode)) {
+        errno = EINVAL;
+        return -1;
+    }
+    if ((size_t)st.st_size > limit) {
+        errno = EFBIG;
+        return -1;
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf)
+        return -1;
+    size_t len = 0;
+    for (;;) {
+        if (len == (size_t)st.st_size + 1) { /* grew while reading: let Python judge */
+            free(buf);
+            errno = EFBIG;
+            return -1;
+        }
+        ssize_t n = read(fd, buf + len, (size_t)st.st_size + 1 - len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            free(buf);
+            return -1;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    buf[len] = '\0';
+    *out = buf;
+    return (long)len;
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    char *end = s + strlen(s);
+    while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
+        *--end = '\0';
+    return s;
+}
+
+/* Parse one "..." TOML basic string without escapes at *p; advances *p. */
+static int parse_string(char **p, char *out, size_t cap)
+{
+    char *s = *p;
+    if (*s != '"')
+        return -1;
+    char *end = strchr(s + 1, '"');
+    if (!end || memchr(s + 1, '\\', (size_t)(end - s - 1)) || (size_t)(end - s - 1) >= cap)
+        return -1;
+    memcpy(out, s + 1, (size_t)(end - s - 1));
+    out[end - s - 1] = '\0';
+    *p = end + 1;
+    return 0;
+}
+
+/* The subset of TOML our config file uses: `key = "string"`, `key = ["a", "b"]` on one
+ * line, `key = true|false`, comments and blank lines. Anything else: not understood. */
+static void load_settings(struct settings *set)
+{
+    const char *path = getenv("CDI_SHIM_CONFIG");
+    __attribute__((cleanup(free_buf))) char *text = NULL;
+
+    strcpy(set->runtime, "runc");
+    strcpy(set->device_env, "NVIDIA_VISIBLE_DEVICES");
+    strcpy(set->prefixes[0], "cdi.k8s.io/");
+    set->n_prefixes = 1;
+    set->understood = 1;
+    if (!path || !*path)
+        path = "/etc/cdi-shim/config.toml";
+    if (read_file(path, MAX_SETTINGS_FILE, &text) < 0) {
+        if (errno != ENOENT)
+            set->understood = 0; /* unreadable: Python reports why */
+        return;
+    }
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char *s = trim(line);
+        if (*s == '\0' || *s == '#')
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            set->understood = 0;
+            return;
+        }
+        *eq = '\0';
+        char *key = trim(s), *value = trim(eq + 1);
+        char scratch[4096];
+        if (strcmp(key, "runtime") == 0 || strcmp(key, "device-env") == 0) {
+            char *target = key[0] == 'r' ? set->runtime : set->device_env;
+            size_t cap = key[0] == 'r' ? sizeof(set->runtime) : sizeof(set->device_env);
+            if (parse_string(&value, scratch, cap) < 0) {
+                set->understood = 0;
+                return;
+            }
+            strcpy(target, scratch);
+        } else if (strcmp(key, "annotation-prefixes") == 0) {
+            if (*value++ != '[') {
+                set->understood = 0;
+                return;
+            }
+            set->n_prefixes = 0;
+            for (;;) {
+                value = trim(value);
+                if (*value == ']')
+                    break;
+                if (set->n_prefixes == MAX_PREFIXES
+                    || parse_string(&value, set->prefixes[set->n_prefixes], sizeof(set->prefixes[0])) < 0) {
+                    set->understood = 0;
+                    return;
+                }
+                set->n_prefixes++;
+                value = trim(value);
+                if (*value == ',')
+                    value++;
+            }
+            value++;
+        } else if (strcmp(key, "spec-dirs") == 0 || strcmp(key, "default-kind") == 0
+                   || strcmp(key, "log-file") == 0 || strcmp(key, "log-level") == 0
+                   || strcmp(key, "accept-env-unprivileged") == 0) {
+            continue; /* only Python needs these */
+        } else {
+            set->understood = 0; /* unknown key: Python reports it */
+            return;
+        }
+        value = trim(value);
+        if (*value != '\0' && *value != '#') {
+            set->understood = 0;
+            return;
+        }
+    }
+}
+
+/* runc's global options that take a value, and ours. */
+static int global_takes_value(const char *name, size_t len)
+{
+    static const char *names[] = {"root", "log", "log-format", "criu", "rootless", "device", NULL};
+    for (int i = 0; names[i]; i++)
+        if (strlen(names[i]) == len && strncmp(name, names[i], len) == 0)
+            return 1;
+    return 0;
+}
+
+/* Option name without leading dashes and its length (up to '=' if any). */
+static const char *option_name(const char *arg, size_t *len)
+{
+    const char *name = arg + (arg[1] == '-' ? 2 : 1);
+    const char *eq = strchr(name, '=');
+    *len = eq ? (size_t)(eq - name) : strlen(name);
+    return name;
+}
+
+static int is_device_option(const char *name, size_t len)
+{
+    return len == 6 && strncmp(name, "device", 6) == 0;
+}
+
+/* The bundle of a create/run command line (argv from the command word on). */
+static const char *find_bundle(char **args, int n)
+{
+    for (int i = 1; i < n; i++) {
+        const char *a = args[i];
+        if (a[0] != '-' || strcmp(a, "-") == 0 || strcmp(a, "--") == 0)
+            break;
+        size_t len;
+        const char *name = option_name(a, &len);
+        int bundle = (len == 6 && strncmp(name, "bundle", 6) == 0) || (len == 1 && name[0] == 'b');
+        int valued = bundle || (len == 14 && strncmp(name, "console-socket", 14) == 0)
+                     || (len == 8 && strncmp(name, "pid-file", 8) == 0)
+                     || (len == 12 && strncmp(name, "preserve-fds", 12) == 0);
+        const char *eq = strchr(a, '=');
+        if (bundle)
+            return eq ? eq + 1 : (i + 1 < n ? args[i + 1] : ".");
+        if (valued && !eq)
+            i++;
+    }
+    return ".";
+}
+
+/* 1 when config.json may request a device (or we cannot tell), 0 when it cannot. */
+static int may_request(const char *bundle, const struct settings *set)
+{
+    char path[8192], pattern[300];
+    __attribute__((cleanup(free_buf))) char *json = NULL;
+
+    if (snprintf(path, sizeof(path), "%s/config.json", bundle) >= (int)sizeof(path))
+        return 1;
+    long len = read_file(path, MAX_CONFIG_JSON, &json);
+    if (len < 0)
+        return 1; /* Python reports the problem with the file */
+    if (memmem(json, (size_t)len, "\\u", 2) || memmem(json, (size_t)len, "\\/", 2))
+        return 1; /* an escape could spell a pattern differently */
+    if (memchr(json, '\0', (size_t)len))
+        return 1;
+    if (strstr(json, DEVICE_MOUNT_PATTERN))
+        return 1;
+    for (int i = 0; i < set->n_prefixes; i++) {
+        snprintf(pattern, sizeof(pattern), "\"%s", set->prefixes[i]);
+        if (strstr(json, pattern))
+            return 1;
+    }
+    if (set->device_env[0]) {
+        snprintf(pattern, sizeof(pattern), "\"%s=", set->device_env);
+        if (strstr(json, pattern))
+            return 1;
+    }
+    return 0;
+}
+
+/* Find `name` on PATH with access(2): a failed execve per PATH entry (what execvp does) costs
+ * far more, and this is the hot path of every exec probe. */
+static const char *search_path(const char *name, char *buf, size_t cap)
+{
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    for (const char *dir = path; dir; dir = strchr(dir, ':') ? strchr(dir, ':') + 1 : NULL) {
+        size_t len = strchr(dir, ':') ? (size_t)(strchr(dir, ':') - dir) : strlen(dir);
+        if (len == 0 || len + strlen(name) + 2 > cap)
+            continue;
+        memcpy(buf, dir, len);
+        buf[len] = '/';
+        strcpy(buf + len + 1, name);
+        struct stat st;
+        if (access(buf, X_OK) == 0 && stat(buf, &st) == 0 && S_ISREG(st.st_mode))
+            return buf;
+    }
+    return NULL;
+}
+
+static int exec_runtime(const struct settings *set, char **argv_out)
+{
+    char found[4096];
+    const char *runtime = set->runtime;
+    argv_out[0] = (char *)set->runtime;
+    if (!strchr(runtime, '/')) {
+        runtime = search_path(runtime, found, sizeof(found));
+        if (!runtime) {
+            fprintf(stderr, "cdi-shim: the low-level runtime \"%s\" is not on PATH (install runc or "
+                    "set \"runtime\" in the cdi-shim config)\n", set->runtime);
+            return 127;
+        }
+    }
+    execv(runtime, argv_out);
+    fprintf(stderr, "cdi-shim: cannot run the low-level runtime \"%s\": %s%s\n", set->runtime,
+            strerror(errno), errno == ENOENT ? " (install runc or set \"runtime\" in the cdi-shim config)" : "");
+    return 127;
+}
+
+static int exec_python(int argc, char **argv)
+{
+    static const char boot[] =
+        "import sys\n"
+        "sys.path[:0] = " CDS_PYPATH "\n"
+        "from shim.runtime import main\n"
+        "sys.exit(main())\n";
+    char **args = calloc((size_t)argc + 6, sizeof(char *));
+    if (!args)
+        return 127;
+    int n = 0;
+    args[n++] = CDS_PYTHON;
+    args[n++] = "-I"; /* the environment (PYTHONPATH, ...) must not steer the runtime */
+    args[n++] = "-S"; /* no site: the import dirs are known; saves start-up time */
+    args[n++] = "-c";
+    args[n++] = (char *)boot;
+    for (int i = 1; i < argc; i++)
+        args[n++] = argv[i];
+    execv(CDS_PYTHON, args);
+    fprintf(stderr, "cdi-shim: cannot start %s: %s\n", CDS_PYTHON, strerror(errno));
+    return 127;
+}
+
+int main(int argc, char **argv)
+{
+    struct settings set;
+    int command = argc, has_device = 0;
+
+    load_settings(&set);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (a[0] != '-' || strcmp(a, "-") == 0) {
+            command = i;
+            break;
+        }
+        size_t len;
+        const char *name = option_name(a, &len);
+        if (is_device_option(name, len))
+            has_device = 1;
+        if (global_takes_value(name, len) && !strchr(a, '='))
+            i++;
+    }
+    if (!set.understood)
+        return exec_python(argc, argv);
+
+    if (command < argc && (strcmp(argv[command], "create") == 0 || strcmp(argv[command], "run") == 0)) {
+        if (has_device || may_request(find_bundle(argv + command, argc - command), &set))
+            return exec_python(argc, argv);
+    } else if (argc > 1 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-v") == 0)) {
+        printf("cdi-shim-runtime version %s\n", CDS_VERSION);
+        fflush(stdout);
+    }
+
+    /* Pass through: runc gets our argv without our own --device options. */
+    char **out = calloc((size_t)argc + 1, sizeof(char *));
+    if (!out)
+        return 127;
+    int n = 1;
+    for (int i = 1; i < argc; i++) {
+        if (i < command && argv[i][0] == '-') {
+            size_t len;
+            const char *name = option_name(argv[i], &len);
+            if (is_device_option(name, len)) {
+                if (!strchr(argv[i], '='))
+                    i++;
+                fprintf(stderr, "cdi-shim: --device is ignored for the %s command\n",
+                        command < argc ? argv[command] : "no");
+                continue;
+            }
+        }
+        out[n++] = argv[i];
+    }
+    return exec_runtime(&set, out);
+}
