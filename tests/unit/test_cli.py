@@ -1,0 +1,115 @@
+"""The `cdi-shim cdi` commands, run as the installed executable."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import simple_spec, tool, write_spec
+
+
+def cdi_shim(*args, env=None):
+    return subprocess.run([tool("cdi-shim"), *args], capture_output=True, text=True, env=env)
+
+
+@pytest.fixture
+def specs(tmp_path, cache_dir):
+    directory = str(tmp_path / "specs")
+    write_spec(directory, "gpu.yaml", simple_spec(kind="nvidia.com/gpu", devices=("0", "1")))
+    return directory
+
+
+def test_list_plain_and_json(specs):
+    result = cdi_shim("cdi", "list", "--spec-dir", specs)
+    assert result.returncode == 0 and result.stdout.splitlines() == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
+    rows = json.loads(cdi_shim("cdi", "list", "--spec-dir", specs, "--json").stdout)
+    assert rows[0] == {"name": "nvidia.com/gpu=0", "kind": "nvidia.com/gpu",
+                       "spec": os.path.join(specs, "gpu.yaml")}
+
+
+def test_list_reports_broken_files_on_stderr(specs):
+    write_spec(specs, "broken.yaml", "kind: x.com/y\n")
+    result = cdi_shim("cdi", "list", "--spec-dir", specs)
+    assert result.returncode == 0 and "nvidia.com/gpu=0" in result.stdout
+    assert 'warning: failed to load CDI Spec invalid CDI Spec "' in result.stderr
+
+
+def test_inject_prints_edited_config_and_leaves_input(specs, tmp_path):
+    config = tmp_path / "config.json"
+    original = b'{"process": {"env": ["PATH=/bin"]}}'
+    config.write_bytes(original)
+    result = cdi_shim("cdi", "inject", "--spec-dir", specs, "--device", "nvidia.com/gpu=1", str(config))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["process"]["env"] == ["PATH=/bin", "X_1=1"]
+    assert config.read_bytes() == original
+
+
+def test_inject_reads_stdin(specs):
+    result = subprocess.run([tool("cdi-shim"), "cdi", "inject", "--spec-dir", specs, "--device",
+                             "nvidia.com/gpu=0", "-"], input="{}", capture_output=True, text=True)
+    assert result.returncode == 0 and json.loads(result.stdout)["process"]["env"] == ["X_0=1"]
+
+
+def test_inject_unresolvable_uses_reference_message(specs, tmp_path):
+    (tmp_path / "c.json").write_text("{}")
+    result = cdi_shim("cdi", "inject", "--spec-dir", specs, "--device", "nvidia.com/gpu=7", str(tmp_path / "c.json"))
+    assert result.returncode == 1 and result.stdout == ""
+    assert "Error: unresolvable CDI devices nvidia.com/gpu=7; nvidia.com/gpu has only \"0\", \"1\"" in result.stderr
+
+
+@pytest.mark.parametrize("device, text", [
+    ("nvidia.com/gpu", 'unqualified device "nvidia.com/gpu", missing vendor'),
+    ("gpu=0", 'unqualified device "gpu=0", missing vendor'),
+    ("nvidia.com/gpu=-0", "invalid class \"-0\", should start with a letter or digit"),
+])
+def test_device_argument_is_validated_with_expected_form(specs, tmp_path, device, text):
+    (tmp_path / "c.json").write_text("{}")
+    result = cdi_shim("cdi", "inject", "--spec-dir", specs, "--device", device, str(tmp_path / "c.json"))
+    assert result.returncode == 2
+    assert text in result.stderr and "vendor.com/class=name" in result.stderr
+
+
+def test_inject_rejects_non_json_config(specs, tmp_path):
+    (tmp_path / "c.json").write_text("not json")
+    result = cdi_shim("cdi", "inject", "--spec-dir", specs, "--device", "nvidia.com/gpu=0", str(tmp_path / "c.json"))
+    assert result.returncode == 1 and "cannot read OCI config" in result.stderr
+
+
+def test_validate_reports_each_problem_and_placement(specs, tmp_path):
+    write_spec(specs, "bad.json", '{"cdiVersion": "0.3.0", "kind": "v.com/c", "devices": [{"name": "a"}]}')
+    write_spec(specs, "old.yml", simple_spec(kind="v.com/yml"))
+    write_spec(os.path.join(specs, "nested"), "n.yaml", simple_spec(kind="v.com/n"))
+    write_spec(specs, "dup.yaml", simple_spec(kind="nvidia.com/gpu", devices=("1",)))
+    result = cdi_shim("cdi", "validate", "--spec-dir", specs, specs)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 1
+    assert any(line.startswith("error: invalid CDI Spec \"") and "bad.json" in line
+               and "invalid device, empty device edits" in line for line in lines)
+    assert any(line.startswith("warning:") and "old.yml" in line and ".yml" in line for line in lines)
+    assert any(line.startswith("warning:") and "sub-directory" in line for line in lines)
+    assert any(line.startswith('error: conflicting device "nvidia.com/gpu=1"') for line in lines)
+
+
+def test_validate_warns_about_file_outside_spec_dirs(specs, tmp_path):
+    path = write_spec(str(tmp_path / "elsewhere"), "ok.yaml", simple_spec())
+    result = cdi_shim("cdi", "validate", "--spec-dir", specs, path)
+    assert result.returncode == 0
+    assert "is outside the spec directories" in result.stdout
+
+
+def test_validate_good_dir_exits_zero(specs):
+    result = cdi_shim("cdi", "validate", "--spec-dir", specs)
+    assert result.returncode == 0 and result.stdout == ""
+    assert "1 spec file(s) checked, 0 error(s)" in result.stderr
+
+
+def test_malformed_config_file_is_an_error(specs, tmp_path):
+    bad = tmp_path / "config.toml"
+    bad.write_text("spec-dirs = 3\n")
+    result = cdi_shim("cdi", "list", env=dict(os.environ, CDI_SHIM_CONFIG=str(bad)))
+    assert result.returncode == 1 and '"spec-dirs" must be a list of strings' in result.stderr
+
+
+def test_help_explains(specs):
+    result = cdi_shim("cdi", "inject", "--help")
+    assert result.returncode == 0 and "Nothing is written" in result.stdout
