@@ -158,5 +158,17 @@ def inject(devices, spec_dirs, config_json):
     click.echo(json.dumps(edited, indent=2))
 
 
+def _register():
+    # One module per command group keeps this file small; imported here so `cdi-shim --help`
+    # lists them all.
+    from .cli_hook import hook
+    from .cli_ldcache import ldcache
+
+    main.add_command(ldcache)
+    main.add_command(hook)
+
+
+_register()
+
 if __name__ == "__main__":  # pragma: no cover
     main()
