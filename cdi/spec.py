@@ -8,6 +8,7 @@ import os
 
 from . import parser
 from .errors import CDIError, SpecError, q
+from .safeio import UnsafeFile, read_regular_file
 
 # A spec larger than this is refused rather than parsed (specs are a few hundred KiB at most).
 MAX_SPEC_BYTES = 32 << 20
@@ -98,28 +99,13 @@ def parse_spec(data, path, priority=0):
 
 
 def read_spec_bytes(path):
-    """Read a spec file without blocking on FIFOs or trusting its size."""
+    """(bytes, stat) of a spec file, read without blocking on FIFOs or trusting its size."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        return read_regular_file(path, MAX_SPEC_BYTES)
     except OSError as err:
         raise SpecError(path, "", os.strerror(err.errno), kind="read") from err
-    try:
-        info = os.fstat(fd)
-        if not (info.st_mode & 0o170000) == 0o100000:
-            raise SpecError(path, "", "not a regular file", kind="read")
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > MAX_SPEC_BYTES:
-                raise SpecError(path, "", f"file larger than {MAX_SPEC_BYTES} bytes", kind="read")
-            chunks.append(chunk)
-        data = b"".join(chunks)
-        return data, info
-    finally:
-        os.close(fd)
+    except UnsafeFile as err:
+        raise SpecError(path, "", str(err), kind="read") from None
 
 
 def read_spec(path, priority=0):

@@ -1,5 +1,8 @@
 """The bundle's config.json: read it carefully, replace it atomically."""
+import errno
 import os
+
+from cdi.safeio import UnsafeFile, read_regular_file
 
 from . import fastjson
 
@@ -18,27 +21,13 @@ def read_config(bundle):
     """(parsed config dict, raw bytes, stat) of BUNDLE/config.json; BundleError if unusable."""
     path = config_path(bundle)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        raw, info = read_regular_file(path, MAX_CONFIG_BYTES, follow_links=False)
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise BundleError(f"{path} is a symbolic link; refusing to follow it") from None
         raise BundleError(f"cannot open {path}: {err.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if (info.st_mode & 0o170000) != 0o100000:
-            raise BundleError(f"{path} is not a regular file")
-        if info.st_size > MAX_CONFIG_BYTES:
-            raise BundleError(f"{path} is {info.st_size} bytes, more than the {MAX_CONFIG_BYTES} we accept")
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > MAX_CONFIG_BYTES:
-                raise BundleError(f"{path} grew past {MAX_CONFIG_BYTES} bytes while being read")
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    raw = b"".join(chunks)
+    except UnsafeFile as err:
+        raise BundleError(f"{path}: {err}") from None
     try:
         config = fastjson.loads(raw)
     except ValueError as err:
