@@ -37,11 +37,40 @@ def read_config(bundle):
     return config, raw, info
 
 
+_TEMP_PREFIX = ".config.json.cdi-shim."
+
+
+def _remove_stale_temps(bundle):
+    """Temp files of writers that were killed before their rename (their pid is gone)."""
+    try:
+        names = [name for name in os.listdir(bundle) if name.startswith(_TEMP_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_TEMP_PREFIX):]
+        try:
+            os.kill(int(pid), 0)
+            continue  # its writer is alive
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        try:
+            os.unlink(os.path.join(bundle, name))
+        except OSError:
+            pass
+
+
 def write_config(bundle, config, mode):
-    """Replace BUNDLE/config.json atomically: temp file in the bundle, fsync, rename."""
+    """Replace BUNDLE/config.json atomically: temp file in the bundle, fsync, rename.
+
+    A writer killed mid-way leaves config.json whole (old or new) and at most its temp file,
+    which the next writer in that bundle removes.
+    """
     path = config_path(bundle)
     data = fastjson.dumps(config).encode()
-    tmp = os.path.join(bundle, f".config.json.cdi-shim.{os.getpid()}")
+    _remove_stale_temps(bundle)
+    tmp = os.path.join(bundle, f"{_TEMP_PREFIX}{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode & 0o7777)
     try:
         try:
