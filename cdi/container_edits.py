@@ -211,6 +211,9 @@ class _Config:
         return value
 
     def list(self, *path):
+        """The list at path (created if missing), copied once like obj()."""
+        if path in self._copied:
+            return self._copied[path]
         parent = self.obj(*path[:-1])
         value = parent.get(path[-1])
         if value is None:
@@ -218,6 +221,7 @@ class _Config:
         elif not isinstance(value, list):
             raise EditError(f"can't edit OCI config: {'.'.join(path)} is not a list")
         value = parent[path[-1]] = list(value)
+        self._copied[path] = value
         return value
 
 
@@ -261,7 +265,6 @@ def _oci_hook(hook):
 
 
 def _apply_env(config, env):
-    process = config.obj("process")
     current = config.list("process", "env")
     index = {}
     for position, entry in enumerate(current):
@@ -275,7 +278,6 @@ def _apply_env(config, env):
         else:
             index[key] = len(current)
             current.append(entry)
-    process["env"] = current
 
 
 def _apply_device_nodes(config, nodes):
