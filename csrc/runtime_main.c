@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef CDS_PYTHON
@@ -267,6 +268,46 @@ static int may_request(const char *bundle, const struct settings *set)
     return 0;
 }
 
+/* runc's --log file and format, so our own failures reach containerd like runc's do. */
+static const char *log_path, *log_format = "text";
+
+static void append_escaped(char *out, size_t cap, size_t *len, const char *text)
+{
+    for (const unsigned char *c = (const unsigned char *)text; *c && *len + 8 < cap; c++) {
+        if (*c == '"' || *c == '\\') {
+            out[(*len)++] = '\\';
+            out[(*len)++] = (char)*c;
+        } else if (*c < 0x20) {
+            *len += (size_t)snprintf(out + *len, cap - *len, "\\u%04x", *c);
+        } else {
+            out[(*len)++] = (char)*c;
+        }
+    }
+}
+
+/* Report a failure on stderr and, when runc was given --log, in that file in its format. */
+static void report(const char *message)
+{
+    fprintf(stderr, "%s\n", message);
+    if (!log_path)
+        return;
+    struct timespec now;
+    struct tm tm;
+    char stamp[64], line[8192];
+    size_t len = 0;
+    clock_gettime(CLOCK_REALTIME, &now);
+    gmtime_r(&now.tv_sec, &tm);
+    size_t n = strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(stamp + n, sizeof(stamp) - n, ".%09ldZ", now.tv_nsec);
+    int json = strcmp(log_format, "json") == 0;
+    len = (size_t)snprintf(line, sizeof(line), json ? "{\"level\":\"error\",\"msg\":\"" : "time=\"%s\" level=error msg=\"", stamp);
+    append_escaped(line, sizeof(line) - 64, &len, message);
+    len += (size_t)snprintf(line + len, sizeof(line) - len, json ? "\",\"time\":\"%s\"}\n" : "\"\n", stamp);
+    __attribute__((cleanup(close_fd))) int fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd >= 0 && write(fd, line, len) < 0)
+        fprintf(stderr, "cdi-shim: cannot write runc log %s: %s\n", log_path, strerror(errno));
+}
+
 /* Find `name` on PATH with access(2): a failed execve per PATH entry (what execvp does) costs
  * far more, and this is the hot path of every exec probe. */
 static const char *search_path(const char *name, char *buf, size_t cap)
@@ -290,20 +331,22 @@ static const char *search_path(const char *name, char *buf, size_t cap)
 
 static int exec_runtime(const struct settings *set, char **argv_out)
 {
-    char found[4096];
+    char found[4096], message[8192];
     const char *runtime = set->runtime;
     argv_out[0] = (char *)set->runtime;
     if (!strchr(runtime, '/')) {
         runtime = search_path(runtime, found, sizeof(found));
         if (!runtime) {
-            fprintf(stderr, "cdi-shim: the low-level runtime \"%s\" is not on PATH (install runc or "
-                    "set \"runtime\" in the cdi-shim config)\n", set->runtime);
+            snprintf(message, sizeof(message), "cdi-shim: the low-level runtime \"%s\" is not on PATH "
+                     "(install runc or set \"runtime\" in the cdi-shim config)", set->runtime);
+            report(message);
             return 127;
         }
     }
     execv(runtime, argv_out);
-    fprintf(stderr, "cdi-shim: cannot run the low-level runtime \"%s\": %s%s\n", set->runtime,
-            strerror(errno), errno == ENOENT ? " (install runc or set \"runtime\" in the cdi-shim config)" : "");
+    snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s%s", set->runtime,
+             strerror(errno), errno == ENOENT ? " (install runc or set \"runtime\" in the cdi-shim config)" : "");
+    report(message);
     return 127;
 }
 
@@ -326,14 +369,16 @@ static int exec_python(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         args[n++] = argv[i];
     execv(CDS_PYTHON, args);
-    fprintf(stderr, "cdi-shim: cannot start %s: %s\n", CDS_PYTHON, strerror(errno));
+    char message[4096];
+    snprintf(message, sizeof(message), "cdi-shim: cannot start %s: %s", CDS_PYTHON, strerror(errno));
+    report(message);
     return 127;
 }
 
 int main(int argc, char **argv)
 {
     struct settings set;
-    int command = argc, has_device = 0;
+    int command = argc, has_device = 0, version = 0;
 
     load_settings(&set);
     for (int i = 1; i < argc; i++) {
@@ -346,8 +391,17 @@ int main(int argc, char **argv)
         const char *name = option_name(a, &len);
         if (is_device_option(name, len))
             has_device = 1;
-        if (global_takes_value(name, len) && !strchr(a, '='))
-            i++;
+        if ((len == 7 && strncmp(name, "version", 7) == 0) || (len == 1 && name[0] == 'v'))
+            version = 1;
+        if (global_takes_value(name, len)) {
+            const char *value = strchr(a, '=') ? strchr(a, '=') + 1 : (i + 1 < argc ? argv[i + 1] : "");
+            if (len == 3 && strncmp(name, "log", 3) == 0)
+                log_path = value;
+            else if (len == 10 && strncmp(name, "log-format", 10) == 0)
+                log_format = value;
+            if (!strchr(a, '='))
+                i++;
+        }
     }
     if (!set.understood)
         return exec_python(argc, argv);
@@ -355,7 +409,7 @@ int main(int argc, char **argv)
     if (command < argc && (strcmp(argv[command], "create") == 0 || strcmp(argv[command], "run") == 0)) {
         if (has_device || may_request(find_bundle(argv + command, argc - command), &set))
             return exec_python(argc, argv);
-    } else if (argc > 1 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-v") == 0)) {
+    } else if (command == argc && version) {
         printf("cdi-shim-runtime version %s\n", CDS_VERSION);
         fflush(stdout);
     }

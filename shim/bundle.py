@@ -32,6 +32,9 @@ def read_config(bundle):
         config = fastjson.loads(raw)
     except ValueError as err:
         raise BundleError(f"{path} is not valid JSON: {err}") from None
+    except (RecursionError, SystemError):
+        # The C scanner recurses per nesting level; runc itself stops at 10,000 levels.
+        raise BundleError(f"{path} is nested too deeply to be an OCI config") from None
     if not isinstance(config, dict):
         raise BundleError(f"{path}: the document is not a JSON object")
     return config, raw, info

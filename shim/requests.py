@@ -71,6 +71,12 @@ def collect_requests(config, settings, cli_devices=(), warn=lambda message: None
     except CDIError as err:
         raise RequestError(f"malformed CDI request in annotations: {err}") from None
     process = config.get("process") or {}
+    if not isinstance(process, dict):
+        raise RequestError("config.json: process is not an object")
+    if not isinstance(process.get("env") or [], list):
+        raise RequestError("config.json: process.env is not a list")
+    if not isinstance(config.get("mounts") or [], list):
+        raise RequestError("config.json: mounts is not a list")
     if settings.device_env:
         values = env_values(process.get("env"), settings.device_env)
         devices = env_devices(values, settings.default_kind)

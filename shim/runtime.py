@@ -125,7 +125,7 @@ def main(argv=None):
     except RuntimeFailure as err:
         log.error(str(err))
         return 1
-    if argv[:1] in (["--version"], ["-v"]):
+    if not args.command and any(arg in ("--version", "-v") for arg in args.runc_argv):
         sys.stdout.write(f"cdi-shim-runtime version {__version__}\n")
         sys.stdout.flush()
     log.debug(f"phase=total took={(time.perf_counter() - start) * 1000:.2f}ms; exec {runc}")
