@@ -60,16 +60,19 @@ def has_cap_sys_admin(config):
 def collect_requests(config, settings, cli_devices=(), warn=lambda message: None):
     """The ordered, de-duplicated list of devices the container requests.
 
-    `settings` is a shim.config.Config. Raises RequestError for a malformed request.
+    `settings` is a shim.config.Config. Raises RequestError for a malformed request, naming
+    where it came from.
     """
-    requested = []
+    requested = []  # (device, where it came from)
     annotations = config.get("annotations") or {}
     if not isinstance(annotations, dict):
         raise RequestError("config.json: annotations is not an object")
-    try:
-        requested += parse_annotations(annotations, settings.annotation_prefixes)[1]
-    except CDIError as err:
-        raise RequestError(f"malformed CDI request in annotations: {err}") from None
+    for key in sorted(annotations):
+        try:
+            devices = parse_annotations({key: annotations[key]}, settings.annotation_prefixes)[1]
+        except CDIError as err:
+            raise RequestError(f'malformed CDI request in annotation "{key}": {err}') from None
+        requested += [(device, f'annotation "{key}"') for device in devices]
     process = config.get("process") or {}
     if not isinstance(process, dict):
         raise RequestError("config.json: process is not an object")
@@ -84,14 +87,12 @@ def collect_requests(config, settings, cli_devices=(), warn=lambda message: None
             warn(f"ignoring {settings.device_env}={','.join(values)}: the container lacks CAP_SYS_ADMIN "
                  "and accept-env-unprivileged is false")
             devices = []
-        requested += devices
-    requested += mount_devices(config.get("mounts"), settings.default_kind)
-    for device in cli_devices:
+        requested += [(device, f"{settings.device_env}={','.join(values)}") for device in devices]
+    requested += [(device, "a device-plugin mount under " + DEVICE_MOUNT_ROOT)
+                  for device in mount_devices(config.get("mounts"), settings.default_kind)]
+    requested += [(device, "--device") for device in cli_devices]
+    for device, origin in requested:
         if not is_qualified_name(device):
-            raise RequestError(f'malformed --device "{device}": expected a qualified CDI device name '
-                               "such as vendor.com/class=name")
-        requested.append(device)
-    for device in requested:
-        if not is_qualified_name(device):
-            raise RequestError(f'malformed CDI device request "{device}": expected vendor.com/class=name')
-    return list(dict.fromkeys(requested))
+            raise RequestError(f'malformed CDI device request "{device}" (from {origin}): expected a '
+                               "qualified name such as vendor.com/class=name")
+    return list(dict.fromkeys(device for device, _ in requested))
