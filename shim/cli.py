@@ -163,9 +163,13 @@ def _register():
     # lists them all.
     from .cli_hook import hook
     from .cli_ldcache import ldcache
+    from .cli_node import bench, runtime, runtimeclass
 
     main.add_command(ldcache)
     main.add_command(hook)
+    main.add_command(runtime)
+    main.add_command(runtimeclass)
+    main.add_command(bench)
 
 
 _register()

@@ -1,0 +1,510 @@
+"""A private containerd with its CRI plugin, for the e2e tests and the pod benchmark.
+
+Everything lives under one directory: root, state, socket, runc state (``Root`` of every
+runtime), netns files, CNI dirs (empty: pods use host networking), container logs, the cdi-shim
+config and registry cache, CDI specs and fake devices. The containerd config is
+``containerd config default`` with the facts of these machines (see the project's
+reference/cri-e2e.md): ``restrict_oom_score_adj = true`` (root lacks CAP_SYS_RESOURCE, so runc
+fails "can't get final child's PID from pipe" otherwise), ``SystemdCgroup = false`` (PID 1 is not
+systemd), host-network pods without a hostname, a local ``sandbox_image``; then the cdi-shim
+runtime is added by the real ``cdi-shim runtime configure`` command. Images are an OCI-layout
+tarball made here from busybox-static and imported with ``ctr -n k8s.io images import``.
+
+containerd 1.6 has no CDI support of its own: every device a pod gets here is cdi-shim's.
+"""
+import hashlib
+import io
+import json
+import os
+import platform
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+
+import tomlkit
+
+from . import CRIClient
+from .client import CRIError, read_container_log
+
+IMAGE = "localhost/busybox:local"
+PAUSE_IMAGE = "localhost/pause:local"
+NAMESPACE = "k8s.io"
+RUNTIME_NAME = "nvidia"
+CMD_TIMEOUT = 120
+
+
+class LabError(Exception):
+    pass
+
+
+def find_tool(name, package):
+    path = shutil.which(name) or next(
+        (os.path.join(d, name) for d in ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
+         if os.access(os.path.join(d, name), os.X_OK)), None)
+    if path is None:
+        raise LabError(f"{name} not found: apt-get install {package}")
+    return path
+
+
+def _elf_is_static(path):
+    with open(path, "rb") as stream:
+        head = stream.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:
+            return False
+        end = "<" if head[5] == 1 else ">"
+        phoff, = struct.unpack(end + "Q", head[32:40])
+        phentsize, phnum = struct.unpack(end + "HH", head[54:58])
+        for index in range(phnum):
+            stream.seek(phoff + index * phentsize)
+            if struct.unpack(end + "I", stream.read(4))[0] == 3:  # PT_INTERP
+                return False
+    return True
+
+
+def static_busybox():
+    for candidate in ("/bin/busybox", "/usr/bin/busybox"):
+        if os.path.exists(candidate) and _elf_is_static(candidate):
+            return candidate
+    raise LabError("no statically linked busybox: apt-get install busybox-static")
+
+
+# --- the image ----------------------------------------------------------------------------------
+
+def _oci_arch():
+    machine = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le",
+            "s390x": "s390x", "riscv64": "riscv64"}.get(machine, machine)
+
+
+def _layer(busybox):
+    """An uncompressed layer tar: busybox with its applets as links, a passwd, the usual dirs."""
+    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True).stdout.split()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        def add_dir(name):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
+            tar.addfile(info)
+
+        def add_file(name, data, mode=0o644):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            tar.addfile(info, io.BytesIO(data))
+
+        for directory in ("bin", "dev", "etc", "proc", "sys", "tmp", "usr", "usr/lib", "var", "root"):
+            add_dir(directory)
+        with open(busybox, "rb") as stream:
+            add_file("bin/busybox", stream.read(), 0o755)
+        for applet in sorted(set(applets) - {"busybox"}):
+            info = tarfile.TarInfo(f"bin/{applet}")
+            info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, "busybox", 0o777, 0
+            tar.addfile(info)
+        add_file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
+        add_file("etc/group", b"root:x:0:\n")
+    return buffer.getvalue()
+
+
+def build_oci_archive(path, busybox, images):
+    """Write an OCI image layout tarball holding `images` ({reference: (entrypoint, cmd)}), one layer."""
+    layer = _layer(busybox)
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    blobs = {layer_digest: layer}
+    manifests = []
+    for reference, (entrypoint, cmd) in images.items():
+        config = json.dumps({
+            "architecture": _oci_arch(), "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Entrypoint": entrypoint, "Cmd": cmd, "WorkingDir": "/"},
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        }, sort_keys=True).encode()
+        config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+        blobs[config_digest] = config
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest,
+                       "size": len(config)},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest,
+                        "size": len(layer)}],
+        }, sort_keys=True).encode()
+        manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+        blobs[manifest_digest] = manifest
+        manifests.append({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_digest,
+            "size": len(manifest), "platform": {"architecture": _oci_arch(), "os": "linux"},
+            "annotations": {"io.containerd.image.name": reference,
+                            "org.opencontainers.image.ref.name": reference.rsplit(":", 1)[-1]},
+        })
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                        "manifests": manifests}, sort_keys=True).encode()
+    with tarfile.open(path, "w") as tar:
+        def add(name, data):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+
+        add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        add("index.json", index)
+        for digest, data in blobs.items():
+            add("blobs/sha256/" + digest.split(":", 1)[1], data)
+    return path
+
+
+# --- fake devices and libraries ----------------------------------------------------------------
+
+def make_char_device(path, major, minor):
+    if not os.path.exists(path):
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    return path
+
+
+def build_fake_libraries(directory, count, gcc):
+    """`count` shared libraries with real SONAMEs (libfakedrv<N>.so.1 -> .so.1.0.0), built by gcc."""
+    os.makedirs(directory, exist_ok=True)
+    source = os.path.join(directory, "fake.c")
+    with open(source, "w") as stream:
+        stream.write("int fake_driver_entry(void) { return 42; }\n")
+    paths = []
+    for index in range(count):
+        soname = f"libfakedrv{index}.so.1"
+        target = os.path.join(directory, soname + ".0.0")
+        if not os.path.exists(target):
+            subprocess.run([gcc, "-shared", "-fPIC", "-O1", f"-Wl,-soname,{soname}", "-o", target, source],
+                           check=True, capture_output=True, timeout=CMD_TIMEOUT)
+        paths.append(target)
+    return paths
+
+
+# --- the lab -----------------------------------------------------------------------------------
+
+class PodRun:
+    """What one pod did: ids, container status, its output lines, CRI step times (seconds)."""
+
+    def __init__(self):
+        self.pod_id = self.container_id = None
+        self.status = None
+        self.output = []
+        self.times = {}
+        self.container_spec = None  # the OCI specs containerd gave the runtime (keep_configs=True)
+        self.sandbox_spec = None
+
+
+class Lab:
+    def __init__(self, base, runtime_name=RUNTIME_NAME, log_level="info", runtime_log=False):
+        if os.geteuid() != 0:
+            raise LabError("a private containerd runs pods with runc and needs root")
+        self.base = os.path.abspath(str(base))
+        self.runtime_name = runtime_name
+        self.containerd = find_tool("containerd", "containerd")
+        self.ctr = find_tool("ctr", "containerd")
+        self.runc = find_tool("runc", "runc")
+        self.busybox = static_busybox()
+        venv_bin = os.path.dirname(os.path.abspath(sys.executable))
+        self.runtime_binary = os.path.join(venv_bin, "cdi-shim-runtime")
+        if not os.access(self.runtime_binary, os.X_OK):
+            raise LabError(f"cdi-shim-runtime is not installed next to {sys.executable}: "
+                           "run `pip install -e '.[test]'`")
+        self.cli = os.path.join(venv_bin, "cdi-shim")
+        p = lambda *names: os.path.join(self.base, *names)  # noqa: E731
+        self.root, self.state, self.socket = p("root"), p("state"), p("containerd.sock")
+        self.runc_root, self.logs, self.cni = p("runc"), p("logs"), p("cni")
+        self.spec_dir, self.dev_dir, self.driver_dir = p("cdi"), p("dev"), p("driver")
+        self.cache_dir, self.shim_config = p("cache"), p("cdi-shim.toml")
+        self.config = p("containerd.toml")
+        self.containerd_log = p("containerd.log")
+        self.runtime_log = p("runtime.log") if runtime_log else ""
+        self.log_level = log_level
+        self.process = None
+        self.client = None
+        self._count = 0
+
+    # -- set-up --
+
+    def env(self):
+        env = dict(os.environ)
+        env["CDI_SHIM_CONFIG"] = self.shim_config
+        env["CDI_SHIM_CACHE_DIR"] = self.cache_dir
+        path = env.get("PATH", "")
+        for directory in ("/usr/sbin", "/sbin", "/usr/bin", "/bin"):
+            if directory not in path.split(":"):
+                path = f"{path}:{directory}" if path else directory
+        env["PATH"] = path
+        return env
+
+    def write_shim_config(self, **extra):
+        values = {"runtime": self.runc, "spec-dirs": [self.spec_dir], "log-level": self.log_level}
+        if self.runtime_log:
+            values["log-file"] = self.runtime_log
+        values.update(extra)
+        with open(self.shim_config, "w") as stream:
+            for key, value in values.items():
+                stream.write(f"{key} = {json.dumps(value)}\n")
+
+    def base_config_text(self):
+        """`containerd config default` with this lab's paths and the machine facts."""
+        out = subprocess.run([self.containerd, "config", "default"], capture_output=True, text=True,
+                             timeout=CMD_TIMEOUT)
+        if out.returncode != 0:
+            raise LabError(f"containerd config default failed: {out.stderr.strip()}")
+        doc = tomlkit.parse(out.stdout)
+        if doc.get("version") != 2:
+            raise LabError(f"this lab knows containerd 1.x configs (version 2), not version {doc.get('version')}")
+        doc["root"], doc["state"] = self.root, self.state
+        doc["grpc"]["address"] = self.socket
+        cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
+        cri["disable_apparmor"] = True
+        cri["restrict_oom_score_adj"] = True
+        cri["sandbox_image"] = PAUSE_IMAGE
+        cri["netns_mounts_under_state_dir"] = True
+        cri["cni"]["bin_dir"] = os.path.join(self.cni, "bin")
+        cri["cni"]["conf_dir"] = os.path.join(self.cni, "net.d")
+        runc = cri["containerd"]["runtimes"]["runc"]["options"]
+        runc["Root"] = self.runc_root
+        runc["SystemdCgroup"] = False
+        doc["plugins"]["io.containerd.internal.v1.opt"]["path"] = os.path.join(self.base, "opt")
+        return tomlkit.dumps(doc)
+
+    def configure(self, *args):
+        """Run the real `cdi-shim runtime configure` on this lab's config file."""
+        command = [self.cli] if os.access(self.cli, os.X_OK) else [sys.executable, "-m", "shim.cli"]
+        command += ["runtime", "configure", "--config", self.config, "--runtime-name", self.runtime_name,
+                    "--runtime-binary", self.runtime_binary, "--containerd-binary", self.containerd] + list(args)
+        out = subprocess.run(command, capture_output=True, text=True, env=self.env(), timeout=CMD_TIMEOUT)
+        if out.returncode != 0:
+            raise LabError(f"cdi-shim runtime configure failed: {out.stderr.strip()}")
+        return out
+
+    def add_runtime_copy(self, name, drop=()):
+        """Add runtime `name` as a copy of ours without the keys in `drop` (e.g. the allow-list)."""
+        with open(self.config) as stream:
+            doc = tomlkit.parse(stream.read())
+        runtimes = doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+        entry = tomlkit.parse(tomlkit.dumps(tomlkit.document().add("x", runtimes[self.runtime_name].copy())))["x"]
+        for key in drop:
+            entry.pop(key, None)
+        runtimes[name] = entry
+        with open(self.config, "w") as stream:
+            stream.write(tomlkit.dumps(doc))
+
+    def write_gpu_spec(self):
+        """nvidia.com/gpu=0: a fake GPU (char 195:0 made with mknod), an env var and a bind mount."""
+        make_char_device(os.path.join(self.dev_dir, "nvidia0"), 195, 0)
+        with open(os.path.join(self.driver_dir, "version.txt"), "w") as stream:
+            stream.write("fake driver 555.42\n")
+        self.write_spec("nvidia-gpu.yaml", (
+            'cdiVersion: "0.5.0"\n'
+            "kind: nvidia.com/gpu\n"
+            "devices:\n"
+            '  - name: "0"\n'
+            "    containerEdits:\n"
+            '      env: ["FAKE_GPU_INDEX=0"]\n'
+            "      deviceNodes:\n"
+            f"        - path: /dev/nvidia0\n          hostPath: {self.dev_dir}/nvidia0\n"
+            "containerEdits:\n"
+            '  env: ["FAKE_DRIVER=555.42"]\n'
+            "  mounts:\n"
+            f"    - hostPath: {self.driver_dir}\n      containerPath: /usr/local/fake-driver\n"
+            "      options: [ro, nosuid, nodev, bind]\n"))
+
+    def cri_equivalent_of_libraries_spec(self, libraries):
+        """The same device node, env and bind mounts as CRI fields (what plain runc would need)."""
+        pb = self.client.pb
+        mounts = [pb.Mount(container_path=f"/usr/lib/fake-driver/{os.path.basename(path)}", host_path=path,
+                           readonly=True) for path in libraries]
+        devices = [pb.Device(container_path="/dev/nvidia0", host_path=os.path.join(self.dev_dir, "nvidia0"),
+                             permissions="rwm")]
+        return mounts, devices, {"FAKE_GPU_INDEX": "0", "FAKE_DRIVER": "555.42"}
+
+    def write_libraries_spec(self, count=30):
+        """bench.cdi-shim.dev/gpu=0: the fake GPU plus `count` gcc-built driver libraries, each a bind mount."""
+        gcc = find_tool("gcc", "gcc")
+        make_char_device(os.path.join(self.dev_dir, "nvidia0"), 195, 0)
+        libraries = build_fake_libraries(os.path.join(self.base, "libs"), count, gcc)
+        mounts = "".join(
+            f"    - hostPath: {path}\n      containerPath: /usr/lib/fake-driver/{os.path.basename(path)}\n"
+            "      options: [ro, nosuid, nodev, bind]\n" for path in libraries)
+        self.write_spec("bench-gpu-libs.yaml", (
+            'cdiVersion: "0.5.0"\n'
+            "kind: bench.cdi-shim.dev/gpu\n"
+            "devices:\n"
+            '  - name: "0"\n'
+            "    containerEdits:\n"
+            '      env: ["FAKE_GPU_INDEX=0"]\n'
+            "      deviceNodes:\n"
+            f"        - path: /dev/nvidia0\n          hostPath: {self.dev_dir}/nvidia0\n"
+            "containerEdits:\n"
+            '  env: ["FAKE_DRIVER=555.42"]\n'
+            "  mounts:\n" + mounts))
+        return libraries
+
+    def write_spec(self, name, text):
+        path = os.path.join(self.spec_dir, name)
+        with open(path, "w") as stream:
+            stream.write(text)
+        return path
+
+    def setup(self, extra_runtimes=None):
+        """Directories, configs, images; then start containerd. `extra_runtimes`: {name: keys to drop}."""
+        for directory in (self.root, self.state, self.runc_root, self.logs, os.path.join(self.cni, "bin"),
+                          os.path.join(self.cni, "net.d"), self.spec_dir, self.dev_dir, self.driver_dir):
+            os.makedirs(directory, exist_ok=True)
+        self.write_shim_config()
+        self.write_gpu_spec()
+        with open(self.config, "w") as stream:
+            stream.write(self.base_config_text())
+        self.configure()
+        for name, drop in (extra_runtimes or {}).items():
+            self.add_runtime_copy(name, drop)
+        self.start()
+        archive = build_oci_archive(os.path.join(self.base, "images.tar"), self.busybox, {
+            IMAGE: (None, ["/bin/sh"]),
+            PAUSE_IMAGE: (["/bin/sleep"], ["2147483647"]),
+        })
+        self.ctr_cmd("images", "import", "--all-platforms", archive)
+        return self
+
+    def ctr_cmd(self, *args):
+        out = subprocess.run([self.ctr, "--address", self.socket, "--namespace", NAMESPACE] + list(args),
+                             capture_output=True, text=True, timeout=CMD_TIMEOUT)
+        if out.returncode != 0:
+            raise LabError(f"ctr {' '.join(args)} failed: {out.stderr.strip()}")
+        return out.stdout
+
+    def start(self):
+        log = open(self.containerd_log, "ab")
+        try:
+            self.process = subprocess.Popen([self.containerd, "--config", self.config], stdout=log,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),
+                                            start_new_session=True)
+        finally:
+            log.close()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.socket):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise LabError(f"containerd did not start: {self.containerd_log_tail()}")
+            time.sleep(0.02)
+        self.client = CRIClient(self.socket)
+        try:
+            self.client.wait_ready(30)
+        except CRIError as err:
+            raise LabError(f"containerd's CRI plugin is not serving: {err}; {self.containerd_log_tail()}") from None
+
+    def containerd_log_tail(self, lines=15):
+        try:
+            with open(self.containerd_log, errors="replace") as stream:
+                return "containerd log: " + " | ".join(stream.read().strip().splitlines()[-lines:])
+        except OSError:
+            return "(no containerd log)"
+
+    # -- pods --
+
+    def oci_spec(self, container_id):
+        """The OCI spec containerd hands the runtime for a container (`ctr containers info`): what the
+        runtime's create sees before cdi-shim edits it."""
+        return json.loads(self.ctr_cmd("containers", "info", container_id)).get("Spec") or {}
+
+    def run_pod(self, handler, command, annotations=None, pod_annotations=None, envs=None, name=None,
+                keep_configs=False, remove=True, timeout=60, mounts=(), devices=()):
+        """runp -> create -> start -> wait for exit -> stop -> remove; returns a PodRun.
+
+        CRI errors propagate as CRIError (after the pod is cleaned up)."""
+        self._count += 1
+        name = name or f"pod{self._count}"
+        run = PodRun()
+        client = self.client
+        log_dir = os.path.join(self.logs, f"{name}-{self._count}")
+        os.makedirs(log_dir, exist_ok=True)
+        pod = client.pod_config(name, str(uuid.uuid4()), log_dir, annotations=pod_annotations)
+        container = client.container_config("main", IMAGE, command=command, envs=envs, annotations=annotations,
+                                            log_path="main.log", mounts=mounts, devices=devices)
+        clock = time.perf_counter
+        t0 = clock()
+        try:
+            run.pod_id = client.run_pod_sandbox(pod, handler)
+            run.times["runp"] = clock() - t0
+            t = clock()
+            run.container_id = client.create_container(run.pod_id, container, pod)
+            run.times["create"] = clock() - t
+            if keep_configs:
+                run.container_spec = self.oci_spec(run.container_id)
+                run.sandbox_spec = self.oci_spec(run.pod_id)
+            t = clock()
+            client.start_container(run.container_id)
+            run.times["start"] = clock() - t
+            run.times["startup"] = clock() - t0
+            t = clock()
+            run.status = client.wait_exited(run.container_id, timeout=timeout)
+            run.times["wait"] = clock() - t
+        finally:
+            if run.pod_id and remove:
+                t = clock()
+                client.stop_pod_sandbox(run.pod_id)
+                run.times["stop"] = clock() - t
+                t = clock()
+                client.remove_pod_sandbox(run.pod_id)
+                run.times["remove"] = clock() - t
+                run.times["lifecycle"] = clock() - t0
+        run.output = read_container_log(os.path.join(log_dir, "main.log"))
+        return run
+
+    # -- tear-down --
+
+    def stop(self):
+        if self.client is not None:
+            try:
+                for sandbox in self.client.list_pod_sandboxes():
+                    try:
+                        self.client.stop_pod_sandbox(sandbox.id)
+                        self.client.remove_pod_sandbox(sandbox.id)
+                    except CRIError:
+                        pass
+            except CRIError:
+                pass
+            self.client.close()
+            self.client = None
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+        self._kill_leftovers()
+        self._unmount_leftovers()
+
+    def _kill_leftovers(self):
+        """Shims started by this lab's containerd (their command line names our socket), by pid."""
+        marker = self.socket.encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as stream:
+                    cmdline = stream.read()
+            except OSError:
+                continue
+            if marker in cmdline:
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def _unmount_leftovers(self):
+        try:
+            with open("/proc/self/mountinfo") as stream:
+                points = [line.split()[4] for line in stream]
+        except OSError:
+            return
+        for point in sorted((p for p in points if p.startswith(self.base + "/")), key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, timeout=CMD_TIMEOUT)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

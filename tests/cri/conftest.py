@@ -1,0 +1,74 @@
+"""Fixtures of the containerd/CRI tests: a private containerd 1.6 with the cdi-shim runtime.
+
+Missing host tools FAIL with the apt-get line to install them (never skip): containerd (+ctr),
+runc, busybox-static, gcc; and grpcio/grpcio-tools from the test extra.
+"""
+import os
+
+import pytest
+
+from cri_helpers import need
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cri: end-to-end test through a private containerd's CRI plugin")
+
+
+@pytest.fixture
+def shim_env(tmp_path, monkeypatch):
+    """A cdi-shim config with the default prefixes, private to the test."""
+    config = tmp_path / "cdi-shim.toml"
+    config.write_text('annotation-prefixes = ["cdi.k8s.io/"]\n')
+    monkeypatch.setenv("CDI_SHIM_CONFIG", str(config))
+    monkeypatch.setenv("CDI_SHIM_CACHE_DIR", str(tmp_path / "cache"))
+    return dict(os.environ)
+
+
+@pytest.fixture
+def fake_binary(tmp_path):
+    """An executable standing in for cdi-shim-runtime (golden files name it @BINARY@)."""
+    path = tmp_path / "bin" / "cdi-shim-runtime"
+    path.parent.mkdir()
+    path.write_text("#!/bin/sh\nexec runc \"$@\"\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def _grpc_or_fail():
+    import importlib.util
+
+    missing = [name for name in ("grpc", "grpc_tools") if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} not installed: pip install -e '.[test]' (grpcio, grpcio-tools)",
+                    pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def cri_build_dir(tmp_path_factory):
+    """Compile the CRI proto into a private directory for this test session."""
+    _grpc_or_fail()
+    path = str(tmp_path_factory.mktemp("cri-build"))
+    os.environ["CDI_SHIM_CRI_BUILD_DIR"] = path
+    return path
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory, cri_build_dir):
+    """One private containerd for the session: runtimes runc, nvidia (cdi-shim) and nvidia-noallow
+    (cdi-shim without the container_annotations allow-list)."""
+    for name, package in (("containerd", "containerd"), ("ctr", "containerd"), ("runc", "runc"),
+                          ("busybox", "busybox-static"), ("gcc", "gcc")):
+        need(name, package)
+    if os.geteuid() != 0:
+        pytest.fail("the CRI tests run a private containerd and pods with runc: run them as root", pytrace=False)
+    from shim.cri.lab import Lab, LabError
+
+    base = tmp_path_factory.mktemp("lab")
+    the_lab = Lab(base, runtime_log=True, log_level="debug")
+    try:
+        the_lab.setup(extra_runtimes={"nvidia-noallow": ["container_annotations"]})
+    except LabError as err:
+        the_lab.stop()
+        pytest.fail(str(err), pytrace=False)
+    yield the_lab
+    the_lab.stop()
