@@ -37,10 +37,10 @@ def write_corpus(root, files, devices):
                       f"      env: [VENDOR_VISIBLE=dev{dev}]"]
         with open(os.path.join(spec_dir, f"vendor{index:04d}.yaml"), "w") as out:
             out.write("\n".join(lines) + "\n")
-    # Age the files past the registry's racy window, as specs written at boot would be.
-    old = time.time_ns() - 60_000_000_000
-    for name in os.listdir(spec_dir):
-        os.utime(os.path.join(spec_dir, name), ns=(old, old))
+    # Let the files age past the registry's racy window (2 s: a file changed more recently is
+    # verified by content on every use), as specs written when the node booted would be.
+    # utime cannot help: it sets the mtime but makes the ctime "now".
+    time.sleep(2.2)
     return spec_dir
 
 

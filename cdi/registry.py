@@ -45,6 +45,18 @@ def _kind_hint(data):
     return ""
 
 
+def _signature(files, dir_errors):
+    """One string describing the spec directories' files and stats (and unreadable dirs).
+
+    A string, not tuples: loading and comparing it costs nothing next to the stats it records
+    (unmarshalling thousands of tuples cost a warm resolve more than its imports).
+    """
+    lines = ["%d\0%s\0%x %x %x %x %x %x\n" % ((priority, path) + _validator(info)) if info is not None
+             else "%d\0%s\0-\n" % (priority, path) for priority, path, info in files]
+    lines += ["E\0%s\0%s\n" % item for item in sorted(dir_errors.items())]
+    return "".join(lines)
+
+
 class _Entry:
     """One spec file as loaded: its stat, and either its document or its error."""
 
@@ -153,19 +165,25 @@ class RegistryCache:
             cold = marshal.loads(read(_HEADER_SIZE + hot_len, cold_len))
             body = read(body_start, os.fstat(stream.fileno()).st_size - body_start)
             entries = []
-            for (validator, data, ok, error, kind, names), (offset, length) in zip(cold["meta"], hot["spans"]):
+            spans = [_span(hot["spans"], index) for index in range(len(cold["meta"]))]
+            for (validator, data, ok, error, kind, names), (offset, length) in zip(cold["meta"], spans):
                 doc = marshal.loads(body[offset:offset + length])[0] if ok else None
                 entries.append(_Entry(validator, data, ok, doc, error, kind, names))
             cold["entries"] = entries
             return cold
 
         def spec_at(index):
-            offset, length = hot["spans"][index]
+            offset, length = _span(hot["spans"], index)
             return Spec(*marshal.loads(read(body_start + offset, length)))
 
         def kind_devices(kind):
-            span = hot["kinds"].get(kind)
-            return marshal.loads(read(body_start + span[0], span[1])) if span else {}
+            # "\n<kind>\t<index>\n" lines: one str.find instead of unmarshalling a dict.
+            at = hot["kinds"].find("\n" + kind + "\t")
+            if at < 0:
+                return {}
+            start = at + len(kind) + 2
+            offset, length = _span(hot["kind_spans"], int(hot["kinds"][start:hot["kinds"].index("\n", start)]))
+            return marshal.loads(read(body_start + offset, length))
 
         return _State(hot, rest, spec_at, kind_devices)
 
@@ -183,13 +201,14 @@ class RegistryCache:
             # Raw content is kept only for racy files: it is what proves them unchanged.
             meta.append((entry.validator, entry.data if path in racy else None, entry.ok, entry.error,
                          entry.kind, entry.names))
-        kinds = {}
+        kinds, kind_spans = ["\n"], []
         for kind, devices in _by_kind(cold["devices"]).items():
             blob = marshal.dumps(devices)
-            kinds[kind] = (offset, len(blob))
+            kinds.append(f"{kind}\t{len(kind_spans)}\n")
+            kind_spans.append((offset, len(blob)))
             offset += len(blob)
             docs.append(blob)
-        hot = dict(state.hot, spans=spans, kinds=kinds)
+        hot = dict(state.hot, spans=_pack_spans(spans), kinds="".join(kinds), kind_spans=_pack_spans(kind_spans))
         cold = {key: value for key, value in cold.items() if key != "entries"}
         cold["meta"] = meta
         hot_bytes, cold_bytes = marshal.dumps(hot), marshal.dumps(cold)
@@ -212,6 +231,16 @@ class RegistryCache:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def _pack_spans(spans):
+    """(offset, length) pairs as 16-byte little-endian records: cheap to load, indexable."""
+    return b"".join(offset.to_bytes(8, "little") + length.to_bytes(8, "little") for offset, length in spans)
+
+
+def _span(packed, index):
+    record = packed[16 * index:16 * index + 16]
+    return int.from_bytes(record[:8], "little"), int.from_bytes(record[8:], "little")
 
 
 def hash_dirs(spec_dirs):
@@ -248,7 +277,7 @@ class Registry:
     def refresh(self):
         """Bring the registry up to date with the spec directories; returns self."""
         files, dir_errors = scan_spec_dirs(self.spec_dirs)
-        signature = ([(path, priority, _validator(info)) for priority, path, info in files], dir_errors)
+        signature = _signature(files, dir_errors)
         cached = self._state or self._cache.load()
         self.reparsed = 0
         if cached is not None and cached.hot["signature"] == signature and self._racy_unchanged(cached):
@@ -259,7 +288,7 @@ class Registry:
                 cached.hot["racy"] = []
                 self._cache.store(cached)
             return self
-        self._state = self._rebuild(files, signature, cached)
+        self._state = self._rebuild(files, dir_errors, signature, cached)
         self._cache.store(self._state)
         return self
 
@@ -280,7 +309,7 @@ class Registry:
         return all(info is not None and now - info.st_mtime_ns >= RACY_WINDOW_NS
                    and now - info.st_ctime_ns >= RACY_WINDOW_NS for _, _, info in files)
 
-    def _rebuild(self, files, signature, cached):
+    def _rebuild(self, files, dir_errors, signature, cached):
         now = time.time_ns()
         previous = {}
         if cached is not None:
@@ -302,7 +331,7 @@ class Registry:
         devices, errors = self._index(paths, priorities, entries)
         hot = {"version": __version__, "dirs": self.spec_dirs, "signature": signature, "racy": racy}
         cold = {"paths": paths, "priorities": priorities, "entries": entries, "errors": errors,
-                "devices": devices}
+                "devices": devices, "dir_errors": dir_errors}
         kinds = _by_kind(devices)
         state = _State(hot, lambda: cold,
                        lambda index: Spec(entries[index].doc, paths[index], priorities[index]),
@@ -350,7 +379,7 @@ class Registry:
     def errors(self):
         """{path or directory: [error text]} from the last refresh."""
         result = {path: list(messages) for path, messages in self._cold()["errors"].items()}
-        for directory, message in self._hot()["signature"][1].items():
+        for directory, message in self._cold()["dir_errors"].items():
             result.setdefault(directory, []).append(message)
         return result
 

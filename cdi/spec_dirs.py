@@ -55,16 +55,16 @@ def scan_spec_dirs(spec_dirs):
             continue
         try:
             names = sorted(name for name in os.listdir(fd) if name.endswith(SPEC_EXTENSIONS))
+            prefix = directory if directory.endswith("/") else directory + "/"
             for name in names:
                 try:
                     info = os.stat(name, dir_fd=fd)
                 except OSError:
                     info = None
-                if info is not None and stat.S_ISDIR(info.st_mode) \
+                if info is not None and (info.st_mode & 0o170000) == stat.S_IFDIR \
                         and not stat.S_ISLNK(os.lstat(name, dir_fd=fd).st_mode):
                     continue  # a real sub-directory (a link to one is read, and fails, as in Go)
-                files.append((priority, directory + "/" + name if not directory.endswith("/")
-                              else directory + name, info))
+                files.append((priority, prefix + name, info))
         except OSError as err:
             dir_errors[directory] = f'failed to read CDI spec directory {q(directory)}: {os.strerror(err.errno)}'
         finally:
