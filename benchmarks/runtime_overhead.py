@@ -57,10 +57,12 @@ def summary(name, base, ours):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--dir", default="/run",
+                        help="where bundles live; containerd keeps them on tmpfs under /run (default)")
     args = parser.parse_args()
     runc = shutil.which("runc")
     shim = os.path.join(BIN, "cdi-shim-runtime")
-    root = tempfile.mkdtemp(prefix="cdi-shim-bench.")
+    root = tempfile.mkdtemp(prefix="cdi-shim-bench.", dir=args.dir)
     state_root = os.path.join(root, "state")
     try:
         specs = os.path.join(root, "specs")
