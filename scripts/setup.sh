@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(runc containerd busybox-static podman gcc libc6-dev)
+packages=(runc containerd busybox-static podman gcc libc6-dev debootstrap clang libclang-rt-14-dev)
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -1,7 +1,55 @@
 """`cdi-shim hook ...`: OCI hooks (the container state JSON arrives on stdin)."""
+import sys
+
 import click
 
 
 @click.group()
 def hook():
-    """OCI hooks that replace nvidia-cdi-hook's, safely and without ldconfig."""
+    """OCI hooks that replace nvidia-cdi-hook's, safely and without ldconfig.
+
+    Use them as createContainer hooks; each reads the container state from stdin.
+    """
+
+
+def _rootfs():
+    from .hooks import HookError, container_rootfs
+
+    try:
+        return container_rootfs(sys.stdin.buffer.read(1 << 20))
+    except HookError as err:
+        raise click.ClickException(str(err)) from None
+
+
+@hook.command(name="update-ldcache")
+@click.option("--folder", "folders", multiple=True, metavar="DIR",
+              help="A container directory holding injected libraries (repeatable).")
+@click.option("--ldconfig-path", hidden=True, help="Accepted for nvidia-cdi-hook compatibility; unused.")
+def update_ldcache(folders, ldconfig_path):
+    """Update the container's /etc/ld.so.cache for libraries in DIR…, without running ldconfig.
+
+    The cache is computed natively from the image's cache and configuration and written inside
+    the rootfs; nothing is followed out of it.
+    """
+    from .hooks import update_ldcache as run
+    from .ldcache import LdcacheError
+
+    try:
+        run(_rootfs(), folders)
+    except (LdcacheError, OSError) as err:
+        raise click.ClickException(f"update-ldcache: {err}") from None
+
+
+@hook.command(name="create-symlinks")
+@click.option("--link", "links", multiple=True, metavar="TARGET::LINK",
+              help="Create LINK (an absolute container path) pointing at TARGET (repeatable).")
+def create_symlinks(links):
+    """Create symbolic links inside the container's rootfs (existing links are left alone)."""
+    from .hooks import HookError, create_symlinks as run
+
+    try:
+        run(_rootfs(), links)
+    except HookError as err:
+        raise click.ClickException(str(err)) from None
+    except OSError as err:
+        raise click.ClickException(f"create-symlinks: {err}") from None

@@ -91,6 +91,10 @@ def prepare(args, settings, log):
         raise RuntimeFailure(f"container {args.container_id or '?'}: failed to inject devices "
                              f"{', '.join(devices)} (from {specs}): {err}") from None
     phases.done("apply")
+    from .linker import isolate_hooks, prepare_linker
+
+    edited = isolate_hooks(prepare_linker(edited, args.bundle, log))
+    phases.done("linker")
     try:
         write_config(args.bundle, edited, info.st_mode)
     except OSError as err:

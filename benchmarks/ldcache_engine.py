@@ -1,0 +1,209 @@
+"""The native ld.so.cache engine against glibc's ldconfig, on a ~540-library root.
+
+The root is a hard-linked copy of this machine's multiarch library directory (every *.so*
+file and link, ~545 cache entries) with its own cache made by ldconfig, plus a fake driver
+directory of gcc-built libraries (versioned files, SONAME links) to add as a folder.
+
+Measured alternately in one run (A B C D A B C D ...), so drift on a shared machine hits all
+sides alike; we report each side's median and the median of the paired ratios against
+`ldconfig -r` doing the same job (the toolkit's drop-in naming the folder, the update-ldcache
+hook's run of ldconfig: it rescans every directory; it keeps its aux cache, writes, fsyncs).
+
+  incremental         plan() in-process from the image's cache + a scan of the 30-library
+                      folder, the cache written to a new file (what the runtime pays)
+  incremental_extras  the same with the 30 driver files on the host, to be bind-mounted
+                      into the image's library directory (as nvidia-ctk's specs do);
+                      against ldconfig -r on a copy with the files in place
+  plan_only           incremental without writing the file
+  full                mode="full": every configured directory scanned, written
+  cli                 `cdi-shim ldcache update --root R --folder F --output FILE`, a process
+  bare                the engine as a process without click (python -c "...update(...)")
+
+    .venv/bin/python benchmarks/ldcache_engine.py [--runs 40] [--driver-libs 30] [--json]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from shim import ldcache  # noqa: E402
+
+BIN = os.path.dirname(sys.executable)
+HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+LIBDIR = HOST_LIBDIR                     # the image's library directory (same path)
+FOLDER = "/usr/local/nvidia/lib"
+DRIVER_VERSION = "550.54.15"
+LDCONFIG = shutil.which("ldconfig") or "/usr/sbin/ldconfig"
+
+
+def make_root(base, driver_libs=30):
+    """(image root, the same root with the toolkit's drop-ins for ldconfig, host driver dir)."""
+    image = os.path.join(base, "image")
+    libdir = os.path.join(image, HOST_LIBDIR.lstrip("/"))
+    os.makedirs(libdir)
+    for name in os.listdir(HOST_LIBDIR):
+        src = os.path.join(HOST_LIBDIR, name)
+        if ".so" not in name:
+            continue
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), os.path.join(libdir, name))
+        elif os.path.isfile(src):
+            os.link(src, os.path.join(libdir, name))
+    for sub in ("usr/lib64", "etc/ld.so.conf.d", "var/cache/ldconfig"):
+        os.makedirs(os.path.join(image, sub), exist_ok=True)
+    os.symlink("usr/lib", os.path.join(image, "lib"))
+    os.symlink("usr/lib64", os.path.join(image, "lib64"))
+    shutil.copy("/etc/ld.so.conf", os.path.join(image, "etc/ld.so.conf"))
+    for name in ("libc.conf", "x86_64-linux-gnu.conf"):
+        if os.path.exists(os.path.join("/etc/ld.so.conf.d", name)):
+            shutil.copy(os.path.join("/etc/ld.so.conf.d", name), os.path.join(image, "etc/ld.so.conf.d"))
+    with open(os.path.join(image, "etc/debian_version"), "w") as out:
+        out.write("12\n")
+    subprocess.run([LDCONFIG, "-r", image], check=True)
+    # The driver: versioned files with SONAME links, as a driver installation has them.
+    _build_driver(os.path.join(image, FOLDER.lstrip("/")), driver_libs, links=True)
+    # ldconfig's side: the same files, the toolkit's drop-ins in place.
+    theirs = os.path.join(base, "toolkit")
+    subprocess.run(["cp", "-al", image, theirs], check=True)
+    conf_d = os.path.join(theirs, "etc/ld.so.conf.d")
+    with open(os.path.join(conf_d, ldcache.DROPIN_FIRST), "w") as out:
+        out.write(FOLDER + "\n")
+    with open(os.path.join(conf_d, ldcache.DROPIN_LAST), "w") as out:
+        out.write("/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n/lib\n/usr/lib\n")
+    subprocess.run([LDCONFIG, "-r", theirs], check=True)
+    entries = len(ldcache.read_root_cache(theirs).entries)
+    return image, theirs, entries
+
+
+def _build_driver(directory, count, links):
+    os.makedirs(directory, exist_ok=True)
+    src = os.path.join(directory, "lib.c")
+    made = {}
+    for i in range(count):
+        with open(src, "w") as out:
+            out.write(f"int cdi_shim_bench_{i}(void) {{ return {i}; }}\n")
+        name = f"libnvidia-bench{i}.so.{DRIVER_VERSION}"
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", os.path.join(directory, name), src,
+                        f"-Wl,-soname,libnvidia-bench{i}.so.1"], check=True)
+        if links:
+            os.symlink(name, os.path.join(directory, f"libnvidia-bench{i}.so.1"))
+        made[name] = os.path.join(directory, name)
+    os.unlink(src)
+    return made
+
+
+def host_driver(base, count=30):
+    """{container path: host path}: driver files on the host, to be bind-mounted into the
+    image's library directory (as `nvidia-ctk cdi generate` specs do)."""
+    made = _build_driver(os.path.join(base, "host-driver"), count, links=False)
+    return {f"{LIBDIR}/{name}": path for name, path in made.items()}
+
+
+def measure(runs, driver_libs):
+    base = tempfile.mkdtemp(prefix="cdi-shim-ldcache-bench.")
+    try:
+        image, theirs, entries = make_root(base, driver_libs)
+        extras = host_driver(base, driver_libs)
+        # ldconfig's side of the extras case: the files where the mounts will put them.
+        theirs_extras = os.path.join(base, "toolkit-extras")
+        subprocess.run(["cp", "-al", image, theirs_extras], check=True)
+        for container, host in extras.items():
+            os.link(host, os.path.join(theirs_extras, container.lstrip("/")))
+        with open(os.path.join(theirs_extras, "etc/ld.so.conf.d", ldcache.DROPIN_LAST), "w") as out:
+            out.write("/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n/lib\n/usr/lib\n")
+        subprocess.run([LDCONFIG, "-r", theirs_extras], check=True)
+
+        check = ldcache.plan(image, [FOLDER], links="ldconfig")
+        assert check.mode == "incremental", check.reason
+        expected = ldcache.read_cache(os.path.join(theirs, "etc/ld.so.cache")).entries
+        assert ldcache.read_cache(check.cache).entries == expected, "not the same cache as ldconfig"
+        check = ldcache.plan(image, [LIBDIR], extras, links="ldconfig")
+        assert check.mode == "incremental", check.reason
+        expected = ldcache.read_cache(os.path.join(theirs_extras, "etc/ld.so.cache")).entries
+        assert ldcache.read_cache(check.cache).entries == expected, "not the same cache as ldconfig"
+
+        out = os.path.join(base, "out.cache")
+        serial = [0]
+
+        def fresh():
+            # The runtime writes a new file in a new bundle directory each time.
+            serial[0] += 1
+            return os.path.join(base, f"out-{serial[0]}.cache")
+
+        def incremental():
+            ldcache.write_cache(fresh(), ldcache.plan_cache(image, [FOLDER]))
+
+        def incremental_extras():
+            ldcache.write_cache(fresh(), ldcache.plan_cache(image, [LIBDIR], extras))
+
+        def plan_only():
+            ldcache.plan_cache(image, [FOLDER])
+
+        def full():
+            ldcache.write_cache(fresh(), ldcache.plan_cache(image, [FOLDER], mode="full"))
+
+        cli = [os.path.join(BIN, "cdi-shim"), "ldcache", "update", "--root", image, "--folder",
+               FOLDER, "--output", out]
+        bare = [sys.executable, "-c",
+                "import sys; from shim import ldcache; ldcache.update(sys.argv[1], [sys.argv[2]], output=sys.argv[3])",
+                image, FOLDER, out]
+        sides = {
+            "ldconfig": lambda: subprocess.run([LDCONFIG, "-r", theirs], check=True),
+            "ldconfig_extras": lambda: subprocess.run([LDCONFIG, "-r", theirs_extras], check=True),
+            "incremental": incremental,
+            "incremental_extras": incremental_extras,
+            "plan_only": plan_only,
+            "full": full,
+            "cli": lambda: subprocess.run(cli, check=True, stdout=subprocess.DEVNULL),
+            "bare": lambda: subprocess.run(bare, check=True),
+        }
+        for fn in sides.values():          # warm the page cache and the imports
+            fn()
+        times = {name: [] for name in sides}
+        for _ in range(runs):
+            for name, fn in sides.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - start) * 1000)
+        med = statistics.median
+        result = {"root_entries": entries, "driver_libs": driver_libs, "runs": runs,
+                  "ldconfig_ms": round(med(times["ldconfig"]), 3), "cases": []}
+        baseline = {"incremental_extras": "ldconfig_extras"}
+        for name in ("incremental", "incremental_extras", "plan_only", "full", "cli", "bare"):
+            against = baseline.get(name, "ldconfig")
+            ratio = med(b / o for b, o in zip(times[against], times[name]))
+            result["cases"].append({"case": name, "ms": round(med(times[name]), 3),
+                                    "ldconfig_ms": round(med(times[against]), 3),
+                                    "speedup_vs_ldconfig": round(ratio, 2)})
+        return result
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--driver-libs", type=int, default=30)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = measure(args.runs, args.driver_libs)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"root: {result['root_entries']} cache entries, driver folder: {result['driver_libs']} "
+          f"libraries, {result['runs']} paired runs; ldconfig -r: {result['ldconfig_ms']} ms (median)")
+    for case in result["cases"]:
+        print(f"  {case['case']:<19} {case['ms']:>8.3f} ms   ldconfig {case['ldconfig_ms']:>7.3f} ms   "
+              f"ldconfig/ours (median of pairs): {case['speedup_vs_ldconfig']:>6.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Full container runs with a GPU's driver libraries: cdi-shim-runtime against plain runc.
+
+The image is a ~540-library glibc root (hard links of this host's multiarch library
+directory, with its own ld.so.cache made by ldconfig) plus busybox. The device's spec, shaped
+like `nvidia-ctk cdi generate` output, bind-mounts 30 gcc-built driver libraries (versioned
+file names, SONAME .so.1) and carries the toolkit's update-ldcache hook. cdi-shim-runtime
+computes the container's cache itself and drops the hook; plain runc runs the same image
+without the device. Both sides `run` /bin/true (create, start, wait, delete), alternately.
+
+    .venv/bin/python benchmarks/run_with_libraries.py [--runs 30] [--libs 30]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.path.dirname(sys.executable)
+HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+FOLDER = "/usr/lib/x86_64-linux-gnu"
+VERSION = "550.54.15"
+
+
+def make_image(rootfs):
+    libdir = rootfs + HOST_LIBDIR
+    os.makedirs(libdir)
+    for name in os.listdir(HOST_LIBDIR):
+        src = os.path.join(HOST_LIBDIR, name)
+        if ".so" not in name:
+            continue
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), os.path.join(libdir, name))
+        elif os.path.isfile(src):
+            os.link(src, os.path.join(libdir, name))
+    os.makedirs(rootfs + "/bin")
+    os.makedirs(rootfs + "/etc/ld.so.conf.d")
+    shutil.copy("/bin/busybox", rootfs + "/bin/busybox")
+    os.symlink("busybox", rootfs + "/bin/true")
+    with open(rootfs + "/etc/ld.so.conf", "w") as out:
+        out.write("include /etc/ld.so.conf.d/*.conf\n")
+    with open(rootfs + "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "w") as out:
+        out.write(HOST_LIBDIR + "\n")
+    subprocess.run(["ldconfig", "-r", rootfs], check=True)
+    return sum(1 for _ in os.listdir(libdir))
+
+
+def make_driver(directory, count):
+    os.makedirs(directory)
+    source = os.path.join(directory, "lib.c")
+    paths = []
+    for index in range(count):
+        with open(source, "w") as out:
+            out.write(f"int cdi_shim_bench_{index}(void) {{ return {index}; }}\n")
+        path = os.path.join(directory, f"libnvidia-bench{index}.so.{VERSION}")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", path, source,
+                        f"-Wl,-soname,libnvidia-bench{index}.so.1"], check=True)
+        paths.append(path)
+    os.unlink(source)
+    return paths
+
+
+def write_spec(spec_dir, libraries, node):
+    mounts = "".join(f"    - {{hostPath: {path}, containerPath: {FOLDER}/{os.path.basename(path)}, "
+                     f"options: [ro, nosuid, nodev, bind]}}\n" for path in libraries)
+    with open(os.path.join(spec_dir, "nvidia.yaml"), "w") as out:
+        out.write('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ncontainerEdits:\n  mounts:\n' + mounts +
+                  "  hooks:\n    - hookName: createContainer\n      path: /usr/bin/nvidia-cdi-hook\n"
+                  f"      args: [nvidia-cdi-hook, update-ldcache, --folder, {FOLDER}]\n"
+                  f'devices:\n  - name: "0"\n    containerEdits:\n      deviceNodes: [{{path: /dev/nvidia0, hostPath: {node}}}]\n')
+
+
+def bundle(root, name, rootfs, annotations=None):
+    path = os.path.join(root, name)
+    os.makedirs(path)
+    subprocess.run(["runc", "spec", "--bundle", path], check=True)
+    with open(os.path.join(path, "config.json")) as src:
+        config = json.load(src)
+    config["root"] = {"path": rootfs, "readonly": True}
+    config["process"]["terminal"] = False
+    config["process"]["args"] = ["/bin/true"]
+    if annotations:
+        config["annotations"] = annotations
+    with open(os.path.join(path, "config.json"), "w") as out:
+        json.dump(config, out)
+    return path
+
+
+def timed(argv, env):
+    start = time.perf_counter()
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+    return (time.perf_counter() - start) * 1000
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--libs", type=int, default=30)
+    parser.add_argument("--dir", default="/run",
+                        help="where bundles live; containerd keeps them on tmpfs under /run (default)")
+    args = parser.parse_args()
+    root = tempfile.mkdtemp(prefix="cdi-shim-run-bench.", dir=args.dir)
+    try:
+        rootfs = os.path.join(root, "rootfs")
+        image_libs = make_image(rootfs)
+        libraries = make_driver(os.path.join(root, "driver"), args.libs)
+        node = os.path.join(root, "nvidia0")
+        os.mknod(node, 0o666 | 0o020000, os.makedev(195, 0))
+        spec_dir = os.path.join(root, "specs")
+        os.makedirs(spec_dir)
+        write_spec(spec_dir, libraries, node)
+        settings = os.path.join(root, "config.toml")
+        with open(settings, "w") as out:
+            out.write(f'spec-dirs = ["{spec_dir}"]\n')
+        env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
+        state = os.path.join(root, "state")
+        plain = bundle(root, "plain", rootfs)
+        gpu = bundle(root, "gpu", rootfs, {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+        pristine = open(os.path.join(gpu, "config.json"), "rb").read()
+        shim = os.path.join(BIN, "cdi-shim-runtime")
+        base, ours = [], []
+        for index in range(args.runs + 1):
+            with open(os.path.join(gpu, "config.json"), "wb") as out:
+                out.write(pristine)
+            b = timed(["runc", "--root", state, "run", "--bundle", plain, f"p{index}"], env)
+            o = timed([shim, "--root", state, "run", "--bundle", gpu, f"g{index}"], env)
+            if index:  # the first pair warms the registry cache, as any node's first GPU pod does
+                base.append(b)
+                ours.append(o)
+        med = statistics.median
+        print(json.dumps({
+            "image_library_files": image_libs, "driver_libraries": args.libs, "runs": args.runs,
+            "runc_run_ms": round(med(base), 1), "shim_run_with_device_ms": round(med(ours), 1),
+            "median_paired_ratio": round(med(o / b for o, b in zip(ours, base)), 3),
+        }, indent=2))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

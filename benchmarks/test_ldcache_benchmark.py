@@ -1,0 +1,67 @@
+"""pytest-benchmark view of the ld.so.cache engine against `ldconfig -r`, on the ~540-library
+root of ldcache_engine.py (which pairs the runs and gives the ratios in one table).
+
+  engine_incremental         plan from the image's cache + the 30-library driver folder,
+                             written to a new file (what the runtime pays on create)
+  engine_incremental_extras  the same with the 30 driver files still on the host, to be
+                             bind-mounted into the image's own library directory (the
+                             toolkit's specs do that)
+  engine_full                every configured directory scanned
+  ldconfig_process           `ldconfig -r` on the same root with the toolkit's drop-ins
+
+    .venv/bin/python -m pytest benchmarks/test_ldcache_benchmark.py --benchmark-enable -p no:cacheprovider
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import ldcache_engine as bench  # noqa: E402
+from shim import ldcache  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    base = str(tmp_path_factory.mktemp("ldcache-bench"))
+    image, theirs, entries = bench.make_root(base)
+    assert entries > 540
+    extras = bench.host_driver(base)
+    return image, theirs, extras, os.path.join(base, "out.cache")
+
+
+def _fresh(out):
+    def setup():
+        if os.path.exists(out):
+            os.unlink(out)
+    return setup
+
+
+def test_engine_incremental(benchmark, roots):
+    image, _, _, out = roots
+    assert ldcache.plan(image, [bench.FOLDER]).mode == "incremental"
+    benchmark.pedantic(lambda: ldcache.write_cache(out, ldcache.plan_cache(image, [bench.FOLDER])),
+                       setup=_fresh(out), rounds=500, warmup_rounds=20)
+
+
+def test_engine_incremental_extras(benchmark, roots):
+    image, _, extras, out = roots
+    folders = [bench.LIBDIR]
+    assert ldcache.plan(image, folders, extras).mode == "incremental"
+    benchmark.pedantic(lambda: ldcache.write_cache(out, ldcache.plan_cache(image, folders, extras)),
+                       setup=_fresh(out), rounds=500, warmup_rounds=20)
+
+
+def test_engine_full(benchmark, roots):
+    image, _, _, out = roots
+    benchmark.pedantic(
+        lambda: ldcache.write_cache(out, ldcache.plan_cache(image, [bench.FOLDER], mode="full")),
+        setup=_fresh(out), rounds=200, warmup_rounds=10)
+
+
+def test_ldconfig_process(benchmark, roots):
+    _, theirs, _, _ = roots
+    benchmark.pedantic(lambda: subprocess.run([bench.LDCONFIG, "-r", theirs], check=True),
+                       rounds=100, warmup_rounds=5)

@@ -1,0 +1,709 @@
+/* ELF reader: see elf.h.
+ *
+ * glibc's ldconfig maps the file and checks only where a pointer starts, so it reads past the
+ * end of a short file into the zeros that fill the mapping's last page (and dies of SIGBUS
+ * beyond it). We read with pread and reproduce that: bytes past the end read as zero up to
+ * the next 4 KiB boundary, so every file ldconfig survives gets the same answer, and a read
+ * beyond that boundary (where ldconfig would crash) makes the file TRUNCATED. Every loop
+ * over file-controlled counts is also capped. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "elf.h"
+
+#define PAGE 4096u
+#define HEAD 1024u
+#define WINDOW 1024u
+#define MAX_DYN_ENTRIES 65536u        /* real objects have well under 100 */
+#define MAX_NOTES 4096u
+
+#define ET_DYN 3
+#define EM_386 3
+#define EM_X86_64 62
+#define PT_LOAD 1
+#define PT_DYNAMIC 2
+#define PT_INTERP 3
+#define PT_NOTE 4
+#define PT_GNU_PROPERTY 0x6474e553u
+#define DT_NULL 0
+#define DT_NEEDED 1
+#define DT_STRTAB 5
+#define DT_SONAME 14
+#define NT_GNU_ABI_TAG 1
+#define NT_GNU_PROPERTY_TYPE_0 5
+#define GNU_PROPERTY_X86_ISA_1_NEEDED 0xc0008002u
+
+enum { READ_OK = 0, READ_BEYOND = 1, READ_IO = -1 };
+
+#define SIZE_UNKNOWN UINT64_MAX
+
+/* The bytes of a file (by descriptor) or a buffer. A descriptor's size may be unknown: it
+ * is learnt when a read comes back short (or from fstat, when a read finds nothing). */
+struct src {
+    int fd;
+    const uint8_t *mem;
+    uint64_t size;                    /* SIZE_UNKNOWN until known */
+    uint64_t limit;                   /* size rounded up to a page: where reads stop */
+    uint64_t seen;                    /* [0, seen) is known to exist */
+    uint8_t head[HEAD];
+    size_t head_len;
+    uint8_t window[2][WINDOW];        /* the last two blocks read past the head */
+    uint64_t window_off[2];
+    size_t window_len[2];
+    int last;                         /* the window used last */
+};
+
+static int pread_full(int fd, uint8_t *out, size_t len, uint64_t off, size_t *got)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = pread(fd, out + done, len - done, (off_t)(off + done));
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (n == 0)
+            break;                    /* end of file */
+        done += (size_t)n;
+    }
+    *got = done;
+    return 0;
+}
+
+static void set_size(struct src *s, uint64_t size)
+{
+    s->size = size;
+    s->limit = size % PAGE == 0 ? size : size + (PAGE - size % PAGE);
+}
+
+static int learn_size(struct src *s)
+{
+    struct stat st;
+    if (fstat(s->fd, &st) < 0)
+        return READ_IO;
+    set_size(s, (uint64_t)st.st_size);
+    return READ_OK;
+}
+
+/* Read a window at OFF (descriptor only): WANT bytes at most (strings need little). */
+static int fill_n(struct src *s, uint64_t off, size_t want, int *which)
+{
+    int w = 1 - s->last;
+    size_t got = 0;
+    if (s->size != SIZE_UNKNOWN)
+        want = off >= s->size ? 0 : (s->size - off < want ? (size_t)(s->size - off) : want);
+    if (off > (uint64_t)INT64_MAX - WINDOW)
+        want = 0;                     /* past any file: pread would call it EINVAL */
+    if (want > 0 && pread_full(s->fd, s->window[w], want, off, &got) < 0)
+        return READ_IO;
+    s->window_off[w] = off;
+    s->window_len[w] = got;
+    s->last = w;
+    *which = w;
+    if (got > 0 && off + got > s->seen)
+        s->seen = off + got;
+    if ((got < want || want == 0) && s->size == SIZE_UNKNOWN) {
+        if (got > 0)
+            set_size(s, off + got);
+        else if (learn_size(s) != READ_OK)
+            return READ_IO;
+    }
+    return READ_OK;
+}
+
+static int fill(struct src *s, uint64_t off, int *which)
+{
+    return fill_n(s, off, WINDOW, which);
+}
+
+/* ldconfig's check_ptr: is OFF inside the file (the end itself included)? 1, 0 or -1. */
+static int within(struct src *s, uint64_t off)
+{
+    if (off <= s->seen)
+        return 1;
+    if (s->size == SIZE_UNKNOWN) {
+        int w;
+        if (fill(s, off, &w) != READ_OK)
+            return -1;
+        if (s->size == SIZE_UNKNOWN)
+            return 1;                 /* bytes came back from OFF */
+    }
+    return off <= s->size;
+}
+
+static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
+
+/* [OFF, OFF+LEN) inside [START, START+AVAIL)? (no overflow for any OFF) */
+static int covers(uint64_t start, size_t avail, uint64_t off, size_t len)
+{
+    return off >= start && off - start <= avail && len <= avail - (off - start);
+}
+
+static int src_read_n(struct src *s, uint64_t off, size_t len, void *dst, size_t window)
+{
+    uint8_t *out = dst;
+    if (s->mem == NULL) {
+        if (covers(0, s->head_len, off, len)) {
+            memcpy(out, s->head + off, len);
+            return READ_OK;
+        }
+        for (int w = 0; w < 2; w++)
+            if (covers(s->window_off[w], s->window_len[w], off, len)) {
+                memcpy(out, s->window[w] + (off - s->window_off[w]), len);
+                s->last = w;
+                return READ_OK;
+            }
+        if (s->size == SIZE_UNKNOWN) {
+            if (len <= window) {
+                int w;
+                if (fill_n(s, off, window, &w) != READ_OK)
+                    return READ_IO;
+                if (s->window_len[w] >= len) {
+                    memcpy(out, s->window[w], len);
+                    return READ_OK;
+                }
+            } else if (learn_size(s) != READ_OK) {
+                return READ_IO;
+            }
+        }
+    }
+    /* The size is known: ldconfig's view of the mapping, zeros to the page's end. */
+    if (off > s->limit || len > s->limit - off)
+        return READ_BEYOND;
+    size_t avail = 0;
+    if (off < s->size)
+        avail = (s->size - off) < len ? (size_t)(s->size - off) : len;
+    memset(out + avail, 0, len - avail);
+    if (avail == 0)
+        return READ_OK;
+    if (s->mem != NULL) {
+        memcpy(out, s->mem + off, avail);
+        return READ_OK;
+    }
+    if (covers(0, s->head_len, off, avail)) {
+        memcpy(out, s->head + off, avail);
+        return READ_OK;
+    }
+    for (int w = 0; w < 2; w++)
+        if (covers(s->window_off[w], s->window_len[w], off, avail)) {
+            memcpy(out, s->window[w] + (off - s->window_off[w]), avail);
+            s->last = w;
+            return READ_OK;
+        }
+    size_t got;
+    if (avail > WINDOW) {
+        if (pread_full(s->fd, out, avail, off, &got) < 0)
+            return READ_IO;
+        if (got < avail)
+            memset(out + got, 0, avail - got);    /* shrank under us */
+        return READ_OK;
+    }
+    int w;
+    if (fill_n(s, off, avail > window ? avail : window, &w) != READ_OK)
+        return READ_IO;
+    size_t have = s->window_len[w] < avail ? s->window_len[w] : avail;
+    if (have > 0)
+        memcpy(out, s->window[w], have);
+    if (have < avail)
+        memset(out + have, 0, avail - have);
+    return READ_OK;
+}
+
+static int src_read(struct src *s, uint64_t off, size_t len, void *dst)
+{
+    return src_read_n(s, off, len, dst, WINDOW);
+}
+
+#define STRING_WINDOW 256u
+
+/* A NUL-terminated string at OFF, zero-extended like the rest. */
+static int src_string(struct src *s, uint64_t off, char *buf, size_t cap, size_t *len)
+{
+    size_t got = 0;
+    while (got < cap) {
+        size_t chunk = cap - got < 64 ? cap - got : 64;
+        int rc = src_read_n(s, off + got, chunk, buf + got, STRING_WINDOW);
+        if (rc == READ_BEYOND) {
+            /* Near the end of the mapping: take what is left of it. */
+            if (off + got >= s->limit)
+                return READ_BEYOND;
+            if (chunk > s->limit - (off + got))
+                chunk = (size_t)(s->limit - (off + got));
+            rc = src_read_n(s, off + got, chunk, buf + got, STRING_WINDOW);
+        }
+        if (rc != READ_OK)
+            return rc;
+        void *nul = memchr(buf + got, '\0', chunk);
+        if (nul != NULL) {
+            *len = (size_t)((char *)nul - buf);
+            return READ_OK;
+        }
+        got += chunk;
+    }
+    return 2;                         /* longer than CAP */
+}
+
+static int is_one_of(const char *value, const char *const *names)
+{
+    for (; *names != NULL; names++)
+        if (strcmp(value, *names) == 0)
+            return 1;
+    return 0;
+}
+
+static const char *const interpreters_x86_64[] = {
+    "/lib/ld-linux-x86-64.so.2", "/lib/ld-linux.so.2", "/libx32/ld-linux-x32.so.2",
+    "/lib64/ld-linux-x86-64.so.2", NULL,
+};
+static const char *const interpreters_aarch64[] = {
+    "/lib/ld-linux-aarch64.so.1", "/lib/ld-linux-aarch64_be.so.1",
+    "/lib/ld-linux-aarch64_ilp32.so.1", "/lib/ld-linux-aarch64_be_ilp32.so.1",
+    "/lib/ld-linux.so.3", "/lib/ld-linux-armhf.so.3", NULL,
+};
+static const char *const known_libs[] = { "libc.so.6", "libm.so.6", NULL };
+
+static unsigned highest_bit(uint32_t v)
+{
+    unsigned bit = 0;
+    while (v >>= 1)
+        bit++;
+    return bit;
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+
+/* x86's NT_GNU_PROPERTY_TYPE_0 walk for GNU_PROPERTY_X86_ISA_1_NEEDED (ldconfig's
+ * read_gnu_property), inside PT_GNU_PROPERTY [start, start+size). */
+static void read_isa_level(struct src *s, int bits, uint64_t start, uint64_t size,
+                           uint64_t align, uint32_t *isa_level)
+{
+    uint64_t note = start;
+    uint32_t last_type = 0, word = (uint32_t)bits / 8;
+    for (unsigned count = 0; count < MAX_NOTES && note + 12 - start < size; count++) {
+        uint8_t nh[16];
+        if (src_read(s, note, sizeof nh, nh) != READ_OK)
+            return;
+        uint32_t namesz = le32(nh), descsz = le32(nh + 4), type = le32(nh + 8);
+        if (namesz == 4 && type == NT_GNU_PROPERTY_TYPE_0 && memcmp(nh + 12, "GNU", 4) == 0) {
+            if (descsz < 8 || descsz % word != 0)
+                return;
+            uint64_t ptr = note + 16, end = ptr + descsz;
+            unsigned props = 0;
+            do {
+                if (++props > MAX_NOTES)
+                    return;
+                uint8_t pr[8];
+                if (src_read(s, ptr, 8, pr) != READ_OK)
+                    return;
+                uint32_t ptype = le32(pr), datasz = le32(pr + 4);
+                if (ptype < last_type)
+                    return;
+                ptr += 8;
+                if (ptr + datasz > end)
+                    return;
+                last_type = ptype;
+                if (ptype > GNU_PROPERTY_X86_ISA_1_NEEDED)
+                    return;
+                if (ptype == GNU_PROPERTY_X86_ISA_1_NEEDED) {
+                    uint8_t v[4];
+                    if (datasz == 4 && src_read(s, ptr, 4, v) == READ_OK && le32(v) != 0)
+                        *isa_level = highest_bit(le32(v));
+                    return;
+                }
+                ptr += align_up(datasz, word);
+            } while (ptr <= end && end - ptr >= 8);
+            return;                   /* only the first NT_GNU_PROPERTY_TYPE_0 */
+        }
+        note += align_up(align_up(12 + (uint64_t)namesz, align) + descsz, align);
+    }
+}
+
+/* The GNU ABI tag (informational; glibc 2.36's ldconfig stores no OS version). */
+static void read_abi_tag(struct src *s, uint64_t start, uint64_t size, uint64_t align,
+                         uint32_t *osversion)
+{
+    if (align < 4)
+        align = 4;
+    if (align != 4 && align != 8)
+        return;
+    uint64_t note = start;
+    for (unsigned count = 0; count < MAX_NOTES && size >= 12 && note - start <= size - 12;
+         count++) {
+        uint8_t nh[32];
+        if (src_read(s, note, sizeof nh, nh) != READ_OK)
+            return;
+        uint32_t namesz = le32(nh), descsz = le32(nh + 4), type = le32(nh + 8);
+        if (namesz == 4 && descsz == 16 && type == NT_GNU_ABI_TAG
+            && memcmp(nh + 12, "GNU", 4) == 0) {
+            *osversion = le32(nh + 16) << 24 | (le32(nh + 20) & 0xff) << 16
+                         | (le32(nh + 24) & 0xff) << 8 | (le32(nh + 28) & 0xff);
+            return;
+        }
+        note += align_up(align_up(12 + (uint64_t)namesz, align) + descsz, align);
+    }
+}
+
+struct load { uint64_t vaddr, offset, filesz; };
+
+/* ldconfig's check_ptr(): give up on the file when OFF is past its end. */
+#define CHECK_PTR(off)                                                                  \
+    do {                                                                                \
+        int inside_ = within(s, (off));                                                 \
+        if (inside_ < 0)                                                                \
+            return -1;                                                                  \
+        if (!inside_)                                                                   \
+            return CDS_ELF_TRUNCATED;                                                   \
+    } while (0)
+
+/* elf/readelflib.c's process_elf_file for one class. */
+static int process(struct src *s, const uint8_t *eh, int bits, int target,
+                   int flag_overridden, struct cds_elf_info *info)
+{
+    int is64 = bits == 64;
+    if (eh[4] != (is64 ? 2 : 1))
+        return CDS_ELF_WRONG_CLASS;
+    if (le16(eh + 16) != ET_DYN)
+        return CDS_ELF_NOT_DSO;
+    uint64_t phoff = is64 ? le64(eh + 32) : le32(eh + 28);
+    uint32_t phnum = le16(eh + (is64 ? 56 : 44));
+    uint32_t phsize = is64 ? 56 : 32;
+    CHECK_PTR(phoff);
+
+    info->flags = CDS_FLAG_ELF;
+    uint32_t dynamic_addr = 0;        /* ldconfig keeps it in an unsigned int */
+    uint64_t dynamic_size = 0;
+    struct load loads[64];
+    unsigned nloads = 0, nloads_seen = 0;
+    uint64_t loads_from = 0;          /* where the PT_LOADs not kept in loads[] start */
+    const char *const *interpreters =
+        target == CDS_TARGET_AARCH64 ? interpreters_aarch64 : interpreters_x86_64;
+
+    for (uint32_t i = 0; i < phnum; i++) {
+        uint64_t at = phoff + (uint64_t)i * phsize;
+        uint8_t ph[56];
+        CHECK_PTR(at);
+        int rc = src_read(s, at, phsize, ph);
+        if (rc == READ_IO)
+            return -1;
+        if (rc != READ_OK)
+            return CDS_ELF_TRUNCATED;
+        uint32_t type = le32(ph);
+        uint64_t offset = is64 ? le64(ph + 8) : le32(ph + 4);
+        uint64_t vaddr = is64 ? le64(ph + 16) : le32(ph + 8);
+        uint64_t filesz = is64 ? le64(ph + 32) : le32(ph + 16);
+        uint64_t palign = is64 ? le64(ph + 48) : le32(ph + 28);
+        switch (type) {
+        case PT_LOAD:
+            if (nloads < 64)
+                loads[nloads++] = (struct load){ vaddr, offset, filesz };
+            else if (nloads_seen == 64)
+                loads_from = at;
+            nloads_seen++;
+            break;
+        case PT_DYNAMIC:
+            dynamic_addr = (uint32_t)offset;
+            dynamic_size = filesz;
+            break;
+        case PT_INTERP: {
+            char name[64];
+            size_t len;
+            CHECK_PTR(offset);
+            if (src_string(s, offset, name, sizeof name, &len) == READ_OK
+                && is_one_of(name, interpreters))
+                info->flags = CDS_FLAG_ELF_LIBC6;
+            break;
+        }
+        case PT_NOTE:
+            read_abi_tag(s, offset, filesz, palign, &info->osversion);
+            break;
+        case PT_GNU_PROPERTY:
+            if (target == CDS_TARGET_X86_64 && palign == (uint64_t)bits / 8)
+                read_isa_level(s, bits, offset, filesz, palign, &info->isa_level);
+            break;
+        default:
+            break;
+        }
+    }
+
+    if (dynamic_size == 0)
+        return CDS_ELF_NO_DYNAMIC;
+    CHECK_PTR(dynamic_addr);
+
+    uint32_t dynsize = is64 ? 16 : 8;
+    uint64_t strtab = 0;
+    int have_strtab = 0;
+    for (uint32_t n = 0;; n++) {
+        uint64_t at = (uint64_t)dynamic_addr + (uint64_t)n * dynsize;
+        uint8_t dyn[16];
+        if (n >= MAX_DYN_ENTRIES)
+            return CDS_ELF_TRUNCATED;
+        int rc = src_read(s, at, dynsize, dyn);
+        if (rc == READ_IO)
+            return -1;
+        if (rc != READ_OK)
+            return CDS_ELF_TRUNCATED;
+        uint64_t tag = is64 ? le64(dyn) : le32(dyn);
+        if (tag == DT_NULL)
+            break;
+        CHECK_PTR(at);
+        if (tag != DT_STRTAB)
+            continue;
+        uint64_t value = is64 ? le64(dyn + 8) : le32(dyn + 4);
+        uint64_t loadoff = 0;
+        int found = 0;
+        for (unsigned j = 0; j < nloads && !found; j++)
+            if (value >= loads[j].vaddr && value - loads[j].vaddr < loads[j].filesz) {
+                loadoff = loads[j].vaddr - loads[j].offset;
+                found = 1;
+            }
+        /* More PT_LOADs than we keep: look through the rest in the file. */
+        for (uint32_t i = 0; !found && nloads_seen > 64 && i < phnum; i++) {
+            uint64_t ph_at = phoff + (uint64_t)i * phsize;
+            uint8_t ph[56];
+            if (ph_at < loads_from || src_read(s, ph_at, phsize, ph) != READ_OK)
+                continue;
+            uint64_t vaddr = is64 ? le64(ph + 16) : le32(ph + 8);
+            uint64_t offset = is64 ? le64(ph + 8) : le32(ph + 4);
+            uint64_t filesz = is64 ? le64(ph + 32) : le32(ph + 16);
+            if (le32(ph) == PT_LOAD && value >= vaddr && value - vaddr < filesz) {
+                loadoff = vaddr - offset;
+                found = 1;
+            }
+        }
+        if (!is64)
+            loadoff &= 0xffffffffu;
+        if (loadoff == (is64 ? UINT64_MAX : 0xffffffffu))
+            loadoff = 0;              /* ldconfig's "very strange" marker */
+        strtab = value - loadoff;
+        if (!is64)
+            strtab &= 0xffffffffu;    /* 32-bit address arithmetic */
+        CHECK_PTR(strtab);
+        have_strtab = 1;
+        break;
+    }
+    if (!have_strtab)
+        return CDS_ELF_NO_STRTAB;
+
+    /* When the machine wrapper overrides the flag anyway (x86-64 objects for x86-64,
+     * 64-bit ones for AArch64), DT_NEEDED names cannot change the answer as long as every
+     * name offset is in range and there is at most one DT_SONAME: read just the SONAME. */
+    if (flag_overridden) {
+        uint64_t soname_at = 0;
+        unsigned sonames = 0;
+        int in_range = 1;
+        for (uint32_t n = 0;; n++) {
+            uint64_t at = (uint64_t)dynamic_addr + (uint64_t)n * dynsize;
+            uint8_t dyn[16];
+            if (n >= MAX_DYN_ENTRIES)
+                return CDS_ELF_TRUNCATED;
+            int rc = src_read(s, at, dynsize, dyn);
+            if (rc == READ_IO)
+                return -1;
+            if (rc != READ_OK)
+                return CDS_ELF_TRUNCATED;
+            uint64_t tag = is64 ? le64(dyn) : le32(dyn);
+            if (tag == DT_NULL)
+                break;
+            if (tag != DT_NEEDED && tag != DT_SONAME)
+                continue;
+            uint64_t value = is64 ? le64(dyn + 8) : le32(dyn + 4);
+            uint64_t name = strtab + value;
+            int inside = name < strtab ? 0 : within(s, name);
+            if (inside < 0)
+                return -1;
+            if (!inside) {
+                in_range = 0;
+                break;
+            }
+            if (tag == DT_SONAME && sonames++ == 0)
+                soname_at = name;
+        }
+        if (in_range && sonames <= 1) {
+            if (sonames == 1) {
+                size_t len;
+                int rc = src_string(s, soname_at, info->soname, sizeof info->soname, &len);
+                if (rc == READ_IO)
+                    return -1;
+                if (rc == 2)
+                    return CDS_ELF_SONAME_TOO_LONG;
+                if (rc != READ_OK)
+                    return CDS_ELF_TRUNCATED;
+                info->soname_len = (uint16_t)len;
+                info->has_soname = 1;
+            }
+            return CDS_ELF_LIBRARY;
+        }
+    }
+
+    for (uint32_t n = 0;; n++) {
+        uint64_t at = (uint64_t)dynamic_addr + (uint64_t)n * dynsize;
+        uint8_t dyn[16];
+        if (n >= MAX_DYN_ENTRIES)
+            return CDS_ELF_TRUNCATED;
+        int rc = src_read(s, at, dynsize, dyn);
+        if (rc == READ_IO)
+            return -1;
+        if (rc != READ_OK)
+            return CDS_ELF_TRUNCATED;
+        uint64_t tag = is64 ? le64(dyn) : le32(dyn);
+        if (tag == DT_NULL)
+            break;
+        if (tag != DT_NEEDED && tag != DT_SONAME)
+            continue;
+        uint64_t value = is64 ? le64(dyn + 8) : le32(dyn + 4);
+        uint64_t name = strtab + value;
+        if (name < strtab)
+            return CDS_ELF_TRUNCATED;
+        CHECK_PTR(name);
+        if (tag == DT_NEEDED) {
+            char needed[16];
+            size_t len;
+            if (info->flags == CDS_FLAG_ELF
+                && src_string(s, name, needed, sizeof needed, &len) == READ_OK
+                && is_one_of(needed, known_libs))
+                info->flags = CDS_FLAG_ELF_LIBC6;
+        } else {
+            size_t len;
+            rc = src_string(s, name, info->soname, sizeof info->soname, &len);
+            if (rc == READ_IO)
+                return -1;
+            if (rc == 2)
+                return CDS_ELF_SONAME_TOO_LONG;
+            if (rc != READ_OK)
+                return CDS_ELF_TRUNCATED;
+            info->soname_len = (uint16_t)len;
+            info->has_soname = 1;
+        }
+        if (info->has_soname && info->flags != CDS_FLAG_ELF)
+            break;
+    }
+    return CDS_ELF_LIBRARY;
+}
+
+static int classify(struct src *s, int target, struct cds_elf_info *info)
+{
+    memset(info, 0, offsetof(struct cds_elf_info, soname));
+    info->soname[0] = '\0';
+    if (s->size == 0)
+        return CDS_ELF_EMPTY;
+    if (s->size < 64)                 /* sizeof (struct exec), sizeof (Elf64_Ehdr) */
+        return CDS_ELF_TOO_SMALL;
+    uint8_t eh[64];
+    int rc = src_read(s, 0, sizeof eh, eh);
+    if (rc != READ_OK)
+        return rc == READ_IO ? -1 : CDS_ELF_TRUNCATED;
+    info->elfclass = eh[4] == 1 || eh[4] == 2 ? eh[4] : 0;
+    info->type = le16(eh + 16);
+    info->machine = le16(eh + 18);
+    info->e_flags = le32(eh + (eh[4] == 1 ? 36 : 48));
+
+    uint32_t magic = le32(eh) & 0xffff;
+    if (magic == 0413 || magic == 0314) {     /* a.out ZMAGIC / QMAGIC */
+        info->flags = CDS_FLAG_LIBC4;
+        return CDS_ELF_AOUT;
+    }
+    if (memcmp(eh, "\177ELF", 4) != 0)
+        return CDS_ELF_NOT_ELF;
+    if (info->type != ET_DYN)
+        return CDS_ELF_NOT_DSO;
+
+    int bits = eh[4] == 1 ? 32 : 64;
+    if (target == CDS_TARGET_X86_64) {
+        int32_t file_flag = -1;
+        if (info->machine == EM_X86_64)
+            file_flag = eh[4] == 2 ? (CDS_FLAG_X8664_LIB64 | CDS_FLAG_ELF_LIBC6)
+                                   : (CDS_FLAG_X8664_LIBX32 | CDS_FLAG_ELF_LIBC6);
+        else if (!(info->machine == EM_386 && eh[4] == 1))
+            return CDS_ELF_UNKNOWN_MACHINE;
+        rc = process(s, eh, bits, target, file_flag >= 0, info);
+        if (rc == CDS_ELF_LIBRARY && file_flag >= 0)
+            info->flags = file_flag;
+        return rc;
+    }
+    /* AArch64 (sysdeps/unix/sysv/linux/arm/readelflib.c): no machine check at all. */
+    rc = process(s, eh, bits, target, bits == 64, info);
+    if (rc == CDS_ELF_LIBRARY) {
+        if (bits == 32) {
+            if ((info->e_flags & 0xff000000u) == 0x05000000u) {
+                if (info->e_flags & 0x400)
+                    info->flags = CDS_FLAG_ARM_LIBHF | CDS_FLAG_ELF_LIBC6;
+                else if (info->e_flags & 0x200)
+                    info->flags = CDS_FLAG_ARM_LIBSF | CDS_FLAG_ELF_LIBC6;
+                else
+                    info->flags = CDS_FLAG_ELF_LIBC6;
+            }
+        } else {
+            info->flags = CDS_FLAG_AARCH64_LIB64 | CDS_FLAG_ELF_LIBC6;
+        }
+    }
+    return rc;
+}
+
+static void src_init(struct src *s, int fd, const uint8_t *mem, uint64_t size)
+{
+    s->fd = fd;
+    s->mem = mem;
+    s->size = SIZE_UNKNOWN;
+    s->limit = SIZE_UNKNOWN;
+    s->seen = 0;
+    if (size != SIZE_UNKNOWN) {
+        set_size(s, size);
+        s->seen = size;
+    }
+    s->head_len = 0;
+    s->window_off[0] = s->window_off[1] = 0;
+    s->window_len[0] = s->window_len[1] = 0;
+    s->last = 0;
+}
+
+int cds_elf_read_fd(int fd, uint64_t size, int target, struct cds_elf_info *info)
+{
+    struct src s;
+    src_init(&s, fd, NULL, size);
+    s.seen = 0;
+    size_t want = size < HEAD ? (size_t)size : HEAD;
+    if (pread_full(fd, s.head, want, 0, &s.head_len) < 0)
+        return -1;
+    s.seen = s.head_len;
+    if (s.head_len < want || (size == SIZE_UNKNOWN && s.head_len < HEAD))
+        set_size(&s, s.head_len);    /* the end of the file (or it shrank since fstat) */
+    return classify(&s, target, info);
+}
+
+int cds_elf_parse(const uint8_t *data, size_t len, int target, struct cds_elf_info *info)
+{
+    struct src s;
+    src_init(&s, -1, data, len);
+    return classify(&s, target, info);
+}
+
+const char *cds_elf_status_text(int status)
+{
+    switch (status) {
+    case CDS_ELF_LIBRARY: return "shared library";
+    case CDS_ELF_AOUT: return "a.out library";
+    case CDS_ELF_EMPTY: return "empty file";
+    case CDS_ELF_TOO_SMALL: return "too small for an ELF header";
+    case CDS_ELF_NOT_ELF: return "not an ELF file";
+    case CDS_ELF_NOT_DSO: return "not a shared object";
+    case CDS_ELF_WRONG_CLASS: return "ELF class not handled";
+    case CDS_ELF_UNKNOWN_MACHINE: return "unknown machine";
+    case CDS_ELF_NO_DYNAMIC: return "no dynamic section";
+    case CDS_ELF_NO_STRTAB: return "no dynamic string table";
+    case CDS_ELF_TRUNCATED: return "offsets outside the file";
+    case CDS_ELF_SONAME_TOO_LONG: return "SONAME too long";
+    default: return "unknown status";
+    }
+}

@@ -1,0 +1,230 @@
+"""The runtime prepares the container's linker cache itself (issue 4, runtime part).
+
+A glibc root (copied from this host) runs a program linked against a fake driver library,
+libnvidia-ml.so.1, that the spec bind-mounts under its versioned file name, exactly as the
+toolkit's generated specs do, with the toolkit's update-ldcache and create-symlinks hooks
+pointing at an nvidia-cdi-hook that does not exist on this host. The program can only start if
+our cache resolves the soname, and runc can only run the container if those hooks were
+dropped (their binary is missing).
+"""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+import runtime_helpers as rh
+
+VERSION = "550.54.15"
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+PROGRAM = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int cdi_shim_fake(void);
+int main(void) {
+    void *handle = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    printf("linked=%d dlopen=%s\n", cdi_shim_fake(), handle ? "ok" : dlerror());
+    return handle ? 0 : 1;
+}
+"""
+
+
+def _gcc(*args):
+    gcc = rh.need("gcc", "gcc")
+    subprocess.run([gcc, *args], check=True, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def driver(tmp_path):
+    """A fake driver root: libnvidia-ml.so.<version> with SONAME libnvidia-ml.so.1."""
+    directory = tmp_path / "driver-root"
+    directory.mkdir()
+    source = tmp_path / "fake.c"
+    source.write_text("int cdi_shim_fake(void) { return 42; }\n")
+    library = directory / f"libnvidia-ml.so.{VERSION}"
+    _gcc("-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(library), str(source))
+    return library
+
+
+def _glibc_rootfs(world, bundle, driver, tmp_path):
+    """Turn the bundle's busybox rootfs into a small glibc image with its own ld.so.cache."""
+    rootfs = os.path.join(bundle.path, "rootfs")
+    program_src = tmp_path / "prog.c"
+    program_src.write_text(PROGRAM)
+    link_dir = tmp_path / "link"
+    link_dir.mkdir(exist_ok=True)
+    if not (link_dir / "libnvidia-ml.so").exists():
+        os.symlink(driver, link_dir / "libnvidia-ml.so")
+    _gcc("-o", os.path.join(rootfs, "prog"), str(program_src), f"-L{link_dir}", "-lnvidia-ml")
+    os.makedirs(rootfs + LIBDIR, exist_ok=True)
+    os.makedirs(rootfs + "/lib64", exist_ok=True)
+    for name in ("libc.so.6", "libm.so.6"):
+        shutil.copy2(os.path.realpath(f"/lib/x86_64-linux-gnu/{name}"), rootfs + f"{LIBDIR}/{name}")
+    shutil.copy2(os.path.realpath("/lib64/ld-linux-x86-64.so.2"), rootfs + "/lib64/ld-linux-x86-64.so.2")
+    os.makedirs(rootfs + "/etc/ld.so.conf.d", exist_ok=True)
+    with open(rootfs + "/etc/ld.so.conf", "w") as out:
+        out.write("include /etc/ld.so.conf.d/*.conf\n")
+    with open(rootfs + "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "w") as out:
+        out.write(LIBDIR + "\n")
+    subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
+    return rootfs
+
+
+def _spec(world, driver, readonly_link=None):
+    fake_hook = "/usr/bin/nvidia-cdi-hook-absent-on-this-host"
+    assert not os.path.exists(fake_hook)
+    return (
+        'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n'
+        "containerEdits:\n"
+        "  mounts:\n"
+        f"    - hostPath: {driver}\n      containerPath: {LIBDIR}/{driver.name}\n"
+        "      options: [ro, nosuid, nodev, bind]\n"
+        "  hooks:\n"
+        f"    - hookName: createContainer\n      path: {fake_hook}\n"
+        f"      args: [nvidia-cdi-hook, create-symlinks, --link, '{driver.name}::{LIBDIR}/libnvidia-ml.so']\n"
+        f"    - hookName: createContainer\n      path: {fake_hook}\n"
+        f"      args: [nvidia-cdi-hook, update-ldcache, --folder, {LIBDIR}]\n"
+        'devices:\n  - name: "0"\n    containerEdits:\n'
+        f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n"
+    )
+
+
+@pytest.mark.parametrize("readonly", [False, True], ids=["rw-rootfs", "readonly-rootfs"])
+def test_injected_library_resolves_by_soname_without_hooks(world, driver, tmp_path, readonly):
+    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+
+    def edit(config):
+        config["root"]["readonly"] = readonly
+
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"], edit=edit)
+    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
+    image_cache = open(rootfs + "/etc/ld.so.cache", "rb").read()
+
+    result = world.shim("run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "linked=42 dlopen=ok\n"
+
+    config = bundle.config()
+    assert not config.get("hooks", {}).get("createContainer"), "the replaced hooks must be gone"
+    cache_mount = [m for m in config["mounts"] if m["destination"] == "/etc/ld.so.cache"]
+    assert cache_mount and cache_mount[0]["source"].startswith(bundle.path + "/")
+    assert "ro" in cache_mount[0]["options"]
+    # Nothing was written into the image for the cache; the soname link was made in the rootfs.
+    assert open(rootfs + "/etc/ld.so.cache", "rb").read() == image_cache
+    assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == driver.name
+
+
+def test_without_our_cache_the_program_cannot_start(world, driver, tmp_path):
+    """The control: the same edits applied by `cdi inject` (hooks removed) under plain runc."""
+    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    bundle = world.bundle(args=["/prog"])
+    _glibc_rootfs(world, bundle, driver, tmp_path)
+    edited = subprocess.run([os.path.join(rh.VENV_BIN, "cdi-shim"), "cdi", "inject", "--device", "nvidia.com/gpu=0",
+                             os.path.join(bundle.path, "config.json")], env=world.env(),
+                            capture_output=True, text=True, check=True).stdout
+    config = json.loads(edited)
+    config.pop("hooks", None)
+    with open(os.path.join(bundle.path, "config.json"), "w") as out:
+        json.dump(config, out)
+    result = world.runc_cmd("run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode != 0
+    assert "libnvidia-ml.so.1" in result.stdout + result.stderr
+
+
+def test_linker_phase_is_logged(world, driver, tmp_path):
+    world.write_config(log_level="debug")
+    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    bundle = world.bundle(args=["/prog"], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+    _glibc_rootfs(world, bundle, driver, tmp_path)
+    log = os.path.join(bundle.path, "log.json")
+    result = world.shim("--log", log, "--log-format", "json", "run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    messages = [message for _, message in rh.read_log(log, "json")]
+    assert any("phase=linker took=" in m for m in messages)
+    assert any("linker cache:" in m and "entries" in m for m in messages)
+
+
+def _hook_spec(world, driver):
+    # An explicit env for each hook: without one, runc gives a hook the container's env.
+    cdi_shim = os.path.join(rh.VENV_BIN, "cdi-shim")
+    return (
+        'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n'
+        "containerEdits:\n"
+        "  mounts:\n"
+        f"    - hostPath: {driver}\n      containerPath: {LIBDIR}/{driver.name}\n"
+        "      options: [ro, nosuid, nodev, bind]\n"
+        "  hooks:\n"
+        f"    - hookName: createContainer\n      path: {cdi_shim}\n"
+        f"      args: [cdi-shim, hook, create-symlinks, --link, '{driver.name}::{LIBDIR}/libnvidia-ml.so']\n"
+        "      env: [PATH=/usr/sbin:/usr/bin:/sbin:/bin]\n"
+        f"    - hookName: createContainer\n      path: {cdi_shim}\n"
+        f"      args: [cdi-shim, hook, update-ldcache, --folder, {LIBDIR}]\n"
+        "      env: [PATH=/usr/sbin:/usr/bin:/sbin:/bin]\n"
+        'devices:\n  - name: "0"\n    containerEdits:\n'
+        f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n"
+    )
+
+
+def test_our_hooks_under_plain_runc(world, driver, tmp_path):
+    """Specs naming `cdi-shim hook ...` work with any runtime: here runc runs the hooks."""
+    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, driver))
+    # The image's environment preloads a library of the image's through the hook's working
+    # directory (the rootfs), as in CVE-2025-23266: had a hook loaded it, its constructor would
+    # have written MARKER on the host (inside the container that path does not exist).
+    evil_src = tmp_path / "evil.c"
+    marker = tmp_path / "preload-ran"
+    evil_src.write_text('#include <stdio.h>\n__attribute__((constructor)) static void ran(void) {'
+                        f' FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
+    bundle = world.bundle(args=["/prog"], env=["LD_PRELOAD=/proc/self/cwd/evil.so"])
+    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
+    _gcc("-shared", "-fPIC", "-o", os.path.join(rootfs, "evil.so"), str(evil_src))
+    image_cache = open(rootfs + "/etc/ld.so.cache", "rb").read()
+    edited = subprocess.run([os.path.join(rh.VENV_BIN, "cdi-shim"), "cdi", "inject", "--device", "nvidia.com/gpu=0",
+                             os.path.join(bundle.path, "config.json")], env=world.env(),
+                            capture_output=True, text=True, check=True).stdout
+    with open(os.path.join(bundle.path, "config.json"), "w") as out:
+        out.write(edited)
+    result = world.runc_cmd("run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "linked=42 dlopen=ok\n"
+    assert open(rootfs + "/etc/ld.so.cache", "rb").read() != image_cache  # the hook wrote it, in the root
+    assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == driver.name
+    assert not marker.exists(), "a hook loaded the image's LD_PRELOAD library"
+
+
+def test_update_ldcache_hook_refuses_bad_state(tmp_path):
+    cdi_shim = os.path.join(rh.VENV_BIN, "cdi-shim")
+    for state, text in (("not json", "not JSON"), ('{"bundle": "relative"}', "no absolute bundle"),
+                        ('{"bundle": "/nonexistent-bundle"}', "cannot open")):
+        result = subprocess.run([cdi_shim, "hook", "update-ldcache", "--folder", LIBDIR], input=state,
+                                capture_output=True, text=True)
+        assert result.returncode == 1 and text in result.stderr, result.stderr
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    (bundle / "config.json").write_text('{"root": {"path": "/"}}')
+    result = subprocess.run([cdi_shim, "hook", "create-symlinks", "--link", "a::/b"],
+                            input=json.dumps({"bundle": str(bundle)}), capture_output=True, text=True)
+    assert result.returncode == 1 and "refusing to work on /" in result.stderr
+
+
+def test_runtime_gives_hooks_an_env_so_the_image_env_cannot_reach_them(world, tmp_path):
+    """CVE-2025-23266: a hook without env inherits the container's env (LD_PRELOAD) from runc."""
+    marker = tmp_path / "preload-ran"
+    evil_src = tmp_path / "evil.c"
+    evil_src.write_text('#include <stdio.h>\n__attribute__((constructor)) static void ran(void) {'
+                        f' FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
+    hook_program = tmp_path / "hook-prog"
+    (tmp_path / "hook.c").write_text("int main(void) { return 0; }\n")
+    _gcc("-o", str(hook_program), str(tmp_path / "hook.c"))  # dynamically linked: honours LD_PRELOAD
+    world.write_spec("hooked.yaml", 'cdiVersion: "0.5.0"\nkind: example.com/hooked\ndevices:\n'
+                     '  - name: "a"\n    containerEdits:\n      env: [HOOKED=1]\n      hooks:\n'
+                     f"        - {{hookName: createContainer, path: {hook_program}}}\n")
+    bundle = world.bundle(args=["true"], env=["LD_PRELOAD=/proc/self/cwd/evil.so"],
+                          annotations={"cdi.k8s.io/x": "example.com/hooked=a"})
+    _gcc("-shared", "-fPIC", "-o", os.path.join(bundle.rootfs, "evil.so"), str(evil_src))
+    result = world.shim("run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    hook = bundle.config()["hooks"]["createContainer"][0]
+    assert hook["env"] and not any(e.startswith("LD_") for e in hook["env"])
+    assert not marker.exists(), "the image's LD_PRELOAD reached a hook"

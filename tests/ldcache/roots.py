@@ -1,0 +1,49 @@
+"""Roots for the ldcache tests: built once, shared read-only, copied (hard links) to modify.
+
+A "copy" is `cp -al`: new directories and links, shared file inodes. Tests that change a
+copy only ever create, rename or remove names in it (never write into a shared file), so
+the originals stay intact.
+"""
+import os
+import shutil
+import subprocess
+import tarfile
+
+CACHE_DIR = os.environ.get("CDI_SHIM_TEST_CACHE", "/var/cache/cdi-shim-tests")
+SUITE = "bookworm"
+MIRROR = os.environ.get("CDI_SHIM_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+DEBOOTSTRAP_TAR = os.path.join(CACHE_DIR, f"debootstrap-{SUITE}-minbase.tar")
+HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+
+def debootstrap_tarball():
+    """A minimal Debian rootfs as a tarball, made with debootstrap once and kept."""
+    if os.path.exists(DEBOOTSTRAP_TAR):
+        return DEBOOTSTRAP_TAR
+    if shutil.which("debootstrap") is None:
+        raise RuntimeError("debootstrap not found: apt-get install debootstrap")
+    os.makedirs(CACHE_DIR, exist_ok=True)
+    work = DEBOOTSTRAP_TAR + ".work"
+    shutil.rmtree(work, ignore_errors=True)
+    subprocess.run(["debootstrap", "--variant=minbase", SUITE, work, MIRROR], check=True,
+                   stdout=subprocess.DEVNULL)
+    # The apt lists and archives are not part of the image we want.
+    for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        shutil.rmtree(os.path.join(work, sub), ignore_errors=True)
+    subprocess.run(["tar", "-C", work, "--numeric-owner", "-cf", DEBOOTSTRAP_TAR + ".tmp", "."],
+                   check=True)
+    os.rename(DEBOOTSTRAP_TAR + ".tmp", DEBOOTSTRAP_TAR)
+    shutil.rmtree(work, ignore_errors=True)
+    return DEBOOTSTRAP_TAR
+
+
+def extract(tarball, dest):
+    os.makedirs(dest, exist_ok=True)
+    subprocess.run(["tar", "-C", dest, "--numeric-owner", "-xf", tarball], check=True)
+    return dest
+
+
+def copy_tree(src, dest):
+    """A hard-linked copy of SRC at DEST."""
+    subprocess.run(["cp", "-al", src, dest], check=True)
+    return dest
