@@ -7,7 +7,6 @@ the originals stay intact.
 import os
 import shutil
 import subprocess
-import tarfile
 
 CACHE_DIR = os.environ.get("CDI_SHIM_TEST_CACHE", "/var/cache/cdi-shim-tests")
 SUITE = "bookworm"
