@@ -22,7 +22,7 @@ from .errors import CDIError, EditError, SpecError, UnresolvableDevicesError, q
 from .spec import Spec, parse_spec, read_spec_bytes
 from .spec_dirs import DEFAULT_SPEC_DIRS, scan_spec_dirs
 
-_MAGIC = b"CDISHIM\x03"  # bump when the layout changes
+_MAGIC = b"CDISHIM\x04"  # bump when the layout changes (an old file is then ignored)
 _HEADER_SIZE = 16  # magic, then the lengths of the hot and cold sections (u32 LE)
 # An mtime within this many ns of the moment the cache was built may not have ticked yet.
 RACY_WINDOW_NS = 2_000_000_000
@@ -146,7 +146,7 @@ class RegistryCache:
             hot_len = int.from_bytes(header[8:12], "little")
             cold_len = int.from_bytes(header[12:16], "little")
             hot = marshal.loads(os.pread(fd, hot_len, _HEADER_SIZE))
-            if not isinstance(hot, dict) or hot.get("version") != __version__ or hot.get("dirs") != self.spec_dirs:
+            if not _hot_is_sound(hot) or hot["version"] != __version__ or hot["dirs"] != self.spec_dirs:
                 os.close(fd)
                 return None
         except (OSError, EOFError, ValueError, TypeError):
@@ -233,6 +233,15 @@ class RegistryCache:
                 pass
 
 
+_HOT_TYPES = {"version": str, "dirs": tuple, "signature": str, "racy": list, "spans": bytes,
+              "kinds": str, "kind_spans": bytes}
+
+
+def _hot_is_sound(hot):
+    """The hot section has every key with the type this code writes (else: rebuild)."""
+    return isinstance(hot, dict) and all(isinstance(hot.get(key), kind) for key, kind in _HOT_TYPES.items())
+
+
 def _pack_spans(spans):
     """(offset, length) pairs as 16-byte little-endian records: cheap to load, indexable."""
     return b"".join(offset.to_bytes(8, "little") + length.to_bytes(8, "little") for offset, length in spans)
@@ -314,8 +323,11 @@ class Registry:
         previous = {}
         if cached is not None:
             racy = {path for path, _ in cached.hot["racy"]}
-            previous = {path: entry for path, entry in zip(cached.cold["paths"], cached.cold["entries"])
-                        if path not in racy}
+            try:
+                previous = {path: entry for path, entry in zip(cached.cold["paths"], cached.cold["entries"])
+                            if path not in racy}
+            except (CDIError, EOFError, ValueError, TypeError, KeyError):
+                previous = {}  # a damaged cache only costs a full parse
         paths, priorities, entries, racy = [], [], [], []
         for priority, path, info in files:
             entry = previous.get(path)

@@ -24,6 +24,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import uuid
 
@@ -210,7 +211,11 @@ class Lab:
                            "run `pip install -e '.[test]'`")
         self.cli = os.path.join(venv_bin, "cdi-shim")
         p = lambda *names: os.path.join(self.base, *names)  # noqa: E731
-        self.root, self.state, self.socket = p("root"), p("state"), p("containerd.sock")
+        self.root, self.state = p("root"), p("state")
+        # Unix socket paths are limited to 108 bytes and containerd adds ".ttrpc": keep the
+        # socket in a short directory of its own, whatever the depth of BASE.
+        self.socket_dir = tempfile.mkdtemp(prefix="cdi-cri.", dir="/tmp")
+        self.socket = os.path.join(self.socket_dir, "c.sock")
         self.runc_root, self.logs, self.cni = p("runc"), p("logs"), p("cni")
         self.spec_dir, self.dev_dir, self.driver_dir = p("cdi"), p("dev"), p("driver")
         self.cache_dir, self.shim_config = p("cache"), p("cdi-shim.toml")
@@ -476,6 +481,7 @@ class Lab:
         self.process = None
         self._kill_leftovers()
         self._unmount_leftovers()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def _kill_leftovers(self):
         """Shims started by this lab's containerd (their command line names our socket), by pid."""

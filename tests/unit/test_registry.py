@@ -210,3 +210,19 @@ def test_cache_can_be_disabled(dirs, monkeypatch, tmp_path):
     monkeypatch.setenv("CDI_SHIM_CACHE_DIR", "")
     registry = Registry(dirs).refresh()
     assert registry._cache.path is None and registry.device_names() == ["example.com/dev=x"]
+
+
+def test_cache_file_of_another_layout_is_ignored(dirs, cache_dir):
+    """A file with our magic but sections of another shape (an older build) is rebuilt."""
+    import marshal
+
+    from cdi import registry as module
+
+    etc, _ = dirs
+    write_spec(etc, "a.yaml", simple_spec(devices=("real",)))
+    path = Registry(dirs, cache_dir=cache_dir).refresh()._cache.path
+    hot = marshal.dumps({"version": module.__version__, "dirs": tuple(dirs), "signature": "", "racy": [],
+                         "spans": [(0, 1)], "kinds": {}, "kind_spans": b""})
+    with open(path, "wb") as out:
+        out.write(module._MAGIC + len(hot).to_bytes(4, "little") + (0).to_bytes(4, "little") + hot)
+    assert names(Registry(dirs, cache_dir=cache_dir)) == ["example.com/dev=real"]
