@@ -51,7 +51,9 @@ def build_front_end():
         "-o", os.path.join(HERE, FRONT_END), os.path.join(HERE, FRONT_END_SOURCE),
     ]
     # Static when the C library allows it: no dynamic loading on every exec probe.
-    if subprocess.run(command + ["-static"], stderr=subprocess.DEVNULL).returncode != 0:
+    # Stripped, with unused sections dropped: fewer pages to fault in on every exec.
+    static = ["-static", "-s", "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections"]
+    if subprocess.run(command + static, stderr=subprocess.DEVNULL).returncode != 0:
         subprocess.run(command, check=True)
 
 
