@@ -43,7 +43,7 @@ SCENARIOS = {
     "one-device": ("one CDI device (node + env + 1 bind mount) vs a runc pod without it",
                    {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}, 1.15),
     "device-30-libs": ("one CDI device + 30 driver libraries as bind mounts vs a runc pod without it "
-                       "(linker-cache update pending)", {"cdi.k8s.io/gpu": "bench.cdi-shim.dev/gpu=0"}, 1.15),
+                       "(cdi-shim computes the linker cache for them)", {"cdi.k8s.io/gpu": "bench.cdi-shim.dev/gpu=0"}, 1.15),
     "device-30-libs-vs-cri": ("the same device + 30 libraries vs a runc pod given the same node, env and "
                               "mounts through CRI fields (cdi-shim's own cost)",
                               {"cdi.k8s.io/gpu": "bench.cdi-shim.dev/gpu=0"}, None),
