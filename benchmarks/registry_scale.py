@@ -17,8 +17,8 @@ import time
 RESOLVE = (
     "import sys\n"
     "from cdi.registry import Registry\n"
-    "r = Registry(sys.argv[1:]).refresh()\n"
-    "assert r.lookup('vendor0500.example.com/gpu=dev3') is not None\n"
+    "r = Registry(sys.argv[2:]).refresh()\n"
+    "assert r.lookup(sys.argv[1]) is not None\n"
 )
 
 
@@ -61,7 +61,8 @@ def main():
         spec_dir = write_corpus(root, args.files, args.devices)
         cache = os.path.join(root, "cache")
         env = dict(os.environ, CDI_SHIM_CACHE_DIR=cache)
-        resolve = [python, "-c", RESOLVE, spec_dir]
+        target = f"vendor{args.files // 2:04d}.example.com/gpu=dev{min(3, args.devices - 1)}"
+        resolve = [python, "-c", RESOLVE, target, spec_dir]
         baseline = [python, "-c", "pass"]
 
         cold = []
@@ -81,7 +82,7 @@ def main():
             json.dump({"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin"]}, "linux": {}}, out)
         cli = os.path.join(os.path.dirname(python), "cdi-shim")
         inject = [cli, "cdi", "inject", "--spec-dir", spec_dir,
-                  "--device", "vendor0500.example.com/gpu=dev3", config]
+                  "--device", target, config]
         inj, base2 = [], []
         for _ in range(args.runs):
             base2.append(timed(baseline, env))
