@@ -117,12 +117,18 @@ def main():
             out.write(f'spec-dirs = ["{spec_dir}"]\n')
         env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
         state = os.path.join(root, "state")
-        plain = bundle(root, "plain", rootfs)
-        gpu = bundle(root, "gpu", rootfs, {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+        # Each container gets its own copy of the image (hard links, timestamps kept), as a
+        # containerd snapshot would give it: runc creates mount points inside the rootfs.
+        plain_rootfs, gpu_rootfs = os.path.join(root, "rootfs-plain"), os.path.join(root, "rootfs-gpu")
+        plain = bundle(root, "plain", plain_rootfs)
+        gpu = bundle(root, "gpu", gpu_rootfs, {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
         pristine = open(os.path.join(gpu, "config.json"), "rb").read()
         shim = os.path.join(BIN, "cdi-shim-runtime")
         base, ours = [], []
         for index in range(args.runs + 1):
+            for copy in (plain_rootfs, gpu_rootfs):
+                shutil.rmtree(copy, ignore_errors=True)
+                subprocess.run(["cp", "-al", rootfs, copy], check=True)
             with open(os.path.join(gpu, "config.json"), "wb") as out:
                 out.write(pristine)
             b = timed(["runc", "--root", state, "run", "--bundle", plain, f"p{index}"], env)
