@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(runc containerd busybox-static podman gcc libc6-dev debootstrap clang libclang-rt-14-dev)
+packages=(runc containerd busybox-static podman gcc libc6-dev debootstrap clang libclang-rt-14-dev
+          python3 python3-venv python3-dev)
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

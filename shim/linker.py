@@ -186,6 +186,9 @@ def prepare_linker(config, bundle, log):
         except (LdcacheError, OSError) as err:
             log.warning(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
             return _without_hooks(config, drop) if drop else config
+        except Exception as err:  # noqa: BLE001 - a bug here must not fail a container the hooks can serve
+            log.error(f"linker cache: unexpected {type(err).__name__}: {err}; the spec's hooks run as written")
+            return _without_hooks(config, drop) if drop else config
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")
         config = _bind(config, "/etc/ld.so.cache", _write_bundle_file(bundle, CACHE_FILE, result.cache))
