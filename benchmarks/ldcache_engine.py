@@ -36,8 +36,10 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from shim import ldcache  # noqa: E402
 
+sys.path.insert(0, HERE)
+from common import HOST_LIBDIR, link_host_libraries  # noqa: E402
+
 BIN = os.path.dirname(sys.executable)
-HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"
 LIBDIR = HOST_LIBDIR                     # the image's library directory (same path)
 FOLDER = "/usr/local/nvidia/lib"
 DRIVER_VERSION = "550.54.15"
@@ -47,16 +49,7 @@ LDCONFIG = shutil.which("ldconfig") or "/usr/sbin/ldconfig"
 def make_root(base, driver_libs=30):
     """(image root, the same root with the toolkit's drop-ins for ldconfig, host driver dir)."""
     image = os.path.join(base, "image")
-    libdir = os.path.join(image, HOST_LIBDIR.lstrip("/"))
-    os.makedirs(libdir)
-    for name in os.listdir(HOST_LIBDIR):
-        src = os.path.join(HOST_LIBDIR, name)
-        if ".so" not in name:
-            continue
-        if os.path.islink(src):
-            os.symlink(os.readlink(src), os.path.join(libdir, name))
-        elif os.path.isfile(src):
-            os.link(src, os.path.join(libdir, name))
+    link_host_libraries(os.path.join(image, HOST_LIBDIR.lstrip("/")))
     for sub in ("usr/lib64", "etc/ld.so.conf.d", "var/cache/ldconfig"):
         os.makedirs(os.path.join(image, sub), exist_ok=True)
     os.symlink("usr/lib", os.path.join(image, "lib"))

@@ -9,10 +9,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from common import timed
 
 RESOLVE = (
     "import sys\n"
@@ -43,11 +44,6 @@ def write_corpus(root, files, devices):
     time.sleep(2.2)
     return spec_dir
 
-
-def timed(argv, env):
-    start = time.perf_counter()
-    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
-    return (time.perf_counter() - start) * 1000
 
 
 def main():

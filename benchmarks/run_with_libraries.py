@@ -17,25 +17,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from common import HOST_LIBDIR, link_host_libraries, timed
+
 
 BIN = os.path.dirname(sys.executable)
-HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"
 FOLDER = "/usr/lib/x86_64-linux-gnu"
 VERSION = "550.54.15"
 
 
 def make_image(rootfs):
-    libdir = rootfs + HOST_LIBDIR
-    os.makedirs(libdir)
-    for name in os.listdir(HOST_LIBDIR):
-        src = os.path.join(HOST_LIBDIR, name)
-        if ".so" not in name:
-            continue
-        if os.path.islink(src):
-            os.symlink(os.readlink(src), os.path.join(libdir, name))
-        elif os.path.isfile(src):
-            os.link(src, os.path.join(libdir, name))
+    count = link_host_libraries(rootfs + HOST_LIBDIR)
     os.makedirs(rootfs + "/bin")
     os.makedirs(rootfs + "/etc/ld.so.conf.d")
     shutil.copy("/bin/busybox", rootfs + "/bin/busybox")
@@ -45,7 +37,7 @@ def make_image(rootfs):
     with open(rootfs + "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "w") as out:
         out.write(HOST_LIBDIR + "\n")
     subprocess.run(["ldconfig", "-r", rootfs], check=True)
-    return sum(1 for _ in os.listdir(libdir))
+    return count
 
 
 def make_driver(directory, count):
@@ -88,11 +80,6 @@ def bundle(root, name, rootfs, annotations=None):
         json.dump(config, out)
     return path
 
-
-def timed(argv, env):
-    start = time.perf_counter()
-    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
-    return (time.perf_counter() - start) * 1000
 
 
 def main():

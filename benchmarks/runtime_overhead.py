@@ -19,7 +19,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from common import timed
+
 
 BIN = os.path.dirname(sys.executable)
 
@@ -40,11 +42,6 @@ def make_bundle(root, name, annotations=None):
         json.dump(config, out)
     return bundle
 
-
-def timed(argv, env):
-    start = time.perf_counter()
-    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return (time.perf_counter() - start) * 1000
 
 
 def summary(name, base, ours):
