@@ -129,6 +129,10 @@ def main(argv=None):
     except RuntimeFailure as err:
         log.error(str(err))
         return 1
+    except Exception as err:  # noqa: BLE001 - containerd must see why, not a bare exit status
+        log.error(f"internal error while preparing {args.command}: {type(err).__name__}: {err} "
+                   "(config.json was not changed)")
+        raise
     if not args.command and any(arg in ("--version", "-v") for arg in args.runc_argv):
         sys.stdout.write(f"cdi-shim-runtime version {__version__}\n")
         sys.stdout.flush()
