@@ -17,6 +17,15 @@ def config_path(bundle):
     return os.path.join(bundle, "config.json")
 
 
+def rootfs_path(config, bundle):
+    """The host path of the container's rootfs: root.path, relative to the bundle unless absolute."""
+    root = config.get("root")
+    path = root.get("path") if isinstance(root, dict) else None
+    if not isinstance(path, str) or not path:
+        return None
+    return os.path.normpath(path if os.path.isabs(path) else os.path.join(bundle, path))
+
+
 def read_config(bundle):
     """(parsed config dict, raw bytes, stat) of BUNDLE/config.json; BundleError if unusable."""
     path = config_path(bundle)

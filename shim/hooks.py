@@ -9,7 +9,7 @@ starts and drops these hooks; they exist for specs run by other runtimes.
 import os
 
 from . import fastjson
-from .bundle import BundleError, read_config
+from .bundle import BundleError, read_config, rootfs_path
 
 
 class HookError(Exception):
@@ -29,10 +29,9 @@ def container_rootfs(state_text):
         config, _, _ = read_config(bundle)
     except BundleError as err:
         raise HookError(str(err)) from None
-    root = (config.get("root") or {}).get("path") if isinstance(config.get("root"), dict) else None
-    if not isinstance(root, str) or not root:
+    rootfs = rootfs_path(config, bundle)
+    if rootfs is None:
         raise HookError(f"{bundle}/config.json names no root.path")
-    rootfs = os.path.normpath(root if os.path.isabs(root) else os.path.join(bundle, root))
     if rootfs == "/":
         raise HookError("refusing to work on / as a container rootfs")
     return rootfs

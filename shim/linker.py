@@ -16,6 +16,8 @@ a cache that cannot be computed leaves the hooks as the spec wrote them, with a 
 import os
 import posixpath
 
+from .bundle import rootfs_path
+
 CACHE_FILE = "cdi-shim.ld.so.cache"
 HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk", "cdi-shim")
 LIBRARY_MARKER = ".so"
@@ -50,11 +52,6 @@ class HookCall:
 def _is_library(path):
     name = posixpath.basename(path)
     return name.startswith("lib") and (name.endswith(LIBRARY_MARKER) or LIBRARY_MARKER + "." in name)
-
-
-def _rootfs(config, bundle):
-    root = (config.get("root") or {}).get("path") or "rootfs"
-    return root if os.path.isabs(root) else os.path.join(bundle, root)
 
 
 def _hook_calls(config):
@@ -124,20 +121,6 @@ def _open_dir_in_root(rootfd, path, ffi, lib):
     return fd
 
 
-def _write_bundle_file(bundle, name, data):
-    path = os.path.join(bundle, name)
-    tmp = path + f".tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    return path
-
-
 def _bind(config, destination, source):
     mount = {"destination": destination, "type": "bind", "source": source,
              "options": ["bind", "ro", "nosuid", "nodev"]}
@@ -156,7 +139,7 @@ def prepare_linker(config, bundle, log):
                  and _is_library(m["destination"]) and os.path.isfile(m["source"])}
     if not updates and not symlinks and not libraries:
         return config
-    rootfs = _rootfs(config, bundle)
+    rootfs = rootfs_path(config, bundle) or os.path.join(bundle, "rootfs")
     drop = set()
 
     destinations = [m.get("destination", "") for m in mounts]
@@ -176,7 +159,7 @@ def prepare_linker(config, bundle, log):
         drop.add(id(call.hook))
 
     if updates or libraries:
-        from .ldcache import LdcacheError, plan
+        from .ldcache import LdcacheError, plan, write_cache
 
         folders = [folder for call in updates for folder in call.options.get("folder", ())]
         if not folders:
@@ -191,9 +174,12 @@ def prepare_linker(config, bundle, log):
             return _without_hooks(config, drop) if drop else config
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")
-        config = _bind(config, "/etc/ld.so.cache", _write_bundle_file(bundle, CACHE_FILE, result.cache))
-        for index, (path, data) in enumerate(sorted(result.musl.items())):
-            config = _bind(config, path, _write_bundle_file(bundle, f"cdi-shim.musl-{index}.path", data))
+        files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
+        files += [(path, f"cdi-shim.musl-{index}.path", data) for index, (path, data) in enumerate(sorted(result.musl.items()))]
+        for destination, name, data in files:
+            source = os.path.abspath(os.path.join(bundle, name))
+            write_cache(source, data)  # temp file + rename, mode 0644
+            config = _bind(config, destination, source)
         drop.update(id(call.hook) for call in updates)
         log.debug(f"linker cache: {result.entries} entries ({result.mode}{': ' + result.reason if result.reason else ''})")
     return _without_hooks(config, drop) if drop else config
