@@ -20,7 +20,6 @@ import platform
 import shutil
 import signal
 import stat
-import struct
 import subprocess
 import sys
 import tarfile
@@ -30,6 +29,7 @@ import uuid
 
 import tomlkit
 
+from .. import hosttools
 from . import CRIClient
 from .client import CRIError, read_container_log
 
@@ -53,26 +53,11 @@ def find_tool(name, package):
     return path
 
 
-def _elf_is_static(path):
-    with open(path, "rb") as stream:
-        head = stream.read(64)
-        if head[:4] != b"\x7fELF" or head[4] != 2:
-            return False
-        end = "<" if head[5] == 1 else ">"
-        phoff, = struct.unpack(end + "Q", head[32:40])
-        phentsize, phnum = struct.unpack(end + "HH", head[54:58])
-        for index in range(phnum):
-            stream.seek(phoff + index * phentsize)
-            if struct.unpack(end + "I", stream.read(4))[0] == 3:  # PT_INTERP
-                return False
-    return True
-
-
 def static_busybox():
-    for candidate in ("/bin/busybox", "/usr/bin/busybox"):
-        if os.path.exists(candidate) and _elf_is_static(candidate):
-            return candidate
-    raise LabError("no statically linked busybox: apt-get install busybox-static")
+    path = hosttools.static_busybox()
+    if path is None:
+        raise LabError("no statically linked busybox: apt-get install busybox-static")
+    return path
 
 
 # --- the image ----------------------------------------------------------------------------------
@@ -300,20 +285,8 @@ class Lab:
         make_char_device(os.path.join(self.dev_dir, "nvidia0"), 195, 0)
         with open(os.path.join(self.driver_dir, "version.txt"), "w") as stream:
             stream.write("fake driver 555.42\n")
-        self.write_spec("nvidia-gpu.yaml", (
-            'cdiVersion: "0.5.0"\n'
-            "kind: nvidia.com/gpu\n"
-            "devices:\n"
-            '  - name: "0"\n'
-            "    containerEdits:\n"
-            '      env: ["FAKE_GPU_INDEX=0"]\n'
-            "      deviceNodes:\n"
-            f"        - path: /dev/nvidia0\n          hostPath: {self.dev_dir}/nvidia0\n"
-            "containerEdits:\n"
-            '  env: ["FAKE_DRIVER=555.42"]\n'
-            "  mounts:\n"
-            f"    - hostPath: {self.driver_dir}\n      containerPath: /usr/local/fake-driver\n"
-            "      options: [ro, nosuid, nodev, bind]\n"))
+        self.write_spec("nvidia-gpu.yaml", self._fake_gpu_spec("nvidia.com/gpu", [
+            (self.driver_dir, "/usr/local/fake-driver")]))
 
     def cri_equivalent_of_libraries_spec(self, libraries):
         """The same device node, env and bind mounts as CRI fields (what plain runc would need)."""
@@ -329,22 +302,25 @@ class Lab:
         gcc = find_tool("gcc", "gcc")
         make_char_device(os.path.join(self.dev_dir, "nvidia0"), 195, 0)
         libraries = build_fake_libraries(os.path.join(self.base, "libs"), count, gcc)
-        mounts = "".join(
-            f"    - hostPath: {path}\n      containerPath: /usr/lib/fake-driver/{os.path.basename(path)}\n"
-            "      options: [ro, nosuid, nodev, bind]\n" for path in libraries)
-        self.write_spec("bench-gpu-libs.yaml", (
-            'cdiVersion: "0.5.0"\n'
-            "kind: bench.cdi-shim.dev/gpu\n"
-            "devices:\n"
-            '  - name: "0"\n'
-            "    containerEdits:\n"
-            '      env: ["FAKE_GPU_INDEX=0"]\n'
-            "      deviceNodes:\n"
-            f"        - path: /dev/nvidia0\n          hostPath: {self.dev_dir}/nvidia0\n"
-            "containerEdits:\n"
-            '  env: ["FAKE_DRIVER=555.42"]\n'
-            "  mounts:\n" + mounts))
+        self.write_spec("bench-gpu-libs.yaml", self._fake_gpu_spec("bench.cdi-shim.dev/gpu", [
+            (path, f"/usr/lib/fake-driver/{os.path.basename(path)}") for path in libraries]))
         return libraries
+
+    def _fake_gpu_spec(self, kind, mounts):
+        """A spec with device "0" (the fake GPU node and its env) and spec-wide env + bind mounts."""
+        mount_lines = "".join(f"    - hostPath: {host}\n      containerPath: {container}\n"
+                              "      options: [ro, nosuid, nodev, bind]\n" for host, container in mounts)
+        return ('cdiVersion: "0.5.0"\n'
+                f"kind: {kind}\n"
+                "devices:\n"
+                '  - name: "0"\n'
+                "    containerEdits:\n"
+                '      env: ["FAKE_GPU_INDEX=0"]\n'
+                "      deviceNodes:\n"
+                f"        - path: /dev/nvidia0\n          hostPath: {self.dev_dir}/nvidia0\n"
+                "containerEdits:\n"
+                '  env: ["FAKE_DRIVER=555.42"]\n'
+                "  mounts:\n" + mount_lines)
 
     def write_spec(self, name, text):
         path = os.path.join(self.spec_dir, name)

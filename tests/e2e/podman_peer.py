@@ -30,7 +30,6 @@ import re
 import resource
 import shutil
 import stat
-import struct
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ import time
 from collections import OrderedDict
 
 import yaml
+
+from shim.hosttools import static_busybox
 
 INSTALL_HINT = "apt-get install podman busybox-static runc"
 # podman 4.3.1 (CDI v0.5.2) only reads these, in rising priority.
@@ -61,28 +62,6 @@ class PeerUnavailable(Exception):
 
 # --- host tools ---------------------------------------------------------------------------
 
-def _elf_is_static(path):
-    """True for an ELF executable without a PT_INTERP program header (statically linked)."""
-    with open(path, "rb") as f:
-        head = f.read(64)
-        if head[:4] != b"\x7fELF":
-            return False
-        is64, little = head[4] == 2, head[5] == 1
-        end = "<" if little else ">"
-        if is64:
-            phoff, = struct.unpack(end + "Q", head[32:40])
-            phentsize, phnum = struct.unpack(end + "HH", head[54:58])
-        else:
-            phoff, = struct.unpack(end + "I", head[28:32])
-            phentsize, phnum = struct.unpack(end + "HH", head[42:46])
-        for index in range(phnum):
-            f.seek(phoff + index * phentsize)
-            p_type, = struct.unpack(end + "I", f.read(4))
-            if p_type == 3:  # PT_INTERP
-                return False
-        return True
-
-
 def find_tools():
     """(podman, runc, static busybox) paths; raises PeerUnavailable naming what is missing."""
     problems = []
@@ -93,11 +72,7 @@ def find_tools():
         (p for p in ("/usr/sbin/runc", "/usr/bin/runc") if os.access(p, os.X_OK)), None)
     if not runc:
         problems.append("runc not found")
-    busybox = None
-    for candidate in ("/bin/busybox", "/usr/bin/busybox"):
-        if os.path.exists(candidate) and _elf_is_static(candidate):
-            busybox = candidate
-            break
+    busybox = static_busybox()
     if not busybox:
         problems.append("no statically linked busybox (/bin/busybox)")
     if os.geteuid() != 0:

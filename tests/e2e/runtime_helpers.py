@@ -33,6 +33,8 @@ import time
 
 import pytest
 
+from shim import hosttools
+
 VENV_BIN = os.path.dirname(sys.executable)
 RUNTIME_NAME = "cdi-shim-runtime"
 GPU_UUIDS = ("GPU-6f1c2a4e-0b7d-4c1e-9a53-2d8e6b1f0c01", "GPU-a83d9e17-5c2b-4f60-8e1a-7b4c3d2e1f02")
@@ -74,30 +76,11 @@ def need(name, package, extra=("/usr/sbin", "/sbin", "/usr/bin")):
     return path
 
 
-def _elf_is_static(path):
-    with open(path, "rb") as f:
-        head = f.read(64)
-        if head[:4] != b"\x7fELF":
-            return False
-        end = "<" if head[5] == 1 else ">"
-        if head[4] == 2:
-            phoff, = struct.unpack(end + "Q", head[32:40])
-            phentsize, phnum = struct.unpack(end + "HH", head[54:58])
-        else:
-            phoff, = struct.unpack(end + "I", head[28:32])
-            phentsize, phnum = struct.unpack(end + "HH", head[42:46])
-        for index in range(phnum):
-            f.seek(phoff + index * phentsize)
-            if struct.unpack(end + "I", f.read(4))[0] == 3:  # PT_INTERP
-                return False
-    return True
-
-
 def static_busybox():
-    for candidate in ("/bin/busybox", "/usr/bin/busybox"):
-        if os.path.exists(candidate) and _elf_is_static(candidate):
-            return candidate
-    pytest.fail("no statically linked busybox: apt-get install busybox-static", pytrace=False)
+    path = hosttools.static_busybox()
+    if path is None:
+        pytest.fail("no statically linked busybox: apt-get install busybox-static", pytrace=False)
+    return path
 
 
 def require_root():
