@@ -368,6 +368,40 @@ struct load { uint64_t vaddr, offset, filesz; };
     } while (0)
 
 /* elf/readelflib.c's process_elf_file for one class. */
+/* Entry N of the dynamic section at ADDR: 0 with *TAG and *VALUE, or what the caller
+ * returns: -1 (I/O error) or CDS_ELF_TRUNCATED (past the file or too many entries). */
+static int dyn_entry(struct src *s, uint32_t addr, uint32_t n, int is64, uint64_t *tag, uint64_t *value)
+{
+    uint32_t size = is64 ? 16 : 8;
+    uint8_t dyn[16];
+    if (n >= MAX_DYN_ENTRIES)
+        return CDS_ELF_TRUNCATED;
+    int rc = src_read(s, (uint64_t)addr + (uint64_t)n * size, size, dyn);
+    if (rc == READ_IO)
+        return -1;
+    if (rc != READ_OK)
+        return CDS_ELF_TRUNCATED;
+    *tag = is64 ? le64(dyn) : le32(dyn);
+    *value = is64 ? le64(dyn + 8) : le32(dyn + 4);
+    return 0;
+}
+
+/* Copy the SONAME string at AT into INFO: 0, -1 (I/O error) or the classification. */
+static int read_soname(struct src *s, uint64_t at, struct cds_elf_info *info)
+{
+    size_t len;
+    int rc = src_string(s, at, info->soname, sizeof info->soname, &len);
+    if (rc == READ_IO)
+        return -1;
+    if (rc == 2)
+        return CDS_ELF_SONAME_TOO_LONG;
+    if (rc != READ_OK)
+        return CDS_ELF_TRUNCATED;
+    info->soname_len = (uint16_t)len;
+    info->has_soname = 1;
+    return 0;
+}
+
 static int process(struct src *s, const uint8_t *eh, int bits, int target,
                    int flag_overridden, struct cds_elf_info *info)
 {
@@ -445,22 +479,15 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target,
     uint64_t strtab = 0;
     int have_strtab = 0;
     for (uint32_t n = 0;; n++) {
-        uint64_t at = (uint64_t)dynamic_addr + (uint64_t)n * dynsize;
-        uint8_t dyn[16];
-        if (n >= MAX_DYN_ENTRIES)
-            return CDS_ELF_TRUNCATED;
-        int rc = src_read(s, at, dynsize, dyn);
-        if (rc == READ_IO)
-            return -1;
-        if (rc != READ_OK)
-            return CDS_ELF_TRUNCATED;
-        uint64_t tag = is64 ? le64(dyn) : le32(dyn);
+        uint64_t tag, value;
+        int rc = dyn_entry(s, dynamic_addr, n, is64, &tag, &value);
+        if (rc != 0)
+            return rc;
         if (tag == DT_NULL)
             break;
-        CHECK_PTR(at);
+        CHECK_PTR((uint64_t)dynamic_addr + (uint64_t)n * dynsize);
         if (tag != DT_STRTAB)
             continue;
-        uint64_t value = is64 ? le64(dyn + 8) : le32(dyn + 4);
         uint64_t loadoff = 0;
         int found = 0;
         for (unsigned j = 0; j < nloads && !found; j++)
@@ -504,21 +531,14 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target,
         unsigned sonames = 0;
         int in_range = 1;
         for (uint32_t n = 0;; n++) {
-            uint64_t at = (uint64_t)dynamic_addr + (uint64_t)n * dynsize;
-            uint8_t dyn[16];
-            if (n >= MAX_DYN_ENTRIES)
-                return CDS_ELF_TRUNCATED;
-            int rc = src_read(s, at, dynsize, dyn);
-            if (rc == READ_IO)
-                return -1;
-            if (rc != READ_OK)
-                return CDS_ELF_TRUNCATED;
-            uint64_t tag = is64 ? le64(dyn) : le32(dyn);
+            uint64_t tag, value;
+            int rc = dyn_entry(s, dynamic_addr, n, is64, &tag, &value);
+            if (rc != 0)
+                return rc;
             if (tag == DT_NULL)
                 break;
             if (tag != DT_NEEDED && tag != DT_SONAME)
                 continue;
-            uint64_t value = is64 ? le64(dyn + 8) : le32(dyn + 4);
             uint64_t name = strtab + value;
             int inside = name < strtab ? 0 : within(s, name);
             if (inside < 0)
@@ -532,37 +552,23 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target,
         }
         if (in_range && sonames <= 1) {
             if (sonames == 1) {
-                size_t len;
-                int rc = src_string(s, soname_at, info->soname, sizeof info->soname, &len);
-                if (rc == READ_IO)
-                    return -1;
-                if (rc == 2)
-                    return CDS_ELF_SONAME_TOO_LONG;
-                if (rc != READ_OK)
-                    return CDS_ELF_TRUNCATED;
-                info->soname_len = (uint16_t)len;
-                info->has_soname = 1;
+                int rc = read_soname(s, soname_at, info);
+                if (rc != 0)
+                    return rc;
             }
             return CDS_ELF_LIBRARY;
         }
     }
 
     for (uint32_t n = 0;; n++) {
-        uint64_t at = (uint64_t)dynamic_addr + (uint64_t)n * dynsize;
-        uint8_t dyn[16];
-        if (n >= MAX_DYN_ENTRIES)
-            return CDS_ELF_TRUNCATED;
-        int rc = src_read(s, at, dynsize, dyn);
-        if (rc == READ_IO)
-            return -1;
-        if (rc != READ_OK)
-            return CDS_ELF_TRUNCATED;
-        uint64_t tag = is64 ? le64(dyn) : le32(dyn);
+        uint64_t tag, value;
+        int rc = dyn_entry(s, dynamic_addr, n, is64, &tag, &value);
+        if (rc != 0)
+            return rc;
         if (tag == DT_NULL)
             break;
         if (tag != DT_NEEDED && tag != DT_SONAME)
             continue;
-        uint64_t value = is64 ? le64(dyn + 8) : le32(dyn + 4);
         uint64_t name = strtab + value;
         if (name < strtab)
             return CDS_ELF_TRUNCATED;
@@ -575,16 +581,9 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target,
                 && is_one_of(needed, known_libs))
                 info->flags = CDS_FLAG_ELF_LIBC6;
         } else {
-            size_t len;
-            rc = src_string(s, name, info->soname, sizeof info->soname, &len);
-            if (rc == READ_IO)
-                return -1;
-            if (rc == 2)
-                return CDS_ELF_SONAME_TOO_LONG;
-            if (rc != READ_OK)
-                return CDS_ELF_TRUNCATED;
-            info->soname_len = (uint16_t)len;
-            info->has_soname = 1;
+            rc = read_soname(s, name, info);
+            if (rc != 0)
+                return rc;
         }
         if (info->has_soname && info->flags != CDS_FLAG_ELF)
             break;
