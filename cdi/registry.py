@@ -20,6 +20,7 @@ import time
 from . import __version__, parser
 from .errors import CDIError, EditError, SpecError, UnresolvableDevicesError, q
 from .spec import Spec, parse_spec, read_spec_bytes
+from .safeio import write_file_atomic
 from .spec_dirs import DEFAULT_SPEC_DIRS, scan_spec_dirs
 
 _MAGIC = b"CDISHIM\x04"  # bump when the layout changes (an old file is then ignored)
@@ -212,25 +213,13 @@ class RegistryCache:
         cold = {key: value for key, value in cold.items() if key != "entries"}
         cold["meta"] = meta
         hot_bytes, cold_bytes = marshal.dumps(hot), marshal.dumps(cold)
+        header = _MAGIC + len(hot_bytes).to_bytes(4, "little") + len(cold_bytes).to_bytes(4, "little")
         try:
-            import tempfile
-
             os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".registry.", dir=self.cache_dir)
+            write_file_atomic(self.path, b"".join([header, hot_bytes, cold_bytes] + docs), 0o600,
+                              prefix=".registry.")
         except OSError:
-            return  # a read-only or foreign cache dir only costs speed
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(_MAGIC + len(hot_bytes).to_bytes(4, "little") + len(cold_bytes).to_bytes(4, "little"))
-                out.write(hot_bytes)
-                out.write(cold_bytes)
-                out.write(b"".join(docs))
-            os.rename(tmp, self.path)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            pass  # a read-only or foreign cache dir only costs speed
 
 
 _HOT_TYPES = {"version": str, "dirs": tuple, "signature": str, "racy": list, "spans": bytes,

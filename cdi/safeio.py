@@ -33,3 +33,28 @@ def read_regular_file(path, limit, follow_links=True):
         return b"".join(chunks), info
     finally:
         os.close(fd)
+
+
+def write_file_atomic(path, data, mode=0o644, prefix=".tmp.", sync=False):
+    """Replace PATH with DATA: a temp file beside it (never a partial file at PATH), renamed over it.
+
+    Concurrent writers each leave a whole file; the last rename wins. SYNC fsyncs before the
+    rename. On failure the temp file is removed and the error raised.
+    """
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            if sync:
+                out.flush()
+                os.fsync(out.fileno())
+        os.chmod(tmp, mode)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

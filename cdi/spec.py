@@ -8,7 +8,7 @@ import os
 
 from . import parser
 from .errors import CDIError, SpecError, q
-from .safeio import UnsafeFile, read_regular_file
+from .safeio import UnsafeFile, read_regular_file, write_file_atomic
 
 # A spec larger than this is refused rather than parsed (specs are a few hundred KiB at most).
 MAX_SPEC_BYTES = 32 << 20
@@ -147,7 +147,6 @@ def write_spec(doc, path, overwrite=True):
     if not path.endswith((".json", ".yaml")):
         path += ".yaml"
     import json
-    import tempfile
 
     # Round-trip through the strict decoder so what we write is exactly what we would load.
     text = json.dumps(doc, indent=2) + "\n" if path.endswith(".json") else _dump_yaml(doc)
@@ -156,15 +155,5 @@ def write_spec(doc, path, overwrite=True):
     os.makedirs(directory, mode=0o755, exist_ok=True)
     if not overwrite and os.path.lexists(path):
         raise SpecError(path, "", os.strerror(errno.EEXIST), kind="read")
-    fd, tmp = tempfile.mkstemp(prefix="spec.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)
-        os.rename(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_file_atomic(path, text.encode(), 0o644, prefix="spec.", sync=True)  # .tmp: never scanned
     return path
