@@ -15,11 +15,15 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,6 +47,7 @@ struct settings {
     char device_env[256];
     char prefixes[MAX_PREFIXES][256];
     int n_prefixes;
+    char socket[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* the resident process; "" = none */
     int understood; /* 0: let Python read the config file (and report its problems) */
 };
 
@@ -127,6 +132,7 @@ static void load_settings(struct settings *set)
     strcpy(set->device_env, "NVIDIA_VISIBLE_DEVICES");
     strcpy(set->prefixes[0], "cdi.k8s.io/");
     set->n_prefixes = 1;
+    strcpy(set->socket, "/run/cdi-shim/runtime.sock");
     set->understood = 1;
     if (!path || !*path)
         path = "/etc/cdi-shim/config.toml";
@@ -147,9 +153,11 @@ static void load_settings(struct settings *set)
         *eq = '\0';
         char *key = trim(s), *value = trim(eq + 1);
         char scratch[4096];
-        if (strcmp(key, "runtime") == 0 || strcmp(key, "device-env") == 0) {
-            char *target = key[0] == 'r' ? set->runtime : set->device_env;
-            size_t cap = key[0] == 'r' ? sizeof(set->runtime) : sizeof(set->device_env);
+        if (strcmp(key, "runtime") == 0 || strcmp(key, "device-env") == 0
+            || strcmp(key, "resident-socket") == 0) {
+            char *target = key[0] == 'd' ? set->device_env : key[1] == 'u' ? set->runtime : set->socket;
+            size_t cap = key[0] == 'd' ? sizeof(set->device_env)
+                         : key[1] == 'u' ? sizeof(set->runtime) : sizeof(set->socket);
             if (parse_string(&value, scratch, cap) < 0) {
                 set->understood = 0;
                 return;
@@ -375,6 +383,162 @@ static int exec_python(int argc, char **argv)
     return 127;
 }
 
+/* A growable byte buffer for the resident request. */
+struct bytes {
+    char *data;
+    size_t len, cap;
+};
+
+static int put(struct bytes *b, const char *field)
+{
+    size_t n = strlen(field) + 1;
+    if (b->len + n > b->cap) {
+        size_t cap = (b->cap ? b->cap * 2 : 8192) + n;
+        char *data = realloc(b->data, cap);
+        if (!data)
+            return -1;
+        b->data = data;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, field, n);
+    b->len += n;
+    return 0;
+}
+
+static void free_bytes(struct bytes *b) { free(b->data); }
+
+static int send_request(int fd, const struct bytes *body)
+{
+    static const char magic[8] = "CDSHIM1";
+    unsigned char header[12];
+    uint32_t len = (uint32_t)body->len;
+    memcpy(header, magic, 8);
+    for (int i = 0; i < 4; i++)
+        header[8 + i] = (unsigned char)(len >> (8 * i));
+    /* Our stderr goes along, so the child's messages reach whoever reads ours. */
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    memset(&control, 0, sizeof(control));
+    struct iovec iov[2] = {{header, sizeof(header)}, {body->data, body->len}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2, .msg_control = control.buf,
+                         .msg_controllen = sizeof(control.buf)};
+    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    int err_fd = STDERR_FILENO;
+    memcpy(CMSG_DATA(cmsg), &err_fd, sizeof(int));
+    ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (sent < 0)
+        return -1;
+    size_t total = sizeof(header) + body->len;
+    while ((size_t)sent < total) { /* the rest without the descriptor */
+        size_t off = (size_t)sent - sizeof(header);
+        ssize_t n = send(fd, body->data + off, body->len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno != EINTR)
+            return -1;
+        if (n > 0)
+            sent += n;
+    }
+    return 0;
+}
+
+/* Hand create/run to the resident process (shim/resident.py has the protocol). Returns -1
+ * when it is not there or declines, and nothing was touched: the caller starts the
+ * interpreter itself. Otherwise execs the runtime it names, or returns the exit status. */
+static int try_resident(const struct settings *set, int argc, char **argv)
+{
+    extern char **environ;
+    char cwd[4096], field[32], message[8192];
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+
+    if (!set->socket[0])
+        return -1;
+    strcpy(addr.sun_path, set->socket);
+    __attribute__((cleanup(close_fd))) int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0)
+        return -1; /* not running: the usual case without the service */
+    struct ucred peer = {.uid = (uid_t)-1};
+    socklen_t peer_len = sizeof(peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.uid != geteuid()) {
+        snprintf(message, sizeof(message), "cdi-shim: ignoring %s: served by uid %d, not by us",
+                 set->socket, (int)peer.uid);
+        fprintf(stderr, "%s\n", message);
+        return -1;
+    }
+    if (!getcwd(cwd, sizeof(cwd)))
+        return -1;
+    mode_t mask = umask(0);
+    umask(mask);
+    __attribute__((cleanup(free_bytes))) struct bytes body = {0};
+    int failed = put(&body, CDS_VERSION) | put(&body, cwd);
+    snprintf(field, sizeof(field), "%o", (unsigned)mask);
+    failed |= put(&body, field);
+    snprintf(field, sizeof(field), "%d", argc - 1);
+    failed |= put(&body, field);
+    for (int i = 1; i < argc; i++)
+        failed |= put(&body, argv[i]);
+    for (char **env = environ; *env; env++)
+        failed |= put(&body, *env);
+    if (failed || send_request(fd, &body) < 0)
+        return -1;
+
+    struct timeval timeout = {.tv_sec = 120};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    __attribute__((cleanup(free_bytes))) struct bytes reply = {0};
+    int why = 0;
+    for (;;) {
+        if (reply.cap - reply.len < 4096) {
+            char *data = realloc(reply.data, reply.cap + 65536);
+            if (!data)
+                return 127;
+            reply.data = data;
+            reply.cap += 65536;
+        }
+        ssize_t n = read(fd, reply.data + reply.len, reply.cap - reply.len - 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            why = errno; /* even with nothing read: a late answer could still start the work */
+        if (n <= 0)
+            break;
+        reply.len += (size_t)n;
+        if (reply.len > (1u << 20))
+            break;
+    }
+    if ((reply.len == 0 && why == 0) || (reply.len > 0 && reply.data[0] == 'F'))
+        return -1; /* closed or declined before touching anything */
+    reply.data[reply.len] = '\0';
+    char *status_end = memchr(reply.data, '\0', reply.len);
+    if (reply.len == 0 || reply.data[0] != 'A' || !status_end || status_end == reply.data + 1) {
+        snprintf(message, sizeof(message), "cdi-shim: the resident process at %s stopped before it "
+                 "answered (%s); the container was not started", set->socket,
+                 why == EAGAIN ? "timed out" : why ? strerror(why) : "connection closed");
+        report(message);
+        return 1;
+    }
+    int status = atoi(reply.data + 1);
+    if (status != 0)
+        return status; /* the child reported why on our stderr and in runc's log */
+    char **args = calloc(reply.len, sizeof(char *));
+    if (!args)
+        return 127;
+    int n = 0;
+    for (char *p = status_end + 1; p < reply.data + reply.len; p += strlen(p) + 1)
+        args[n++] = p;
+    if (n == 0) {
+        report("cdi-shim: the resident process answered without a runtime to run");
+        return 1;
+    }
+    execv(args[0], args);
+    snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s",
+             args[0], strerror(errno));
+    report(message);
+    return 127;
+}
+
 int main(int argc, char **argv)
 {
     struct settings set;
@@ -407,8 +571,10 @@ int main(int argc, char **argv)
         return exec_python(argc, argv);
 
     if (command < argc && (strcmp(argv[command], "create") == 0 || strcmp(argv[command], "run") == 0)) {
-        if (has_device || may_request(find_bundle(argv + command, argc - command), &set))
-            return exec_python(argc, argv);
+        if (has_device || may_request(find_bundle(argv + command, argc - command), &set)) {
+            int status = try_resident(&set, argc, argv);
+            return status >= 0 ? status : exec_python(argc, argv);
+        }
     } else if (command == argc && version) {
         printf("cdi-shim-runtime version %s\n", CDS_VERSION);
         fflush(stdout);

@@ -87,6 +87,34 @@ def configure(engine, config_path, runtime_name, set_as_default, config_version,
         click.echo("cdi-shim: restart containerd to apply it (or pass --restart)", err=True)
 
 
+@runtime.command()
+@click.option("--socket", "socket_path", metavar="PATH",
+              help="Where to listen (default: the config's resident-socket, /run/cdi-shim/runtime.sock).")
+def serve(socket_path):
+    """Run the resident process that prepares containers for cdi-shim-runtime.
+
+    With it running, `create`/`run` of a container that requests devices costs a fork of this
+    warm process instead of an interpreter start (~10 ms less per GPU container). Without it,
+    cdi-shim-runtime starts the interpreter itself: same result, only slower. Each request runs
+    in its own child with the caller's environment, working directory and stderr. Runs in the
+    foreground until SIGTERM; meant for a systemd unit (contrib/cdi-shim-resident.service).
+    """
+    from .config import ConfigError, load_config
+    from .resident import ResidentError, serve as serve_forever
+
+    if not socket_path:
+        try:
+            socket_path = load_config().resident_socket
+        except ConfigError as err:
+            _fail(str(err))
+        if not socket_path:
+            _fail('resident-socket is "" in the cdi-shim config: the resident process is turned off')
+    try:
+        serve_forever(socket_path, ready=lambda path: click.echo(f"cdi-shim: serving on {path}", err=True))
+    except (OSError, ResidentError) as err:
+        _fail(f"cannot serve on {socket_path}: {err}")
+
+
 @click.command()
 @click.option("--name", default="nvidia", show_default=True, help="metadata.name of the RuntimeClass.")
 @click.option("--handler", default="nvidia", show_default=True,

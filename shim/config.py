@@ -26,6 +26,7 @@ class Config:
         "log_file": "",
         "log_level": "info",
         "accept_env_unprivileged": True,
+        "resident_socket": "/run/cdi-shim/runtime.sock",
     }
     __slots__ = tuple(DEFAULTS) + ("source",)
 
@@ -45,7 +46,8 @@ class Config:
 
 
 _TYPES = {"runtime": str, "spec_dirs": tuple, "annotation_prefixes": tuple, "device_env": str,
-          "default_kind": str, "log_file": str, "log_level": str, "accept_env_unprivileged": bool}
+          "default_kind": str, "log_file": str, "log_level": str, "accept_env_unprivileged": bool,
+          "resident_socket": str}
 
 
 def config_path():

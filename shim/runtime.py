@@ -105,19 +105,26 @@ def prepare(args, settings, log):
     return devices
 
 
-def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
+def decide(argv, where=""):
+    """Everything `cdi-shim-runtime` does before it execs runc, for one command line.
+
+    Returns (status, exec_argv): exec_argv is the runtime and its arguments to exec when the
+    status is 0; otherwise the reason has been reported and the process should exit with
+    the status. Reads the config, PATH and the bundle through the current environment and
+    working directory, so the resident process runs it in a child that has the caller's (and
+    says so in WHERE, for the debug log).
+    """
     start = time.perf_counter()
     try:
         args = parse_runc_argv(argv)
     except ArgvError as err:
         sys.stderr.write(f"cdi-shim: {err}\n")
-        return 2
+        return 2, None
     try:
         settings = load_config()
     except ConfigError as err:
         RunLog(args.log_file, args.log_format).error(str(err))
-        return 1
+        return 1, None
     log = RunLog(args.log_file, args.log_format, settings.log_file,
                  debug=args.debug or settings.log_level == "debug")
     try:
@@ -128,7 +135,7 @@ def main(argv=None):
             log.warning(f"--device is ignored for the {args.command or 'no'} command")
     except RuntimeFailure as err:
         log.error(str(err))
-        return 1
+        return 1, None
     except Exception as err:  # noqa: BLE001 - containerd must see why, not a bare exit status
         log.error(f"internal error while preparing {args.command}: {type(err).__name__}: {err} "
                    "(config.json was not changed)")
@@ -136,8 +143,15 @@ def main(argv=None):
     if not args.command and any(arg in ("--version", "-v") for arg in args.runc_argv):
         sys.stdout.write(f"cdi-shim-runtime version {__version__}\n")
         sys.stdout.flush()
-    log.debug(f"phase=total took={(time.perf_counter() - start) * 1000:.2f}ms; exec {runc}")
-    os.execv(runc, [runc] + args.runc_argv)
+    log.debug(f"phase=total took={(time.perf_counter() - start) * 1000:.2f}ms{where}; exec {runc}")
+    return 0, [runc] + args.runc_argv
+
+
+def main(argv=None):
+    status, exec_argv = decide(list(sys.argv[1:] if argv is None else argv))
+    if status:
+        return status
+    os.execv(exec_argv[0], exec_argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,9 @@
-"""Fixtures of the cdi-shim-runtime end-to-end tests (see runtime_helpers.py)."""
+"""Fixtures of the cdi-shim-runtime end-to-end tests (see runtime_helpers.py).
+
+A test module that sets ``RESIDENT_TOO = True`` runs each test that uses `world` twice: with
+the interpreter started per create ("exec") and through a resident process ("resident",
+`cdi-shim runtime serve`, one for the session); the results must not differ.
+"""
 import pytest
 
 import runtime_helpers as rh
@@ -10,9 +15,25 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "runtime_e2e: end-to-end test of cdi-shim-runtime with real runc")
 
 
+def pytest_generate_tests(metafunc):
+    if "world_mode" in metafunc.fixturenames:
+        modes = ["exec", "resident"] if getattr(metafunc.module, "RESIDENT_TOO", False) else ["exec"]
+        metafunc.parametrize("world_mode", modes)
+
+
+@pytest.fixture(scope="session")
+def resident_server(tmp_path_factory):
+    server = rh.ResidentServer(str(tmp_path_factory.mktemp("resident")))
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def world(tmp_path):
+def world(tmp_path, world_mode, request):
     """A private runc + CDI world (fake GPUs, spec, config.toml, runc root) for one test."""
-    w = rh.World(tmp_path)
+    server = request.getfixturevalue("resident_server") if world_mode == "resident" else None
+    w = rh.World(tmp_path, resident=server)
     yield w
     w.cleanup()
+    if server:
+        server.check_alive()

@@ -141,9 +141,12 @@ class Bundle:
 class World:
     """One private runc + CDI setup in `base` (a temp dir)."""
 
-    def __init__(self, base, log_level="info"):
+    def __init__(self, base, log_level="info", resident=None):
         require_root()
         self.base = str(base)
+        # the resident process to use, or none: a socket path where nothing listens, so a
+        # server running on this machine at the default path cannot change the results
+        self.resident_socket = resident.socket if resident else os.path.join(self.base, "no-resident.sock")
         self.runtime = runtime()
         self.runc = need("runc", "runc")
         self.busybox = static_busybox()
@@ -226,7 +229,8 @@ class World:
 
     def write_config(self, **keys):
         """(Re)write the cdi-shim config.toml; keys use python names (spec_dirs -> spec-dirs)."""
-        values = {"runtime": self.runc, "spec_dirs": [self.spec_dir_low, self.spec_dir]}
+        values = {"runtime": self.runc, "spec_dirs": [self.spec_dir_low, self.spec_dir],
+                  "resident_socket": self.resident_socket}
         values.update(keys)
         lines = []
         for key, value in values.items():
@@ -322,6 +326,36 @@ class World:
             if container_id:
                 subprocess.run([self.runc, "--root", self.runc_root, "delete", "--force", container_id],
                                capture_output=True, timeout=CMD_TIMEOUT)
+
+
+class ResidentServer:
+    """`cdi-shim runtime serve` on a private socket, for the tests of a session."""
+
+    def __init__(self, base):
+        self.socket = os.path.join(base, "run", "runtime.sock")
+        self.log = os.path.join(base, "serve.log")
+        cli = os.path.join(VENV_BIN, "cdi-shim")
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen([cli, "runtime", "serve", "--socket", self.socket],
+                                            stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.socket):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"cdi-shim runtime serve did not start:\n{self.output()}")
+            time.sleep(0.01)
+
+    def output(self):
+        with open(self.log, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def check_alive(self):
+        assert self.process.poll() is None, f"the resident process died:\n{self.output()}"
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
 
 
 def run_captured(cmd, timeout=CMD_TIMEOUT, text=True, capture_output=True, **kw):

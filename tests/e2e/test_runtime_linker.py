@@ -16,6 +16,8 @@ import pytest
 
 import runtime_helpers as rh
 
+RESIDENT_TOO = True  # every test also through `cdi-shim runtime serve` (conftest.py)
+
 VERSION = "550.54.15"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 PROGRAM = r"""

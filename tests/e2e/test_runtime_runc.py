@@ -14,6 +14,7 @@ import pytest
 import runtime_helpers as rh
 
 pytestmark = pytest.mark.runtime_e2e
+RESIDENT_TOO = True  # every test also through `cdi-shim runtime serve` (conftest.py)
 
 DEVICE_MOUNT = {"destination": f"{rh.DEVICE_MOUNT_ROOT}/1", "type": "bind", "source": "/dev/null",
                 "options": ["bind", "ro"]}

@@ -26,6 +26,7 @@ import pytest
 import runtime_helpers as rh
 
 pytestmark = pytest.mark.runtime_e2e
+RESIDENT_TOO = True  # every test also through `cdi-shim runtime serve` (conftest.py)
 
 GPU0 = {"cdi.k8s.io/e2e": "nvidia.com/gpu=0"}
 

@@ -1,0 +1,277 @@
+"""The resident process (`cdi-shim runtime serve`) and the front end's use of it, with real runc.
+
+The modules test_runtime_runc/safety/linker run every test through a resident process as well
+(RESIDENT_TOO); here: that the resident path is really taken, that it falls back to starting
+the interpreter whenever the server is absent, stale, someone else's, of another version or in
+another mount namespace, and that a server that stops mid-request fails the create cleanly.
+"""
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+import runtime_helpers as rh
+from test_runtime_runc import SOURCES, check_injected, run_container
+
+pytestmark = pytest.mark.runtime_e2e
+
+GPU0 = {"cdi.k8s.io/e2e": "nvidia.com/gpu=0"}
+
+
+def debug_world(world):
+    log = os.path.join(world.base, "cdi-shim.log")
+    world.write_config(log_level="debug", log_file=log)
+    return log
+
+
+def served_lines(log):
+    with open(log) as f:
+        return [line for line in f if "phase=total" in line]
+
+
+@pytest.fixture
+def resident_world(tmp_path, resident_server):
+    w = rh.World(tmp_path, resident=resident_server)
+    yield w
+    w.cleanup()
+    resident_server.check_alive()
+
+
+@pytest.mark.parametrize("mode", ["run", "create-start"])
+def test_create_goes_through_the_resident_process(resident_world, resident_server, mode):
+    log = debug_world(resident_world)
+    kwargs, opts, minors, env_var = SOURCES["annotation"]
+    bundle = resident_world.bundle(mode=0o640, **kwargs)
+    text = run_container(resident_world, bundle, mode, opts)
+    check_injected(resident_world, bundle, rh.parse_report(text), minors, env_var)
+    lines = served_lines(log)
+    assert len(lines) == 1 and " in resident process " in lines[0], lines
+    child = int(lines[0].split(" in resident process ")[1].split(";")[0])
+    assert child != resident_server.process.pid, "the work must run in a child, not in the server"
+
+
+def test_without_a_server_the_interpreter_does_it(world):
+    """Nothing listens at the configured socket: same result, through the interpreter."""
+    log = debug_world(world)
+    kwargs, opts, minors, env_var = SOURCES["env-index"]
+    bundle = world.bundle(mode=0o640, **kwargs)
+    check_injected(world, bundle, rh.parse_report(run_container(world, bundle, "run", opts)), minors, env_var)
+    lines = served_lines(log)
+    assert len(lines) == 1 and "resident" not in lines[0], lines
+
+
+def start_server(world, socket_path):
+    cli = os.path.join(rh.VENV_BIN, "cdi-shim")
+    log = open(os.path.join(world.base, "serve.log"), "wb")
+    process = subprocess.Popen([cli, "runtime", "serve", "--socket", socket_path], stdout=log, stderr=log,
+                               start_new_session=True, env=world.env())
+    deadline = time.monotonic() + 30
+    while not os.path.exists(socket_path):
+        assert process.poll() is None and time.monotonic() < deadline, "serve did not start"
+        time.sleep(0.01)
+    return process
+
+
+def test_stale_socket_of_a_killed_server_falls_back(world):
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    process = start_server(world, socket_path)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert os.path.exists(socket_path), "SIGKILL leaves the socket file behind"
+    world.resident_socket = socket_path
+    log = debug_world(world)
+    bundle = world.bundle(annotations=GPU0)
+    result = world.shim("create", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    assert "/dev/nvidia0" in [d["path"] for d in bundle.config()["linux"]["devices"]]
+    assert "resident" not in served_lines(log)[0]
+
+
+def test_sigterm_removes_the_socket(world):
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    process = start_server(world, socket_path)
+    process.terminate()
+    assert process.wait(timeout=30) == 0
+    assert not os.path.exists(socket_path)
+
+
+def test_serve_refuses_a_directory_others_can_write(world):
+    directory = os.path.join(world.base, "open")
+    os.makedirs(directory)
+    os.chmod(directory, 0o777)
+    result = subprocess.run([os.path.join(rh.VENV_BIN, "cdi-shim"), "runtime", "serve", "--socket",
+                             os.path.join(directory, "r.sock")], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "not writable by group or others" in result.stderr and directory in result.stderr, result.stderr
+
+
+def test_failure_through_the_resident_process(resident_world):
+    """An unresolvable device: our message on stderr and in runc's json log, exit 1, config.json
+    byte-identical, nothing left in the bundle."""
+    bundle = resident_world.bundle(annotations={"cdi.k8s.io/e2e": "nvidia.com/gpu=7"})
+    runc_log = os.path.join(resident_world.base, "runc.json")
+    result = resident_world.shim("--log", runc_log, "--log-format", "json", "create", "--bundle", bundle.path,
+                                 bundle.id)
+    assert result.returncode == 1, result.stderr
+    assert "nvidia.com/gpu=7" in result.stderr and "unresolvable" in result.stderr, result.stderr
+    errors = [msg for level, msg in rh.read_log(runc_log, "json") if level == "error"]
+    assert any("nvidia.com/gpu=7" in msg for msg in errors), errors
+    assert bundle.unchanged() and bundle.extra_files() == []
+    assert resident_world.state(bundle.id) is None
+
+
+def test_other_mount_namespace_falls_back(resident_world):
+    """Paths in a request from another mount namespace may name other files: the server
+    declines and the front end starts the interpreter in its own namespace."""
+    unshare = rh.need("unshare", "util-linux")
+    log = debug_world(resident_world)
+    bundle = resident_world.bundle(annotations=GPU0)
+    cmd = [unshare, "--mount", "--propagation", "private", resident_world.runtime, "--root",
+           resident_world.runc_root, "create", "--bundle", bundle.path, bundle.id]
+    resident_world.created.append(bundle.id)
+    result = rh.run_captured(cmd, env=resident_world.env())
+    assert result.returncode == 0, result.stderr
+    lines = served_lines(log)
+    assert len(lines) == 1 and "resident" not in lines[0], lines
+
+
+class FakeServer:
+    """A socket that answers every connection with ANSWER, then closes; records the requests."""
+
+    def __init__(self, path, answer, uid=None):
+        self.path, self.answer, self.requests = path, answer, []
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.sock.settimeout(30)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        try:
+            while True:
+                conn, _ = self.sock.accept()
+                with conn:
+                    data, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(16))
+                    for _, _, payload in ancillary:
+                        for fd in struct.unpack(f"{len(payload) // 4}i", payload):
+                            os.close(fd)
+                    self.requests.append(data)
+                    conn.sendall(self.answer)
+        except OSError:
+            pass
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.mark.parametrize("answer", [b"A", b"A0", b"Ajunk"])
+def test_server_that_stops_mid_request_fails_the_create(world, answer):
+    """Accepted but no status: the work may have started, so the front end must not start it
+    again; it fails with a message naming the socket, in stderr and runc's log."""
+    socket_path = os.path.join(world.base, "fake", "r.sock")
+    fake = FakeServer(socket_path, answer)
+    world.resident_socket = socket_path
+    world.write_config()
+    bundle = world.bundle(annotations=GPU0)
+    runc_log = os.path.join(world.base, "runc.log")
+    result = world.shim("--log", runc_log, "create", "--bundle", bundle.path, bundle.id)
+    fake.close()
+    assert result.returncode == 1, result.stderr
+    assert f"the resident process at {socket_path} stopped before it answered" in result.stderr, result.stderr
+    assert any(socket_path in msg for level, msg in rh.read_log(runc_log, "text") if level == "error")
+    assert bundle.unchanged() and world.state(bundle.id) is None
+    request = fake.requests[0]
+    assert request.startswith(b"CDSHIM1\0") and bundle.path.encode() in request
+
+
+def test_declining_server_means_fallback(world):
+    """b"F" (another version, another namespace): the interpreter does the work."""
+    socket_path = os.path.join(world.base, "fake", "r.sock")
+    fake = FakeServer(socket_path, b"F")
+    world.resident_socket = socket_path
+    log = debug_world(world)
+    bundle = world.bundle(annotations=GPU0)
+    result = world.shim("create", "--bundle", bundle.path, bundle.id)
+    fake.close()
+    assert result.returncode == 0, result.stderr
+    assert len(fake.requests) == 1 and "resident" not in served_lines(log)[0]
+    assert "/dev/nvidia0" in [d["path"] for d in bundle.config()["linux"]["devices"]]
+
+
+def foreign_listener(socket_path, uid=65534):
+    """A child process with another uid listening at SOCKET_PATH, answering "exec /bin/false"."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(socket_path)
+            sock.listen(4)
+            while True:
+                conn, _ = sock.accept()
+                conn.sendall(b"A0\0/bin/false\0")
+                conn.close()
+        finally:
+            os._exit(1)
+    return pid
+
+
+def test_socket_of_another_user_is_ignored(world):
+    """A listener that is not our uid could hand back any argv to exec: never use it."""
+    directory = tempfile.mkdtemp(prefix="cdi-shim-foreign.")  # uid 65534 cannot reach world.base
+    os.chmod(directory, 0o777)
+    socket_path = os.path.join(directory, "r.sock")
+    pid = foreign_listener(socket_path)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(socket_path):
+            assert time.monotonic() < deadline, "the foreign listener did not start"
+            time.sleep(0.01)
+        world.resident_socket = socket_path
+        world.write_config()
+        bundle = world.bundle(annotations=GPU0)
+        result = world.shim("create", "--bundle", bundle.path, bundle.id)
+        assert result.returncode == 0, result.stderr
+        assert f"ignoring {socket_path}: served by uid 65534" in result.stderr, result.stderr
+        assert world.state(bundle.id)["status"] == "created"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        shutil.rmtree(directory)
+
+
+def test_request_of_another_version_is_declined(resident_server):
+    """Right after an upgrade the old server may still run: it must not do the new version's work."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(resident_server.socket)
+    body = b"\0".join([b"0.0.0-other", b"/", b"22", b"0"]) + b"\0"
+    conn.sendmsg([b"CDSHIM1\0" + struct.pack("<I", len(body)) + body],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", 2))])
+    conn.settimeout(30)
+    assert conn.recv(16) == b"F"
+    conn.close()
+
+
+def test_parallel_creates_through_the_resident_process(resident_world):
+    bundles = [resident_world.bundle(annotations={"cdi.k8s.io/e2e": f"nvidia.com/gpu={i % 2}"}) for i in range(20)]
+    procs = [subprocess.Popen([resident_world.runtime, "--root", resident_world.runc_root, "create", "--bundle",
+                               b.path, b.id], env=resident_world.env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE) for b in bundles]
+    resident_world.created.extend(b.id for b in bundles)
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    for i, bundle in enumerate(bundles):
+        paths = [d["path"] for d in bundle.config()["linux"]["devices"]]
+        assert f"/dev/nvidia{i % 2}" in paths and f"/dev/nvidia{1 - i % 2}" not in paths
+        assert resident_world.state(bundle.id)["status"] == "created"
