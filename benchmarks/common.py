@@ -1,6 +1,7 @@
 """Pieces the benchmark scripts share."""
 import os
 import subprocess
+import sys
 import time
 
 HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -32,3 +33,17 @@ def link_host_libraries(libdir, source=HOST_LIBDIR):
             continue
         count += 1
     return count
+
+
+def start_resident(socket_path, env):
+    """`cdi-shim runtime serve` on SOCKET_PATH (from this venv); returns the Popen once listening."""
+    cli = os.path.join(os.path.dirname(sys.executable), "cdi-shim")
+    server = subprocess.Popen([cli, "runtime", "serve", "--socket", socket_path], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(socket_path):
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise RuntimeError("cdi-shim runtime serve did not start")
+        time.sleep(0.01)
+    return server

@@ -7,7 +7,9 @@ paired ratio.
   passthrough  `state ID` on a created container (the path of exec probes, kill, delete...)
   create-none  `create` of a bundle that requests no device
   create-1dev  `create` with one CDI device requested by annotation, against runc `create` of
-               the same bundle with the device already injected (by `cdi-shim cdi inject`)
+               the same bundle with the device already injected (by `cdi-shim cdi inject`);
+               once with the interpreter started per create, once through the resident process
+               (`cdi-shim runtime serve`)
 
     .venv/bin/python benchmarks/runtime_overhead.py [--runs 30]
 """
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import timed
+from common import start_resident, timed
 
 
 BIN = os.path.dirname(sys.executable)
@@ -60,6 +62,7 @@ def main():
     runc = shutil.which("runc")
     shim = os.path.join(BIN, "cdi-shim-runtime")
     root = tempfile.mkdtemp(prefix="cdi-shim-bench.", dir=args.dir)
+    server = None
     state_root = os.path.join(root, "state")
     try:
         specs = os.path.join(root, "specs")
@@ -71,9 +74,14 @@ def main():
                       f"    containerEdits:\n      env: [GPU=0]\n"
                       f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {host_dev}}}]\n")
         settings = os.path.join(root, "config.toml")
-        with open(settings, "w") as out:
-            out.write(f'spec-dirs = ["{specs}"]\n')
+        with open(settings, "w") as out:  # nothing listens there: the interpreter does the work
+            out.write(f'spec-dirs = ["{specs}"]\nresident-socket = "{root}/none.sock"\n')
         env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
+        resident_settings = os.path.join(root, "resident.toml")
+        with open(resident_settings, "w") as out:
+            out.write(f'spec-dirs = ["{specs}"]\nresident-socket = "{root}/run/runtime.sock"\n')
+        resident_env = dict(env, CDI_SHIM_CONFIG=resident_settings)
+        server = start_resident(f"{root}/run/runtime.sock", resident_env)
 
         plain = make_bundle(root, "plain")
         requesting = make_bundle(root, "requesting", {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
@@ -97,7 +105,7 @@ def main():
         subprocess.run(g(runc) + ["delete", "--force", "bench-state"], env=env, check=True)
         results = [summary("passthrough (state)", base, ours)]
 
-        def create_pair(bundle_base, bundle_ours, restore=None):
+        def create_pair(bundle_base, bundle_ours, restore=None, env=env):
             base, ours = [], []
             for index in range(args.runs):
                 base.append(timed(g(runc) + ["create", "--bundle", bundle_base, f"b{index}"], env))
@@ -114,8 +122,13 @@ def main():
         subprocess.run(g(shim) + ["create", "--bundle", requesting, "warm"], env=env, check=True)
         subprocess.run(g(runc) + ["delete", "--force", "warm"], env=env, check=True)
         results.append(summary("create, 1 CDI device", *create_pair(injected, requesting, restore=pristine)))
+        results.append(summary("create, 1 CDI device, resident process",
+                               *create_pair(injected, requesting, restore=pristine, env=resident_env)))
         print(json.dumps(results, indent=2))
     finally:
+        if server:
+            server.terminate()
+            server.wait()
         subprocess.run(["runc", "--root", state_root, "list", "-q"], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
 

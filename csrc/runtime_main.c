@@ -501,15 +501,17 @@ static int try_resident(const struct settings *set, int argc, char **argv)
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
-            why = errno; /* even with nothing read: a late answer could still start the work */
+            why = errno;
         if (n <= 0)
             break;
         reply.len += (size_t)n;
         if (reply.len > (1u << 20))
             break;
     }
-    if ((reply.len == 0 && why == 0) || (reply.len > 0 && reply.data[0] == 'F'))
-        return -1; /* closed or declined before touching anything */
+    /* Nothing read means nothing touched (the work starts only after "A"), unless we timed
+     * out: then a late "A" could still start it, so that is a failure. */
+    if ((reply.len == 0 && why != EAGAIN) || (reply.len > 0 && reply.data[0] == 'F'))
+        return -1;
     reply.data[reply.len] = '\0';
     char *status_end = memchr(reply.data, '\0', reply.len);
     if (reply.len == 0 || reply.data[0] != 'A' || !status_end || status_end == reply.data + 1) {

@@ -90,14 +90,16 @@ def configure(engine, config_path, runtime_name, set_as_default, config_version,
 @runtime.command()
 @click.option("--socket", "socket_path", metavar="PATH",
               help="Where to listen (default: the config's resident-socket, /run/cdi-shim/runtime.sock).")
-def serve(socket_path):
+@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Worker processes; each prepares one container at a time.")
+def serve(socket_path, workers):
     """Run the resident process that prepares containers for cdi-shim-runtime.
 
     With it running, `create`/`run` of a container that requests devices costs a fork of this
-    warm process instead of an interpreter start (~10 ms less per GPU container). Without it,
+    warm worker instead of an interpreter start (~10 ms less per GPU container). Without it,
     cdi-shim-runtime starts the interpreter itself: same result, only slower. Each request runs
-    in its own child with the caller's environment, working directory and stderr. Runs in the
-    foreground until SIGTERM; meant for a systemd unit (contrib/cdi-shim-resident.service).
+    with the caller's environment, working directory, umask and stderr. Runs in the foreground
+    until SIGTERM; meant for a systemd unit (contrib/cdi-shim-resident.service).
     """
     from .config import ConfigError, load_config
     from .resident import ResidentError, serve as serve_forever
@@ -110,7 +112,7 @@ def serve(socket_path):
         if not socket_path:
             _fail('resident-socket is "" in the cdi-shim config: the resident process is turned off')
     try:
-        serve_forever(socket_path, ready=lambda path: click.echo(f"cdi-shim: serving on {path}", err=True))
+        serve_forever(socket_path, workers=workers, ready=lambda path: click.echo(f"cdi-shim: serving on {path}", err=True))
     except (OSError, ResidentError) as err:
         _fail(f"cannot serve on {socket_path}: {err}")
 

@@ -275,3 +275,56 @@ def test_parallel_creates_through_the_resident_process(resident_world):
         paths = [d["path"] for d in bundle.config()["linux"]["devices"]]
         assert f"/dev/nvidia{i % 2}" in paths and f"/dev/nvidia{1 - i % 2}" not in paths
         assert resident_world.state(bundle.id)["status"] == "created"
+
+
+def workers_of(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return {int(child) for child in f.read().split()}
+
+
+def wait_for(predicate, what, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_killed_worker_is_replaced(world):
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    server = start_server(world, socket_path)
+    try:
+        wait_for(lambda: len(workers_of(server.pid)) == 2, "two workers")
+        first = workers_of(server.pid)
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: victim not in workers_of(server.pid) and len(workers_of(server.pid)) == 2,
+                 "the killed worker was not replaced")
+        world.resident_socket = socket_path
+        log = debug_world(world)
+        for _ in range(4):  # both workers serve
+            bundle = world.bundle(annotations=GPU0)
+            result = world.shim("create", "--bundle", bundle.path, bundle.id)
+            assert result.returncode == 0, result.stderr
+        assert all(" in resident process " in line for line in served_lines(log))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    with open(os.path.join(world.base, "serve.log")) as f:
+        assert f"resident worker {victim} ended" in f.read()
+
+
+def test_workers_end_with_a_killed_server(world):
+    """No orphaned worker keeps serving the socket of a server that is gone."""
+    server = start_server(world, os.path.join(world.base, "run", "runtime.sock"))
+    wait_for(lambda: len(workers_of(server.pid)) == 2, "two workers")
+    workers = workers_of(server.pid)
+    server.kill()
+    server.wait()
+
+    def gone(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(") ")[1].startswith("Z")
+        except FileNotFoundError:
+            return True
+    wait_for(lambda: all(gone(pid) for pid in workers), f"workers {workers} outlived the server")
