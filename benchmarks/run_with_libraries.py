@@ -5,7 +5,9 @@ directory, with its own ld.so.cache made by ldconfig) plus busybox. The device's
 like `nvidia-ctk cdi generate` output, bind-mounts 30 gcc-built driver libraries (versioned
 file names, SONAME .so.1) and carries the toolkit's update-ldcache hook. cdi-shim-runtime
 computes the container's cache itself and drops the hook; plain runc runs the same image
-without the device. Both sides `run` /bin/true (create, start, wait, delete), alternately.
+without the device. Both sides `run` /bin/true (create, start, wait, delete), alternately; the
+shim once with the interpreter started per create and once through its resident process
+(`cdi-shim runtime serve`): runc, shim, runc, resident, ...
 
     .venv/bin/python benchmarks/run_with_libraries.py [--runs 30] [--libs 30]
 """
@@ -18,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import HOST_LIBDIR, link_host_libraries, timed
+from common import HOST_LIBDIR, link_host_libraries, start_resident, timed
 
 
 BIN = os.path.dirname(sys.executable)
@@ -99,10 +101,13 @@ def main():
         spec_dir = os.path.join(root, "specs")
         os.makedirs(spec_dir)
         write_spec(spec_dir, libraries, node)
-        settings = os.path.join(root, "config.toml")
-        with open(settings, "w") as out:
-            out.write(f'spec-dirs = ["{spec_dir}"]\n')
-        env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
+        envs = {}
+        for mode, sock in (("exec", "none.sock"), ("resident", "run/runtime.sock")):
+            settings = os.path.join(root, f"{mode}.toml")
+            with open(settings, "w") as out:
+                out.write(f'spec-dirs = ["{spec_dir}"]\nresident-socket = "{root}/{sock}"\n')
+            envs[mode] = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
+        server = start_resident(f"{root}/run/runtime.sock", envs["resident"])
         state = os.path.join(root, "state")
         # Each container gets its own copy of the image (hard links, timestamps kept), as a
         # containerd snapshot would give it: runc creates mount points inside the rootfs.
@@ -111,24 +116,30 @@ def main():
         gpu = bundle(root, "gpu", gpu_rootfs, {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
         pristine = open(os.path.join(gpu, "config.json"), "rb").read()
         shim = os.path.join(BIN, "cdi-shim-runtime")
-        base, ours = [], []
-        for index in range(args.runs + 1):
-            for copy in (plain_rootfs, gpu_rootfs):
-                shutil.rmtree(copy, ignore_errors=True)
-                subprocess.run(["cp", "-al", rootfs, copy], check=True)
-            with open(os.path.join(gpu, "config.json"), "wb") as out:
-                out.write(pristine)
-            b = timed(["runc", "--root", state, "run", "--bundle", plain, f"p{index}"], env)
-            o = timed([shim, "--root", state, "run", "--bundle", gpu, f"g{index}"], env)
-            if index:  # the first pair warms the registry cache, as any node's first GPU pod does
-                base.append(b)
-                ours.append(o)
+        times = {"exec": ([], []), "resident": ([], [])}
+        try:
+            for index in range(args.runs + 1):
+                for mode, (base, ours) in times.items():
+                    for copy in (plain_rootfs, gpu_rootfs):
+                        shutil.rmtree(copy, ignore_errors=True)
+                        subprocess.run(["cp", "-al", rootfs, copy], check=True)
+                    with open(os.path.join(gpu, "config.json"), "wb") as out:
+                        out.write(pristine)
+                    env = envs[mode]
+                    b = timed(["runc", "--root", state, "run", "--bundle", plain, f"p{mode}{index}"], env)
+                    o = timed([shim, "--root", state, "run", "--bundle", gpu, f"g{mode}{index}"], env)
+                    if index:  # the first pair warms the registry cache, as a node's first GPU pod does
+                        base.append(b)
+                        ours.append(o)
+        finally:
+            server.terminate()
+            server.wait()
         med = statistics.median
-        print(json.dumps({
-            "image_library_files": image_libs, "driver_libraries": args.libs, "runs": args.runs,
-            "runc_run_ms": round(med(base), 1), "shim_run_with_device_ms": round(med(ours), 1),
-            "median_paired_ratio": round(med(o / b for o, b in zip(ours, base)), 3),
-        }, indent=2))
+        result = {"image_library_files": image_libs, "driver_libraries": args.libs, "runs": args.runs}
+        for mode, (base, ours) in times.items():
+            result[mode] = {"runc_run_ms": round(med(base), 1), "shim_run_with_device_ms": round(med(ours), 1),
+                            "median_paired_ratio": round(med(o / b for o, b in zip(ours, base)), 3)}
+        print(json.dumps(result, indent=2))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

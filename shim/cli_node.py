@@ -155,7 +155,10 @@ def bench():
 @click.option("--plot", metavar="FILE.png", help="Draw the distributions (needs matplotlib).")
 @click.option("--json", "json_path", metavar="FILE", help="Write every measurement as JSON.")
 @click.option("--workdir", metavar="DIR", help="Parent of the private containerd's temp dir (default: $TMPDIR).")
-def pods(pairs, warmup, scenarios, plot, json_path, workdir):
+@click.option("--resident/--no-resident", default=True, show_default=True,
+              help="Run the runtime's resident process (cdi-shim runtime serve) as a node would; "
+                   "--no-resident measures an interpreter start per create instead.")
+def pods(pairs, warmup, scenarios, plot, json_path, workdir, resident):
     """Pod start-up through a private containerd: the cdi-shim handler against plain runc.
 
     Each pod: RunPodSandbox, CreateContainer, StartContainer, wait for exit, StopPodSandbox,
@@ -169,7 +172,7 @@ def pods(pairs, warmup, scenarios, plot, json_path, workdir):
         _fail(f"{err}: pip install 'cdi-shim[bench]'")
     try:
         result = podbench.run(pairs=pairs, warmup=warmup, scenarios=scenarios or None, workdir=workdir,
-                              log=lambda text: click.echo(text, err=True))
+                              log=lambda text: click.echo(text, err=True), resident=resident)
     except podbench.BenchError as err:
         _fail(str(err))
     click.echo(podbench.report(result))

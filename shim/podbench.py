@@ -13,15 +13,17 @@ Scenarios (A = the cdi-shim runtime's handler, B = the runc handler):
   straight to runc: its cost is one extra exec per runtime call);
 * one-device: A's container carries ``cdi.k8s.io/gpu: nvidia.com/gpu=0`` (a fake GPU node, an env
   var, one bind mount), B runs the pod without it;
-* device-30-libs: A asks for a device whose spec also bind-mounts 30 gcc-built driver libraries.
-  The linker-cache update for them (ld.so.cache) is not in the runtime yet, so this measures the
-  mounts only;
+* device-30-libs: A asks for a device whose spec also bind-mounts 30 gcc-built driver libraries
+  into the image's library directory; the runtime computes the container's ld.so.cache for them
+  and bind-mounts it (no hook, no ldconfig);
 * device-30-libs-vs-cri: the same A against a runc pod given the same node, env and 30 bind mounts
   through CRI fields: what runc itself costs for the device is then on both sides, and the ratio
   is cdi-shim's own cost.
 
 The runtime's own per-phase times come from its debug log (``log-level = "debug"``,
-``phase=<name> took=<ms>ms`` lines).
+``phase=<name> took=<ms>ms`` lines). By default the lab runs the runtime's resident process
+(`cdi-shim runtime serve`), as a node would; ``resident=False`` measures the path that starts
+an interpreter per create instead.
 """
 import importlib.util
 import json
@@ -59,7 +61,8 @@ class BenchError(Exception):
 
 
 def _phases_since(path, offset):
-    """Runtime phase times (ms) logged after byte `offset` of the runtime log; returns (phases, new offset)."""
+    """Runtime phase times (ms) logged after byte `offset` of the runtime log; returns (phases, new offset).
+    phases["resident"] counts the creates a resident process prepared."""
     if not path or not os.path.exists(path):
         return {}, offset
     with open(path, "rb") as stream:
@@ -70,6 +73,8 @@ def _phases_since(path, offset):
         match = _PHASE.search(line)
         if match:
             phases[match.group(1)] = phases.get(match.group(1), 0.0) + float(match.group(2))
+            if match.group(1) == "total" and " in resident process " in line:
+                phases["resident"] = phases.get("resident", 0) + 1
     return phases, offset + len(data)
 
 
@@ -81,7 +86,7 @@ def _tool_version(argv):
         return ""
 
 
-def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print):
+def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=True):
     """Run the benchmark; returns a JSON-able dict of every measurement."""
     scenarios = list(scenarios or DEFAULT_SCENARIOS)
     missing = [name for name in ("grpc", "grpc_tools", "google.protobuf") if importlib.util.find_spec(name) is None]
@@ -90,7 +95,7 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print):
                          "(pip install 'cdi-shim[bench]')")
     base = tempfile.mkdtemp(prefix="cdi-shim-podbench-", dir=workdir)
     try:
-        lab = Lab(base, runtime_log=True, log_level="debug")
+        lab = Lab(base, runtime_log=True, log_level="debug", resident=resident)
     except LabError as err:
         shutil.rmtree(base, ignore_errors=True)
         raise BenchError(str(err)) from None
@@ -98,7 +103,7 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print):
         "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pairs": pairs, "warmup": warmup,
                  "containerd": _tool_version([lab.containerd, "--version"]),
                  "runc": _tool_version([lab.runc, "--version"]), "kernel": platform.release(),
-                 "cpus": os.cpu_count(), "command": COMMAND},
+                 "cpus": os.cpu_count(), "command": COMMAND, "resident": resident},
         "scenarios": {},
     }
     try:
@@ -196,15 +201,17 @@ def summarize(scenario):
                        "paired_min": min(ratios) if ratios else float("nan"),
                        "paired_max": max(ratios) if ratios else float("nan")}
     phase_names = sorted({p for s in a for p in s["phases"]}, key=lambda p: PHASES.index(p) if p in PHASES else 99)
-    out["phases"] = {p: _median([s["phases"].get(p, 0.0) for s in a]) for p in phase_names}
+    out["phases"] = {p: _median([s["phases"].get(p, 0.0) for s in a]) for p in phase_names if p != "resident"}
     out["calls_with_phases"] = sum(1 for s in a if s["phases"])
+    out["resident_pods"] = sum(1 for s in a if s["phases"].get("resident"))
     return out
 
 
 def report(result):
     meta = result["meta"]
     lines = [f"pod start-up, {meta['pairs']} pairs per scenario ({meta['warmup']} warm-up), {meta['cpus']} CPUs, "
-             f"kernel {meta['kernel']}", f"  {meta['containerd']}", f"  {meta['runc'].splitlines()[0] if meta['runc'] else ''}"]
+             f"kernel {meta['kernel']}, resident process {'on' if meta.get('resident') else 'off'}",
+             f"  {meta['containerd']}", f"  {meta['runc'].splitlines()[0] if meta['runc'] else ''}"]
     if meta.get("load_before"):
         lines.append("  load average (1, 5, 15 min) before: " + ", ".join(f"{x:.2f}" for x in meta["load_before"])
                      + "; after: " + ", ".join(f"{x:.2f}" for x in meta.get("load_after", ())))
@@ -230,9 +237,10 @@ def report(result):
                          f"(paired median {s['startup']['paired_ratio']:.3f}x)")
         if s["phases"]:
             phases = ", ".join(f"{p} {v:.2f}" for p, v in s["phases"].items())
-            lines.append(f"  runtime phases (median ms per pod, Python path, {s['calls_with_phases']} pods): {phases}")
+            lines.append(f"  runtime phases (median ms per pod, Python path, {s['calls_with_phases']} pods, "
+                         f"{s['resident_pods']} prepared by the resident process): {phases}")
             cost = meta.get("python_path_ms")
-            if cost:
+            if cost and s["resident_pods"] < s["calls_with_phases"]:
                 lines.append(f"  before those phases: interpreter start {cost['interpreter']:.1f} ms + imports "
                              f"{cost['imports']:.1f} ms (measured apart, median of 15)")
         else:

@@ -180,7 +180,7 @@ class PodRun:
 
 
 class Lab:
-    def __init__(self, base, runtime_name=RUNTIME_NAME, log_level="info", runtime_log=False):
+    def __init__(self, base, runtime_name=RUNTIME_NAME, log_level="info", runtime_log=False, resident=False):
         if os.geteuid() != 0:
             raise LabError("a private containerd runs pods with runc and needs root")
         self.base = os.path.abspath(str(base))
@@ -201,6 +201,11 @@ class Lab:
         # socket in a short directory of its own, whatever the depth of BASE.
         self.socket_dir = tempfile.mkdtemp(prefix="cdi-cri.", dir="/tmp")
         self.socket = os.path.join(self.socket_dir, "c.sock")
+        # The runtime's resident process (`cdi-shim runtime serve`) when asked for; otherwise a
+        # path where nothing listens, so a server running on this machine changes nothing.
+        self.resident = resident
+        self.resident_socket = os.path.join(self.socket_dir, "r.sock" if resident else "no-resident.sock")
+        self.resident_process = None
         self.runc_root, self.logs, self.cni = p("runc"), p("logs"), p("cni")
         self.spec_dir, self.dev_dir, self.driver_dir = p("cdi"), p("dev"), p("driver")
         self.cache_dir, self.shim_config = p("cache"), p("cdi-shim.toml")
@@ -226,7 +231,8 @@ class Lab:
         return env
 
     def write_shim_config(self, **extra):
-        values = {"runtime": self.runc, "spec-dirs": [self.spec_dir], "log-level": self.log_level}
+        values = {"runtime": self.runc, "spec-dirs": [self.spec_dir], "log-level": self.log_level,
+                  "resident-socket": self.resident_socket}
         if self.runtime_log:
             values["log-file"] = self.runtime_log
         values.update(extra)
@@ -355,7 +361,23 @@ class Lab:
             raise LabError(f"ctr {' '.join(args)} failed: {out.stderr.strip()}")
         return out.stdout
 
+    def start_resident(self):
+        log = open(os.path.join(self.base, "resident.log"), "ab")
+        try:
+            self.resident_process = subprocess.Popen([self.cli, "runtime", "serve", "--socket", self.resident_socket],
+                                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                     env=self.env(), start_new_session=True)
+        finally:
+            log.close()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.resident_socket):
+            if self.resident_process.poll() is not None or time.monotonic() > deadline:
+                raise LabError("cdi-shim runtime serve did not start")
+            time.sleep(0.02)
+
     def start(self):
+        if self.resident and self.resident_process is None:
+            self.start_resident()
         log = open(self.containerd_log, "ab")
         try:
             self.process = subprocess.Popen([self.containerd, "--config", self.config], stdout=log,
@@ -455,6 +477,10 @@ class Lab:
                 self.process.kill()
                 self.process.wait(5)
         self.process = None
+        if self.resident_process is not None:
+            self.resident_process.terminate()
+            self.resident_process.wait(15)
+            self.resident_process = None
         self._kill_leftovers()
         self._unmount_leftovers()
         shutil.rmtree(self.socket_dir, ignore_errors=True)

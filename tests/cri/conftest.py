@@ -55,7 +55,8 @@ def cri_build_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory, cri_build_dir):
     """One private containerd for the session: runtimes runc, nvidia (cdi-shim) and nvidia-noallow
-    (cdi-shim without the container_annotations allow-list)."""
+    (cdi-shim without the container_annotations allow-list); the runtime's resident process runs,
+    as it would on a node (the interpreter-per-create path has the runc e2e tests)."""
     for name, package in (("containerd", "containerd"), ("ctr", "containerd"), ("runc", "runc"),
                           ("busybox", "busybox-static"), ("gcc", "gcc")):
         need(name, package)
@@ -64,7 +65,7 @@ def lab(tmp_path_factory, cri_build_dir):
     from shim.cri.lab import Lab, LabError
 
     base = tmp_path_factory.mktemp("lab")
-    the_lab = Lab(base, runtime_log=True, log_level="debug")
+    the_lab = Lab(base, runtime_log=True, log_level="debug", resident=True)
     try:
         the_lab.setup(extra_runtimes={"nvidia-noallow": ["container_annotations"]})
     except LabError as err:

@@ -48,6 +48,10 @@ def test_device_env_and_mount_reach_the_container(lab):
     assert cdi_annotations(run.container_spec) == REQUEST
     assert not run.container_spec["linux"].get("devices")
     assert injected_lines(lab, run.container_id)
+    # containerd-shim's calls reached the resident process (same mount namespace, our uid)
+    with open(lab.runtime_log) as stream:
+        totals = [line for line in stream if "phase=total" in line]
+    assert totals and all(" in resident process " in line for line in totals), totals
 
 
 def test_runc_handler_gives_nothing(lab):
@@ -136,9 +140,13 @@ def test_pod_benchmark_smoke(cri_build_dir, tmp_path):
     for name in ("no-device", "one-device", "device-30-libs", "device-30-libs-vs-cri"):
         assert f"\n{name}: " in out.stdout
     assert re.search(r"start-up target <= 1\.03x: (meets|MISSES) it", out.stdout)
-    assert "runtime phases (median ms per pod, Python path, 1 pods): config" in out.stdout
+    # the lab ran the resident process (the default), and it prepared every create that asked
+    assert "resident process on" in out.stdout
+    assert "runtime phases (median ms per pod, Python path, 1 pods, 1 prepared by the resident process): config" \
+        in out.stdout
     result = json.loads((tmp_path / "b.json").read_text())
     sample = result["scenarios"]["device-30-libs"]["A"][0]
+    assert sample["phases"]["resident"] == 1
     assert sample["startup"] > 0 and sample["lifecycle"] >= sample["startup"]
     assert set(sample["phases"]) >= {"config", "requests", "resolve", "apply", "write", "total"}
     assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []  # cleaned up
