@@ -237,7 +237,7 @@ def report(result):
                          f"(paired median {s['startup']['paired_ratio']:.3f}x)")
         if s["phases"]:
             phases = ", ".join(f"{p} {v:.2f}" for p, v in s["phases"].items())
-            lines.append(f"  runtime phases (median ms per pod, Python path, {s['calls_with_phases']} pods, "
+            lines.append(f"  runtime phases (median ms per pod, {s['calls_with_phases']} pods, "
                          f"{s['resident_pods']} prepared by the resident process): {phases}")
             cost = meta.get("python_path_ms")
             if cost and s["resident_pods"] < s["calls_with_phases"]:
