@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "dirents.h"
 #include "inroot.h"
 
 #ifndef SYS_openat2
@@ -373,49 +374,43 @@ int cds_write_at(int dirfd, const char *name, const uint8_t *data, size_t len, u
 
 long cds_list_dir(int dirfd, char **names, uint8_t **types, size_t *names_len)
 {
-    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    cleanup_dir DIR *dir = fdopendir(fd);
-    if (dir == NULL) {
-        close(fd);
+    struct cds_dirents dir;
+    if (cds_dirents_open(&dir, dirfd) < 0) {
+        cds_dirents_close(&dir);
         return -1;
     }
     size_t cap = 4096, used = 0, count = 0, type_cap = 256;
     cleanup_free char *buf = malloc(cap);
     cleanup_free uint8_t *kinds = malloc(type_cap);
-    if (buf == NULL || kinds == NULL)
-        return -1;
-    for (;;) {
-        errno = 0;
-        struct dirent *entry = readdir(dir);
-        if (entry == NULL) {
-            if (errno != 0)
-                return -1;
-            break;
-        }
-        if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0)
-            continue;
-        size_t n = strlen(entry->d_name) + 1;
+    long rc = buf == NULL || kinds == NULL ? -1 : 0;
+    const char *name;
+    unsigned char type;
+    while (rc == 0 && (rc = cds_dirents_next(&dir, &name, &type)) == 1) {
+        rc = -1;
+        size_t n = strlen(name) + 1;
         if (used + n > cap) {
             while (used + n > cap)
                 cap *= 2;
             char *grown = realloc(buf, cap);
             if (grown == NULL)
-                return -1;
+                break;
             buf = grown;
         }
         if (count == type_cap) {
             type_cap *= 2;
             uint8_t *grown = realloc(kinds, type_cap);
             if (grown == NULL)
-                return -1;
+                break;
             kinds = grown;
         }
-        memcpy(buf + used, entry->d_name, n);
+        memcpy(buf + used, name, n);
         used += n;
-        kinds[count++] = entry->d_type;
+        kinds[count++] = type;
+        rc = 0;
     }
+    cds_dirents_close(&dir);
+    if (rc < 0)
+        return -1;
     *names = cds_take_ptr(&buf);
     *types = cds_take_ptr(&kinds);
     *names_len = used;

@@ -60,8 +60,8 @@ int cds_open_host(const char *path);
 int cds_write_at(int dirfd, const char *name, const uint8_t *data, size_t len, uint32_t mode,
                  int sync);
 
-/* Directory listing: names and d_type values of the directory open at DIRFD (the
- * descriptor is not consumed), "." and ".." left out. NAMES is one buffer of NUL-separated
+/* Directory listing: names and d_type values of the directory open at DIRFD (O_RDONLY;
+ * read from its start, its offset is left at the end), "." and ".." left out. NAMES is one buffer of NUL-separated
  * names, TYPES one byte per name. Free both with cds_free. Returns the count or -1. */
 long cds_list_dir(int dirfd, char **names, uint8_t **types, size_t *names_len);
 

@@ -19,6 +19,7 @@
 
 #include "arena.h"
 #include "cleanup.h"
+#include "dirents.h"
 #include "elf.h"
 #include "inroot.h"
 #include "ldcache.h"
@@ -663,36 +664,26 @@ static int read_listing(struct cds_scan *s)
 {
     if (s->dirfd < 0 || s->extras_only)
         return 0;
-    int fd = openat(s->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    cleanup_dir DIR *dir = fdopendir(fd);
-    if (dir == NULL) {
-        close(fd);
-        return -1;
-    }
+    struct cds_dirents dir;
+    int rc = cds_dirents_open(&dir, s->dirfd);
     uint32_t cap = 0;
-    for (;;) {
-        errno = 0;
-        struct dirent *entry = readdir(dir);
-        if (entry == NULL) {
-            if (errno != 0)
-                return -1;
-            break;
-        }
-        if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0)
-            continue;
+    const char *entry;
+    unsigned char type;
+    while (rc == 0 && (rc = cds_dirents_next(&dir, &entry, &type)) == 1) {
+        rc = -1;
         if (grow((void **)&s->items, &cap, s->nitems + 1, sizeof *s->items) < 0)
-            return -1;
-        const char *name = cds_arena_strndup(&s->arena, entry->d_name, strlen(entry->d_name));
+            break;
+        const char *name = cds_arena_strndup(&s->arena, entry, strlen(entry));
         if (name == NULL)
-            return -1;
+            break;
         s->items[s->nitems++] = (struct item){
-            .name = name, .dtype = entry->d_type, .type = entry->d_type, .extra = -1,
+            .name = name, .dtype = type, .type = type, .extra = -1,
             .state = UNRESOLVED, .file = -1, .target = -1,
         };
+        rc = 0;
     }
-    return 0;
+    cds_dirents_close(&dir);
+    return rc < 0 ? -1 : 0;
 }
 
 static int add_extras(struct cds_scan *s, size_t nextras)

@@ -52,8 +52,8 @@ struct cds_skip {
 
 struct cds_scan;
 
-/* Read the directory open at DIRFD (O_RDONLY|O_DIRECTORY, not consumed; -1 for a directory
- * that exists only through EXTRAS). DIRPATH is its path in the tree at ROOTFD, for links
+/* Read the directory open at DIRFD (O_RDONLY|O_DIRECTORY, not closed; its offset is
+ * moved; -1 for a directory that exists only through EXTRAS). DIRPATH is its path in the tree at ROOTFD, for links
  * that point elsewhere. Returns 0 or -1 with errno. */
 int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const struct cds_extra *extras,
                  size_t nextras, const struct cds_scan_opts *opts, struct cds_scan **out);
