@@ -21,6 +21,7 @@
 #include "arena.h"
 #include "cleanup.h"
 #include "elf.h"
+#include "inroot.h"
 #include "ldcache.h"
 
 #define OLD_MAGIC "ld.so-1.7.0"
@@ -274,22 +275,22 @@ void cds_cache_free(struct cds_cache *c)
     free(c);
 }
 
-int cds_cache_parse(const uint8_t *data, size_t len, struct cds_cache **out, const char **why)
+/* Parse DATA (LEN bytes, malloc'd), which the new cache owns, or frees on failure. */
+static int parse_owned(uint8_t *data, size_t len, struct cds_cache **out, const char **why)
 {
     static const char *none = "";
     *why = none;
     *out = NULL;
-    if (len < OLD_HEADER)
+    if (len < OLD_HEADER) {
+        free(data);
         return fail(why, "file too short to be a cache", EINVAL);
+    }
     struct cds_cache *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        return fail(why, "out of memory", ENOMEM);
-    c->data = malloc(len);
-    if (c->data == NULL) {
-        free(c);
+    if (c == NULL) {
+        free(data);
         return fail(why, "out of memory", ENOMEM);
     }
-    memcpy(c->data, data, len);
+    c->data = data;
     c->len = len;
     int rc;
     if (memcmp(data, OLD_MAGIC, 11) == 0) {
@@ -308,6 +309,30 @@ int cds_cache_parse(const uint8_t *data, size_t len, struct cds_cache **out, con
     }
     *out = c;
     return 0;
+}
+
+int cds_cache_parse(const uint8_t *data, size_t len, struct cds_cache **out, const char **why)
+{
+    uint8_t *copy = malloc(len ? len : 1);
+    if (copy == NULL) {
+        *out = NULL;
+        return fail(why, "out of memory", ENOMEM);
+    }
+    memcpy(copy, data, len);
+    return parse_owned(copy, len, out, why);
+}
+
+int cds_cache_read_fd(int fd, size_t max, struct cds_cache **out, const char **why,
+                      struct cds_stat *st)
+{
+    static const char *none = "";
+    uint8_t *data;
+    size_t len;
+    *why = none;
+    *out = NULL;
+    if (cds_read_fd(fd, max, &data, &len, st) < 0)
+        return -1;
+    return parse_owned(data, len, out, why);
 }
 
 int cds_cache_format(const struct cds_cache *c) { return c->format; }

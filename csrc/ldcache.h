@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct cds_stat;
+
 enum {
     CDS_FORMAT_OLD = 0,       /* ld.so-1.7.0 only */
     CDS_FORMAT_NEW = 1,       /* glibc-ld.so.cache1.1 only (glibc >= 2.32's default) */
@@ -31,6 +33,11 @@ struct cds_cache;
 /* Parse LEN bytes (copied). On a malformed file returns -1 with errno EINVAL (EBADMSG for a
  * bad magic) and *WHY naming the defect. */
 int cds_cache_parse(const uint8_t *data, size_t len, struct cds_cache **out, const char **why);
+/* The same for the regular file open at FD, read straight into the cache (no copy): the
+ * refusals of cds_read_fd (EISDIR, EINVAL for what is not a regular file, EFBIG over MAX,
+ * *ST saying what it was; *WHY stays "") or those of cds_cache_parse. */
+int cds_cache_read_fd(int fd, size_t max, struct cds_cache **out, const char **why,
+                      struct cds_stat *st);
 void cds_cache_free(struct cds_cache *cache);
 int cds_cache_format(const struct cds_cache *cache);
 uint32_t cds_cache_count(const struct cds_cache *cache);

@@ -176,6 +176,22 @@ class _Parsed:
             raise LdcacheError(ffi.string(why[0]).decode() or os.strerror(ffi.errno))
         self.ptr = ffi.gc(out[0], lib.cds_cache_free)
 
+    @classmethod
+    def from_fd(cls, fd, what, limit):
+        """Read and parse the file open at FD in one step (the bytes are not copied)."""
+        out = ffi.new("struct cds_cache **")
+        why = ffi.new("const char **")
+        st = ffi.new("struct cds_stat *")
+        if lib.cds_cache_read_fd(fd, limit, out, why, st) != 0:
+            err = ffi.errno
+            text = ffi.string(why[0]).decode()
+            if text:
+                raise LdcacheError(f"{what}: {text}")
+            raise _read_error(what, err, st, limit)
+        self = cls.__new__(cls)
+        self.ptr = ffi.gc(out[0], lib.cds_cache_free)
+        return self, st.mtime_sec * 1000000000 + st.mtime_nsec
+
 
 def _decode(cstr):
     return os.fsdecode(ffi.string(cstr))
@@ -253,17 +269,21 @@ def _kind(mode):
     return "not a regular file"
 
 
+def _read_error(what, err, st, limit):
+    """The LdcacheError for cds_read_fd's refusal ERR (ST: what the file was)."""
+    if err == _EINVAL:
+        return LdcacheError(f"{what}: {_kind(st.mode)}, refused")
+    if err == _EFBIG:
+        return LdcacheError(f"{what}: {st.size} bytes, larger than the {limit} allowed")
+    return _os_error(what, err)
+
+
 def _read_fd(fd, what, limit, with_mtime=False):
     buf = ffi.new("uint8_t **")
     size = ffi.new("size_t *")
     st = ffi.new("struct cds_stat *")
     if lib.cds_read_fd(fd, limit, buf, size, st) != 0:
-        err = ffi.errno
-        if err == _EINVAL:
-            raise LdcacheError(f"{what}: {_kind(st.mode)}, refused")
-        if err == _EFBIG:
-            raise LdcacheError(f"{what}: {st.size} bytes, larger than the {limit} allowed")
-        raise _os_error(what, err)
+        raise _read_error(what, ffi.errno, st, limit)
     try:
         data = ffi.buffer(buf[0], size[0])[:]
     finally:
@@ -937,16 +957,15 @@ class _Scanner:
 
 def _read_image_cache(root):
     """(parsed, mtime_ns) of ROOT's /etc/ld.so.cache, or (None, reason)."""
+    fd = root.open(CACHE_PATH, os.O_RDONLY)
+    if fd < 0:
+        return None, f"{CACHE_PATH}: {os.strerror(root.errno)}"
     try:
-        data, mtime = root.read(CACHE_PATH, MAX_CACHE_SIZE)
-    except OSError as err:
-        return None, f"{CACHE_PATH}: {err.strerror}"
+        return _Parsed.from_fd(fd, CACHE_PATH, MAX_CACHE_SIZE)
     except LdcacheError as err:
         return None, str(err)
-    try:
-        return _Parsed(data), mtime
-    except LdcacheError as err:
-        return None, f"{CACHE_PATH}: {err}"
+    finally:
+        os.close(fd)
 
 
 def _is_musl(root, machine):
