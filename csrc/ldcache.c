@@ -462,6 +462,7 @@ struct istr {
     uint32_t offset;
     uint64_t key;                     /* the last 8 bytes, reversed, for sorting */
     uint32_t rank;                    /* where a cache we started from had it, or NO_RANK */
+    uint32_t hash;                    /* hash_bytes(), kept for growing the table */
 };
 
 #define NO_RANK UINT32_MAX
@@ -492,14 +493,23 @@ static uint32_t hash_bytes(const char *s, size_t len)
     return (uint32_t)h;
 }
 
-static int strtab_rehash(struct strtab *t)
+/* Make room for NEED strings in all (half the buckets used at most). */
+static int strtab_reserve(struct strtab *t, uint32_t need)
 {
-    uint32_t n = t->nbuckets ? t->nbuckets * 2 : 1024;
+    if (need > (1u << 28)) {
+        errno = ENOMEM;
+        return -1;
+    }
+    uint32_t n = t->nbuckets ? t->nbuckets : 1024;
+    while (n / 2 < need)
+        n *= 2;
+    if (n == t->nbuckets)
+        return 0;
     uint32_t *b = calloc(n, sizeof *b);
     if (b == NULL)
         return -1;
     for (uint32_t i = 0; i < t->count; i++) {
-        uint32_t slot = hash_bytes(t->items[i].s, t->items[i].len) & (n - 1);
+        uint32_t slot = t->items[i].hash & (n - 1);
         while (b[slot] != 0)
             slot = (slot + 1) & (n - 1);
         b[slot] = i + 1;
@@ -519,9 +529,10 @@ static long strtab_add(struct strtab *t, struct cds_arena *arena, const char *s,
         errno = ENAMETOOLONG;
         return -1;
     }
-    if ((t->count + 1) * 2 > t->nbuckets && strtab_rehash(t) < 0)
+    if ((t->count + 1) * 2 > t->nbuckets && strtab_reserve(t, t->count + 1) < 0)
         return -1;
-    uint32_t slot = hash_bytes(s, len) & (t->nbuckets - 1);
+    uint32_t hash = hash_bytes(s, len);
+    uint32_t slot = hash & (t->nbuckets - 1);
     while (t->buckets[slot] != 0) {
         struct istr *it = &t->items[t->buckets[slot] - 1];
         if (it->len == len && memcmp(it->s, s, len) == 0) {
@@ -532,7 +543,7 @@ static long strtab_add(struct strtab *t, struct cds_arena *arena, const char *s,
         slot = (slot + 1) & (t->nbuckets - 1);
     }
     if (t->count == t->cap) {
-        uint32_t cap = t->cap ? t->cap * 2 : 1024;
+        uint32_t cap = t->cap ? t->cap * 2 : (t->nbuckets / 2 > 1024 ? t->nbuckets / 2 : 1024);
         struct istr *items = realloc(t->items, cap * sizeof *items);
         if (items == NULL)
             return -1;
@@ -547,6 +558,7 @@ static long strtab_add(struct strtab *t, struct cds_arena *arena, const char *s,
     it->len = (uint32_t)len;
     it->offset = 0;
     it->rank = rank;
+    it->hash = hash;
     it->key = 0;
     for (uint32_t j = 0; j < 8; j++)
         it->key = it->key << 8 | (j < len ? (unsigned char)s[len - 1 - j] : 0u);
@@ -773,6 +785,10 @@ long cds_builder_add_cache(struct cds_builder *b, const struct cds_cache *c, con
         return -1;
     for (size_t i = 0; i < ndirs; i++)
         lens[i] = strlen(dirs[i]);
+    /* Every entry brings a path and a soname (most sonames are shared with no other): size
+     * the table once instead of growing it twice. */
+    if (strtab_reserve(&b->strings, b->strings.count + 2 * c->count) < 0)
+        return -1;
     for (uint32_t i = 0; i < c->count; i++) {
         const struct cds_cache_entry *e = &c->entries[i];
         const char *slash = strrchr(e->value, '/');
