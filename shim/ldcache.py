@@ -557,6 +557,7 @@ class _Extras:
         self.by_dir = {}            # directory identity -> [(name, host path)]
         self.children = {}          # directory identity -> {names of virtual subdirectories}
         self.paths = {}             # directory identity -> its path as the extras name it
+        located = {}                # driver files come 30 to a directory: locate it once
         for container_path, host_path in (extra or {}).items():
             container_path = os.fspath(container_path)
             if not container_path.startswith("/"):
@@ -564,7 +565,10 @@ class _Extras:
             parts = [p for p in container_path.split("/") if p not in ("", ".")]
             if not parts or ".." in parts:
                 raise LdcacheError(f"extra library path {container_path!r} is not a file path")
-            ident = _locate(root, parts[:-1])
+            where = tuple(parts[:-1])
+            ident = located.get(where)
+            if ident is None:
+                ident = located[where] = _locate(root, parts[:-1])
             self.by_dir.setdefault(ident, []).append((parts[-1], os.fspath(host_path)))
             self.paths.setdefault(ident, "/" + "/".join(parts[:-1]))
             while ident[0] == "v":
