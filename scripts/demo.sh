@@ -36,8 +36,21 @@ config["process"]["terminal"] = False
 config["process"]["args"] = ["sh", "-c", "ls -l /dev/nvidia0; env | grep NVIDIA; cat /driver/version"]
 json.dump(config, open(path, "w"))
 PY
+cp "$work/bundle/config.json" "$work/config.json.orig"
 echo "== cdi-shim cdi list"
 CDI_SHIM_CONFIG="$work/config.toml" .venv/bin/cdi-shim cdi list
 echo "== cdi-shim-runtime --device nvidia.com/gpu=0 run (injects, then execs runc)"
 CDI_SHIM_CONFIG="$work/config.toml" .venv/bin/cdi-shim-runtime --device nvidia.com/gpu=0 \
     run --bundle "$work/bundle" cdi-shim-demo
+
+echo "== the same through the resident process (cdi-shim runtime serve): no interpreter start"
+cp "$work/config.json.orig" "$work/bundle/config.json"     # the bundle as containerd would give it
+printf 'spec-dirs = ["%s"]\nresident-socket = "%s"\nlog-file = "%s"\nlog-level = "debug"\n' \
+    "$work/specs" "$work/run/runtime.sock" "$work/shim.log" > "$work/config.toml"
+CDI_SHIM_CONFIG="$work/config.toml" .venv/bin/cdi-shim runtime serve --socket "$work/run/runtime.sock" &
+server=$!
+trap 'kill $server 2>/dev/null; runc delete -f cdi-shim-demo >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+for _ in $(seq 300); do [ -S "$work/run/runtime.sock" ] && break; sleep 0.02; done
+CDI_SHIM_CONFIG="$work/config.toml" .venv/bin/cdi-shim-runtime --device nvidia.com/gpu=0 \
+    run --bundle "$work/bundle" cdi-shim-demo
+grep -o 'phase=total[^"]*' "$work/shim.log"
