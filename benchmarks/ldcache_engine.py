@@ -24,6 +24,9 @@ hook's run of ldconfig: it rescans every directory, writes, fsyncs), in two form
   incremental_extras  the same with the 30 driver files on the host, to be bind-mounted
                       into the image's library directory (as nvidia-ctk's specs do);
                       against ldconfig -r on a copy with the files in place
+  extras_resident     incremental_extras as a resident worker runs it: the host's driver
+                      files are remembered by stat identity (ldcache.remember_host_files),
+                      so each plan stats them instead of reading them
   plan_only           incremental without writing the file
   full                mode="full": every configured directory scanned, written to tmpfs
   cli                 `cdi-shim ldcache update --root R --folder F --output FILE`, a process
@@ -152,6 +155,13 @@ def measure(runs, driver_libs, tmpfs="/dev/shm"):
         def incremental_extras():
             ldcache.write_cache(fresh(), ldcache.plan_cache(image, [LIBDIR], extras))
 
+        def extras_resident():
+            ldcache.remember_host_files(True)
+            try:
+                ldcache.write_cache(fresh(), ldcache.plan_cache(image, [LIBDIR], extras))
+            finally:
+                ldcache.remember_host_files(False, forget=False)  # the other cases read
+
         def plan_only():
             ldcache.plan_cache(image, [FOLDER])
 
@@ -171,6 +181,7 @@ def measure(runs, driver_libs, tmpfs="/dev/shm"):
             "incremental": incremental,
             "incremental_disk": incremental_disk,
             "incremental_extras": incremental_extras,
+            "extras_resident": extras_resident,
             "plan_only": plan_only,
             "full": full,
             "cli": lambda: subprocess.run(cli, check=True, stdout=subprocess.DEVNULL),
@@ -194,8 +205,9 @@ def measure(runs, driver_libs, tmpfs="/dev/shm"):
         result = {"root_entries": entries, "driver_libs": driver_libs, "runs": runs, "tmpfs": tmpfs,
                   "ldconfig_ms": round(med(times["ldconfig"]), 3),
                   "ldconfig_i_ms": round(med(times["ldconfig_i"]), 3), "cases": []}
-        for name in ("incremental", "incremental_disk", "incremental_extras", "plan_only", "full", "cli", "bare"):
-            suffix = "_extras" if name == "incremental_extras" else ""
+        for name in ("incremental", "incremental_disk", "incremental_extras", "extras_resident", "plan_only",
+                     "full", "cli", "bare"):
+            suffix = "_extras" if name in ("incremental_extras", "extras_resident") else ""
             case = {"case": name, "ms": round(med(times[name]), 3)}
             for against in ("ldconfig", "ldconfig_i"):
                 theirs_times = times[against + suffix]

@@ -21,6 +21,7 @@
 #include "cleanup.h"
 #include "dirents.h"
 #include "elf.h"
+#include "hostmemo.h"
 #include "inroot.h"
 #include "ldcache.h"
 #include "scan.h"
@@ -757,6 +758,36 @@ static int soname_is_same_file(struct cds_scan *s, const struct dlib *d)
            && file->dev == chosen->dev && file->ino == chosen->ino;
 }
 
+/* Read the host file PATH into F through the memo (hostmemo.h): a stat when it is known
+ * unchanged; otherwise read, and kept when a stat after the read shows the same file. */
+static void read_host_file(struct file *f, const char *path, int target)
+{
+    struct stat before, after;
+    if (stat(path, &before) < 0) {
+        *f = (struct file){ .status = -errno, .soname = NULL };
+        return;
+    }
+    struct hostmemo_value v;
+    if (S_ISREG(before.st_mode) && hostmemo_lookup(path, &before, &v)) {
+        *f = (struct file){ .status = v.status, .flags = v.flags, .isa_level = v.isa_level,
+                            .soname = v.soname, .dev = (uint64_t)before.st_dev,
+                            .ino = (uint64_t)before.st_ino, .has_identity = 1 };
+        return;
+    }
+    int fd = cds_open_host(path);
+    if (fd < 0) {
+        *f = (struct file){ .status = -errno, .soname = NULL };
+        return;
+    }
+    read_file_into(f, fd, target, 1);
+    if (f->status >= 0 && fstat(fd, &after) == 0 && hostmemo_same(&before, &after)) {
+        v = (struct hostmemo_value){ .status = f->status, .flags = f->flags,
+                                     .isa_level = f->isa_level, .soname = f->soname };
+        hostmemo_store(path, &after, &v);
+    }
+    close(fd);
+}
+
 /* Read every regular file the loop will need, on a few threads for big directories. */
 struct prefetch {
     struct cds_scan *s;
@@ -779,6 +810,10 @@ static void *prefetch_worker(void *arg)
             continue;
         }
         struct file *f = &s->files[it->file];
+        if (it->extra >= 0 && hostmemo_enabled()) {
+            read_host_file(f, s->extras[it->extra].host_path, s->target);
+            continue;
+        }
         int fd = open_item(s, it);
         if (fd < 0) {
             *f = (struct file){ .status = -errno, .soname = NULL };

@@ -82,6 +82,16 @@ int cds_builder_add_scan(struct cds_builder *builder, const struct cds_scan *sca
  * Returns the previous setting. */
 int cds_scan_set_threads(int n);
 
+struct cds_memo_stats {
+    uint64_t hits, misses;
+    uint32_t entries;
+};
+/* Keep what reading host files given as extras gave, keyed by path and stat identity, and
+ * stat them instead of reading them again (for long-lived processes: the resident worker).
+ * ENABLE 1 turns it on, 0 off, -1 leaves it; FORGET drops what it holds; STATS (or NULL)
+ * gets the counters. Returns the previous setting. */
+int cds_scan_host_memo(int enable, int forget, struct cds_memo_stats *stats);
+
 /* ldconfig's path_hwcap(): the legacy hwcap bits of PATH's trailing components. */
 uint64_t cds_path_hwcap(int target, const char *path);
 /* ldconfig's is_hwcap_platform(): NAME is a legacy hwcap subdirectory name. */

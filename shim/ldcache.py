@@ -1198,6 +1198,23 @@ def plan_cache(root, folders=(), extra=None, **options):
     return plan(root, folders, extra, **options).cache
 
 
+def remember_host_files(enabled=True, forget=None):
+    """Keep what reading host files given as EXTRA gave (their SONAME and flags), keyed by
+    path and stat identity, and stat them instead of reading them on later plans in this
+    process. For long-lived processes (the resident worker): every GPU container mounts the
+    same driver files. Off by default; turning it off forgets everything unless FORGET is
+    False. Returns the previous setting."""
+    forget = not enabled if forget is None else forget
+    return bool(lib.cds_scan_host_memo(1 if enabled else 0, 1 if forget else 0, ffi.NULL))
+
+
+def host_memo_stats():
+    """(hits, misses, entries) of the host-file memo since the process started."""
+    stats = ffi.new("struct cds_memo_stats *")
+    lib.cds_scan_host_memo(-1, 0, stats)
+    return stats.hits, stats.misses, stats.entries
+
+
 # ---- writing -----------------------------------------------------------------------
 
 def write_cache(path, data, sync=False):

@@ -246,6 +246,9 @@ def warm_up():
 
     for name in _WARM_MODULES:
         importlib.import_module(name)
+    # Workers live long: let them stat the host's driver libraries instead of reading
+    # them again for every container (shim.ldcache.remember_host_files).
+    importlib.import_module("shim.ldcache").remember_host_files(True)
 
 
 def _spawn(listener, max_requests):
