@@ -6,14 +6,24 @@ root of ldcache_engine.py (which pairs the runs and gives the ratios in one tabl
   engine_incremental_extras  the same with the 30 driver files still on the host, to be
                              bind-mounted into the image's own library directory (the
                              toolkit's specs do that)
+  engine_extras_resident     engine_incremental_extras as a resident worker runs it (the host's
+                             driver files remembered by stat identity)
   engine_full                every configured directory scanned
-  ldconfig_process           `ldconfig -r` on the same root with the toolkit's drop-ins
+  ldconfig_process           `ldconfig -r` on the same root with the toolkit's drop-ins (its aux
+                             cache hits on every rerun: ldconfig's best case)
+  ldconfig_process_fresh     `ldconfig -i -r`: ignoring the aux cache, as in a new container
+                             (other inodes, devices and ctimes than the image's aux cache has)
+
+Our cache files go to tmpfs (/dev/shm), as the runtime's go to the bundle directory under
+/run on a node.
 
     .venv/bin/python -m pytest benchmarks/test_ldcache_benchmark.py --benchmark-enable -p no:cacheprovider
 """
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -29,7 +39,9 @@ def roots(tmp_path_factory):
     image, theirs, entries = bench.make_root(base)
     assert entries > 540
     extras = bench.host_driver(base)
-    return image, theirs, extras, os.path.join(base, "out.cache")
+    out_dir = tempfile.mkdtemp(prefix="cdi-shim-ldcache-out.", dir="/dev/shm")
+    yield image, theirs, extras, os.path.join(out_dir, "out.cache")
+    shutil.rmtree(out_dir, ignore_errors=True)
 
 
 def _fresh(out):
@@ -54,6 +66,17 @@ def test_engine_incremental_extras(benchmark, roots):
                        setup=_fresh(out), rounds=500, warmup_rounds=20)
 
 
+def test_engine_extras_resident(benchmark, roots):
+    image, _, extras, out = roots
+    folders = [bench.LIBDIR]
+    previous = ldcache.remember_host_files(True)
+    try:
+        benchmark.pedantic(lambda: ldcache.write_cache(out, ldcache.plan_cache(image, folders, extras)),
+                           setup=_fresh(out), rounds=500, warmup_rounds=20)
+    finally:
+        ldcache.remember_host_files(previous)
+
+
 def test_engine_full(benchmark, roots):
     image, _, _, out = roots
     benchmark.pedantic(
@@ -64,4 +87,10 @@ def test_engine_full(benchmark, roots):
 def test_ldconfig_process(benchmark, roots):
     _, theirs, _, _ = roots
     benchmark.pedantic(lambda: subprocess.run([bench.LDCONFIG, "-r", theirs], check=True),
+                       rounds=100, warmup_rounds=5)
+
+
+def test_ldconfig_process_fresh(benchmark, roots):
+    _, theirs, _, _ = roots
+    benchmark.pedantic(lambda: subprocess.run([bench.LDCONFIG, "-i", "-r", theirs], check=True),
                        rounds=100, warmup_rounds=5)
