@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import LDCONFIG, elfgen
+from ldcache_helpers import LDCONFIG, elfgen
 from shim import ldcache
 from shim._native import ffi, lib
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import (elfgen, fake_driver, build_library, generator_of, listing, roots,
+from ldcache_helpers import (elfgen, fake_driver, build_library, generator_of, listing, roots,
                       strip_generator, toolkit_ldconfig)
 from shim import ldcache
 

@@ -3,7 +3,7 @@ import struct
 
 import pytest
 
-from conftest import listing
+from ldcache_helpers import listing
 from shim import ldcache
 from shim._native import ffi, lib
 

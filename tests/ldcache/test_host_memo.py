@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import build_library, fake_driver, generator_of, roots, toolkit_ldconfig
+from ldcache_helpers import build_library, fake_driver, generator_of, roots, toolkit_ldconfig
 from shim import ldcache
 from test_equivalence import assert_equivalent
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import Untouched, build_library, elfgen, listing
+from ldcache_helpers import Untouched, build_library, elfgen, listing
 from shim import ldcache
 
 LIB = "usr/lib/x86_64-linux-gnu"

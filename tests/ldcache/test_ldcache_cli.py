@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import LDCONFIG, fake_driver, listing, roots, strip_generator, toolkit_ldconfig
+from ldcache_helpers import LDCONFIG, fake_driver, listing, roots, strip_generator, toolkit_ldconfig
 from shim import ldcache
 
 CDI_SHIM = os.path.join(os.path.dirname(sys.executable), "cdi-shim")

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import GCC, build_library, fake_driver, require
+from ldcache_helpers import GCC, build_library, fake_driver, require
 from shim import ldcache
 
 FOLDER = "/usr/local/nvidia/lib"
@@ -137,7 +137,7 @@ def test_without_our_cache_the_program_does_not_start(setup):
 
 def test_debian_image_with_driver(setup, debian_root, tmp_path):
     """The same in the debootstrap'ed Debian 12 image (its own cache, ~100 libraries)."""
-    from conftest import roots
+    from ldcache_helpers import roots
     base, _rootfs, driver = setup
     rootfs = roots.copy_tree(debian_root, str(tmp_path / "rootfs"))
     os.makedirs(os.path.join(rootfs, FOLDER.lstrip("/")))
