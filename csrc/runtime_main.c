@@ -454,8 +454,8 @@ static int try_resident(const struct settings *set, int argc, char **argv)
     char cwd[4096], field[32], message[8192];
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
 
-    if (!set->socket[0])
-        return -1;
+    if (!set->socket[0] || !getcwd(cwd, sizeof(cwd)))
+        return -1; /* (a deleted working directory: the interpreter copes with it) */
     strcpy(addr.sun_path, set->socket);
     __attribute__((cleanup(close_fd))) int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0)
@@ -468,8 +468,6 @@ static int try_resident(const struct settings *set, int argc, char **argv)
         fprintf(stderr, "%s\n", message);
         return -1;
     }
-    if (!getcwd(cwd, sizeof(cwd)))
-        return -1;
     mode_t mask = umask(0);
     umask(mask);
     __attribute__((cleanup(free_bytes))) struct bytes body = {0};

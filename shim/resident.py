@@ -117,13 +117,15 @@ class _CallerContext:
         self.request = request
 
     def __enter__(self):
+        """Raises OSError (with the worker's own state back in place) when the caller's
+        cannot be set up, e.g. its working directory is gone."""
         request = self.request
         sys.stderr.flush()
+        os.chdir(request.cwd)       # first: the step that can fail for the caller's reasons
         self.saved_env = dict(os.environ)
+        self.saved_umask = os.umask(request.umask)
         self.saved_stderr = os.dup(2)
         os.dup2(request.stderr_fd, 2)
-        os.chdir(request.cwd)
-        self.saved_umask = os.umask(request.umask)
         os.environ.clear()
         os.environ.update(request.env)
         return self
@@ -158,12 +160,21 @@ def handle(conn):
         if request.version != __version__ or not _same_place(pid):
             conn.sendall(b"F")
             return
-        conn.sendall(b"A")
-        with _CallerContext(request):
+        context = _CallerContext(request)
+        try:
+            context.__enter__()
+        except OSError:
+            os.chdir("/")
+            conn.sendall(b"F")      # nothing touched: the interpreter path will say what is wrong
+            return
+        try:
+            conn.sendall(b"A")
             try:
                 status, exec_argv = decide(request.argv, f" in resident process {os.getpid()}")
             except Exception:  # noqa: BLE001 - decide has reported it; the caller must fail
                 status, exec_argv = 1, None
+        finally:
+            context.__exit__(None, None, None)
         reply = b"%d\0" % status
         if status == 0:
             reply += b"".join(os.fsencode(arg) + b"\0" for arg in exec_argv)

@@ -11,6 +11,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -328,3 +329,23 @@ def test_workers_end_with_a_killed_server(world):
         except FileNotFoundError:
             return True
     wait_for(lambda: all(gone(pid) for pid in workers), f"workers {workers} outlived the server")
+
+
+def test_caller_whose_working_directory_is_gone_falls_back(resident_world):
+    """A caller without a working directory cannot hand it over: the front end does not ask
+    the resident process, and the interpreter (which needs no cwd for an absolute bundle
+    path) does the work. (A worker that cannot enter a caller's cwd declines the same way.)"""
+    log = debug_world(resident_world)
+    bundle = resident_world.bundle(annotations=GPU0)
+    gone = os.path.join(resident_world.base, "gone")
+    os.makedirs(gone)
+    script = (f"import os, sys; os.chdir({gone!r}); os.rmdir({gone!r}); "
+              f"os.execv(sys.argv[1], sys.argv[1:])")
+    resident_world.created.append(bundle.id)
+    result = rh.run_captured([sys.executable, "-c", script, resident_world.runtime, "--root",
+                              resident_world.runc_root, "create", "--bundle", bundle.path, bundle.id],
+                             env=resident_world.env())
+    assert result.returncode == 0, result.stderr
+    assert resident_world.state(bundle.id)["status"] == "created"
+    lines = served_lines(log)
+    assert len(lines) == 1 and "resident" not in lines[0], lines
