@@ -1,11 +1,11 @@
 """The resident process: `create`/`run` preparation without an interpreter start per container.
 
-Starting Python costs ~8-12 ms on every GPU container create; the work itself is ~2 ms. The
+Starting Python costs ~8-12 ms on every GPU container create; the work itself is ~1-2 ms. The
 resident process (`cdi-shim runtime serve`, run by systemd) imports everything once and forks
-a child per request, so each create gets a fresh process with the caller's environment,
-working directory, umask and stderr, and runs exactly the code the exec'd interpreter would
-(`shim.runtime.decide`). The caller, the native front end, then execs runc itself, so runc
-keeps containerd's pid, stdio and fds.
+a few long-lived workers; a worker serves one request at a time with the caller's
+environment, working directory, umask and stderr in place (its own restored afterwards) and
+runs exactly the code the exec'd interpreter would (`shim.runtime.decide`). The caller, the
+native front end, then execs runc itself, so runc keeps containerd's pid, stdio and fds.
 
 Protocol, one request per connection on a unix stream socket (mode 0600 in a 0700 directory):
 
@@ -17,8 +17,9 @@ Protocol, one request per connection on a unix stream socket (mode 0600 in a 070
                         b"A": accepted, the work starts; then "<status>\\0" and, when status
                         is 0, the argv to exec, NUL-terminated fields
 
-A front end that cannot connect, or reads nothing at all, falls back to the interpreter; one
-that got "A" but no status reports the failure (config.json may or may not have been written).
+A front end that cannot connect, or whose connection closes before a byte comes back, falls
+back to the interpreter. One that got "A" but no status, or timed out waiting (a late "A"
+could still start the work), reports the failure: config.json may or may not be written.
 """
 import gc
 import os
@@ -33,7 +34,7 @@ from cdi import __version__
 MAGIC = b"CDSHIM1\0"
 MAX_REQUEST = 4 << 20
 DEFAULT_SOCKET = "/run/cdi-shim/runtime.sock"
-# The modules a create can need, imported once in the server so children start warm.
+# The modules a create can need, imported once in the server so its workers start warm.
 _WARM_MODULES = ("shim.runtime", "cdi.registry", "cdi.container_edits", "shim.linker",
                  "shim.ldcache", "cdi.spec", "yaml")
 
