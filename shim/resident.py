@@ -194,20 +194,10 @@ def _die_with(parent):
         os._exit(0)
 
 
-def _worker(listener, max_requests, parent):
+def _worker(listener, max_requests, parent, busy, stopping):
     """Accept and serve requests one at a time; exits after MAX_REQUESTS (bounds any leak),
-    on SIGTERM once the request in hand is answered, and on any unexpected error (its state
-    is then in doubt; the server starts a fresh worker)."""
-    busy, stopping = [False], [False]
-
-    def stop(signum, frame):
-        if not busy[0]:
-            os._exit(0)
-        stopping[0] = True
-
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops us with SIGTERM
-    signal.signal(signal.SIGTERM, stop)
+    on SIGTERM once the request in hand is answered (see _spawn), and on any unexpected error
+    (its state is then in doubt; the server starts a fresh worker)."""
     _die_with(parent)
     os.chdir("/")
     for _ in range(max_requests):
@@ -263,21 +253,69 @@ def warm_up():
     importlib.import_module("shim.ldcache").remember_host_files(True)
 
 
-def _spawn(listener, max_requests):
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def _spawn(listener, max_requests, pool):
+    """Fork a worker and add it to POOL. The stop signals stay blocked from before the fork
+    until the worker has its own handlers (one that arrived in between would otherwise be
+    lost in the child: CPython forgets signals caught but not yet handled when it forks) and
+    until the server has the pid in POOL (so a stop cannot leave a worker unknown)."""
     parent = os.getpid()
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        status = 1
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                busy, stopping = [False], [False]
+
+                def stop(signum, frame):
+                    if not busy[0]:
+                        os._exit(0)
+                    stopping[0] = True
+
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops us with SIGTERM
+                signal.signal(signal.SIGTERM, stop)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                _worker(listener, max_requests, parent, busy, stopping)
+                status = 0
+            except BaseException as err:  # noqa: BLE001 - report, then a fresh worker takes over
+                _complain(f"resident worker {os.getpid()} failed: {type(err).__name__}: {err}")
+            finally:
+                os._exit(status)
+        pool.add(pid)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _stop_workers(pool, grace=10.0):
+    """SIGTERM every worker, wait for them (a busy one finishes its request), SIGKILL the
+    ones still there after GRACE seconds."""
+    for pid in pool:
         try:
-            _worker(listener, max_requests, parent)
-            status = 0
-        except BaseException as err:  # noqa: BLE001 - report, then a fresh worker takes over
-            _complain(f"resident worker {os.getpid()} failed: {type(err).__name__}: {err}")
-        finally:
-            os._exit(status)
-    return pid
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    left = set(pool)
+    while left:
+        for pid in list(left):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done == pid:
+                left.discard(pid)
+        if left and time.monotonic() > deadline:
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            deadline = float("inf")
+        if left:
+            time.sleep(0.01)
 
 
 def serve(path=DEFAULT_SOCKET, ready=None, workers=2, max_requests=10000):
@@ -288,20 +326,19 @@ def serve(path=DEFAULT_SOCKET, ready=None, workers=2, max_requests=10000):
     fresh fork pays a copy-on-write fault for every page it touches (~500 faults, ~2.5 ms on
     these VMs); a warm worker prepares a container in ~1 ms.
     """
-    warm_up()
-    gc.freeze()  # the imported modules stay shared with the workers; the GC never walks them
-    listener = _listen(path)
-    bound = os.stat(path).st_ino
-
     def stop(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    warm_up()
+    gc.freeze()  # the imported modules stay shared with the workers; the GC never walks them
+    listener = _listen(path)
+    bound = os.stat(path).st_ino
     pool = set()
     try:
         for _ in range(workers):
-            pool.add(_spawn(listener, max_requests))
+            _spawn(listener, max_requests, pool)
         if ready:
             ready(path)
         while True:
@@ -311,17 +348,12 @@ def serve(path=DEFAULT_SOCKET, ready=None, workers=2, max_requests=10000):
                 if status != 0:
                     _complain(f"resident worker {pid} ended with status {status:#x}; starting another")
                     time.sleep(0.1)  # a worker that dies at once must not make this loop spin
-                pool.add(_spawn(listener, max_requests))
+                _spawn(listener, max_requests, pool)
     except KeyboardInterrupt:
         pass
     finally:
         listener.close()
-        for pid in pool:
-            try:
-                os.kill(pid, signal.SIGTERM)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
+        _stop_workers(pool)
         try:
             if os.stat(path).st_ino == bound:  # not replaced by a newer server
                 os.unlink(path)

@@ -103,6 +103,29 @@ def test_sigterm_removes_the_socket(world):
     assert not os.path.exists(socket_path)
 
 
+def test_sigterm_at_any_moment_stops_cleanly(world):
+    """SIGTERM while the workers are being forked (right after the socket appears) or just
+    after: the server and every worker end, exit 0 and the socket is gone. (A stop signal
+    caught between fork and the worker's own handlers used to be lost: the server then
+    waited for that worker forever.)"""
+    cli = os.path.join(rh.VENV_BIN, "cdi-shim")
+    for attempt in range(24):
+        socket_path = os.path.join(world.base, f"run{attempt}", "runtime.sock")
+        process = subprocess.Popen([cli, "runtime", "serve", "--socket", socket_path],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=world.env())
+        deadline = time.monotonic() + 30
+        while not os.path.exists(socket_path):  # spin: the moment it appears, workers are forked
+            assert process.poll() is None and time.monotonic() < deadline, "serve did not start"
+        time.sleep((attempt % 4) * 0.001)
+        process.terminate()
+        try:
+            assert process.wait(timeout=30) == 0, f"attempt {attempt}"
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise AssertionError(f"attempt {attempt}: the server did not stop on SIGTERM") from None
+        assert not os.path.exists(socket_path), f"attempt {attempt}"
+
+
 def test_serve_refuses_a_directory_others_can_write(world):
     directory = os.path.join(world.base, "open")
     os.makedirs(directory)
