@@ -35,22 +35,33 @@ def read_regular_file(path, limit, follow_links=True):
         os.close(fd)
 
 
-def write_file_atomic(path, data, mode=0o644, prefix=".tmp.", sync=False):
+def write_file_atomic(path, data, mode=0o644, prefix=".tmp.", sync=False, temp_name=None):
     """Replace PATH with DATA: a temp file beside it (never a partial file at PATH), renamed over it.
 
     Concurrent writers each leave a whole file; the last rename wins. SYNC fsyncs before the
-    rename. On failure the temp file is removed and the error raised.
+    rename. TEMP_NAME names the temp file, for callers that must recognise a killed writer's
+    leftover later (it must not exist; it is never followed if it is a link); otherwise the
+    name is random, starting with PREFIX. On failure the temp file is removed and the error
+    raised.
     """
-    import tempfile
+    directory = os.path.dirname(os.path.abspath(path))
+    if temp_name is None:
+        import tempfile
 
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+    else:
+        tmp = os.path.join(directory, temp_name)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode & 0o7777)
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, mode & 0o7777)
             if sync:
-                out.flush()
-                os.fsync(out.fileno())
-        os.chmod(tmp, mode)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.rename(tmp, path)
     except BaseException:
         try:

@@ -2,7 +2,7 @@
 import errno
 import os
 
-from cdi.safeio import UnsafeFile, read_regular_file
+from cdi.safeio import UnsafeFile, read_regular_file, write_file_atomic
 
 from . import fastjson
 
@@ -79,24 +79,6 @@ def write_config(bundle, config, mode):
     A writer killed mid-way leaves config.json whole (old or new) and at most its temp file,
     which the next writer in that bundle removes.
     """
-    path = config_path(bundle)
     data = fastjson.dumps(config).encode()
     _remove_stale_temps(bundle)
-    tmp = os.path.join(bundle, f"{_TEMP_PREFIX}{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode & 0o7777)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, mode & 0o7777)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_file_atomic(config_path(bundle), data, mode, sync=True, temp_name=f"{_TEMP_PREFIX}{os.getpid()}")
