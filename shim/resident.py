@@ -21,6 +21,7 @@ A front end that cannot connect, or whose connection closes before a byte comes 
 back to the interpreter. One that got "A" but no status, or timed out waiting (a late "A"
 could still start the work), reports the failure: config.json may or may not be written.
 """
+import errno
 import gc
 import os
 import signal
@@ -201,7 +202,12 @@ def _worker(listener, max_requests, parent, busy, stopping):
     _die_with(parent)
     os.chdir("/")
     for _ in range(max_requests):
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except OSError as err:
+            if err.errno == errno.EINVAL:  # the server shut the socket down: stop
+                return
+            raise
         busy[0] = True
         with conn:
             try:
@@ -254,67 +260,65 @@ def warm_up():
 
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+# The server takes these synchronously (sigwaitinfo), so they stay blocked in it: a Python
+# handler that raises can be lost around fork() (seen here: a SIGTERM during start-up that
+# never ran its handler, the server then waiting forever).
+_SERVER_SIGNALS = _STOP_SIGNALS | {signal.SIGCHLD}
 
 
-def _spawn(listener, max_requests, pool):
-    """Fork a worker and add it to POOL. The stop signals stay blocked from before the fork
-    until the worker has its own handlers (one that arrived in between would otherwise be
-    lost in the child: CPython forgets signals caught but not yet handled when it forks) and
-    until the server has the pid in POOL (so a stop cannot leave a worker unknown)."""
+def _spawn(listener, max_requests, pool, mask):
+    """Fork a worker and add it to POOL. The worker inherits the server's blocked signals
+    and restores MASK (the mask from before serve) only once it has its own handlers, so a
+    SIGTERM sent to it early waits for them instead of being lost."""
     parent = os.getpid()
     sys.stdout.flush()
     sys.stderr.flush()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        pid = os.fork()
-        if pid == 0:
-            status = 1
-            try:
-                busy, stopping = [False], [False]
-
-                def stop(signum, frame):
-                    if not busy[0]:
-                        os._exit(0)
-                    stopping[0] = True
-
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops us with SIGTERM
-                signal.signal(signal.SIGTERM, stop)
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                _worker(listener, max_requests, parent, busy, stopping)
-                status = 0
-            except BaseException as err:  # noqa: BLE001 - report, then a fresh worker takes over
-                _complain(f"resident worker {os.getpid()} failed: {type(err).__name__}: {err}")
-            finally:
-                os._exit(status)
-        pool.add(pid)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-def _stop_workers(pool, grace=10.0):
-    """SIGTERM every worker, wait for them (a busy one finishes its request), SIGKILL the
-    ones still there after GRACE seconds."""
-    for pid in pool:
+    pid = os.fork()
+    if pid == 0:
+        status = 1
         try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+            busy, stopping = [False], [False]
+
+            def stop(signum, frame):
+                if not busy[0]:
+                    os._exit(0)
+                stopping[0] = True
+
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops us with SIGTERM
+            signal.signal(signal.SIGTERM, stop)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            _worker(listener, max_requests, parent, busy, stopping)
+            status = 0
+        except BaseException as err:  # noqa: BLE001 - report, then a fresh worker takes over
+            _complain(f"resident worker {os.getpid()} failed: {type(err).__name__}: {err}")
+        finally:
+            os._exit(status)
+    pool.add(pid)
+
+
+def _stop_workers(listener, pool, grace=10.0):
+    """Shut the listening socket down, which ends every worker's accept (EINVAL): idle ones
+    exit at once, busy ones after answering. No signal is involved, so none can be lost.
+    Workers still there after GRACE seconds get SIGKILL."""
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    listener.close()
     deadline = time.monotonic() + grace
-    left = set(pool)
-    while left:
-        for pid in list(left):
+    while pool:
+        for pid in list(pool):
             try:
                 done, _ = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 done = pid
             if done == pid:
-                left.discard(pid)
-        if left and time.monotonic() > deadline:
-            for pid in left:
+                pool.discard(pid)
+        if pool and time.monotonic() > deadline:
+            for pid in pool:
                 os.kill(pid, signal.SIGKILL)
             deadline = float("inf")
-        if left:
+        if pool:
             time.sleep(0.01)
 
 
@@ -326,36 +330,41 @@ def serve(path=DEFAULT_SOCKET, ready=None, workers=2, max_requests=10000):
     fresh fork pays a copy-on-write fault for every page it touches (~500 faults, ~2.5 ms on
     these VMs); a warm worker prepares a container in ~1 ms.
     """
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    warm_up()
-    gc.freeze()  # the imported modules stay shared with the workers; the GC never walks them
-    listener = _listen(path)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SERVER_SIGNALS)
+    try:
+        warm_up()
+        gc.freeze()  # the imported modules stay shared with the workers; the GC never walks them
+        listener = _listen(path)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
     bound = os.stat(path).st_ino
     pool = set()
     try:
         for _ in range(workers):
-            _spawn(listener, max_requests, pool)
+            _spawn(listener, max_requests, pool, mask)
         if ready:
             ready(path)
         while True:
-            pid, status = os.wait()
-            if pid in pool:
-                pool.discard(pid)
-                if status != 0:
-                    _complain(f"resident worker {pid} ended with status {status:#x}; starting another")
-                    time.sleep(0.1)  # a worker that dies at once must not make this loop spin
-                _spawn(listener, max_requests, pool)
-    except KeyboardInterrupt:
-        pass
+            # Reap every worker that ended, then wait for the next signal: a worker ending
+            # in between leaves SIGCHLD pending, so nothing is missed.
+            while pool:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                if pid in pool:
+                    pool.discard(pid)
+                    if status != 0:
+                        _complain(f"resident worker {pid} ended with status {status:#x}; starting another")
+                        time.sleep(0.1)  # a worker that dies at once must not make this loop spin
+                    _spawn(listener, max_requests, pool, mask)
+            if signal.sigwaitinfo(_SERVER_SIGNALS).si_signo in _STOP_SIGNALS:
+                break
     finally:
-        listener.close()
-        _stop_workers(pool)
+        _stop_workers(listener, pool)
         try:
             if os.stat(path).st_ino == bound:  # not replaced by a newer server
                 os.unlink(path)
         except OSError:
             pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)

@@ -105,9 +105,8 @@ def test_sigterm_removes_the_socket(world):
 
 def test_sigterm_at_any_moment_stops_cleanly(world):
     """SIGTERM while the workers are being forked (right after the socket appears) or just
-    after: the server and every worker end, exit 0 and the socket is gone. (A stop signal
-    caught between fork and the worker's own handlers used to be lost: the server then
-    waited for that worker forever.)"""
+    after: the server and every worker end, exit 0 and the socket is gone. (A SIGTERM whose
+    Python handler never ran, around fork, used to leave the server waiting forever.)"""
     cli = os.path.join(rh.VENV_BIN, "cdi-shim")
     for attempt in range(24):
         socket_path = os.path.join(world.base, f"run{attempt}", "runtime.sock")
