@@ -11,7 +11,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Headers in dependency order: their declarations are the cffi surface.
 HEADERS = ["native.h", "inroot.h", "elf.h", "ldcache.h", "scan.h"]
-SOURCES = ["native.c", "inroot.c", "elf.c", "ldcache.c", "scan.c", "hostmemo.c"]
+SOURCES = ["native.c", "inroot.c", "elf.c", "ldcache.c", "scan.c", "filememo.c"]
 
 
 def _cdef_text():

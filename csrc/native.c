@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -22,4 +23,12 @@ int cds_have_openat2(void)
         return 1;
     }
     return errno != ENOSYS;
+}
+
+void cds_keep_freed_heap(size_t bytes)
+{
+    /* Fixed thresholds (glibc then stops adapting them): blocks under BYTES come from the
+     * heap, and up to BYTES of freed heap stay mapped. */
+    mallopt(M_MMAP_THRESHOLD, (int)bytes);
+    mallopt(M_TRIM_THRESHOLD, (int)bytes);
 }

@@ -21,7 +21,7 @@
 #include "cleanup.h"
 #include "dirents.h"
 #include "elf.h"
-#include "hostmemo.h"
+#include "filememo.h"
 #include "inroot.h"
 #include "ldcache.h"
 #include "scan.h"
@@ -98,6 +98,8 @@ struct cds_scan {
     uint32_t shadowing;
     const char *same_dir_text;        /* the last link directory part asked about */
     int same_dir_answer;
+    int memo;                         /* files go through filememo.h */
+    struct timespec started;          /* filememo_clock() when the scan began */
 };
 
 static uint32_t hash_name(const char *s)
@@ -758,20 +760,39 @@ static int soname_is_same_file(struct cds_scan *s, const struct dlib *d)
            && file->dev == chosen->dev && file->ino == chosen->ino;
 }
 
-/* Read the host file PATH into F through the memo (hostmemo.h): a stat when it is known
- * unchanged; otherwise read, and kept when a stat after the read shows the same file. */
-static void read_host_file(struct file *f, const char *path, int target)
+/* Fill F from the memo's value V for the file ST identifies. */
+static void file_from_memo(struct file *f, const struct filememo_value *v, const struct stat *st)
 {
-    struct stat before, after;
+    *f = (struct file){ .status = v->status, .flags = v->flags, .isa_level = v->isa_level,
+                        .soname = v->soname, .dev = (uint64_t)st->st_dev,
+                        .ino = (uint64_t)st->st_ino, .has_identity = 1 };
+}
+
+/* After reading the file open at FD (stat'ed as BEFORE when the scan was at STARTED): keep
+ * what F holds when a stat now shows the same unchanged file. */
+static void remember(const struct file *f, int fd, enum filememo_kind kind, const char *name,
+                     const struct stat *before, struct timespec started)
+{
+    struct stat after;
+    if (f->status < 0 || fstat(fd, &after) < 0 || !filememo_same(before, &after))
+        return;
+    struct filememo_value v = { .status = f->status, .flags = f->flags,
+                                .isa_level = f->isa_level, .soname = f->soname };
+    filememo_store(kind, name, &after, &v, started);
+}
+
+/* Read the host file PATH into F through the memo (filememo.h): a stat when it is known
+ * unchanged; otherwise read, and kept when a stat after the read shows the same file. */
+static void read_host_file(struct cds_scan *s, struct file *f, const char *path)
+{
+    struct stat before;
     if (stat(path, &before) < 0) {
         *f = (struct file){ .status = -errno, .soname = NULL };
         return;
     }
-    struct hostmemo_value v;
-    if (S_ISREG(before.st_mode) && hostmemo_lookup(path, &before, &v)) {
-        *f = (struct file){ .status = v.status, .flags = v.flags, .isa_level = v.isa_level,
-                            .soname = v.soname, .dev = (uint64_t)before.st_dev,
-                            .ino = (uint64_t)before.st_ino, .has_identity = 1 };
+    struct filememo_value v;
+    if (S_ISREG(before.st_mode) && filememo_lookup(FILEMEMO_HOST, path, &before, &v)) {
+        file_from_memo(f, &v, &before);
         return;
     }
     int fd = cds_open_host(path);
@@ -779,12 +800,39 @@ static void read_host_file(struct file *f, const char *path, int target)
         *f = (struct file){ .status = -errno, .soname = NULL };
         return;
     }
-    read_file_into(f, fd, target, 1);
-    if (f->status >= 0 && fstat(fd, &after) == 0 && hostmemo_same(&before, &after)) {
-        v = (struct hostmemo_value){ .status = f->status, .flags = f->flags,
-                                     .isa_level = f->isa_level, .soname = f->soname };
-        hostmemo_store(path, &after, &v);
+    read_file_into(f, fd, s->target, 1);
+    remember(f, fd, FILEMEMO_HOST, path, &before, s->started);
+    close(fd);
+}
+
+/* The same for a regular file listed in the directory: lstat'ed (never followed), looked up
+ * by name and identity without the device (see filememo.h). */
+static void read_listed_file(struct cds_scan *s, struct file *f, const struct item *it)
+{
+    struct stat before;
+    if (fstatat(s->dirfd, it->name, &before, AT_SYMLINK_NOFOLLOW) < 0) {
+        *f = (struct file){ .status = -errno, .soname = NULL };
+        return;
     }
+    if (!S_ISREG(before.st_mode)) {   /* replaced since it was listed */
+        *f = (struct file){ .status = S_ISDIR(before.st_mode) ? -EISDIR : -EINVAL };
+        return;
+    }
+    struct filememo_value v;
+    if (filememo_lookup(FILEMEMO_IMAGE, it->name, &before, &v)) {
+        file_from_memo(f, &v, &before);
+        return;
+    }
+    int fd = open_item(s, it);
+    if (fd < 0) {
+        *f = (struct file){ .status = -errno, .soname = NULL };
+        return;
+    }
+    read_file_into(f, fd, s->target, 0);
+    f->dev = (uint64_t)before.st_dev;
+    f->ino = (uint64_t)before.st_ino;
+    remember(f, fd, FILEMEMO_IMAGE, it->name, &before, s->started);
+    f->has_identity = f->status >= 0;
     close(fd);
 }
 
@@ -810,8 +858,12 @@ static void *prefetch_worker(void *arg)
             continue;
         }
         struct file *f = &s->files[it->file];
-        if (it->extra >= 0 && hostmemo_enabled()) {
-            read_host_file(f, s->extras[it->extra].host_path, s->target);
+        if (s->memo && it->extra >= 0) {
+            read_host_file(s, f, s->extras[it->extra].host_path);
+            continue;
+        }
+        if (s->memo) {
+            read_listed_file(s, f, it);
             continue;
         }
         int fd = open_item(s, it);
@@ -922,6 +974,9 @@ int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const struct cds_ex
     s->target = opts->target;
     s->extras_only = opts->extras_only;
     s->extras = extras;
+    s->memo = filememo_enabled();
+    if (s->memo)
+        s->started = filememo_clock();
     int rc = -1;
     s->dirpath = cds_arena_strndup(&s->arena, dirpath, strlen(dirpath));
     if (s->dirpath != NULL && read_listing(s) == 0 && add_extras(s, nextras) == 0

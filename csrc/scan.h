@@ -86,11 +86,12 @@ struct cds_memo_stats {
     uint64_t hits, misses;
     uint32_t entries;
 };
-/* Keep what reading host files given as extras gave, keyed by path and stat identity, and
- * stat them instead of reading them again (for long-lived processes: the resident worker).
- * ENABLE 1 turns it on, 0 off, -1 leaves it; FORGET drops what it holds; STATS (or NULL)
- * gets the counters. Returns the previous setting. */
-int cds_scan_host_memo(int enable, int forget, struct cds_memo_stats *stats);
+/* Keep what reading library files gave, keyed by stat identity, and stat them instead of
+ * reading them again (for long-lived processes: the resident worker; see filememo.h).
+ * ENABLE 1 turns it on, 0 off, -1 leaves it; FORGET drops what it holds; SETTLE_NS (or -1
+ * to leave it) is how old a file's ctime must be to be kept; STATS (or NULL) gets the
+ * counters. Returns the previous setting. */
+int cds_scan_memo(int enable, int forget, int64_t settle_ns, struct cds_memo_stats *stats);
 
 /* ldconfig's path_hwcap(): the legacy hwcap bits of PATH's trailing components. */
 uint64_t cds_path_hwcap(int target, const char *path);

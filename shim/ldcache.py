@@ -102,6 +102,13 @@ _LIB_TYPES = {"libc4": 0x0000, "libc5": 0x0002, "libc6": 0x0003, "glibc2": 0x000
 _DT_REG, _DT_DIR, _DT_LNK, _DT_UNKNOWN = 8, 4, 10, 0
 _SPACE = " \t\n\v\f\r"
 
+# A plan allocates and frees ~0.5 MiB (listings, string tables, the cache image). By default
+# glibc gives freed heap back to the kernel once 128 KiB are free at its top, so every plan
+# would fault its pages in again: ~40 page faults and 3 brk calls, 10-25 % of an incremental
+# plan on our VMs. The processes that load the engine are ours (the CLI, the runtime, its
+# resident workers): let them keep up to 8 MiB of freed heap.
+lib.cds_keep_freed_heap(8 << 20)
+
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 _O_DIRECTORY = os.O_DIRECTORY
 _O_NOFOLLOW = os.O_NOFOLLOW
@@ -1198,20 +1205,29 @@ def plan_cache(root, folders=(), extra=None, **options):
     return plan(root, folders, extra, **options).cache
 
 
-def remember_host_files(enabled=True, forget=None):
-    """Keep what reading host files given as EXTRA gave (their SONAME and flags), keyed by
-    path and stat identity, and stat them instead of reading them on later plans in this
-    process. For long-lived processes (the resident worker): every GPU container mounts the
-    same driver files. Off by default; turning it off forgets everything unless FORGET is
-    False. Returns the previous setting."""
+def remember_files(enabled=True, forget=None, settle=None):
+    """Keep what reading library files gave (their SONAME and flags), keyed by stat
+    identity, and stat them instead of reading them on later plans in this process: host
+    files given as EXTRA by path, device, inode, size, mtime and ctime; the image's files by
+    name and the same without the device, which stays the same in every container of an
+    image (each root is a new overlay mount, with a new device number, over the same layer
+    files). ldconfig's aux cache, in memory, for long-lived processes (the resident
+    worker): every GPU container mounts the same driver files, and a node starts the same
+    images again and again.
+
+    Only files whose ctime is SETTLE seconds older than the plan are kept (default 1: a
+    change within one tick of the kernel's clock would not change the key). Off by
+    default; turning it off forgets everything unless FORGET is False. Returns the previous
+    setting."""
     forget = not enabled if forget is None else forget
-    return bool(lib.cds_scan_host_memo(1 if enabled else 0, 1 if forget else 0, ffi.NULL))
+    settle_ns = -1 if settle is None else int(settle * 1e9)
+    return bool(lib.cds_scan_memo(1 if enabled else 0, 1 if forget else 0, settle_ns, ffi.NULL))
 
 
-def host_memo_stats():
-    """(hits, misses, entries) of the host-file memo since the process started."""
+def memo_stats():
+    """(hits, misses, entries) of the file memo since the process started."""
     stats = ffi.new("struct cds_memo_stats *")
-    lib.cds_scan_host_memo(-1, 0, stats)
+    lib.cds_scan_memo(-1, 0, -1, stats)
     return stats.hits, stats.misses, stats.entries
 
 

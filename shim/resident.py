@@ -254,9 +254,10 @@ def warm_up():
 
     for name in _WARM_MODULES:
         importlib.import_module(name)
-    # Workers live long: let them stat the host's driver libraries instead of reading
-    # them again for every container (shim.ldcache.remember_host_files).
-    importlib.import_module("shim.ldcache").remember_host_files(True)
+    # Workers live long: let them stat the host's driver libraries and the files of images
+    # seen before instead of reading them again for every container
+    # (shim.ldcache.remember_files).
+    importlib.import_module("shim.ldcache").remember_files(True)
 
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}

@@ -1,0 +1,175 @@
+/* The memo of library files read before: see filememo.h. A chained hash table behind one
+ * mutex (the scan's prefetch threads share it); emptied whole when it grows past
+ * MAX_ENTRIES (a node's driver and a few dozen images). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "filememo.h"
+#include "scan.h"
+
+#define BUCKETS 4096u
+#define MAX_ENTRIES 65536u
+
+struct entry {
+    struct entry *next;
+    enum filememo_kind kind;
+    struct stat id;
+    struct filememo_value value;
+    char name[];
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct entry *buckets[BUCKETS];
+static uint32_t entries;
+static int enabled;
+static int64_t settle_ns = 1000000000;
+static uint64_t hits, misses;
+
+int filememo_enabled(void)
+{
+    return __atomic_load_n(&enabled, __ATOMIC_RELAXED);
+}
+
+struct timespec filememo_clock(void)
+{
+    /* The clock the kernel stamps ctime with (coarse realtime). */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME_COARSE, &now);
+    return now;
+}
+
+static int same_identity(enum filememo_kind kind, const struct stat *a, const struct stat *b)
+{
+    return (kind == FILEMEMO_IMAGE || a->st_dev == b->st_dev) && a->st_ino == b->st_ino
+           && a->st_size == b->st_size
+           && a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec
+           && a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
+int filememo_same(const struct stat *a, const struct stat *b)
+{
+    return same_identity(FILEMEMO_HOST, a, b);
+}
+
+static uint32_t bucket_of(enum filememo_kind kind, const char *name, const struct stat *st)
+{
+    /* FNV-1a over the name, and for an image's file its inode (names repeat across
+     * images; a host path has one entry, replaced when the file changes). */
+    uint32_t h = 2166136261u ^ (uint32_t)kind;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    if (kind == FILEMEMO_IMAGE)
+        h = (h ^ (uint32_t)st->st_ino) * 16777619u;
+    return h % BUCKETS;
+}
+
+static void clear_locked(void)
+{
+    for (uint32_t b = 0; b < BUCKETS; b++) {
+        while (buckets[b]) {
+            struct entry *e = buckets[b];
+            buckets[b] = e->next;
+            free(e->value.soname);
+            free(e);
+        }
+    }
+    entries = 0;
+}
+
+static int matches(const struct entry *e, enum filememo_kind kind, const char *name,
+                   const struct stat *st)
+{
+    return e->kind == kind && e->id.st_ino == st->st_ino && strcmp(e->name, name) == 0
+           && same_identity(kind, &e->id, st);
+}
+
+int filememo_lookup(enum filememo_kind kind, const char *name, const struct stat *st,
+                    struct filememo_value *v)
+{
+    int found = 0;
+    pthread_mutex_lock(&lock);
+    for (struct entry *e = buckets[bucket_of(kind, name, st)]; e; e = e->next) {
+        if (!matches(e, kind, name, st))
+            continue;
+        *v = e->value;
+        v->soname = e->value.soname ? strdup(e->value.soname) : NULL;
+        found = e->value.soname == NULL || v->soname != NULL;
+        break;
+    }
+    if (found)
+        hits++;
+    else
+        misses++;
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+
+static int settled(const struct stat *st, struct timespec started)
+{
+    int64_t age = ((int64_t)started.tv_sec - (int64_t)st->st_ctim.tv_sec) * 1000000000
+                  + (started.tv_nsec - st->st_ctim.tv_nsec);
+    int64_t settle = __atomic_load_n(&settle_ns, __ATOMIC_RELAXED);
+    return settle == 0 || age > settle;     /* 0: keep however new (tests) */
+}
+
+void filememo_store(enum filememo_kind kind, const char *name, const struct stat *st,
+                    const struct filememo_value *v, struct timespec started)
+{
+    if (!settled(st, started))
+        return;
+    size_t len = strlen(name) + 1;
+    struct entry *e = malloc(sizeof *e + len);
+    if (e == NULL)
+        return;
+    e->kind = kind;
+    e->id = *st;
+    e->value = *v;
+    e->value.soname = v->soname ? strdup(v->soname) : NULL;
+    if (v->soname && e->value.soname == NULL) {
+        free(e);
+        return;
+    }
+    memcpy(e->name, name, len);
+    pthread_mutex_lock(&lock);
+    uint32_t b = bucket_of(kind, name, st);
+    for (struct entry **p = &buckets[b]; *p; p = &(*p)->next) {
+        struct entry *old = *p;
+        if (old->kind != kind || strcmp(old->name, name) != 0)
+            continue;
+        if (kind == FILEMEMO_HOST || same_identity(kind, &old->id, st)) {
+            /* the host file changed (or two threads read one file): replace */
+            *p = old->next;
+            free(old->value.soname);
+            free(old);
+            entries--;
+            break;
+        }
+    }
+    if (entries >= MAX_ENTRIES)
+        clear_locked();
+    e->next = buckets[b];
+    buckets[b] = e;
+    entries++;
+    pthread_mutex_unlock(&lock);
+}
+
+int cds_scan_memo(int enable, int forget, int64_t settle, struct cds_memo_stats *stats)
+{
+    pthread_mutex_lock(&lock);
+    int previous = enabled;
+    if (enable >= 0)
+        __atomic_store_n(&enabled, enable ? 1 : 0, __ATOMIC_RELAXED);
+    if (settle >= 0)
+        __atomic_store_n(&settle_ns, settle, __ATOMIC_RELAXED);
+    if (forget)
+        clear_locked();
+    if (stats != NULL) {
+        stats->hits = hits;
+        stats->misses = misses;
+        stats->entries = entries;
+    }
+    pthread_mutex_unlock(&lock);
+    return previous;
+}

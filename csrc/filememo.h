@@ -1,0 +1,48 @@
+/* What reading a library file gave, kept by a long-lived process (the runtime's resident
+ * worker; see scan.h for the switch) so that the next scan stats the file instead of
+ * reading it: ldconfig's aux cache, in memory. Not part of the cffi surface.
+ *
+ * Two kinds of file, two keys:
+ * - host files read as extras (the driver libraries every GPU container mounts): their path
+ *   and stat identity (device, inode, size, mtime, ctime: the key ldconfig's aux cache
+ *   trusts);
+ * - the image's own files: their name and stat identity without the device. Every
+ *   container's root is a new overlay mount (a new device number), but a file from an
+ *   image layer keeps its inode, size, mtime and ctime in every container of that image,
+ *   so a node starting the same image again finds what it read the first time.
+ *
+ * A file changed in place within one tick of the clock the kernel stamps ctime with would
+ * keep its key; so only files whose ctime is older than SETTLE seconds before the scan
+ * began are kept (an image's or a driver's files are hours old; a file being written is
+ * read every time). */
+#ifndef CDI_SHIM_FILEMEMO_H
+#define CDI_SHIM_FILEMEMO_H
+
+#include <stdint.h>
+#include <sys/stat.h>
+#include <time.h>
+
+enum filememo_kind { FILEMEMO_HOST = 0, FILEMEMO_IMAGE = 1 };
+
+struct filememo_value {
+    int status;                       /* CDS_ELF_* (errors are never kept) */
+    int32_t flags;
+    uint32_t isa_level;
+    char *soname;                     /* malloc'd copy on lookup; NULL when none */
+};
+
+int filememo_enabled(void);
+/* The time a scan starting now compares ctimes against (see filememo_store). */
+struct timespec filememo_clock(void);
+/* 1 and V filled on a hit (V->soname is the caller's to free); 0 on a miss or ENOMEM.
+ * NAME: the host path, or the image file's name in its directory. */
+int filememo_lookup(enum filememo_kind kind, const char *name, const struct stat *st,
+                    struct filememo_value *v);
+/* Keep V for NAME as ST identifies it, if ST's ctime is settled at STARTED (the
+ * filememo_clock() from before ST was taken). Best effort: nothing on ENOMEM. */
+void filememo_store(enum filememo_kind kind, const char *name, const struct stat *st,
+                    const struct filememo_value *v, struct timespec started);
+/* Whether two stats of one path name the same unchanged file. */
+int filememo_same(const struct stat *a, const struct stat *b);
+
+#endif

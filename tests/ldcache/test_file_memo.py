@@ -1,0 +1,197 @@
+"""The memo of library files read before (shim.ldcache.remember_files), which the runtime's
+resident workers turn on: a plan with it equals glibc's ldconfig exactly as one without it,
+later plans stat the files instead of reading them -- the host's driver files, and an
+image's own files in every container of that image (a new overlay mount, so a new device
+number, over the same layer files) -- and any change to a file (rewritten in place,
+replaced by rename, a new SONAME) is seen."""
+import os
+import subprocess
+import time
+
+import pytest
+
+from ldcache_helpers import build_library, fake_driver, generator_of, roots, toolkit_ldconfig
+from shim import ldcache
+from test_equivalence import assert_equivalent
+
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+
+@pytest.fixture
+def memo():
+    """The memo on and empty, keeping files however new (the settle rule has its own test)."""
+    previous = ldcache.remember_files(True, forget=True, settle=0)
+    yield
+    ldcache.remember_files(previous, settle=1)
+
+
+def mounted_copy(host_tree, scratch, extra, name):
+    """The tree with EXTRA's host files where the mounts put them (glibc's view)."""
+    mounted = roots.copy_tree(host_tree, os.path.join(scratch, name))
+    for container, src in extra.items():
+        dest = os.path.join(mounted, container.lstrip("/"))
+        if os.path.lexists(dest):
+            os.unlink(dest)
+        os.link(src, dest)
+    return mounted
+
+
+def test_memo_hits_and_still_equals_glibc(host_tree, workdir, scratch, memo):
+    made = fake_driver(os.path.join(scratch, "driver"))
+    extra = {f"{LIBDIR}/{os.path.basename(p)}": p for p in made.values()}
+    # glibc's answer first: copying trees hard-links the driver files, which changes their
+    # ctime (and so, rightly, their identity for the memo)
+    expected = toolkit_ldconfig(mounted_copy(host_tree, scratch, extra, "mounted"), [LIBDIR], workdir)
+    generator = generator_of(expected)
+    hits0, misses0, _ = ldcache.memo_stats()
+    first = ldcache.plan(host_tree, [LIBDIR], extra, links="ldconfig", generator=generator)
+    hits1, misses1, entries = ldcache.memo_stats()
+    assert (hits1 - hits0, misses1 - misses0) == (0, len(extra)) and entries >= len(extra)
+    # the second plan reads no driver file: every one is a hit; both equal glibc's cache
+    second = ldcache.plan(host_tree, [LIBDIR], extra, links="ldconfig", generator=generator)
+    hits2, misses2, _ = ldcache.memo_stats()
+    assert (hits2 - hits1, misses2 - misses1) == (len(extra), 0)
+    assert first.mode == second.mode == "incremental"
+    assert first.cache == second.cache == expected
+
+
+def rebuild_with_soname(path, soname):
+    """Rewrite PATH in place (same inode) as a library with SONAME."""
+    fresh = build_library(path + ".new", soname)
+    with open(fresh, "rb") as src, open(path, "r+b") as out:
+        out.truncate(0)
+        out.write(src.read())
+    os.unlink(fresh)
+
+
+@pytest.mark.parametrize("how", ["rewritten-in-place", "replaced-by-rename"])
+def test_a_changed_driver_file_is_read_again(host_tree, workdir, scratch, memo, how):
+    made = fake_driver(os.path.join(scratch, "driver"), names=("nvidia-ml", "cuda"))
+    extra = {f"{LIBDIR}/{os.path.basename(p)}": p for p in made.values()}
+    ldcache.plan_cache(host_tree, [LIBDIR], extra)           # remembered
+    target = made["libcuda.so.1"]
+    time.sleep(0.01)                                         # a ctime the kernel can tell apart
+    if how == "rewritten-in-place":
+        inode = os.stat(target).st_ino
+        rebuild_with_soname(target, "libcuda-new.so.7")
+        assert os.stat(target).st_ino == inode
+    else:
+        build_library(target + ".tmp", "libcuda-new.so.7")
+        os.rename(target + ".tmp", target)
+    _, misses_before, _ = ldcache.memo_stats()
+    cache = ldcache.read_cache(ldcache.plan_cache(host_tree, [LIBDIR], extra))
+    _, misses_after, _ = ldcache.memo_stats()
+    assert misses_after - misses_before == 1                 # just the changed file
+    assert cache.lookup("libcuda-new.so.7") and not cache.lookup("libcuda.so.1")
+    mounted = mounted_copy(host_tree, scratch, extra, "mounted")
+    assert_equivalent(host_tree, [LIBDIR], workdir, extra=extra, oracle_root=mounted)
+
+
+def test_off_by_default_and_off_forgets(scratch):
+    assert ldcache.remember_files(False) is False            # nothing turned it on in this process
+    made = fake_driver(os.path.join(scratch, "driver"), names=("cuda",))
+    hits, misses, entries = ldcache.memo_stats()
+    ldcache.plan_cache(scratch, [LIBDIR], {f"{LIBDIR}/libcuda.so.1": made["libcuda.so.1"]})
+    assert ldcache.memo_stats() == (hits, misses, 0)
+    ldcache.remember_files(True, settle=0)
+    try:
+        ldcache.plan_cache(scratch, [LIBDIR], {f"{LIBDIR}/libcuda.so.1": made["libcuda.so.1"]})
+        assert ldcache.memo_stats()[2] == 1
+    finally:
+        ldcache.remember_files(False, settle=1)
+    assert ldcache.memo_stats()[2] == 0
+
+
+def test_unreadable_or_missing_host_file_is_never_remembered(host_tree, scratch, memo):
+    missing = os.path.join(scratch, "gone.so.1")
+    extra = {f"{LIBDIR}/libgone.so.1": missing}
+    _, _, entries = ldcache.memo_stats()
+    plan = ldcache.plan(host_tree, [LIBDIR], extra)
+    assert any(path.endswith("libgone.so.1") for path, _ in plan.skipped)
+    assert ldcache.memo_stats()[2] == entries
+
+
+def test_a_file_changed_within_the_settle_time_is_not_kept(scratch):
+    """A file whose ctime is under SETTLE seconds old may still change within one tick of
+    the kernel's clock, unseen by its stat: it is read every time until it settles."""
+    made = fake_driver(os.path.join(scratch, "driver"), names=("cuda",))
+    extra = {f"{LIBDIR}/libcuda.so.1": made["libcuda.so.1"]}
+    previous = ldcache.remember_files(True, forget=True, settle=5)
+    try:
+        ldcache.plan_cache(scratch, [LIBDIR], extra)
+        ldcache.plan_cache(scratch, [LIBDIR], extra)
+        hits, misses, entries = ldcache.memo_stats()
+        assert entries == 0
+        ldcache.remember_files(True, forget=False, settle=0)
+        ldcache.plan_cache(scratch, [LIBDIR], extra)
+        ldcache.plan_cache(scratch, [LIBDIR], extra)
+        assert ldcache.memo_stats() == (hits + 1, misses + 1, 1)
+    finally:
+        ldcache.remember_files(previous, settle=1)
+
+
+# ---- the image's own files -----------------------------------------------------------
+
+@pytest.fixture
+def two_containers(host_tree, scratch):
+    """Two overlay mounts over one lower copy of the host tree with a fake driver: two
+    containers of one image (new device numbers, the layer files' inodes and ctimes)."""
+    lower = roots.copy_tree(host_tree, os.path.join(scratch, "layer"))
+    fake_driver(os.path.join(lower, "usr/local/nvidia/lib"), links=True)
+    mounts = []
+    try:
+        for name in ("c1", "c2"):
+            upper, work, merged = (os.path.join(scratch, name, d) for d in ("upper", "work", "rootfs"))
+            for d in (upper, work, merged):
+                os.makedirs(d)
+            subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                            f"lowerdir={lower},upperdir={upper},workdir={work}", merged],
+                           check=True, capture_output=True)
+            mounts.append(merged)
+        assert os.stat(mounts[0]).st_dev != os.stat(mounts[1]).st_dev
+        yield lower, mounts
+    finally:
+        for merged in mounts:
+            subprocess.run(["umount", merged], check=False)
+
+
+def test_image_files_are_remembered_across_containers(two_containers, workdir, memo):
+    lower, (first, second) = two_containers
+    folders = ["/usr/local/nvidia/lib"]
+    expected = toolkit_ldconfig(lower, folders, workdir)
+    generator = generator_of(expected)
+    hits0, misses0, _ = ldcache.memo_stats()
+    one = ldcache.plan(first, folders, links="ldconfig", generator=generator, mode="full")
+    hits1, misses1, entries = ldcache.memo_stats()
+    assert hits1 == hits0 and misses1 - misses0 > 400 and entries >= misses1 - misses0
+    # the other container reads no library file: every one is a hit
+    two = ldcache.plan(second, folders, links="ldconfig", generator=generator, mode="full")
+    hits2, misses2, _ = ldcache.memo_stats()
+    assert (hits2 - hits1, misses2 - misses1) == (misses1 - misses0, 0)
+    assert one.cache == two.cache == expected
+    # and the incremental plan, which reads only the driver folder
+    inc = ldcache.plan(second, folders, links="ldconfig", generator=generator)
+    assert inc.mode == "incremental" and inc.cache == expected
+    assert ldcache.memo_stats()[1] == misses2
+
+
+@pytest.mark.parametrize("how", ["rewritten-in-place", "replaced-by-rename", "copied-up"])
+def test_a_changed_image_file_is_read_again(two_containers, workdir, memo, how):
+    lower, (first, second) = two_containers
+    folders = ["/usr/local/nvidia/lib"]
+    ldcache.plan_cache(first, folders)                       # remembered
+    time.sleep(0.01)                                         # a ctime the kernel can tell apart
+    libdir = os.path.join(second, "usr/local/nvidia/lib")
+    target = os.path.join(libdir, "libcuda.so.550.54.15")
+    if how == "rewritten-in-place":                          # in the container: a copy-up
+        rebuild_with_soname(target, "libcuda-new.so.7")
+    elif how == "replaced-by-rename":
+        build_library(target + ".tmp", "libcuda-new.so.7")
+        os.rename(target + ".tmp", target)
+    else:                                                    # in the layer itself, same inode
+        rebuild_with_soname(os.path.join(lower, "usr/local/nvidia/lib/libcuda.so.550.54.15"),
+                            "libcuda-new.so.7")
+    _, misses_before, _ = ldcache.memo_stats()
+    cache = ldcache.read_cache(ldcache.plan_cache(second, folders))
+    assert ldcache.memo_stats()[1] - misses_before == 1     # just the changed file
+    assert cache.lookup("libcuda-new.so.7")
