@@ -6,9 +6,15 @@ root of ldcache_engine.py (which pairs the runs and gives the ratios in one tabl
   engine_incremental_extras  the same with the 30 driver files still on the host, to be
                              bind-mounted into the image's own library directory (the
                              toolkit's specs do that)
-  engine_extras_resident     engine_incremental_extras as a resident worker runs it (the host's
-                             driver files remembered by stat identity)
+  engine_incremental_resident  engine_incremental as a resident worker runs it for an image
+                             seen before: the library files remembered by stat identity
+                             (ldcache.remember_files: a layer's files keep their inode and ctime
+                             in every container of the image), stat'ed instead of read -- the
+                             counterpart of ldconfig's aux cache hits
+  engine_extras_resident     engine_incremental_extras the same way (the host's driver files
+                             remembered)
   engine_full                every configured directory scanned
+  engine_full_resident       engine_full with the files remembered
   ldconfig_process           `ldconfig -r` on the same root with the toolkit's drop-ins (its aux
                              cache hits on every rerun: ldconfig's best case)
   ldconfig_process_fresh     `ldconfig -i -r`: ignoring the aux cache, as in a new container
@@ -24,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -40,6 +47,8 @@ def roots(tmp_path_factory):
     assert entries > 540
     extras = bench.host_driver(base)
     out_dir = tempfile.mkdtemp(prefix="cdi-shim-ldcache-out.", dir="/dev/shm")
+    # The memo keeps only files whose ctime is over a second old; these were just made.
+    time.sleep(1.2)
     yield image, theirs, extras, os.path.join(out_dir, "out.cache")
     shutil.rmtree(out_dir, ignore_errors=True)
 
@@ -66,18 +75,36 @@ def test_engine_incremental_extras(benchmark, roots):
                        setup=_fresh(out), rounds=500, warmup_rounds=20)
 
 
-def test_engine_extras_resident(benchmark, roots):
+@pytest.fixture
+def resident():
+    """The file memo on, as in the runtime's resident workers; off and empty afterwards."""
+    previous = ldcache.remember_files(True, forget=True)
+    yield
+    ldcache.remember_files(previous, forget=True)
+
+
+def test_engine_incremental_resident(benchmark, roots, resident):
+    image, _, _, out = roots
+    benchmark.pedantic(lambda: ldcache.write_cache(out, ldcache.plan_cache(image, [bench.FOLDER])),
+                       setup=_fresh(out), rounds=500, warmup_rounds=20)
+    assert ldcache.memo_stats()[0] > 0
+
+
+def test_engine_extras_resident(benchmark, roots, resident):
     image, _, extras, out = roots
     folders = [bench.LIBDIR]
-    previous = ldcache.remember_host_files(True)
-    try:
-        benchmark.pedantic(lambda: ldcache.write_cache(out, ldcache.plan_cache(image, folders, extras)),
-                           setup=_fresh(out), rounds=500, warmup_rounds=20)
-    finally:
-        ldcache.remember_host_files(previous)
+    benchmark.pedantic(lambda: ldcache.write_cache(out, ldcache.plan_cache(image, folders, extras)),
+                       setup=_fresh(out), rounds=500, warmup_rounds=20)
 
 
 def test_engine_full(benchmark, roots):
+    image, _, _, out = roots
+    benchmark.pedantic(
+        lambda: ldcache.write_cache(out, ldcache.plan_cache(image, [bench.FOLDER], mode="full")),
+        setup=_fresh(out), rounds=200, warmup_rounds=10)
+
+
+def test_engine_full_resident(benchmark, roots, resident):
     image, _, _, out = roots
     benchmark.pedantic(
         lambda: ldcache.write_cache(out, ldcache.plan_cache(image, [bench.FOLDER], mode="full")),

@@ -346,6 +346,7 @@ class _Root:
         self._st = ffi.new("struct cds_stat *")
         self._stats = {}
         self._errnos = {}
+        self._listings = {}
 
     def close(self):
         if self.fd >= 0:
@@ -393,14 +394,18 @@ class _Root:
 
     def listdir(self, path, with_stat=False):
         """[(name, d_type)] of a directory inside the tree, or None; with WITH_STAT,
-        (listing, stat tuple) from the same open."""
+        (listing, stat tuple) from the same open. Remembered, as stat()."""
+        found = self._listings.get(path)
+        if found is None:
+            found = self._listings[path] = self._read_dir(path)
+        return found if with_stat else found[0]
+
+    def _read_dir(self, path):
         fd = self.open(path, os.O_RDONLY | _O_DIRECTORY)
         if fd < 0:
-            return (None, None) if with_stat else None
+            return None, None
         try:
             listing = _list_fd(fd)
-            if not with_stat:
-                return listing
             st = os.fstat(fd)
             return listing, (st.st_mode, st.st_dev, st.st_ino, st.st_mtime_ns)
         finally:
@@ -423,8 +428,11 @@ def _list_fd(fd):
     return [(os.fsdecode(raw[i]), kinds[i]) for i in range(count)]
 
 
+_HOST_MACHINE = os.uname().machine
+
+
 def _machine(machine):
-    machine = machine or os.uname().machine
+    machine = machine or _HOST_MACHINE
     if machine not in MACHINES:
         raise LdcacheError(f"unsupported machine {machine!r} (known: {', '.join(MACHINES)})")
     return machine
@@ -630,9 +638,8 @@ class _Config:
         self.conf_mtime = 0         # newest configuration file read
         self._items = []            # ("dir", line) and ("dropin", name), in ldconfig's order
         self._files_read = 0
-        conf_d = root.stat(CONF_DIR)
-        self._conf_d_ident = ("d", conf_d[1], conf_d[2]) \
-            if conf_d is not None and stat.S_ISDIR(conf_d[0]) else None
+        _, conf_d = root.listdir(CONF_DIR, with_stat=True)     # listed again for its includes
+        self._conf_d_ident = ("d", conf_d[1], conf_d[2]) if conf_d is not None else None
         if not self._parse_conf(CONF_PATH, 0):
             # The toolkit writes a minimal ld.so.conf where there is none.
             self._parse_lines(b"include /etc/ld.so.conf.d/*.conf\n", CONF_PATH, 0)
