@@ -1,6 +1,6 @@
 /* The memo of library files read before: see filememo.h. A chained hash table behind one
  * mutex (the scan's prefetch threads share it); emptied whole when it grows past
- * MAX_ENTRIES (a node's driver and a few dozen images). */
+ * MAX_ENTRIES or MAX_LISTING_BYTES (a node's driver and a few dozen images). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
@@ -11,10 +11,12 @@
 
 #define BUCKETS 4096u
 #define MAX_ENTRIES 65536u
+#define MAX_LISTING_BYTES (32u << 20)
 
 struct entry {
     struct entry *next;
     enum filememo_kind kind;
+    int with_dev;
     struct stat id;
     struct filememo_value value;
     char name[];
@@ -23,6 +25,7 @@ struct entry {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct entry *buckets[BUCKETS];
 static uint32_t entries;
+static size_t listing_bytes;
 static int enabled;
 static int64_t settle_ns = 1000000000;
 static uint64_t hits, misses;
@@ -40,9 +43,9 @@ struct timespec filememo_clock(void)
     return now;
 }
 
-static int same_identity(enum filememo_kind kind, const struct stat *a, const struct stat *b)
+static int same_identity(int with_dev, const struct stat *a, const struct stat *b)
 {
-    return (kind == FILEMEMO_IMAGE || a->st_dev == b->st_dev) && a->st_ino == b->st_ino
+    return (!with_dev || a->st_dev == b->st_dev) && a->st_ino == b->st_ino
            && a->st_size == b->st_size
            && a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec
            && a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
@@ -50,7 +53,7 @@ static int same_identity(enum filememo_kind kind, const struct stat *a, const st
 
 int filememo_same(const struct stat *a, const struct stat *b)
 {
-    return same_identity(FILEMEMO_HOST, a, b);
+    return same_identity(1, a, b);
 }
 
 static uint32_t bucket_of(enum filememo_kind kind, const char *name, const struct stat *st)
@@ -60,9 +63,17 @@ static uint32_t bucket_of(enum filememo_kind kind, const char *name, const struc
     uint32_t h = 2166136261u ^ (uint32_t)kind;
     for (const unsigned char *p = (const unsigned char *)name; *p; p++)
         h = (h ^ *p) * 16777619u;
-    if (kind == FILEMEMO_IMAGE)
+    if (kind != FILEMEMO_HOST)
         h = (h ^ (uint32_t)st->st_ino) * 16777619u;
     return h % BUCKETS;
+}
+
+static void free_entry(struct entry *e)
+{
+    listing_bytes -= e->value.listing != NULL ? e->value.listing_size : 0;
+    free(e->value.soname);
+    free(e->value.listing);
+    free(e);
 }
 
 static void clear_locked(void)
@@ -71,31 +82,48 @@ static void clear_locked(void)
         while (buckets[b]) {
             struct entry *e = buckets[b];
             buckets[b] = e->next;
-            free(e->value.soname);
-            free(e);
+            free_entry(e);
         }
     }
     entries = 0;
 }
 
 static int matches(const struct entry *e, enum filememo_kind kind, const char *name,
-                   const struct stat *st)
+                   const struct stat *st, int with_dev)
 {
-    return e->kind == kind && e->id.st_ino == st->st_ino && strcmp(e->name, name) == 0
-           && same_identity(kind, &e->id, st);
+    return e->kind == kind && e->with_dev == with_dev && e->id.st_ino == st->st_ino
+           && strcmp(e->name, name) == 0 && same_identity(with_dev, &e->id, st);
+}
+
+/* Copy V's owned parts (soname, listing) into OUT; 0, or -1 on ENOMEM (nothing owned). */
+static int copy_value(const struct filememo_value *v, struct filememo_value *out)
+{
+    *out = *v;
+    out->soname = NULL;
+    out->listing = NULL;
+    if (v->soname != NULL && (out->soname = strdup(v->soname)) == NULL)
+        return -1;
+    if (v->listing != NULL) {
+        out->listing = malloc(v->listing_size ? v->listing_size : 1);
+        if (out->listing == NULL) {
+            free(out->soname);
+            out->soname = NULL;
+            return -1;
+        }
+        memcpy(out->listing, v->listing, v->listing_size);
+    }
+    return 0;
 }
 
 int filememo_lookup(enum filememo_kind kind, const char *name, const struct stat *st,
-                    struct filememo_value *v)
+                    int with_dev, struct filememo_value *v)
 {
     int found = 0;
     pthread_mutex_lock(&lock);
     for (struct entry *e = buckets[bucket_of(kind, name, st)]; e; e = e->next) {
-        if (!matches(e, kind, name, st))
+        if (!matches(e, kind, name, st, with_dev))
             continue;
-        *v = e->value;
-        v->soname = e->value.soname ? strdup(e->value.soname) : NULL;
-        found = e->value.soname == NULL || v->soname != NULL;
+        found = copy_value(&e->value, v) == 0;
         break;
     }
     if (found)
@@ -115,7 +143,7 @@ static int settled(const struct stat *st, struct timespec started)
 }
 
 void filememo_store(enum filememo_kind kind, const char *name, const struct stat *st,
-                    const struct filememo_value *v, struct timespec started)
+                    int with_dev, const struct filememo_value *v, struct timespec started)
 {
     if (!settled(st, started))
         return;
@@ -124,10 +152,9 @@ void filememo_store(enum filememo_kind kind, const char *name, const struct stat
     if (e == NULL)
         return;
     e->kind = kind;
+    e->with_dev = with_dev;
     e->id = *st;
-    e->value = *v;
-    e->value.soname = v->soname ? strdup(v->soname) : NULL;
-    if (v->soname && e->value.soname == NULL) {
+    if (copy_value(v, &e->value) < 0) {
         free(e);
         return;
     }
@@ -138,17 +165,18 @@ void filememo_store(enum filememo_kind kind, const char *name, const struct stat
         struct entry *old = *p;
         if (old->kind != kind || strcmp(old->name, name) != 0)
             continue;
-        if (kind == FILEMEMO_HOST || same_identity(kind, &old->id, st)) {
+        if (kind == FILEMEMO_HOST || matches(old, kind, name, st, with_dev)) {
             /* the host file changed (or two threads read one file): replace */
             *p = old->next;
-            free(old->value.soname);
-            free(old);
+            free_entry(old);
             entries--;
             break;
         }
     }
-    if (entries >= MAX_ENTRIES)
+    if (entries >= MAX_ENTRIES || listing_bytes + e->value.listing_size > MAX_LISTING_BYTES)
         clear_locked();
+    if (e->value.listing != NULL)
+        listing_bytes += e->value.listing_size;
     e->next = buckets[b];
     buckets[b] = e;
     entries++;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "arena.h"
@@ -27,6 +28,7 @@
 #include "scan.h"
 
 #define MAX_LINK_HOPS 40
+#define OVERLAYFS_MAGIC 0x794c7630
 
 enum { UNRESOLVED = 0, RESOLVED = 1, FAILED = -1 };
 
@@ -45,8 +47,9 @@ struct item {
     uint64_t dev, ino;
     int32_t file;                     /* index into files[] once read, -1 before */
     int32_t target;                   /* the listing item a same-directory link ends at, or -1 */
-    char *link_text;                  /* a link's text once read (malloc'd) */
+    char *link_text;                  /* a link's text once read (malloc'd unless borrowed) */
     int32_t link_err;                 /* -errno of reading it */
+    uint8_t link_borrowed;            /* link_text lies in the scan's arena (from the memo) */
 };
 
 struct file {                         /* one regular file read */
@@ -99,7 +102,10 @@ struct cds_scan {
     const char *same_dir_text;        /* the last link directory part asked about */
     int same_dir_answer;
     int memo;                         /* files go through filememo.h */
+    int memo_with_dev;                /* the device is part of the image's keys (not overlayfs) */
     struct timespec started;          /* filememo_clock() when the scan began */
+    struct stat dir_id;               /* the directory's identity when listed (memo on) */
+    int remember_listing;             /* listed from the directory, to be kept when done */
 };
 
 static uint32_t hash_name(const char *s)
@@ -259,6 +265,7 @@ static void read_link(const struct cds_scan *s, struct item *it)
         return;
     }
     target[len] = '\0';
+    it->link_borrowed = 0;
     it->link_text = strdup(target);
     if (it->link_text == NULL)
         it->link_err = -ENOMEM;
@@ -663,10 +670,78 @@ static int consider(struct cds_scan *s, uint32_t index, const struct cds_scan_op
     return add_dlib(s, &d);
 }
 
+/* Items from a remembered listing (see filememo.h for its layout); 0, or -1 (ENOMEM). */
+static int items_from_memo(struct cds_scan *s, const struct filememo_value *v)
+{
+    char *blob = cds_arena_alloc(&s->arena, v->listing_size ? v->listing_size : 1);
+    if (blob == NULL || grow((void **)&s->items, &(uint32_t){ 0 }, v->listing_count,
+                             sizeof *s->items) < 0)
+        return -1;
+    memcpy(blob, v->listing, v->listing_size);
+    char *p = blob;
+    for (uint32_t i = 0; i < v->listing_count; i++) {
+        uint8_t type = (uint8_t)p[0], has_text = (uint8_t)p[1];
+        char *name = p + 2;
+        char *text = name + strlen(name) + 1;
+        p = text + strlen(text) + 1;
+        s->items[s->nitems++] = (struct item){
+            .name = name, .dtype = type, .type = type, .extra = -1, .state = UNRESOLVED,
+            .file = -1, .target = -1, .link_text = has_text ? text : NULL,
+            .link_borrowed = has_text,
+        };
+    }
+    return 0;
+}
+
+/* After a scan that listed the directory: keep its listing, with the link texts read, if
+ * the directory is unchanged since (a stat then and now). */
+static void remember_listing(struct cds_scan *s)
+{
+    struct stat now;
+    if (fstat(s->dirfd, &now) < 0 || !filememo_same(&s->dir_id, &now))
+        return;
+    size_t size = 0;
+    for (uint32_t i = 0; i < s->nitems; i++) {
+        const struct item *it = &s->items[i];
+        if (it->type == DT_LNK && it->link_text == NULL && it->link_err != 0)
+            return;                   /* a link that could not be read: read it next time */
+        size += 2 + strlen(it->name) + 1 + (it->link_text ? strlen(it->link_text) : 0) + 1;
+    }
+    cleanup_free char *blob = malloc(size ? size : 1);
+    if (blob == NULL)
+        return;
+    char *p = blob;
+    for (uint32_t i = 0; i < s->nitems; i++) {
+        const struct item *it = &s->items[i];
+        const char *text = it->link_text ? it->link_text : "";
+        *p++ = (char)it->dtype;
+        *p++ = (char)(it->link_text != NULL);
+        p = stpcpy(p, it->name) + 1;
+        p = stpcpy(p, text) + 1;
+    }
+    struct filememo_value v = { .listing = blob, .listing_size = size,
+                                .listing_count = s->nitems };
+    filememo_store(FILEMEMO_DIR, "", &s->dir_id, s->memo_with_dev, &v, s->started);
+}
+
 static int read_listing(struct cds_scan *s)
 {
     if (s->dirfd < 0 || s->extras_only)
         return 0;
+    if (s->memo) {
+        struct statfs fs;
+        if (fstat(s->dirfd, &s->dir_id) == 0 && fstatfs(s->dirfd, &fs) == 0) {
+            s->memo_with_dev = fs.f_type != OVERLAYFS_MAGIC;
+            struct filememo_value v;
+            if (filememo_lookup(FILEMEMO_DIR, "", &s->dir_id, s->memo_with_dev, &v)) {
+                int rc = items_from_memo(s, &v);
+                free(v.listing);
+                free(v.soname);
+                return rc;
+            }
+            s->remember_listing = 1;
+        }
+    }
     struct cds_dirents dir;
     int rc = cds_dirents_open(&dir, s->dirfd);
     uint32_t cap = 0;
@@ -771,14 +846,14 @@ static void file_from_memo(struct file *f, const struct filememo_value *v, const
 /* After reading the file open at FD (stat'ed as BEFORE when the scan was at STARTED): keep
  * what F holds when a stat now shows the same unchanged file. */
 static void remember(const struct file *f, int fd, enum filememo_kind kind, const char *name,
-                     const struct stat *before, struct timespec started)
+                     int with_dev, const struct stat *before, struct timespec started)
 {
     struct stat after;
     if (f->status < 0 || fstat(fd, &after) < 0 || !filememo_same(before, &after))
         return;
     struct filememo_value v = { .status = f->status, .flags = f->flags,
                                 .isa_level = f->isa_level, .soname = f->soname };
-    filememo_store(kind, name, &after, &v, started);
+    filememo_store(kind, name, &after, with_dev, &v, started);
 }
 
 /* Read the host file PATH into F through the memo (filememo.h): a stat when it is known
@@ -791,7 +866,7 @@ static void read_host_file(struct cds_scan *s, struct file *f, const char *path)
         return;
     }
     struct filememo_value v;
-    if (S_ISREG(before.st_mode) && filememo_lookup(FILEMEMO_HOST, path, &before, &v)) {
+    if (S_ISREG(before.st_mode) && filememo_lookup(FILEMEMO_HOST, path, &before, 1, &v)) {
         file_from_memo(f, &v, &before);
         return;
     }
@@ -801,12 +876,12 @@ static void read_host_file(struct cds_scan *s, struct file *f, const char *path)
         return;
     }
     read_file_into(f, fd, s->target, 1);
-    remember(f, fd, FILEMEMO_HOST, path, &before, s->started);
+    remember(f, fd, FILEMEMO_HOST, path, 1, &before, s->started);
     close(fd);
 }
 
 /* The same for a regular file listed in the directory: lstat'ed (never followed), looked up
- * by name and identity without the device (see filememo.h). */
+ * by name and identity (see filememo.h). */
 static void read_listed_file(struct cds_scan *s, struct file *f, const struct item *it)
 {
     struct stat before;
@@ -819,7 +894,7 @@ static void read_listed_file(struct cds_scan *s, struct file *f, const struct it
         return;
     }
     struct filememo_value v;
-    if (filememo_lookup(FILEMEMO_IMAGE, it->name, &before, &v)) {
+    if (filememo_lookup(FILEMEMO_IMAGE, it->name, &before, s->memo_with_dev, &v)) {
         file_from_memo(f, &v, &before);
         return;
     }
@@ -831,7 +906,7 @@ static void read_listed_file(struct cds_scan *s, struct file *f, const struct it
     read_file_into(f, fd, s->target, 0);
     f->dev = (uint64_t)before.st_dev;
     f->ino = (uint64_t)before.st_ino;
-    remember(f, fd, FILEMEMO_IMAGE, it->name, &before, s->started);
+    remember(f, fd, FILEMEMO_IMAGE, it->name, s->memo_with_dev, &before, s->started);
     f->has_identity = f->status >= 0;
     close(fd);
 }
@@ -940,9 +1015,10 @@ static int prefetch(struct cds_scan *s, const struct cds_scan_opts *opts)
         struct item *it = &s->items[i];
         if (!is_candidate(s, it, opts) || lstat_item(s, it) < 0)
             continue;
-        if (it->type == DT_LNK && it->extra < 0)
-            list[n++] = i;
-        else if (queue_file(s, list, &n, i) < 0)
+        if (it->type == DT_LNK && it->extra < 0) {
+            if (it->link_text == NULL)
+                list[n++] = i;
+        } else if (queue_file(s, list, &n, i) < 0)
             return -1;
     }
     if (run_jobs(s, list, n) < 0)
@@ -975,6 +1051,7 @@ int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const struct cds_ex
     s->extras_only = opts->extras_only;
     s->extras = extras;
     s->memo = filememo_enabled();
+    s->memo_with_dev = 1;
     if (s->memo)
         s->started = filememo_clock();
     int rc = -1;
@@ -991,6 +1068,8 @@ int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const struct cds_ex
             else
                 s->dlibs[i].soname_link_ok = same;
         }
+        if (rc == 0 && s->remember_listing && nextras == 0)
+            remember_listing(s);
     }
     /* Extras' names point into the caller's array: copy them before it goes. */
     for (uint32_t i = 0; i < s->nitems && rc == 0; i++)
@@ -1031,7 +1110,8 @@ void cds_scan_free(struct cds_scan *s)
     for (uint32_t i = 0; i < s->nfiles; i++)
         free(s->files[i].soname);
     for (uint32_t i = 0; i < s->nitems; i++)
-        free(s->items[i].link_text);
+        if (!s->items[i].link_borrowed)
+            free(s->items[i].link_text);
     free(s->items);
     free(s->name_index);
     free(s->files);

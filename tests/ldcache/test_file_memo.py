@@ -55,9 +55,11 @@ def test_memo_hits_and_still_equals_glibc(host_tree, workdir, scratch, memo):
     assert first.cache == second.cache == expected
 
 
-def rebuild_with_soname(path, soname):
-    """Rewrite PATH in place (same inode) as a library with SONAME."""
-    fresh = build_library(path + ".new", soname)
+def rebuild_with_soname(path, soname, build_dir=None):
+    """Rewrite PATH in place (same inode) as a library with SONAME (built in BUILD_DIR, by
+    default next to it)."""
+    fresh = build_library(os.path.join(build_dir or os.path.dirname(path),
+                                       os.path.basename(path) + ".new"), soname)
     with open(fresh, "rb") as src, open(path, "r+b") as out:
         out.truncate(0)
         out.write(src.read())
@@ -175,23 +177,65 @@ def test_image_files_are_remembered_across_containers(two_containers, workdir, m
     assert ldcache.memo_stats()[1] == misses2
 
 
-@pytest.mark.parametrize("how", ["rewritten-in-place", "replaced-by-rename", "copied-up"])
-def test_a_changed_image_file_is_read_again(two_containers, workdir, memo, how):
+@pytest.mark.parametrize("how", ["rewritten-in-the-container", "replaced-in-the-container",
+                                 "rewritten-in-the-layer"])
+def test_a_changed_image_file_is_read_again(two_containers, workdir, scratch, memo, how):
     lower, (first, second) = two_containers
     folders = ["/usr/local/nvidia/lib"]
     ldcache.plan_cache(first, folders)                       # remembered
     time.sleep(0.01)                                         # a ctime the kernel can tell apart
     libdir = os.path.join(second, "usr/local/nvidia/lib")
     target = os.path.join(libdir, "libcuda.so.550.54.15")
-    if how == "rewritten-in-place":                          # in the container: a copy-up
+    if how == "rewritten-in-the-container":                  # a copy-up
         rebuild_with_soname(target, "libcuda-new.so.7")
-    elif how == "replaced-by-rename":
+    elif how == "replaced-in-the-container":
         build_library(target + ".tmp", "libcuda-new.so.7")
         os.rename(target + ".tmp", target)
-    else:                                                    # in the layer itself, same inode
+    else:                                                    # same inode, same directory
         rebuild_with_soname(os.path.join(lower, "usr/local/nvidia/lib/libcuda.so.550.54.15"),
-                            "libcuda-new.so.7")
+                            "libcuda-new.so.7", build_dir=scratch)
     _, misses_before, _ = ldcache.memo_stats()
     cache = ldcache.read_cache(ldcache.plan_cache(second, folders))
-    assert ldcache.memo_stats()[1] - misses_before == 1     # just the changed file
+    # just the changed file; and its directory's listing where the container changed it
+    # (a copy-up in the container's own layer: a new identity for the directory)
+    changed = 1 if how == "rewritten-in-the-layer" else 2
+    assert ldcache.memo_stats()[1] - misses_before == changed
     assert cache.lookup("libcuda-new.so.7")
+
+
+def plan_without_memo(root, folders):
+    previous = ldcache.remember_files(False, forget=False)
+    try:
+        return ldcache.plan_cache(root, folders)
+    finally:
+        ldcache.remember_files(previous, forget=False)
+
+
+@pytest.mark.parametrize("change", ["library-added", "link-retargeted"])
+def test_a_changed_directory_is_listed_again(two_containers, memo, change):
+    """Listings are remembered by the directory's identity: an entry added, removed or
+    replaced changes it, and the plan then equals the one made without the memo."""
+    _, (first, second) = two_containers
+    folders = ["/usr/local/nvidia/lib"]
+    before = ldcache.plan_cache(first, folders)
+    assert ldcache.plan_cache(second, folders) == before     # listed from the memo
+    time.sleep(0.01)
+    libdir = os.path.join(second, "usr/local/nvidia/lib")
+    if change == "library-added":
+        build_library(os.path.join(libdir, "libnvidia-new.so.550.54.15"), "libnvidia-new.so.1")
+        os.symlink("libnvidia-new.so.550.54.15", os.path.join(libdir, "libnvidia-new.so.1"))
+        gained, lost = "libnvidia-new.so.1", None
+    else:
+        # libcuda.so.1 now names NVML's file: ldconfig takes it as a file of its own (its
+        # soname is not the link's name), so libcuda.so.1 no longer resolves to libcuda
+        os.unlink(os.path.join(libdir, "libcuda.so.1"))
+        os.symlink("libnvidia-ml.so.550.54.15", os.path.join(libdir, "libcuda.so.1"))
+        gained, lost = None, "/usr/local/nvidia/lib/libcuda.so.1"
+    _, misses_before, _ = ldcache.memo_stats()
+    after = ldcache.plan_cache(second, folders)
+    assert ldcache.memo_stats()[1] > misses_before           # the directory listed again
+    assert after == plan_without_memo(second, folders) != before
+    paths = {e.path for e in ldcache.read_cache(after).entries}
+    names = {e.soname for e in ldcache.read_cache(after).entries}
+    assert gained is None or gained in names
+    assert lost is None or lost not in paths
