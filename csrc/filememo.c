@@ -10,8 +10,8 @@
 #include "scan.h"
 
 #define BUCKETS 4096u
-#define MAX_ENTRIES 65536u
-#define MAX_LISTING_BYTES (32u << 20)
+#define MAX_ENTRIES 32768u
+#define MAX_LISTING_BYTES (16u << 20)
 
 struct entry {
     struct entry *next;
