@@ -105,7 +105,15 @@ struct cds_scan {
     int memo_with_dev;                /* the device is part of the image's keys (not overlayfs) */
     struct timespec started;          /* filememo_clock() when the scan began */
     struct stat dir_id;               /* the directory's identity when listed (memo on) */
-    int remember_listing;             /* listed from the directory, to be kept when done */
+    int listed_from_memo;             /* the listing came from the memo */
+    int remember_listing;             /* keep the listing when done (read, or texts gained) */
+    /* With extras only and the memo on: the directory's own listing, for the names the
+     * extras would hide and the links to them (instead of a stat and a readlink each). */
+    int have_listed;
+    struct item *listed;
+    uint32_t nlisted;
+    uint32_t *listed_index;           /* open addressing: listed index + 1 */
+    uint32_t listed_slots;
 };
 
 static uint32_t hash_name(const char *s)
@@ -133,37 +141,54 @@ static int grow(void **array, uint32_t *cap, uint32_t need, size_t size)
     return 0;
 }
 
-static long find_item(const struct cds_scan *s, const char *name)
+static long find_name(const struct item *items, const uint32_t *index, uint32_t slots,
+                      const char *name)
 {
-    if (s->name_slots == 0)
+    if (slots == 0)
         return -1;
-    uint32_t slot = hash_name(name) & (s->name_slots - 1);
-    while (s->name_index[slot] != 0) {
-        uint32_t i = s->name_index[slot] - 1;
-        if (strcmp(s->items[i].name, name) == 0)
+    uint32_t slot = hash_name(name) & (slots - 1);
+    while (index[slot] != 0) {
+        uint32_t i = index[slot] - 1;
+        if (strcmp(items[i].name, name) == 0)
             return i;
-        slot = (slot + 1) & (s->name_slots - 1);
+        slot = (slot + 1) & (slots - 1);
     }
     return -1;
 }
 
-static int index_items(struct cds_scan *s)
+static long find_item(const struct cds_scan *s, const char *name)
 {
-    uint32_t slots = 16;
-    while (slots < s->nitems * 2u + 2u)
-        slots *= 2;
-    free(s->name_index);
-    s->name_index = calloc(slots, sizeof *s->name_index);
-    if (s->name_index == NULL)
+    return find_name(s->items, s->name_index, s->name_slots, name);
+}
+
+static long find_listed(const struct cds_scan *s, const char *name)
+{
+    return find_name(s->listed, s->listed_index, s->listed_slots, name);
+}
+
+/* A name index of ITEMS (replacing *INDEX); 0, or -1 (ENOMEM). */
+static int index_names(const struct item *items, uint32_t n, uint32_t **index, uint32_t *slots)
+{
+    uint32_t size = 16;
+    while (size < n * 2u + 2u)
+        size *= 2;
+    free(*index);
+    *index = calloc(size, sizeof **index);
+    *slots = *index != NULL ? size : 0;
+    if (*index == NULL)
         return -1;
-    s->name_slots = slots;
-    for (uint32_t i = 0; i < s->nitems; i++) {
-        uint32_t slot = hash_name(s->items[i].name) & (slots - 1);
-        while (s->name_index[slot] != 0)
-            slot = (slot + 1) & (slots - 1);
-        s->name_index[slot] = i + 1;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = hash_name(items[i].name) & (size - 1);
+        while ((*index)[slot] != 0)
+            slot = (slot + 1) & (size - 1);
+        (*index)[slot] = i + 1;
     }
     return 0;
+}
+
+static int index_items(struct cds_scan *s)
+{
+    return index_names(s->items, s->nitems, &s->name_index, &s->name_slots);
 }
 
 static int add_skip(struct cds_scan *s, const char *name, int status)
@@ -693,16 +718,16 @@ static int items_from_memo(struct cds_scan *s, const struct filememo_value *v)
     return 0;
 }
 
-/* After a scan that listed the directory: keep its listing, with the link texts read, if
- * the directory is unchanged since (a stat then and now). */
-static void remember_listing(struct cds_scan *s)
+/* After a scan: keep the directory's listing ITEMS, with the link texts read, if the
+ * directory is unchanged since it was listed (a stat then and now). */
+static void remember_listing(struct cds_scan *s, const struct item *items, uint32_t n)
 {
     struct stat now;
     if (fstat(s->dirfd, &now) < 0 || !filememo_same(&s->dir_id, &now))
         return;
     size_t size = 0;
-    for (uint32_t i = 0; i < s->nitems; i++) {
-        const struct item *it = &s->items[i];
+    for (uint32_t i = 0; i < n; i++) {
+        const struct item *it = &items[i];
         if (it->type == DT_LNK && it->link_text == NULL && it->link_err != 0)
             return;                   /* a link that could not be read: read it next time */
         size += 2 + strlen(it->name) + 1 + (it->link_text ? strlen(it->link_text) : 0) + 1;
@@ -711,22 +736,31 @@ static void remember_listing(struct cds_scan *s)
     if (blob == NULL)
         return;
     char *p = blob;
-    for (uint32_t i = 0; i < s->nitems; i++) {
-        const struct item *it = &s->items[i];
+    for (uint32_t i = 0; i < n; i++) {
+        const struct item *it = &items[i];
         const char *text = it->link_text ? it->link_text : "";
         *p++ = (char)it->dtype;
         *p++ = (char)(it->link_text != NULL);
         p = stpcpy(p, it->name) + 1;
         p = stpcpy(p, text) + 1;
     }
-    struct filememo_value v = { .listing = blob, .listing_size = size,
-                                .listing_count = s->nitems };
+    struct filememo_value v = { .listing = blob, .listing_size = size, .listing_count = n };
     filememo_store(FILEMEMO_DIR, "", &s->dir_id, s->memo_with_dev, &v, s->started);
 }
 
+/* Whether links of a listing from the memo were read in this scan (then keep it again). */
+static int gained_link_texts(const struct item *items, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (items[i].link_text != NULL && !items[i].link_borrowed)
+            return 1;
+    return 0;
+}
+
+/* The directory's listing into s->items: from the memo when it knows the directory. */
 static int read_listing(struct cds_scan *s)
 {
-    if (s->dirfd < 0 || s->extras_only)
+    if (s->dirfd < 0 || (s->extras_only && !s->memo))
         return 0;
     if (s->memo) {
         struct statfs fs;
@@ -737,9 +771,12 @@ static int read_listing(struct cds_scan *s)
                 int rc = items_from_memo(s, &v);
                 free(v.listing);
                 free(v.soname);
+                s->listed_from_memo = 1;
                 return rc;
             }
             s->remember_listing = 1;
+        } else if (s->extras_only) {
+            return 0;
         }
     }
     struct cds_dirents dir;
@@ -764,6 +801,19 @@ static int read_listing(struct cds_scan *s)
     return rc < 0 ? -1 : 0;
 }
 
+/* With extras only, the listing is looked up, not scanned: move it to s->listed. */
+static int set_aside_listing(struct cds_scan *s)
+{
+    if (!s->extras_only || !s->memo || s->dirfd < 0 || !(s->listed_from_memo || s->remember_listing))
+        return 0;
+    s->have_listed = 1;
+    s->listed = s->items;
+    s->nlisted = s->nitems;
+    s->items = NULL;
+    s->nitems = 0;
+    return index_names(s->listed, s->nlisted, &s->listed_index, &s->listed_slots);
+}
+
 static int add_extras(struct cds_scan *s, size_t nextras)
 {
     if (nextras == 0)
@@ -779,7 +829,10 @@ static int add_extras(struct cds_scan *s, size_t nextras)
             return -1;
         }
         long at = find_item(s, name);
-        if (s->extras_only && s->dirfd >= 0) {
+        if (s->extras_only && s->have_listed) {
+            if (find_listed(s, name) >= 0)
+                s->shadowing++;
+        } else if (s->extras_only && s->dirfd >= 0) {
             struct stat raw;
             if (fstatat(s->dirfd, name, &raw, AT_SYMLINK_NOFOLLOW) == 0)
                 s->shadowing++;
@@ -809,6 +862,20 @@ static int soname_is_same_file(struct cds_scan *s, const struct dlib *d)
     if (strcmp(d->name, d->soname) == 0)
         return 1;
     long at = find_item(s, d->soname);
+    if (at < 0 && s->extras_only && s->have_listed) {
+        /* Not among the extras: a link of the directory's, naming the extra? */
+        long was = find_listed(s, d->soname);
+        if (was < 0)
+            return 0;
+        struct item *it = &s->listed[was];
+        if (it->dtype != DT_LNK && it->dtype != DT_UNKNOWN)
+            return 0;
+        if (it->link_text == NULL && it->link_err == 0)
+            read_link(s, it);
+        if (it->link_err == -ENOMEM)
+            return -1;
+        return it->link_text != NULL && strcmp(it->link_text, d->name) == 0;
+    }
     if (at < 0 && s->extras_only && s->dirfd >= 0) {
         /* Not among the extras: a link of the directory's, naming the extra? */
         char target[PATH_MAX + 1];
@@ -1056,7 +1123,8 @@ int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const struct cds_ex
         s->started = filememo_clock();
     int rc = -1;
     s->dirpath = cds_arena_strndup(&s->arena, dirpath, strlen(dirpath));
-    if (s->dirpath != NULL && read_listing(s) == 0 && add_extras(s, nextras) == 0
+    if (s->dirpath != NULL && read_listing(s) == 0 && set_aside_listing(s) == 0
+        && add_extras(s, nextras) == 0
         && index_items(s) == 0 && prefetch(s, opts) == 0) {
         rc = 0;
         for (uint32_t i = 0; i < s->nitems && rc == 0; i++)
@@ -1068,8 +1136,13 @@ int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const struct cds_ex
             else
                 s->dlibs[i].soname_link_ok = same;
         }
-        if (rc == 0 && s->remember_listing && nextras == 0)
-            remember_listing(s);
+        if (rc == 0 && s->extras_only && s->have_listed
+            && (s->remember_listing || gained_link_texts(s->listed, s->nlisted)))
+            remember_listing(s, s->listed, s->nlisted);
+        else if (rc == 0 && !s->extras_only && nextras == 0
+                 && (s->remember_listing || (s->listed_from_memo
+                                             && gained_link_texts(s->items, s->nitems))))
+            remember_listing(s, s->items, s->nitems);
     }
     /* Extras' names point into the caller's array: copy them before it goes. */
     for (uint32_t i = 0; i < s->nitems && rc == 0; i++)
@@ -1112,6 +1185,11 @@ void cds_scan_free(struct cds_scan *s)
     for (uint32_t i = 0; i < s->nitems; i++)
         if (!s->items[i].link_borrowed)
             free(s->items[i].link_text);
+    for (uint32_t i = 0; i < s->nlisted; i++)
+        if (!s->listed[i].link_borrowed)
+            free(s->listed[i].link_text);
+    free(s->listed);
+    free(s->listed_index);
     free(s->items);
     free(s->name_index);
     free(s->files);

@@ -4,12 +4,14 @@ later plans stat the files instead of reading them -- the host's driver files, a
 image's own files in every container of that image (a new overlay mount, so a new device
 number, over the same layer files) -- and any change to a file (rewritten in place,
 replaced by rename, a new SONAME) is seen."""
+import contextlib
 import os
 import subprocess
 import time
 
 import pytest
 
+import ldcache_helpers
 from ldcache_helpers import build_library, fake_driver, generator_of, roots, toolkit_ldconfig
 from shim import ldcache
 from test_equivalence import assert_equivalent
@@ -46,11 +48,12 @@ def test_memo_hits_and_still_equals_glibc(host_tree, workdir, scratch, memo):
     hits0, misses0, _ = ldcache.memo_stats()
     first = ldcache.plan(host_tree, [LIBDIR], extra, links="ldconfig", generator=generator)
     hits1, misses1, entries = ldcache.memo_stats()
-    assert (hits1 - hits0, misses1 - misses0) == (0, len(extra)) and entries >= len(extra)
+    read = len(extra) + 1        # the driver files, and the listing of the directory they go to
+    assert (hits1 - hits0, misses1 - misses0) == (0, read) and entries >= read
     # the second plan reads no driver file: every one is a hit; both equal glibc's cache
     second = ldcache.plan(host_tree, [LIBDIR], extra, links="ldconfig", generator=generator)
     hits2, misses2, _ = ldcache.memo_stats()
-    assert (hits2 - hits1, misses2 - misses1) == (len(extra), 0)
+    assert (hits2 - hits1, misses2 - misses1) == (read, 0)
     assert first.mode == second.mode == "incremental"
     assert first.cache == second.cache == expected
 
@@ -110,7 +113,7 @@ def test_unreadable_or_missing_host_file_is_never_remembered(host_tree, scratch,
     _, _, entries = ldcache.memo_stats()
     plan = ldcache.plan(host_tree, [LIBDIR], extra)
     assert any(path.endswith("libgone.so.1") for path, _ in plan.skipped)
-    assert ldcache.memo_stats()[2] == entries
+    assert ldcache.memo_stats()[2] == entries + 1            # the directory's listing only
 
 
 def test_a_file_changed_within_the_settle_time_is_not_kept(scratch):
@@ -134,27 +137,34 @@ def test_a_file_changed_within_the_settle_time_is_not_kept(scratch):
 
 # ---- the image's own files -----------------------------------------------------------
 
-@pytest.fixture
-def two_containers(host_tree, scratch):
-    """Two overlay mounts over one lower copy of the host tree with a fake driver: two
-    containers of one image (new device numbers, the layer files' inodes and ctimes)."""
-    lower = roots.copy_tree(host_tree, os.path.join(scratch, "layer"))
-    fake_driver(os.path.join(lower, "usr/local/nvidia/lib"), links=True)
+@contextlib.contextmanager
+def overlay_mounts(lower, scratch, count):
+    """COUNT overlay mounts over LOWER: containers of one image (new device numbers, the
+    layer files' inodes and ctimes)."""
     mounts = []
     try:
-        for name in ("c1", "c2"):
-            upper, work, merged = (os.path.join(scratch, name, d) for d in ("upper", "work", "rootfs"))
+        for n in range(count):
+            upper, work, merged = (os.path.join(scratch, f"c{n}", d) for d in ("upper", "work", "rootfs"))
             for d in (upper, work, merged):
                 os.makedirs(d)
             subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
                             f"lowerdir={lower},upperdir={upper},workdir={work}", merged],
                            check=True, capture_output=True)
             mounts.append(merged)
-        assert os.stat(mounts[0]).st_dev != os.stat(mounts[1]).st_dev
-        yield lower, mounts
+        assert len({os.stat(m).st_dev for m in mounts}) == count
+        yield mounts
     finally:
         for merged in mounts:
             subprocess.run(["umount", merged], check=False)
+
+
+@pytest.fixture
+def two_containers(host_tree, scratch):
+    """Two containers of an image: the host tree with a fake driver folder."""
+    lower = roots.copy_tree(host_tree, os.path.join(scratch, "layer"))
+    fake_driver(os.path.join(lower, "usr/local/nvidia/lib"), links=True)
+    with overlay_mounts(lower, scratch, 2) as mounts:
+        yield lower, mounts
 
 
 def test_image_files_are_remembered_across_containers(two_containers, workdir, memo):
@@ -203,10 +213,10 @@ def test_a_changed_image_file_is_read_again(two_containers, workdir, scratch, me
     assert cache.lookup("libcuda-new.so.7")
 
 
-def plan_without_memo(root, folders):
+def plan_without_memo(root, folders, extra=None):
     previous = ldcache.remember_files(False, forget=False)
     try:
-        return ldcache.plan_cache(root, folders)
+        return ldcache.plan_cache(root, folders, extra)
     finally:
         ldcache.remember_files(previous, forget=False)
 
@@ -239,3 +249,46 @@ def test_a_changed_directory_is_listed_again(two_containers, memo, change):
     names = {e.soname for e in ldcache.read_cache(after).entries}
     assert gained is None or gained in names
     assert lost is None or lost not in paths
+
+
+@pytest.mark.parametrize("image_has", ["a-soname-link-to-a-mount", "a-file-a-mount-hides"])
+def test_extras_use_the_remembered_listing(host_tree, workdir, scratch, memo, image_has):
+    """Driver files mounted into the image's own library directory, which the image's cache
+    covers: the plan looks up the names they hide and their soname links in the directory's
+    listing (read once, then remembered) instead of a stat and a readlink each. glibc's
+    cache of the mounted tree, in two containers of the image."""
+    lower = roots.copy_tree(host_tree, os.path.join(scratch, "layer"))
+    libdir = os.path.join(lower, LIBDIR.lstrip("/"))
+    if image_has == "a-soname-link-to-a-mount":       # the cache then names the link
+        os.symlink("libcuda.so.550.54.15", os.path.join(libdir, "libcuda.so.1"))
+    else:                                             # which ldconfig keeps: read them all
+        build_library(os.path.join(libdir, "libnvidia-ml.so.550.54.15"), "libnvidia-image.so.3")
+    subprocess.run([ldcache_helpers.LDCONFIG, "-X", "-r", lower], check=True, timeout=60)
+    made = fake_driver(os.path.join(scratch, "driver"), names=("cuda", "nvidia-ml", "nvidia-ptxjitcompiler"))
+    extra = {f"{LIBDIR}/{os.path.basename(p)}": p for p in made.values()}
+    expected = toolkit_ldconfig(mounted_copy(lower, scratch, extra, "mounted"), [LIBDIR], workdir)
+    generator = generator_of(expected)
+    with overlay_mounts(lower, scratch, 2) as containers:
+        for root in containers:
+            plan = ldcache.plan(root, [LIBDIR], extra, links="ldconfig", generator=generator)
+            assert plan.cache == expected
+            # as the runtime plans (names the files, or the soname links that exist)
+            existing = ldcache.plan_cache(root, [LIBDIR], extra)
+            assert existing == plan_without_memo(root, [LIBDIR], extra)
+            names = {e.soname: os.path.basename(e.path) for e in ldcache.read_cache(existing).entries}
+            assert names["libcuda.so.1"] == ("libcuda.so.1" if image_has == "a-soname-link-to-a-mount"
+                                             else "libcuda.so.550.54.15")
+    assert ldcache.memo_stats()[0] > 0
+
+
+def test_a_remembered_listing_is_equal_to_glibc(host_tree, workdir, scratch, memo):
+    """The memo on from the first plan to the third (listings and files remembered, then
+    used for the extras' lookups): glibc's cache each time."""
+    made = fake_driver(os.path.join(scratch, "driver"))
+    extra = {f"{LIBDIR}/{os.path.basename(p)}": p for p in made.values()}
+    expected = toolkit_ldconfig(mounted_copy(host_tree, scratch, extra, "mounted"), [LIBDIR], workdir)
+    generator = generator_of(expected)
+    for mode in ("full", "auto", "auto"):
+        plan = ldcache.plan(host_tree, [LIBDIR], extra, links="ldconfig", generator=generator,
+                            mode=mode)
+        assert plan.cache == expected
