@@ -32,6 +32,12 @@
 
 enum { UNRESOLVED = 0, RESOLVED = 1, FAILED = -1 };
 
+/* A file that is not in the tree yet: NAME in the directory, read from HOST_PATH. */
+struct cds_extra {
+    const char *name;
+    const char *host_path;
+};
+
 struct item {
     const char *name;
     uint8_t dtype;                    /* d_type as listed (extras are DT_REG) */
@@ -1105,7 +1111,36 @@ static int prefetch(struct cds_scan *s, const struct cds_scan_opts *opts)
     return run_jobs(s, list, n);
 }
 
-int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const struct cds_extra *extras,
+/* The extras' "name\0host\0..." run as an array in the scan's arena (living as long as it). */
+static int unpack_extras(struct cds_scan *s, const char *packed, size_t len, size_t nextras)
+{
+    if (nextras == 0)
+        return 0;
+    if (nextras > len / 2) {
+        errno = EINVAL;
+        return -1;
+    }
+    char *copy = cds_arena_alloc(&s->arena, len);
+    struct cds_extra *extras = cds_arena_alloc(&s->arena, nextras * sizeof *extras);
+    if (copy == NULL || extras == NULL)
+        return -1;
+    memcpy(copy, packed, len);
+    char *p = copy, *end = copy + len;
+    for (size_t i = 0; i < nextras; i++) {
+        char *name_end = memchr(p, '\0', (size_t)(end - p));
+        char *host_end = name_end ? memchr(name_end + 1, '\0', (size_t)(end - name_end - 1)) : NULL;
+        if (host_end == NULL) {
+            errno = EINVAL;
+            return -1;
+        }
+        extras[i] = (struct cds_extra){ p, name_end + 1 };
+        p = host_end + 1;
+    }
+    s->extras = extras;
+    return 0;
+}
+
+int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const char *extras, size_t len,
                  size_t nextras, const struct cds_scan_opts *opts, struct cds_scan **out)
 {
     *out = NULL;
@@ -1116,14 +1151,14 @@ int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const struct cds_ex
     s->dirfd = dirfd;
     s->target = opts->target;
     s->extras_only = opts->extras_only;
-    s->extras = extras;
     s->memo = filememo_enabled();
     s->memo_with_dev = 1;
     if (s->memo)
         s->started = filememo_clock();
     int rc = -1;
     s->dirpath = cds_arena_strndup(&s->arena, dirpath, strlen(dirpath));
-    if (s->dirpath != NULL && read_listing(s) == 0 && set_aside_listing(s) == 0
+    if (s->dirpath != NULL && unpack_extras(s, extras, len, nextras) == 0
+        && read_listing(s) == 0 && set_aside_listing(s) == 0
         && add_extras(s, nextras) == 0
         && index_items(s) == 0 && prefetch(s, opts) == 0) {
         rc = 0;
@@ -1144,27 +1179,6 @@ int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const struct cds_ex
                                              && gained_link_texts(s->items, s->nitems))))
             remember_listing(s, s->items, s->nitems);
     }
-    /* Extras' names point into the caller's array: copy them before it goes. */
-    for (uint32_t i = 0; i < s->nitems && rc == 0; i++)
-        if (s->items[i].extra >= 0) {
-            const char *copy = cds_arena_strndup(&s->arena, s->items[i].name,
-                                                 strlen(s->items[i].name));
-            if (copy == NULL) {
-                rc = -1;
-                break;
-            }
-            for (uint32_t j = 0; j < s->ndlibs; j++) {
-                if (s->dlibs[j].name == s->items[i].name)
-                    s->dlibs[j].name = copy;
-                if (s->dlibs[j].soname == s->items[i].name)
-                    s->dlibs[j].soname = copy;
-            }
-            for (uint32_t j = 0; j < s->nskips; j++)
-                if (s->skips[j].name == s->items[i].name)
-                    s->skips[j].name = copy;
-            s->items[i].name = copy;
-        }
-    s->extras = NULL;
     if (rc < 0) {
         int saved = errno;
         cds_scan_free(s);

@@ -10,12 +10,6 @@
 struct cds_stat;
 struct cds_builder;
 
-/* A file that is not in the tree yet: NAME in the directory, read from HOST_PATH. */
-struct cds_extra {
-    const char *name;
-    const char *host_path;
-};
-
 enum {
     CDS_LINKS_LDCONFIG = 0,       /* DIR/SONAME, as ldconfig (which creates the link) */
     CDS_LINKS_EXISTING = 1        /* DIR/SONAME where that name is this file, else DIR/NAME */
@@ -53,9 +47,11 @@ struct cds_skip {
 struct cds_scan;
 
 /* Read the directory open at DIRFD (O_RDONLY|O_DIRECTORY, not closed; its offset is
- * moved; -1 for a directory that exists only through EXTRAS). DIRPATH is its path in the tree at ROOTFD, for links
- * that point elsewhere. Returns 0 or -1 with errno. */
-int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const struct cds_extra *extras,
+ * moved; -1 for a directory that exists only through extras). DIRPATH is its path in the
+ * tree at ROOTFD, for links that point elsewhere. EXTRAS (LEN bytes): NEXTRAS files that
+ * are not in the tree yet, each as its name in the directory and the host path it is read
+ * from, NUL-terminated ("name\0/host/path\0..."). Returns 0 or -1 with errno. */
+int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const char *extras, size_t len,
                  size_t nextras, const struct cds_scan_opts *opts, struct cds_scan **out);
 void cds_scan_free(struct cds_scan *scan);
 uint32_t cds_scan_count(const struct cds_scan *scan);

@@ -572,28 +572,49 @@ class _Extras:
         self.by_dir = {}            # directory identity -> [(name, host path)]
         self.children = {}          # directory identity -> {names of virtual subdirectories}
         self.paths = {}             # directory identity -> its path as the extras name it
-        located = {}                # driver files come 30 to a directory: locate it once
+        self._root = root
+        self._located = {}          # driver files come 30 to a directory: locate it once
         for container_path, host_path in (extra or {}).items():
             container_path = os.fspath(container_path)
-            if not container_path.startswith("/"):
-                raise LdcacheError(f"extra library path {container_path!r} is not absolute")
-            parts = [p for p in container_path.split("/") if p not in ("", ".")]
-            if not parts or ".." in parts:
-                raise LdcacheError(f"extra library path {container_path!r} is not a file path")
-            where = tuple(parts[:-1])
-            ident = located.get(where)
-            if ident is None:
-                ident = located[where] = _locate(root, parts[:-1])
-            self.by_dir.setdefault(ident, []).append((parts[-1], os.fspath(host_path)))
-            self.paths.setdefault(ident, "/" + "/".join(parts[:-1]))
-            while ident[0] == "v":
-                rest = ident[3]
-                parent = ("d",) + ident[1:3] if len(rest) == 1 else ident[:3] + (rest[:-1],)
-                self.children.setdefault(parent, set()).add(rest[-1])
-                ident = parent
+            host_path = os.fspath(host_path)
+            if "\0" in container_path or "\0" in host_path:
+                raise LdcacheError(f"extra library path {container_path!r} has a NUL byte")
+            directory, _, name = container_path.rpartition("/")
+            ident = self._located.get(directory)
+            if ident is None or name in ("", ".", ".."):
+                ident, name = self._place(container_path)
+            self.by_dir.setdefault(ident, []).append((name, host_path))
+
+    def _place(self, container_path):
+        """(directory identity, name) of an extra's path (normalized, checked), and the
+        directory noted with its virtual parents."""
+        if not container_path.startswith("/"):
+            raise LdcacheError(f"extra library path {container_path!r} is not absolute")
+        parts = [p for p in container_path.split("/") if p not in ("", ".")]
+        if not parts or ".." in parts:
+            raise LdcacheError(f"extra library path {container_path!r} is not a file path")
+        ident = _locate(self._root, parts[:-1])
+        if container_path.endswith("/" + parts[-1]):
+            self._located[container_path[:-len(parts[-1]) - 1]] = ident
+        self.paths.setdefault(ident, "/" + "/".join(parts[:-1]))
+        child = ident
+        while child[0] == "v":
+            rest = child[3]
+            parent = ("d",) + child[1:3] if len(rest) == 1 else child[:3] + (rest[:-1],)
+            self.children.setdefault(parent, set()).add(rest[-1])
+            child = parent
+        return ident, parts[-1]
 
     def exists(self, ident):
         return ident in self.by_dir or ident in self.children
+
+    def packed(self, ident):
+        """(b"name\\0host\\0...", count) of the files going to directory IDENT."""
+        files = self.by_dir.get(ident, ())
+        if not files:
+            return b"", 0
+        text = "\0".join(f"{name}\0{host}" for name, host in files) + "\0"
+        return os.fsencode(text), len(files)
 
 
 def _parts(path):
@@ -904,17 +925,11 @@ class _Scanner:
         read just the extras and return the scan without adding it (see add())."""
         config = self.config
         d = config.dirs[index]
-        extras = config.extras.by_dir.get(d.ident, ())
-        c_extras = ffi.new("struct cds_extra[]", max(len(extras), 1))
-        keep = []
-        for i, (name, host) in enumerate(extras):
-            keep.append((ffi.new("char[]", os.fsencode(name)), ffi.new("char[]", os.fsencode(host))))
-            c_extras[i].name = keep[-1][0]
-            c_extras[i].host_path = keep[-1][1]
+        packed, count = config.extras.packed(d.ident)
         dirfd = -1
         if d.real:
             dirfd = self.root.open(d.path, os.O_RDONLY | _O_DIRECTORY)
-            if dirfd < 0 and not extras:
+            if dirfd < 0 and not count:
                 return None
         opts = self.opts
         opts.in_hwcaps = 1 if d.hwcaps is not None else 0
@@ -922,8 +937,8 @@ class _Scanner:
         opts.extras_only = 1 if extras_only else 0
         out = ffi.new("struct cds_scan **")
         try:
-            rc = lib.cds_scan_dir(self.root.fd, os.fsencode(d.path), dirfd, c_extras, len(extras),
-                                  opts, out)
+            rc = lib.cds_scan_dir(self.root.fd, os.fsencode(d.path), dirfd, packed, len(packed),
+                                  count, opts, out)
         finally:
             if dirfd >= 0:
                 os.close(dirfd)
