@@ -20,7 +20,13 @@
  * A file changed in place within one tick of the clock the kernel stamps ctime with would
  * keep its key; so only files whose ctime is older than SETTLE seconds before the scan
  * began are kept (an image's or a driver's files are hours old; a file being written is
- * read every time). */
+ * read every time).
+ *
+ * What a hostile image could do with it: its files have inodes of their own, and a reused
+ * inode number comes with a later ctime, which no image chooses. A false hit would need
+ * another filesystem's file with the same name, inode, size, mtime and ctime, and would
+ * still only change what the victim's cache says of the victim's own root: listed files
+ * are stat'ed in the victim's directory, and links resolve inside its root. */
 #ifndef CDI_SHIM_FILEMEMO_H
 #define CDI_SHIM_FILEMEMO_H
 

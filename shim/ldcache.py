@@ -53,6 +53,11 @@ out of it, nothing is written into it unless a function says so):
     update(root, folders=(), extra=None, output=None, **options) -> Plan
         plan() and write: the cache to OUTPUT (a host path), or into ROOT's
         /etc/ld.so.cache (and a musl image's .path file) when OUTPUT is None.
+    remember_files(enabled=True, forget=None, settle=None) / memo_stats()
+        For long-lived processes (the resident worker): keep what reading library files
+        and listing library directories gave, by stat identity, so that the next plan for
+        the same image (or with the same driver files) stats instead of reading -- what
+        ldconfig's aux cache does, in memory (csrc/filememo.h).
 
 Emulated: glibc 2.36's ldconfig as Debian 12 builds it (x86-64 and AArch64): ld.so.conf
 parsing (include globs, "hwcap" lines, "=libc6" types), glibc-hwcaps subdirectories and the
