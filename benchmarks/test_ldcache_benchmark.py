@@ -40,6 +40,12 @@ import ldcache_engine as bench  # noqa: E402
 from shim import ldcache  # noqa: E402
 
 
+# About a second of samples per case, as ldconfig's 100 rounds take: a machine's slow
+# phase of a few hundred milliseconds then moves no median by itself.
+INCREMENTAL_ROUNDS = 3000
+FULL_ROUNDS = 600
+
+
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory):
     base = str(tmp_path_factory.mktemp("ldcache-bench"))
@@ -64,7 +70,7 @@ def test_engine_incremental(benchmark, roots):
     image, _, _, out = roots
     assert ldcache.plan(image, [bench.FOLDER]).mode == "incremental"
     benchmark.pedantic(lambda: ldcache.write_cache(out, ldcache.plan_cache(image, [bench.FOLDER])),
-                       setup=_fresh(out), rounds=500, warmup_rounds=20)
+                       setup=_fresh(out), rounds=INCREMENTAL_ROUNDS, warmup_rounds=20)
 
 
 def test_engine_incremental_extras(benchmark, roots):
@@ -72,7 +78,7 @@ def test_engine_incremental_extras(benchmark, roots):
     folders = [bench.LIBDIR]
     assert ldcache.plan(image, folders, extras).mode == "incremental"
     benchmark.pedantic(lambda: ldcache.write_cache(out, ldcache.plan_cache(image, folders, extras)),
-                       setup=_fresh(out), rounds=500, warmup_rounds=20)
+                       setup=_fresh(out), rounds=INCREMENTAL_ROUNDS, warmup_rounds=20)
 
 
 @pytest.fixture
@@ -86,7 +92,7 @@ def resident():
 def test_engine_incremental_resident(benchmark, roots, resident):
     image, _, _, out = roots
     benchmark.pedantic(lambda: ldcache.write_cache(out, ldcache.plan_cache(image, [bench.FOLDER])),
-                       setup=_fresh(out), rounds=500, warmup_rounds=20)
+                       setup=_fresh(out), rounds=INCREMENTAL_ROUNDS, warmup_rounds=20)
     assert ldcache.memo_stats()[0] > 0
 
 
@@ -94,21 +100,21 @@ def test_engine_extras_resident(benchmark, roots, resident):
     image, _, extras, out = roots
     folders = [bench.LIBDIR]
     benchmark.pedantic(lambda: ldcache.write_cache(out, ldcache.plan_cache(image, folders, extras)),
-                       setup=_fresh(out), rounds=500, warmup_rounds=20)
+                       setup=_fresh(out), rounds=INCREMENTAL_ROUNDS, warmup_rounds=20)
 
 
 def test_engine_full(benchmark, roots):
     image, _, _, out = roots
     benchmark.pedantic(
         lambda: ldcache.write_cache(out, ldcache.plan_cache(image, [bench.FOLDER], mode="full")),
-        setup=_fresh(out), rounds=200, warmup_rounds=10)
+        setup=_fresh(out), rounds=FULL_ROUNDS, warmup_rounds=10)
 
 
 def test_engine_full_resident(benchmark, roots, resident):
     image, _, _, out = roots
     benchmark.pedantic(
         lambda: ldcache.write_cache(out, ldcache.plan_cache(image, [bench.FOLDER], mode="full")),
-        setup=_fresh(out), rounds=200, warmup_rounds=10)
+        setup=_fresh(out), rounds=FULL_ROUNDS, warmup_rounds=10)
 
 
 def test_ldconfig_process(benchmark, roots):
