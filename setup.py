@@ -1,8 +1,11 @@
-"""Build glue: the cffi extension (shim._native) and the native runtime front end.
+"""Build glue: the cffi extension (shim._native), the native runtime front end and the hook
+script.
 
 pyproject.toml holds the metadata. The front end `cdi-shim-runtime` is a small C program
 installed as a script; it needs to know which interpreter and which import directories run
-the Python half, so those are compiled in here.
+the Python half, so those are compiled in here. `cdi-shim-hook` (the OCI hooks, started for
+every container) is a Python script written here the same way: `python -IS` in its first
+line, the import directories in its text.
 """
 import os
 import shlex
@@ -16,6 +19,7 @@ from distutils.command.build_scripts import build_scripts  # setuptools ships th
 HERE = os.path.dirname(os.path.abspath(__file__))
 FRONT_END_SOURCE = os.path.join("csrc", "runtime_main.c")
 FRONT_END = os.path.join("build", "native", "cdi-shim-runtime")
+HOOK_SCRIPT = os.path.join("build", "native", "cdi-shim-hook")
 
 
 def _version():
@@ -57,8 +61,26 @@ def build_front_end():
         subprocess.run(command, check=True)
 
 
+def write_hook_script():
+    shebang = f"#!{sys.executable} -IS"
+    if len(shebang) > 250:            # the kernel reads 256 bytes of it
+        raise RuntimeError(f"the interpreter path {sys.executable!r} is too long for a script's first line")
+    text = (f"{shebang}\n"
+            '"""cdi-shim-hook: OCI hooks (see shim/hook_main.py). Written by setup.py."""\n'
+            "import sys\n"
+            f"sys.path[:0] = {_import_dirs()}\n"
+            "from shim.hook_main import main\n"
+            "sys.exit(main())\n")
+    path = os.path.join(HERE, HOOK_SCRIPT)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as out:
+        out.write(text)
+    os.chmod(path, 0o755)
+
+
 class CopyNativeScripts(build_scripts):
-    """The only script is a compiled program: copy it as it is (no shebang rewriting)."""
+    """Our scripts are made for this interpreter already: copy them as they are (no shebang
+    rewriting)."""
 
     def copy_scripts(self):
         self.mkpath(self.build_dir)
@@ -72,8 +94,9 @@ class CopyNativeScripts(build_scripts):
 
 
 build_front_end()
+write_hook_script()
 setup(
     cffi_modules=["csrc/build_native.py:ffibuilder"],
-    scripts=[FRONT_END],
+    scripts=[FRONT_END, HOOK_SCRIPT],
     cmdclass={"build_scripts": CopyNativeScripts},
 )

@@ -147,9 +147,15 @@ def test_linker_phase_is_logged(world, driver, tmp_path):
     assert any("linker cache:" in m and "entries" in m for m in messages)
 
 
-def _hook_spec(world, driver):
+# The hooks as a spec names them: `cdi-shim hook ...`, or the lean `cdi-shim-hook ...`.
+HOOK_COMMANDS = {"cdi-shim hook": ("cdi-shim", ["hook"]), "cdi-shim-hook": ("cdi-shim-hook", [])}
+
+
+def _hook_spec(world, driver, hook_command="cdi-shim hook"):
     # An explicit env for each hook: without one, runc gives a hook the container's env.
-    cdi_shim = os.path.join(rh.VENV_BIN, "cdi-shim")
+    program, sub = HOOK_COMMANDS[hook_command]
+    cdi_shim = os.path.join(rh.VENV_BIN, program)
+    prefix = ", ".join([program] + sub)
     return (
         'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n'
         "containerEdits:\n"
@@ -158,19 +164,20 @@ def _hook_spec(world, driver):
         "      options: [ro, nosuid, nodev, bind]\n"
         "  hooks:\n"
         f"    - hookName: createContainer\n      path: {cdi_shim}\n"
-        f"      args: [cdi-shim, hook, create-symlinks, --link, '{driver.name}::{LIBDIR}/libnvidia-ml.so']\n"
+        f"      args: [{prefix}, create-symlinks, --link, '{driver.name}::{LIBDIR}/libnvidia-ml.so']\n"
         "      env: [PATH=/usr/sbin:/usr/bin:/sbin:/bin]\n"
         f"    - hookName: createContainer\n      path: {cdi_shim}\n"
-        f"      args: [cdi-shim, hook, update-ldcache, --folder, {LIBDIR}]\n"
+        f"      args: [{prefix}, update-ldcache, --folder, {LIBDIR}]\n"
         "      env: [PATH=/usr/sbin:/usr/bin:/sbin:/bin]\n"
         'devices:\n  - name: "0"\n    containerEdits:\n'
         f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n"
     )
 
 
-def test_our_hooks_under_plain_runc(world, driver, tmp_path):
+@pytest.mark.parametrize("hook_command", list(HOOK_COMMANDS))
+def test_our_hooks_under_plain_runc(world, driver, tmp_path, hook_command):
     """Specs naming `cdi-shim hook ...` work with any runtime: here runc runs the hooks."""
-    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, driver))
+    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, driver, hook_command))
     # The image's environment preloads a library of the image's through the hook's working
     # directory (the rootfs), as in CVE-2025-23266: had a hook loaded it, its constructor would
     # have written MARKER on the host (inside the container that path does not exist).
@@ -195,19 +202,46 @@ def test_our_hooks_under_plain_runc(world, driver, tmp_path):
     assert not marker.exists(), "a hook loaded the image's LD_PRELOAD library"
 
 
-def test_update_ldcache_hook_refuses_bad_state(tmp_path):
-    cdi_shim = os.path.join(rh.VENV_BIN, "cdi-shim")
+@pytest.mark.parametrize("hook_command", list(HOOK_COMMANDS))
+def test_update_ldcache_hook_refuses_bad_state(tmp_path, hook_command):
+    program, sub = HOOK_COMMANDS[hook_command]
+    hook = [os.path.join(rh.VENV_BIN, program)] + sub
     for state, text in (("not json", "not JSON"), ('{"bundle": "relative"}', "no absolute bundle"),
                         ('{"bundle": "/nonexistent-bundle"}', "cannot open")):
-        result = subprocess.run([cdi_shim, "hook", "update-ldcache", "--folder", LIBDIR], input=state,
+        result = subprocess.run(hook + ["update-ldcache", "--folder", LIBDIR], input=state,
                                 capture_output=True, text=True)
-        assert result.returncode == 1 and text in result.stderr, result.stderr
+        assert result.returncode == 1 and "Error: " in result.stderr and text in result.stderr, result.stderr
     bundle = tmp_path / "b"
     bundle.mkdir()
     (bundle / "config.json").write_text('{"root": {"path": "/"}}')
-    result = subprocess.run([cdi_shim, "hook", "create-symlinks", "--link", "a::/b"],
+    result = subprocess.run(hook + ["create-symlinks", "--link", "a::/b"],
                             input=json.dumps({"bundle": str(bundle)}), capture_output=True, text=True)
     assert result.returncode == 1 and "refusing to work on /" in result.stderr
+    # What the lean parser does not know goes to the full command line, which explains.
+    result = subprocess.run(hook + ["update-ldcache", "--bogus"], capture_output=True, text=True)
+    assert result.returncode == 2 and "No such option '--bogus'" in result.stderr
+    assert f"Usage: {hook_command} update-ldcache" in result.stderr
+    result = subprocess.run(hook + ["update-ldcache", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "Update the container's /etc/ld.so.cache" in result.stdout
+
+
+def test_lean_hook_ignores_the_python_environment(tmp_path):
+    """cdi-shim-hook runs `python -IS`: PYTHONPATH and friends in a hook's environment (the
+    image's, under a runtime that passes it) cannot bring code into the hook."""
+    marker = tmp_path / "imported"
+    planted = tmp_path / "planted"
+    (planted / "shim").mkdir(parents=True)
+    (planted / "shim" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (planted / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(planted), "PYTHONSTARTUP": str(planted / "sitecustomize.py")}
+    result = subprocess.run([os.path.join(rh.VENV_BIN, "cdi-shim-hook"), "update-ldcache"], input="not json",
+                            env=env, capture_output=True, text=True)
+    assert result.returncode == 1 and "not JSON" in result.stderr, result.stderr
+    assert not marker.exists()
+    # the console script, for comparison, does honour PYTHONPATH
+    subprocess.run([os.path.join(rh.VENV_BIN, "cdi-shim"), "hook", "update-ldcache"], input="not json",
+                   env=env, capture_output=True, text=True)
+    assert marker.exists()
 
 
 def test_runtime_gives_hooks_an_env_so_the_image_env_cannot_reach_them(world, tmp_path):
