@@ -159,11 +159,12 @@ def prepare_linker(config, bundle, log):
         drop.add(id(call.hook))
 
     if updates or libraries:
-        from .ldcache import LdcacheError, plan, write_cache
+        from .ldcache import LdcacheError, memo_stats, plan, write_cache
 
         folders = [folder for call in updates for folder in call.options.get("folder", ())]
         if not folders:
             folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
+        hits, misses, _ = memo_stats()
         try:
             result = plan(rootfs, list(dict.fromkeys(folders)), extra=libraries)
         except (LdcacheError, OSError) as err:
@@ -181,7 +182,10 @@ def prepare_linker(config, bundle, log):
             write_cache(source, data)  # temp file + rename, mode 0644
             config = _bind(config, destination, source)
         drop.update(id(call.hook) for call in updates)
-        log.debug(f"linker cache: {result.entries} entries ({result.mode}{': ' + result.reason if result.reason else ''})")
+        remembered, read = (now - then for now, then in zip(memo_stats()[:2], (hits, misses)))
+        memo = f"; {remembered} files or listings remembered, {read} read" if remembered or read else ""
+        log.debug(f"linker cache: {result.entries} entries ({result.mode}"
+                  f"{': ' + result.reason if result.reason else ''}){memo}")
     return _without_hooks(config, drop) if drop else config
 
 

@@ -19,6 +19,7 @@ import time
 import pytest
 
 import runtime_helpers as rh
+from test_runtime_linker import LIBDIR, _glibc_rootfs, _spec, driver  # noqa: F401 (a fixture)
 from test_runtime_runc import SOURCES, check_injected, run_container
 
 pytestmark = pytest.mark.runtime_e2e
@@ -68,11 +69,11 @@ def test_without_a_server_the_interpreter_does_it(world):
     assert len(lines) == 1 and "resident" not in lines[0], lines
 
 
-def start_server(world, socket_path):
+def start_server(world, socket_path, workers=2):
     cli = os.path.join(rh.VENV_BIN, "cdi-shim")
     log = open(os.path.join(world.base, "serve.log"), "wb")
-    process = subprocess.Popen([cli, "runtime", "serve", "--socket", socket_path], stdout=log, stderr=log,
-                               start_new_session=True, env=world.env())
+    process = subprocess.Popen([cli, "runtime", "serve", "--socket", socket_path, "--workers", str(workers)],
+                               stdout=log, stderr=log, start_new_session=True, env=world.env())
     deadline = time.monotonic() + 30
     while not os.path.exists(socket_path):
         assert process.poll() is None and time.monotonic() < deadline, "serve did not start"
@@ -371,3 +372,53 @@ def test_caller_whose_working_directory_is_gone_falls_back(resident_world):
     assert resident_world.state(bundle.id)["status"] == "created"
     lines = served_lines(log)
     assert len(lines) == 1 and "resident" not in lines[0], lines
+
+
+def memo_counts(log):
+    """(remembered, read) of each linker-cache line in the debug log, in order."""
+    counts = []
+    with open(log) as f:
+        for line in f:
+            if "linker cache:" in line and " entries (" in line:
+                tail = line.split("; ", 1)[1] if "remembered" in line else "0 files or listings remembered, 0 read"
+                remembered, read = tail.split(" files or listings remembered, ")
+                counts.append((int(remembered.split()[-1]), int(read.split()[0])))
+    return counts
+
+
+def test_a_second_container_of_an_image_reads_what_the_first_did_not(world, driver, tmp_path):
+    """The worker remembers library files and listings by stat identity (ldcache.remember_files):
+    two containers of one image -- two overlay mounts of its layer, as containerd makes them --
+    and the same driver file: the second container's linker cache is made from stats."""
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    server = start_server(world, socket_path, workers=1)      # one worker: one memo
+    mounts = []
+    try:
+        world.resident_socket = socket_path
+        log = debug_world(world)
+        world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+        image = world.bundle(tag="image")
+        layer = _glibc_rootfs(world, image, driver, tmp_path)
+        bundles = []
+        for n in range(2):
+            upper, work, merged = (str(tmp_path / f"c{n}" / d) for d in ("upper", "work", "rootfs"))
+            for d in (upper, work, merged):
+                os.makedirs(d)
+            subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                            f"lowerdir={layer},upperdir={upper},workdir={work}", merged], check=True)
+            mounts.append(merged)
+            bundles.append(world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"],
+                                        edit=lambda config, root=merged: config["root"].update(path=root)))
+        time.sleep(1.2)     # files are remembered once their ctime is over a second old
+        for bundle in bundles:
+            result = world.shim("run", "--bundle", bundle.path, bundle.id)
+            assert result.returncode == 0, result.stderr
+            assert result.stdout == "linked=42 dlopen=ok\n"
+        (_, read_first), (remembered, read_second) = memo_counts(log)
+        assert read_first > 0 and remembered > 0 and read_second < read_first, memo_counts(log)
+        assert all(" in resident process " in line for line in served_lines(log))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        for merged in mounts:
+            subprocess.run(["umount", merged], check=False)
