@@ -19,7 +19,7 @@ import posixpath
 from .bundle import rootfs_path
 
 CACHE_FILE = "cdi-shim.ld.so.cache"
-HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk", "cdi-shim")
+HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk", "cdi-shim", "cdi-shim-hook")
 LIBRARY_MARKER = ".so"
 
 

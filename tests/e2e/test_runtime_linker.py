@@ -203,6 +203,22 @@ def test_our_hooks_under_plain_runc(world, driver, tmp_path, hook_command):
 
 
 @pytest.mark.parametrize("hook_command", list(HOOK_COMMANDS))
+def test_runtime_does_the_work_of_our_hooks(world, driver, tmp_path, hook_command):
+    """Through cdi-shim-runtime the same spec needs no hook process: the runtime recognises
+    our hooks (either program name) as it does the toolkit's, and drops them."""
+    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, driver, hook_command))
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
+    image_cache = open(rootfs + "/etc/ld.so.cache", "rb").read()
+    result = world.shim("run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "linked=42 dlopen=ok\n"
+    assert not bundle.config().get("hooks", {}).get("createContainer")
+    assert open(rootfs + "/etc/ld.so.cache", "rb").read() == image_cache  # no hook wrote it
+    assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == driver.name
+
+
+@pytest.mark.parametrize("hook_command", list(HOOK_COMMANDS))
 def test_update_ldcache_hook_refuses_bad_state(tmp_path, hook_command):
     program, sub = HOOK_COMMANDS[hook_command]
     hook = [os.path.join(rh.VENV_BIN, program)] + sub
