@@ -1,10 +1,12 @@
-"""Pieces the benchmark scripts share."""
+"""Pieces the benchmark scripts share. The ~540-library image is built as the ldcache tests
+build theirs (tests/ldcache/roots.py)."""
 import os
 import subprocess
 import sys
 import time
 
-HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "ldcache"))
+from roots import HOST_LIBDIR, host_image, link_host_libraries  # noqa: E402,F401
 
 
 def timed(argv, env=None):
@@ -12,27 +14,6 @@ def timed(argv, env=None):
     start = time.perf_counter()
     subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return (time.perf_counter() - start) * 1000
-
-
-def link_host_libraries(libdir, source=HOST_LIBDIR):
-    """Fill LIBDIR with this host's shared libraries: hard links for files, copies of links.
-
-    A ~540-library image without copying any data. Returns the number of names made.
-    """
-    os.makedirs(libdir, exist_ok=True)
-    count = 0
-    for name in os.listdir(source):
-        src = os.path.join(source, name)
-        if ".so" not in name:
-            continue
-        if os.path.islink(src):
-            os.symlink(os.readlink(src), os.path.join(libdir, name))
-        elif os.path.isfile(src):
-            os.link(src, os.path.join(libdir, name))
-        else:
-            continue
-        count += 1
-    return count
 
 
 def start_resident(socket_path, env):

@@ -59,7 +59,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from shim import ldcache  # noqa: E402
 
 sys.path.insert(0, HERE)
-from common import HOST_LIBDIR, link_host_libraries  # noqa: E402
+from common import HOST_LIBDIR, host_image  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
 LIBDIR = HOST_LIBDIR                     # the image's library directory (same path)
@@ -70,18 +70,7 @@ LDCONFIG = shutil.which("ldconfig") or "/usr/sbin/ldconfig"
 
 def make_root(base, driver_libs=30):
     """(image root, the same root with the toolkit's drop-ins for ldconfig, host driver dir)."""
-    image = os.path.join(base, "image")
-    link_host_libraries(os.path.join(image, HOST_LIBDIR.lstrip("/")))
-    for sub in ("usr/lib64", "etc/ld.so.conf.d", "var/cache/ldconfig"):
-        os.makedirs(os.path.join(image, sub), exist_ok=True)
-    os.symlink("usr/lib", os.path.join(image, "lib"))
-    os.symlink("usr/lib64", os.path.join(image, "lib64"))
-    shutil.copy("/etc/ld.so.conf", os.path.join(image, "etc/ld.so.conf"))
-    for name in ("libc.conf", "x86_64-linux-gnu.conf"):
-        if os.path.exists(os.path.join("/etc/ld.so.conf.d", name)):
-            shutil.copy(os.path.join("/etc/ld.so.conf.d", name), os.path.join(image, "etc/ld.so.conf.d"))
-    with open(os.path.join(image, "etc/debian_version"), "w") as out:
-        out.write("12\n")
+    image = host_image(os.path.join(base, "image"))
     subprocess.run([LDCONFIG, "-r", image], check=True)
     # The driver: versioned files with SONAME links, as a driver installation has them.
     _build_driver(os.path.join(image, FOLDER.lstrip("/")), driver_libs, links=True)

@@ -91,6 +91,7 @@ def resident():
 
 def test_engine_incremental_resident(benchmark, roots, resident):
     image, _, _, out = roots
+    ldcache.plan_cache(image, [bench.FOLDER])     # remembered (also with --benchmark-disable: one round)
     benchmark.pedantic(lambda: ldcache.write_cache(out, ldcache.plan_cache(image, [bench.FOLDER])),
                        setup=_fresh(out), rounds=INCREMENTAL_ROUNDS, warmup_rounds=20)
     assert ldcache.memo_stats()[0] > 0

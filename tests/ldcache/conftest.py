@@ -1,6 +1,5 @@
 """Fixtures of the ldcache tests; the shared helpers are in ldcache_helpers.py."""
 import os
-import shutil
 import subprocess
 import sys
 
@@ -22,28 +21,7 @@ def workdir(tmp_path_factory):
 def host_tree(workdir):
     """A copy (hard links) of this machine's library tree: the multiarch directory with its
     links, /etc/ld.so.conf(.d) and the merged-/usr symlinks. ~550 cache entries."""
-    root = os.path.join(workdir, "host-tree")
-    libdir = os.path.join(root, roots.HOST_LIBDIR.lstrip("/"))
-    os.makedirs(libdir)
-    for name in os.listdir(roots.HOST_LIBDIR):
-        src = os.path.join(roots.HOST_LIBDIR, name)
-        if ".so" not in name:
-            continue
-        if os.path.islink(src):
-            os.symlink(os.readlink(src), os.path.join(libdir, name))
-        elif os.path.isfile(src):
-            os.link(src, os.path.join(libdir, name))
-    for sub in ("usr/lib64", "etc/ld.so.conf.d", "var/cache/ldconfig"):
-        os.makedirs(os.path.join(root, sub), exist_ok=True)
-    os.symlink("usr/lib", os.path.join(root, "lib"))
-    os.symlink("usr/lib64", os.path.join(root, "lib64"))
-    shutil.copy("/etc/ld.so.conf", os.path.join(root, "etc/ld.so.conf"))
-    for name in ("libc.conf", "x86_64-linux-gnu.conf"):
-        src = os.path.join("/etc/ld.so.conf.d", name)
-        if os.path.exists(src):
-            shutil.copy(src, os.path.join(root, "etc/ld.so.conf.d", name))
-    with open(os.path.join(root, "etc/debian_version"), "w") as out:
-        out.write("12.0\n")
+    root = roots.host_image(os.path.join(workdir, "host-tree"))
     # Its own cache, made by glibc, so that incremental updates have a start.
     subprocess.run([LDCONFIG, "-X", "-r", root], check=True, timeout=60)
     return root
