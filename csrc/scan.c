@@ -55,7 +55,7 @@ struct item {
     int32_t target;                   /* the listing item a same-directory link ends at, or -1 */
     char *link_text;                  /* a link's text once read (malloc'd unless borrowed) */
     int32_t link_err;                 /* -errno of reading it */
-    uint8_t link_borrowed;            /* link_text lies in the scan's arena (from the memo) */
+    uint8_t link_borrowed;            /* link_text lies in the memo's listing text */
 };
 
 struct file {                         /* one regular file read */
@@ -111,7 +111,8 @@ struct cds_scan {
     int memo_with_dev;                /* the device is part of the image's keys (not overlayfs) */
     struct timespec started;          /* filememo_clock() when the scan began */
     struct stat dir_id;               /* the directory's identity when listed (memo on) */
-    int listed_from_memo;             /* the listing came from the memo */
+    int listed_from_memo;             /* the listing came from the memo: */
+    char *memo_listing;               /* its text, which names and link texts point into */
     int remember_listing;             /* keep the listing when done (read, or texts gained) */
     /* With extras only and the memo on: the directory's own listing, for the names the
      * extras would hide and the links to them (instead of a stat and a readlink each). */
@@ -701,15 +702,15 @@ static int consider(struct cds_scan *s, uint32_t index, const struct cds_scan_op
     return add_dlib(s, &d);
 }
 
-/* Items from a remembered listing (see filememo.h for its layout); 0, or -1 (ENOMEM). */
-static int items_from_memo(struct cds_scan *s, const struct filememo_value *v)
+/* Items from a remembered listing (see filememo.h for its layout), pointing into it: the
+ * scan keeps the lookup's copy. 0, or -1 (ENOMEM). */
+static int items_from_memo(struct cds_scan *s, struct filememo_value *v)
 {
-    char *blob = cds_arena_alloc(&s->arena, v->listing_size ? v->listing_size : 1);
-    if (blob == NULL || grow((void **)&s->items, &(uint32_t){ 0 }, v->listing_count,
-                             sizeof *s->items) < 0)
+    s->memo_listing = v->listing;
+    v->listing = NULL;
+    if (grow((void **)&s->items, &(uint32_t){ 0 }, v->listing_count, sizeof *s->items) < 0)
         return -1;
-    memcpy(blob, v->listing, v->listing_size);
-    char *p = blob;
+    char *p = s->memo_listing;
     for (uint32_t i = 0; i < v->listing_count; i++) {
         uint8_t type = (uint8_t)p[0], has_text = (uint8_t)p[1];
         char *name = p + 2;
@@ -775,7 +776,6 @@ static int read_listing(struct cds_scan *s)
             struct filememo_value v;
             if (filememo_lookup(FILEMEMO_DIR, "", &s->dir_id, s->memo_with_dev, &v)) {
                 int rc = items_from_memo(s, &v);
-                free(v.listing);
                 free(v.soname);
                 s->listed_from_memo = 1;
                 return rc;
@@ -810,7 +810,7 @@ static int read_listing(struct cds_scan *s)
 /* With extras only, the listing is looked up, not scanned: move it to s->listed. */
 static int set_aside_listing(struct cds_scan *s)
 {
-    if (!s->extras_only || !s->memo || s->dirfd < 0 || !(s->listed_from_memo || s->remember_listing))
+    if (!s->extras_only || !(s->listed_from_memo || s->remember_listing))  /* not listed */
         return 0;
     s->have_listed = 1;
     s->listed = s->items;
@@ -1204,6 +1204,7 @@ void cds_scan_free(struct cds_scan *s)
             free(s->listed[i].link_text);
     free(s->listed);
     free(s->listed_index);
+    free(s->memo_listing);
     free(s->items);
     free(s->name_index);
     free(s->files);

@@ -1,6 +1,4 @@
 """`cdi-shim hook ...`: OCI hooks (the container state JSON arrives on stdin)."""
-import sys
-
 import click
 
 
@@ -14,13 +12,12 @@ def hook():
     """
 
 
-def _rootfs():
-    from .hooks import HookError, container_rootfs
+def _run(command, **values):
+    from .hook_main import run
 
-    try:
-        return container_rootfs(sys.stdin.buffer.read(1 << 20))
-    except HookError as err:
-        raise click.ClickException(str(err)) from None
+    error = run(command, values)
+    if error:
+        raise click.ClickException(error)
 
 
 @hook.command(name="update-ldcache")
@@ -33,13 +30,7 @@ def update_ldcache(folders, ldconfig_path):
     The cache is computed natively from the image's cache and configuration and written inside
     the rootfs; nothing is followed out of it.
     """
-    from .hooks import update_ldcache as run
-    from .ldcache import LdcacheError
-
-    try:
-        run(_rootfs(), folders)
-    except (LdcacheError, OSError) as err:
-        raise click.ClickException(f"update-ldcache: {err}") from None
+    _run("update-ldcache", folders=list(folders))
 
 
 @hook.command(name="create-symlinks")
@@ -47,11 +38,4 @@ def update_ldcache(folders, ldconfig_path):
               help="Create LINK (an absolute container path) pointing at TARGET (repeatable).")
 def create_symlinks(links):
     """Create symbolic links inside the container's rootfs (existing links are left alone)."""
-    from .hooks import HookError, create_symlinks as run
-
-    try:
-        run(_rootfs(), links)
-    except HookError as err:
-        raise click.ClickException(str(err)) from None
-    except OSError as err:
-        raise click.ClickException(f"create-symlinks: {err}") from None
+    _run("create-symlinks", links=list(links))

@@ -59,6 +59,16 @@ def main(argv=None):
         from .cli_hook import hook
 
         return hook(argv, prog_name="cdi-shim-hook")
+    error = run(command, values)
+    if error:
+        sys.stderr.write(f"Error: {error}\n")
+        return 1
+    return 0
+
+
+def run(command, values):
+    """Run hook COMMAND ("update-ldcache" with values["folders"], "create-symlinks" with
+    values["links"]) on the container whose state is on stdin: None, or what went wrong."""
     from .hooks import HookError, container_rootfs, create_symlinks, update_ldcache
     from .ldcache import LdcacheError
 
@@ -69,15 +79,10 @@ def main(argv=None):
         else:
             create_symlinks(rootfs, values["links"])
     except HookError as err:
-        return _fail(str(err))
+        return str(err)
     except (LdcacheError, OSError) as err:
-        return _fail(f"{command}: {err}")
-    return 0
-
-
-def _fail(message):
-    sys.stderr.write(f"Error: {message}\n")
-    return 1
+        return f"{command}: {err}"
+    return None
 
 
 if __name__ == "__main__":
