@@ -1233,14 +1233,14 @@ def plan_cache(root, folders=(), extra=None, **options):
 
 
 def remember_files(enabled=True, forget=None, settle=None):
-    """Keep what reading library files gave (their SONAME and flags), keyed by stat
-    identity, and stat them instead of reading them on later plans in this process: host
-    files given as EXTRA by path, device, inode, size, mtime and ctime; the image's files by
-    name and the same without the device, which stays the same in every container of an
-    image (each root is a new overlay mount, with a new device number, over the same layer
-    files). ldconfig's aux cache, in memory, for long-lived processes (the resident
-    worker): every GPU container mounts the same driver files, and a node starts the same
-    images again and again.
+    """Keep what reading library files and listing library directories gave (SONAME and
+    flags; names, types and link texts), keyed by stat identity, and stat instead of
+    reading on later plans in this process: host files given as EXTRA by path, device,
+    inode, size, mtime and ctime; the image's files and directories by name and the same,
+    without the device on overlayfs, where it changes with every container's mount while
+    the layer files keep the rest (csrc/filememo.h). ldconfig's aux cache, in memory, for
+    long-lived processes (the resident worker): every GPU container mounts the same driver
+    files, and a node starts the same images again and again.
 
     Only files whose ctime is SETTLE seconds older than the plan are kept (default 1: a
     change within one tick of the kernel's clock would not change the key). Off by
