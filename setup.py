@@ -17,7 +17,7 @@ from setuptools import setup
 from distutils.command.build_scripts import build_scripts  # setuptools ships this distutils
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FRONT_END_SOURCE = os.path.join("csrc", "runtime_main.c")
+FRONT_END_SOURCE = os.path.join("csrc", "frontend", "runtime_main.c")
 FRONT_END = os.path.join("build", "native", "cdi-shim-runtime")
 HOOK_SCRIPT = os.path.join("build", "native", "cdi-shim-hook")
 
@@ -66,10 +66,10 @@ def write_hook_script():
     if len(shebang) > 250:            # the kernel reads 256 bytes of it
         raise RuntimeError(f"the interpreter path {sys.executable!r} is too long for a script's first line")
     text = (f"{shebang}\n"
-            '"""cdi-shim-hook: OCI hooks (see shim/hook_main.py). Written by setup.py."""\n'
+            '"""cdi-shim-hook: OCI hooks (see shim/cli/hook_main.py). Written by setup.py."""\n'
             "import sys\n"
             f"sys.path[:0] = {_import_dirs()}\n"
-            "from shim.hook_main import main\n"
+            "from shim.cli.hook_main import main\n"
             "sys.exit(main())\n")
     path = os.path.join(HERE, HOOK_SCRIPT)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -96,7 +96,7 @@ class CopyNativeScripts(build_scripts):
 build_front_end()
 write_hook_script()
 setup(
-    cffi_modules=["csrc/build_native.py:ffibuilder"],
+    cffi_modules=["csrc/engine/build_native.py:ffibuilder"],
     scripts=[FRONT_END, HOOK_SCRIPT],
     cmdclass={"build_scripts": CopyNativeScripts},
 )

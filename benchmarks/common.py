@@ -1,11 +1,11 @@
 """Pieces the benchmark scripts share. The ~540-library image is built as the ldcache tests
-build theirs (tests/ldcache/roots.py)."""
+build theirs (tests/linker/roots.py)."""
 import os
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "ldcache"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "linker"))
 from roots import HOST_LIBDIR, host_image, link_host_libraries  # noqa: E402,F401
 
 

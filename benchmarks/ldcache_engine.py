@@ -56,7 +56,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from shim import ldcache  # noqa: E402
+from shim.linker import ldcache  # noqa: E402
 
 sys.path.insert(0, HERE)
 from common import HOST_LIBDIR, host_image  # noqa: E402
@@ -190,7 +190,7 @@ def measure(runs, driver_libs, tmpfs="/dev/shm"):
             return lambda: subprocess.run([*command, "update-ldcache", "--folder", FOLDER], input=state,
                                           check=True)
         bare = [sys.executable, "-c",
-                "import sys; from shim import ldcache; ldcache.update(sys.argv[1], [sys.argv[2]], output=sys.argv[3])",
+                "import sys; from shim.linker import ldcache; ldcache.update(sys.argv[1], [sys.argv[2]], output=sys.argv[3])",
                 image, FOLDER, out]
         sides = {
             "ldconfig": lambda: subprocess.run([LDCONFIG, "-r", theirs], check=True),

@@ -37,7 +37,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ldcache_engine as bench  # noqa: E402
-from shim import ldcache  # noqa: E402
+from shim.linker import ldcache  # noqa: E402
 
 
 # About a second of samples per case, as ldconfig's 100 rounds take: a machine's slow

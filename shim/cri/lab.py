@@ -29,7 +29,7 @@ import uuid
 
 import tomlkit
 
-from .. import hosttools
+from . import hosttools
 from . import CRIClient
 from .client import CRIError, read_container_log
 
@@ -266,7 +266,7 @@ class Lab:
 
     def configure(self, *args):
         """Run the real `cdi-shim runtime configure` on this lab's config file."""
-        command = [self.cli] if os.access(self.cli, os.X_OK) else [sys.executable, "-m", "shim.cli"]
+        command = [self.cli] if os.access(self.cli, os.X_OK) else [sys.executable, "-m", "shim.cli.main"]
         command += ["runtime", "configure", "--config", self.config, "--runtime-name", self.runtime_name,
                     "--runtime-binary", self.runtime_binary, "--containerd-binary", self.containerd] + list(args)
         out = subprocess.run(command, capture_output=True, text=True, env=self.env(), timeout=CMD_TIMEOUT)

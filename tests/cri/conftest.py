@@ -7,31 +7,11 @@ import os
 
 import pytest
 
-from cri_helpers import need
+from tests.helpers import need
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cri: end-to-end test through a private containerd's CRI plugin")
-
-
-@pytest.fixture
-def shim_env(tmp_path, monkeypatch):
-    """A cdi-shim config with the default prefixes, private to the test."""
-    config = tmp_path / "cdi-shim.toml"
-    config.write_text('annotation-prefixes = ["cdi.k8s.io/"]\n')
-    monkeypatch.setenv("CDI_SHIM_CONFIG", str(config))
-    monkeypatch.setenv("CDI_SHIM_CACHE_DIR", str(tmp_path / "cache"))
-    return dict(os.environ)
-
-
-@pytest.fixture
-def fake_binary(tmp_path):
-    """An executable standing in for cdi-shim-runtime (golden files name it @BINARY@)."""
-    path = tmp_path / "bin" / "cdi-shim-runtime"
-    path.parent.mkdir()
-    path.write_text("#!/bin/sh\nexec runc \"$@\"\n")
-    path.chmod(0o755)
-    return str(path)
 
 
 def _grpc_or_fail():

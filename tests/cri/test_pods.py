@@ -11,7 +11,7 @@ import os
 import re
 
 import pytest
-from cri_helpers import run_cli
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.cri
 

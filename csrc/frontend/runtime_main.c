@@ -1,0 +1,603 @@
+/*
+ * cdi-shim-runtime: the native front end of the runtime wrapper.
+ *
+ * containerd calls this binary exactly as it would call runc, for every container operation
+ * (state, start, kill, delete, exec probes...). Only create/run may need CDI injection, and
+ * only when the bundle's config.json can be asking for a device. Everything else is exec'd
+ * straight into runc here, so it costs one exec and no interpreter start-up.
+ *
+ * The decision "nothing can be requested" is conservative: config.json is searched for the
+ * raw byte patterns a request needs (an annotation key with a configured prefix, the device
+ * env var, a device-plugin mount). If any pattern, or any JSON escape that could hide one,
+ * appears, or if our config file holds anything this small reader does not understand, the
+ * Python implementation decides (exec'd with the interpreter and paths baked in at build).
+ * A false "maybe" costs time; a false "no" cannot happen.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef CDS_PYTHON
+#error "CDS_PYTHON (the interpreter) must be defined by the build"
+#endif
+#ifndef CDS_PYPATH
+#error "CDS_PYPATH (a Python list literal of import dirs) must be defined by the build"
+#endif
+#ifndef CDS_VERSION
+#define CDS_VERSION "unknown"
+#endif
+
+#define MAX_CONFIG_JSON (64u << 20)
+#define MAX_SETTINGS_FILE (1u << 20)
+#define MAX_PREFIXES 16
+#define DEVICE_MOUNT_PATTERN "\"/var/run/nvidia-container-devices/"
+
+struct settings {
+    char runtime[4096];
+    char device_env[256];
+    char prefixes[MAX_PREFIXES][256];
+    int n_prefixes;
+    char socket[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* the resident process; "" = none */
+    int understood; /* 0: let Python read the config file (and report its problems) */
+};
+
+static void free_buf(char **buf) { free(*buf); }
+static void close_fd(int *fd) { if (*fd >= 0) close(*fd); }
+
+/* Read a whole regular file, refusing links, FIFOs and anything over `limit`.
+ * Returns the length, or -1 with errno set (EFBIG when too large). */
+static long read_file(const char *path, size_t limit, char **out)
+{
+    __attribute__((cleanup(close_fd))) int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0)
+        return -1;
+    if (!S_ISREG(st.st_mode)) {
+        errno = EINVAL;
+        return -1;
+    }
+    if ((size_t)st.st_size > limit) {
+        errno = EFBIG;
+        return -1;
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf)
+        return -1;
+    size_t len = 0;
+    for (;;) {
+        if (len == (size_t)st.st_size + 1) { /* grew while reading: let Python judge */
+            free(buf);
+            errno = EFBIG;
+            return -1;
+        }
+        ssize_t n = read(fd, buf + len, (size_t)st.st_size + 1 - len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            free(buf);
+            return -1;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    buf[len] = '\0';
+    *out = buf;
+    return (long)len;
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    char *end = s + strlen(s);
+    while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
+        *--end = '\0';
+    return s;
+}
+
+/* Parse one "..." TOML basic string without escapes at *p; advances *p. */
+static int parse_string(char **p, char *out, size_t cap)
+{
+    char *s = *p;
+    if (*s != '"')
+        return -1;
+    char *end = strchr(s + 1, '"');
+    if (!end || memchr(s + 1, '\\', (size_t)(end - s - 1)) || (size_t)(end - s - 1) >= cap)
+        return -1;
+    memcpy(out, s + 1, (size_t)(end - s - 1));
+    out[end - s - 1] = '\0';
+    *p = end + 1;
+    return 0;
+}
+
+/* The subset of TOML our config file uses: `key = "string"`, `key = ["a", "b"]` on one
+ * line, `key = true|false`, comments and blank lines. Anything else: not understood. */
+static void load_settings(struct settings *set)
+{
+    const char *path = getenv("CDI_SHIM_CONFIG");
+    __attribute__((cleanup(free_buf))) char *text = NULL;
+
+    strcpy(set->runtime, "runc");
+    strcpy(set->device_env, "NVIDIA_VISIBLE_DEVICES");
+    strcpy(set->prefixes[0], "cdi.k8s.io/");
+    set->n_prefixes = 1;
+    strcpy(set->socket, "/run/cdi-shim/runtime.sock");
+    set->understood = 1;
+    if (!path || !*path)
+        path = "/etc/cdi-shim/config.toml";
+    if (read_file(path, MAX_SETTINGS_FILE, &text) < 0) {
+        if (errno != ENOENT)
+            set->understood = 0; /* unreadable: Python reports why */
+        return;
+    }
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char *s = trim(line);
+        if (*s == '\0' || *s == '#')
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            set->understood = 0;
+            return;
+        }
+        *eq = '\0';
+        char *key = trim(s), *value = trim(eq + 1);
+        char scratch[4096];
+        if (strcmp(key, "runtime") == 0 || strcmp(key, "device-env") == 0
+            || strcmp(key, "resident-socket") == 0) {
+            char *target = key[0] == 'd' ? set->device_env : key[1] == 'u' ? set->runtime : set->socket;
+            size_t cap = key[0] == 'd' ? sizeof(set->device_env)
+                         : key[1] == 'u' ? sizeof(set->runtime) : sizeof(set->socket);
+            if (parse_string(&value, scratch, cap) < 0) {
+                set->understood = 0;
+                return;
+            }
+            strcpy(target, scratch);
+        } else if (strcmp(key, "annotation-prefixes") == 0) {
+            if (*value++ != '[') {
+                set->understood = 0;
+                return;
+            }
+            set->n_prefixes = 0;
+            for (;;) {
+                value = trim(value);
+                if (*value == ']')
+                    break;
+                if (set->n_prefixes == MAX_PREFIXES
+                    || parse_string(&value, set->prefixes[set->n_prefixes], sizeof(set->prefixes[0])) < 0) {
+                    set->understood = 0;
+                    return;
+                }
+                set->n_prefixes++;
+                value = trim(value);
+                if (*value == ',')
+                    value++;
+            }
+            value++;
+        } else if (strcmp(key, "spec-dirs") == 0 || strcmp(key, "default-kind") == 0
+                   || strcmp(key, "log-file") == 0 || strcmp(key, "log-level") == 0
+                   || strcmp(key, "accept-env-unprivileged") == 0) {
+            continue; /* only Python needs these */
+        } else {
+            set->understood = 0; /* unknown key: Python reports it */
+            return;
+        }
+        value = trim(value);
+        if (*value != '\0' && *value != '#') {
+            set->understood = 0;
+            return;
+        }
+    }
+}
+
+/* runc's global options that take a value, and ours. */
+static int global_takes_value(const char *name, size_t len)
+{
+    static const char *names[] = {"root", "log", "log-format", "criu", "rootless", "device", NULL};
+    for (int i = 0; names[i]; i++)
+        if (strlen(names[i]) == len && strncmp(name, names[i], len) == 0)
+            return 1;
+    return 0;
+}
+
+/* Option name without leading dashes and its length (up to '=' if any). */
+static const char *option_name(const char *arg, size_t *len)
+{
+    const char *name = arg + (arg[1] == '-' ? 2 : 1);
+    const char *eq = strchr(name, '=');
+    *len = eq ? (size_t)(eq - name) : strlen(name);
+    return name;
+}
+
+static int is_device_option(const char *name, size_t len)
+{
+    return len == 6 && strncmp(name, "device", 6) == 0;
+}
+
+/* The bundle of a create/run command line (argv from the command word on). */
+static const char *find_bundle(char **args, int n)
+{
+    for (int i = 1; i < n; i++) {
+        const char *a = args[i];
+        if (a[0] != '-' || strcmp(a, "-") == 0 || strcmp(a, "--") == 0)
+            break;
+        size_t len;
+        const char *name = option_name(a, &len);
+        int bundle = (len == 6 && strncmp(name, "bundle", 6) == 0) || (len == 1 && name[0] == 'b');
+        int valued = bundle || (len == 14 && strncmp(name, "console-socket", 14) == 0)
+                     || (len == 8 && strncmp(name, "pid-file", 8) == 0)
+                     || (len == 12 && strncmp(name, "preserve-fds", 12) == 0);
+        const char *eq = strchr(a, '=');
+        if (bundle)
+            return eq ? eq + 1 : (i + 1 < n ? args[i + 1] : ".");
+        if (valued && !eq)
+            i++;
+    }
+    return ".";
+}
+
+/* 1 when config.json may request a device (or we cannot tell), 0 when it cannot. */
+static int may_request(const char *bundle, const struct settings *set)
+{
+    char path[8192], pattern[300];
+    __attribute__((cleanup(free_buf))) char *json = NULL;
+
+    if (snprintf(path, sizeof(path), "%s/config.json", bundle) >= (int)sizeof(path))
+        return 1;
+    long len = read_file(path, MAX_CONFIG_JSON, &json);
+    if (len < 0)
+        return 1; /* Python reports the problem with the file */
+    if (memmem(json, (size_t)len, "\\u", 2) || memmem(json, (size_t)len, "\\/", 2))
+        return 1; /* an escape could spell a pattern differently */
+    if (memchr(json, '\0', (size_t)len))
+        return 1;
+    if (strstr(json, DEVICE_MOUNT_PATTERN))
+        return 1;
+    for (int i = 0; i < set->n_prefixes; i++) {
+        snprintf(pattern, sizeof(pattern), "\"%s", set->prefixes[i]);
+        if (strstr(json, pattern))
+            return 1;
+    }
+    if (set->device_env[0]) {
+        snprintf(pattern, sizeof(pattern), "\"%s=", set->device_env);
+        if (strstr(json, pattern))
+            return 1;
+    }
+    return 0;
+}
+
+/* runc's --log file and format, so our own failures reach containerd like runc's do. */
+static const char *log_path, *log_format = "text";
+
+static void append_escaped(char *out, size_t cap, size_t *len, const char *text)
+{
+    for (const unsigned char *c = (const unsigned char *)text; *c && *len + 8 < cap; c++) {
+        if (*c == '"' || *c == '\\') {
+            out[(*len)++] = '\\';
+            out[(*len)++] = (char)*c;
+        } else if (*c < 0x20) {
+            *len += (size_t)snprintf(out + *len, cap - *len, "\\u%04x", *c);
+        } else {
+            out[(*len)++] = (char)*c;
+        }
+    }
+}
+
+/* Report a failure on stderr and, when runc was given --log, in that file in its format. */
+static void report(const char *message)
+{
+    fprintf(stderr, "%s\n", message);
+    if (!log_path)
+        return;
+    struct timespec now;
+    struct tm tm;
+    char stamp[64], line[8192];
+    size_t len = 0;
+    clock_gettime(CLOCK_REALTIME, &now);
+    gmtime_r(&now.tv_sec, &tm);
+    size_t n = strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(stamp + n, sizeof(stamp) - n, ".%09ldZ", now.tv_nsec);
+    int json = strcmp(log_format, "json") == 0;
+    len = (size_t)snprintf(line, sizeof(line), json ? "{\"level\":\"error\",\"msg\":\"" : "time=\"%s\" level=error msg=\"", stamp);
+    append_escaped(line, sizeof(line) - 64, &len, message);
+    len += (size_t)snprintf(line + len, sizeof(line) - len, json ? "\",\"time\":\"%s\"}\n" : "\"\n", stamp);
+    __attribute__((cleanup(close_fd))) int fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd >= 0 && write(fd, line, len) < 0)
+        fprintf(stderr, "cdi-shim: cannot write runc log %s: %s\n", log_path, strerror(errno));
+}
+
+/* Find `name` on PATH with access(2): a failed execve per PATH entry (what execvp does) costs
+ * far more, and this is the hot path of every exec probe. */
+static const char *search_path(const char *name, char *buf, size_t cap)
+{
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    for (const char *dir = path; dir; dir = strchr(dir, ':') ? strchr(dir, ':') + 1 : NULL) {
+        size_t len = strchr(dir, ':') ? (size_t)(strchr(dir, ':') - dir) : strlen(dir);
+        if (len == 0 || len + strlen(name) + 2 > cap)
+            continue;
+        memcpy(buf, dir, len);
+        buf[len] = '/';
+        strcpy(buf + len + 1, name);
+        struct stat st;
+        if (access(buf, X_OK) == 0 && stat(buf, &st) == 0 && S_ISREG(st.st_mode))
+            return buf;
+    }
+    return NULL;
+}
+
+static int exec_runtime(const struct settings *set, char **argv_out)
+{
+    char found[4096], message[8192];
+    const char *runtime = set->runtime;
+    argv_out[0] = (char *)set->runtime;
+    if (!strchr(runtime, '/')) {
+        runtime = search_path(runtime, found, sizeof(found));
+        if (!runtime) {
+            snprintf(message, sizeof(message), "cdi-shim: the low-level runtime \"%s\" is not on PATH "
+                     "(install runc or set \"runtime\" in the cdi-shim config)", set->runtime);
+            report(message);
+            return 127;
+        }
+    }
+    execv(runtime, argv_out);
+    snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s%s", set->runtime,
+             strerror(errno), errno == ENOENT ? " (install runc or set \"runtime\" in the cdi-shim config)" : "");
+    report(message);
+    return 127;
+}
+
+static int exec_python(int argc, char **argv)
+{
+    static const char boot[] =
+        "import sys\n"
+        "sys.path[:0] = " CDS_PYPATH "\n"
+        "from shim.runtime.main import main\n"
+        "sys.exit(main())\n";
+    char **args = calloc((size_t)argc + 6, sizeof(char *));
+    if (!args)
+        return 127;
+    int n = 0;
+    args[n++] = CDS_PYTHON;
+    args[n++] = "-I"; /* the environment (PYTHONPATH, ...) must not steer the runtime */
+    args[n++] = "-S"; /* no site: the import dirs are known; saves start-up time */
+    args[n++] = "-c";
+    args[n++] = (char *)boot;
+    for (int i = 1; i < argc; i++)
+        args[n++] = argv[i];
+    execv(CDS_PYTHON, args);
+    char message[4096];
+    snprintf(message, sizeof(message), "cdi-shim: cannot start %s: %s", CDS_PYTHON, strerror(errno));
+    report(message);
+    return 127;
+}
+
+/* A growable byte buffer for the resident request. */
+struct bytes {
+    char *data;
+    size_t len, cap;
+};
+
+static int put(struct bytes *b, const char *field)
+{
+    size_t n = strlen(field) + 1;
+    if (b->len + n > b->cap) {
+        size_t cap = (b->cap ? b->cap * 2 : 8192) + n;
+        char *data = realloc(b->data, cap);
+        if (!data)
+            return -1;
+        b->data = data;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, field, n);
+    b->len += n;
+    return 0;
+}
+
+static void free_bytes(struct bytes *b) { free(b->data); }
+
+static int send_request(int fd, const struct bytes *body)
+{
+    static const char magic[8] = "CDSHIM1";
+    unsigned char header[12];
+    uint32_t len = (uint32_t)body->len;
+    memcpy(header, magic, 8);
+    for (int i = 0; i < 4; i++)
+        header[8 + i] = (unsigned char)(len >> (8 * i));
+    /* Our stderr goes along, so the child's messages reach whoever reads ours. */
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    memset(&control, 0, sizeof(control));
+    struct iovec iov[2] = {{header, sizeof(header)}, {body->data, body->len}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2, .msg_control = control.buf,
+                         .msg_controllen = sizeof(control.buf)};
+    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    int err_fd = STDERR_FILENO;
+    memcpy(CMSG_DATA(cmsg), &err_fd, sizeof(int));
+    ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (sent < 0)
+        return -1;
+    size_t total = sizeof(header) + body->len;
+    while ((size_t)sent < total) { /* the rest without the descriptor */
+        size_t off = (size_t)sent - sizeof(header);
+        ssize_t n = send(fd, body->data + off, body->len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno != EINTR)
+            return -1;
+        if (n > 0)
+            sent += n;
+    }
+    return 0;
+}
+
+/* Hand create/run to the resident process (shim/runtime/resident.py has the protocol). Returns -1
+ * when it is not there or declines, and nothing was touched: the caller starts the
+ * interpreter itself. Otherwise execs the runtime it names, or returns the exit status. */
+static int try_resident(const struct settings *set, int argc, char **argv)
+{
+    extern char **environ;
+    char cwd[4096], field[32], message[8192];
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+
+    if (!set->socket[0] || !getcwd(cwd, sizeof(cwd)))
+        return -1; /* (a deleted working directory: the interpreter copes with it) */
+    strcpy(addr.sun_path, set->socket);
+    __attribute__((cleanup(close_fd))) int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0)
+        return -1; /* not running: the usual case without the service */
+    struct ucred peer = {.uid = (uid_t)-1};
+    socklen_t peer_len = sizeof(peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.uid != geteuid()) {
+        snprintf(message, sizeof(message), "cdi-shim: ignoring %s: served by uid %d, not by us",
+                 set->socket, (int)peer.uid);
+        fprintf(stderr, "%s\n", message);
+        return -1;
+    }
+    mode_t mask = umask(0);
+    umask(mask);
+    __attribute__((cleanup(free_bytes))) struct bytes body = {0};
+    int failed = put(&body, CDS_VERSION) | put(&body, cwd);
+    snprintf(field, sizeof(field), "%o", (unsigned)mask);
+    failed |= put(&body, field);
+    snprintf(field, sizeof(field), "%d", argc - 1);
+    failed |= put(&body, field);
+    for (int i = 1; i < argc; i++)
+        failed |= put(&body, argv[i]);
+    for (char **env = environ; *env; env++)
+        failed |= put(&body, *env);
+    if (failed || send_request(fd, &body) < 0)
+        return -1;
+
+    struct timeval timeout = {.tv_sec = 120};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    __attribute__((cleanup(free_bytes))) struct bytes reply = {0};
+    int why = 0;
+    for (;;) {
+        if (reply.cap - reply.len < 4096) {
+            char *data = realloc(reply.data, reply.cap + 65536);
+            if (!data)
+                return 127;
+            reply.data = data;
+            reply.cap += 65536;
+        }
+        ssize_t n = read(fd, reply.data + reply.len, reply.cap - reply.len - 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            why = errno;
+        if (n <= 0)
+            break;
+        reply.len += (size_t)n;
+        if (reply.len > (1u << 20))
+            break;
+    }
+    /* Nothing read means nothing touched (the work starts only after "A"), unless we timed
+     * out: then a late "A" could still start it, so that is a failure. */
+    if ((reply.len == 0 && why != EAGAIN) || (reply.len > 0 && reply.data[0] == 'F'))
+        return -1;
+    reply.data[reply.len] = '\0';
+    char *status_end = memchr(reply.data, '\0', reply.len);
+    if (reply.len == 0 || reply.data[0] != 'A' || !status_end || status_end == reply.data + 1) {
+        snprintf(message, sizeof(message), "cdi-shim: the resident process at %s stopped before it "
+                 "answered (%s); the container was not started", set->socket,
+                 why == EAGAIN ? "timed out" : why ? strerror(why) : "connection closed");
+        report(message);
+        return 1;
+    }
+    int status = atoi(reply.data + 1);
+    if (status != 0)
+        return status; /* the child reported why on our stderr and in runc's log */
+    char **args = calloc(reply.len, sizeof(char *));
+    if (!args)
+        return 127;
+    int n = 0;
+    for (char *p = status_end + 1; p < reply.data + reply.len; p += strlen(p) + 1)
+        args[n++] = p;
+    if (n == 0) {
+        report("cdi-shim: the resident process answered without a runtime to run");
+        return 1;
+    }
+    execv(args[0], args);
+    snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s",
+             args[0], strerror(errno));
+    report(message);
+    return 127;
+}
+
+int main(int argc, char **argv)
+{
+    struct settings set;
+    int command = argc, has_device = 0, version = 0;
+
+    load_settings(&set);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (a[0] != '-' || strcmp(a, "-") == 0) {
+            command = i;
+            break;
+        }
+        size_t len;
+        const char *name = option_name(a, &len);
+        if (is_device_option(name, len))
+            has_device = 1;
+        if ((len == 7 && strncmp(name, "version", 7) == 0) || (len == 1 && name[0] == 'v'))
+            version = 1;
+        if (global_takes_value(name, len)) {
+            const char *value = strchr(a, '=') ? strchr(a, '=') + 1 : (i + 1 < argc ? argv[i + 1] : "");
+            if (len == 3 && strncmp(name, "log", 3) == 0)
+                log_path = value;
+            else if (len == 10 && strncmp(name, "log-format", 10) == 0)
+                log_format = value;
+            if (!strchr(a, '='))
+                i++;
+        }
+    }
+    if (!set.understood)
+        return exec_python(argc, argv);
+
+    if (command < argc && (strcmp(argv[command], "create") == 0 || strcmp(argv[command], "run") == 0)) {
+        if (has_device || may_request(find_bundle(argv + command, argc - command), &set)) {
+            int status = try_resident(&set, argc, argv);
+            return status >= 0 ? status : exec_python(argc, argv);
+        }
+    } else if (command == argc && version) {
+        printf("cdi-shim-runtime version %s\n", CDS_VERSION);
+        fflush(stdout);
+    }
+
+    /* Pass through: runc gets our argv without our own --device options. */
+    char **out = calloc((size_t)argc + 1, sizeof(char *));
+    if (!out)
+        return 127;
+    int n = 1;
+    for (int i = 1; i < argc; i++) {
+        if (i < command && argv[i][0] == '-') {
+            size_t len;
+            const char *name = option_name(argv[i], &len);
+            if (is_device_option(name, len)) {
+                if (!strchr(argv[i], '='))
+                    i++;
+                fprintf(stderr, "cdi-shim: --device is ignored for the %s command\n",
+                        command < argc ? argv[command] : "no");
+                continue;
+            }
+        }
+        out[n++] = argv[i];
+    }
+    return exec_runtime(&set, out);
+}

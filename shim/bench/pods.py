@@ -1,0 +1,283 @@
+"""Pod start-up through a real containerd: the cdi-shim handler against plain runc (`cdi-shim bench pods`).
+
+Each pod is RunPodSandbox -> CreateContainer -> StartContainer -> (container `/bin/true` exits) ->
+StopPodSandbox -> RemovePodSandbox through a private containerd (shim/cri/lab.py), a host-network
+pod with one container. "start-up" is RunPodSandbox's call until StartContainer returns (the
+container runs); "lifecycle" is the whole sequence. Pairs alternate the handlers, and which of the
+two goes first, so drift on these shared machines hits both alike; ratios are reported per pair
+(median of A_i/B_i) and as the ratio of medians.
+
+Scenarios (A = the cdi-shim runtime's handler, B = the runc handler):
+
+* no-device: the same pod on both handlers (the runtime's native front end passes every call
+  straight to runc: its cost is one extra exec per runtime call);
+* one-device: A's container carries ``cdi.k8s.io/gpu: nvidia.com/gpu=0`` (a fake GPU node, an env
+  var, one bind mount), B runs the pod without it;
+* device-30-libs: A asks for a device whose spec also bind-mounts 30 gcc-built driver libraries
+  into the image's library directory; the runtime computes the container's ld.so.cache for them
+  and bind-mounts it (no hook, no ldconfig);
+* device-30-libs-vs-cri: the same A against a runc pod given the same node, env and 30 bind mounts
+  through CRI fields: what runc itself costs for the device is then on both sides, and the ratio
+  is cdi-shim's own cost.
+
+The runtime's own per-phase times come from its debug log (``log-level = "debug"``,
+``phase=<name> took=<ms>ms`` lines). By default the lab runs the runtime's resident process
+(`cdi-shim runtime serve`), as a node would; ``resident=False`` measures the path that starts
+an interpreter per create instead.
+"""
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..cri.lab import Lab, LabError
+
+COMMAND = ["/bin/true"]
+SCENARIOS = {
+    "no-device": ("pod without a device: cdi-shim handler vs runc handler", None, 1.03),
+    "one-device": ("one CDI device (node + env + 1 bind mount) vs a runc pod without it",
+                   {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}, 1.15),
+    "device-30-libs": ("one CDI device + 30 driver libraries as bind mounts vs a runc pod without it "
+                       "(cdi-shim computes the linker cache for them)", {"cdi.k8s.io/gpu": "bench.cdi-shim.dev/gpu=0"}, 1.15),
+    "device-30-libs-vs-cri": ("the same device + 30 libraries vs a runc pod given the same node, env and "
+                              "mounts through CRI fields (cdi-shim's own cost)",
+                              {"cdi.k8s.io/gpu": "bench.cdi-shim.dev/gpu=0"}, None),
+}
+DEFAULT_SCENARIOS = tuple(SCENARIOS)
+STEPS = ("runp", "create", "start", "wait", "stop", "remove")
+PHASES = ("config", "requests", "resolve", "apply", "write", "total")
+_PHASE = re.compile(r"phase=(\w+) took=([0-9.]+)ms")
+
+
+class BenchError(Exception):
+    pass
+
+
+def _phases_since(path, offset):
+    """Runtime phase times (ms) logged after byte `offset` of the runtime log; returns (phases, new offset).
+    phases["resident"] counts the creates a resident process prepared."""
+    if not path or not os.path.exists(path):
+        return {}, offset
+    with open(path, "rb") as stream:
+        stream.seek(offset)
+        data = stream.read()
+    phases = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        match = _PHASE.search(line)
+        if match:
+            phases[match.group(1)] = phases.get(match.group(1), 0.0) + float(match.group(2))
+            if match.group(1) == "total" and " in resident process " in line:
+                phases["resident"] = phases.get("resident", 0) + 1
+    return phases, offset + len(data)
+
+
+def _tool_version(argv):
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return ""
+
+
+def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=True):
+    """Run the benchmark; returns a JSON-able dict of every measurement."""
+    scenarios = list(scenarios or DEFAULT_SCENARIOS)
+    missing = [name for name in ("grpc", "grpc_tools", "google.protobuf") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise BenchError(f"{', '.join(missing)} not installed: the CRI client needs grpcio and grpcio-tools "
+                         "(pip install 'cdi-shim[bench]')")
+    base = tempfile.mkdtemp(prefix="cdi-shim-podbench-", dir=workdir)
+    try:
+        lab = Lab(base, runtime_log=True, log_level="debug", resident=resident)
+    except LabError as err:
+        shutil.rmtree(base, ignore_errors=True)
+        raise BenchError(str(err)) from None
+    result = {
+        "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pairs": pairs, "warmup": warmup,
+                 "containerd": _tool_version([lab.containerd, "--version"]),
+                 "runc": _tool_version([lab.runc, "--version"]), "kernel": platform.release(),
+                 "cpus": os.cpu_count(), "command": COMMAND, "resident": resident},
+        "scenarios": {},
+    }
+    try:
+        lab.setup()
+        libraries = lab.write_libraries_spec(30) if any(n.startswith("device-30-libs") for n in scenarios) else []
+        result["meta"]["python_path_ms"] = python_path_cost()
+        result["meta"]["passthrough_ms"] = passthrough_cost(lab)
+        result["meta"]["load_before"] = os.getloadavg()
+        offset = 0
+        for name in scenarios:
+            title, annotations, target = SCENARIOS[name]
+            log(f"{name}: {warmup} warm-up + {pairs} measured pairs ({title})")
+            samples = {"A": [], "B": []}
+            for index in range(warmup + pairs):
+                extra_b = {}
+                if name == "device-30-libs-vs-cri":
+                    mounts, devices, envs = lab.cri_equivalent_of_libraries_spec(libraries)
+                    extra_b = {"mounts": mounts, "devices": devices, "envs": envs}
+                order = [("A", lab.runtime_name, annotations, {}), ("B", "runc", None, extra_b)]
+                if index % 2:
+                    order.reverse()
+                for side, handler, pod_annotations, extra in order:
+                    _, offset = _phases_since(lab.runtime_log, offset)
+                    pod = lab.run_pod(handler, COMMAND, annotations=pod_annotations, name=f"bench-{side.lower()}",
+                                      **extra)
+                    if pod.status.exit_code != 0:
+                        raise BenchError(f"{name}: the container exited {pod.status.exit_code}: {pod.output}")
+                    phases, offset = _phases_since(lab.runtime_log, offset)
+                    if index >= warmup:
+                        sample = {k: v * 1000 for k, v in pod.times.items()}
+                        sample["phases"] = phases
+                        samples[side].append(sample)
+            result["scenarios"][name] = {"title": title, "target": target, "A": samples["A"], "B": samples["B"],
+                                         "A_handler": lab.runtime_name, "B_handler": "runc"}
+        result["meta"]["load_after"] = os.getloadavg()
+    except LabError as err:
+        raise BenchError(str(err)) from None
+    finally:
+        lab.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    return result
+
+
+def python_path_cost(runs=15):
+    """Median ms of what the runtime's Python create path costs outside its logged phases:
+    interpreter start (`python -I -S`, as the native front end execs it) and the imports."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    boot = f"import sys; sys.path[:0] = [{package_root!r}]; import shim.runtime.main, cdi.registry, cdi.container_edits"
+
+    def timed(argv):
+        samples = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            subprocess.run(argv, check=True)
+            samples.append((time.perf_counter() - start) * 1000)
+        return statistics.median(samples)
+
+    bare = timed([sys.executable, "-I", "-S", "-c", "pass"])
+    with_imports = timed([sys.executable, "-I", "-S", "-c", boot])
+    return {"interpreter": bare, "imports": with_imports - bare}
+
+
+def passthrough_cost(lab, runs=100):
+    """Median ms of one passthrough runtime call: `cdi-shim-runtime state X` against `runc state X`
+    (a container that does not exist: both exit 1 the same way), alternating."""
+    env = lab.env()
+    argv = ["--root", lab.runc_root, "state", "cdi-shim-bench-no-such-container"]
+    samples = {"shim": [], "runc": []}
+    for index in range(runs):
+        order = [("shim", lab.runtime_binary), ("runc", lab.runc)]
+        if index % 2:
+            order.reverse()
+        for side, binary in order:
+            start = time.perf_counter()
+            subprocess.run([binary] + argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            samples[side].append((time.perf_counter() - start) * 1000)
+    return {side: statistics.median(values) for side, values in samples.items()}
+
+
+def _median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize(scenario):
+    """Medians and paired ratios of one scenario's samples."""
+    a, b = scenario["A"], scenario["B"]
+    out = {}
+    for metric in ("startup", "lifecycle") + STEPS:
+        xs = [s[metric] for s in a if metric in s]
+        ys = [s[metric] for s in b if metric in s]
+        ratios = [x / y for x, y in zip(xs, ys) if y > 0]
+        out[metric] = {"A": _median(xs), "B": _median(ys),
+                       "ratio_of_medians": _median(xs) / _median(ys) if ys and _median(ys) else float("nan"),
+                       "paired_ratio": _median(ratios),
+                       "paired_min": min(ratios) if ratios else float("nan"),
+                       "paired_max": max(ratios) if ratios else float("nan")}
+    phase_names = sorted({p for s in a for p in s["phases"]}, key=lambda p: PHASES.index(p) if p in PHASES else 99)
+    out["phases"] = {p: _median([s["phases"].get(p, 0.0) for s in a]) for p in phase_names if p != "resident"}
+    out["calls_with_phases"] = sum(1 for s in a if s["phases"])
+    out["resident_pods"] = sum(1 for s in a if s["phases"].get("resident"))
+    return out
+
+
+def report(result):
+    meta = result["meta"]
+    lines = [f"pod start-up, {meta['pairs']} pairs per scenario ({meta['warmup']} warm-up), {meta['cpus']} CPUs, "
+             f"kernel {meta['kernel']}, resident process {'on' if meta.get('resident') else 'off'}",
+             f"  {meta['containerd']}", f"  {meta['runc'].splitlines()[0] if meta['runc'] else ''}"]
+    if meta.get("load_before"):
+        lines.append("  load average (1, 5, 15 min) before: " + ", ".join(f"{x:.2f}" for x in meta["load_before"])
+                     + "; after: " + ", ".join(f"{x:.2f}" for x in meta.get("load_after", ())))
+    cost = meta.get("passthrough_ms")
+    if cost:
+        lines.append(f"  one passthrough runtime call (`state`, median of 100): cdi-shim-runtime {cost['shim']:.2f} ms, "
+                     f"runc {cost['runc']:.2f} ms: +{cost['shim'] - cost['runc']:.2f} ms a call "
+                     "(4 calls until a pod's container runs, 12 in its lifecycle)")
+    for name, scenario in result["scenarios"].items():
+        s = summarize(scenario)
+        lines += ["", f"{name}: {scenario['title']}",
+                  f"  A = handler {scenario['A_handler']} (cdi-shim-runtime), B = handler {scenario['B_handler']}",
+                  "  metric          A median ms  B median ms  A/B medians  A/B paired (median)  [min .. max]"]
+        for metric in ("startup", "lifecycle") + STEPS:
+            m = s[metric]
+            label = {"startup": "start-up", "lifecycle": "lifecycle"}.get(metric, "  " + metric)
+            lines.append(f"  {label:<15} {m['A']:>10.1f}  {m['B']:>11.1f}  {m['ratio_of_medians']:>10.3f}x"
+                         f"  {m['paired_ratio']:>18.3f}x  [{m['paired_min']:.3f} .. {m['paired_max']:.3f}]")
+        target = scenario["target"]
+        if target:
+            verdict = "meets" if s["startup"]["paired_ratio"] <= target else "MISSES"
+            lines.append(f"  start-up target <= {target:.2f}x: {verdict} it "
+                         f"(paired median {s['startup']['paired_ratio']:.3f}x)")
+        if s["phases"]:
+            phases = ", ".join(f"{p} {v:.2f}" for p, v in s["phases"].items())
+            lines.append(f"  runtime phases (median ms per pod, {s['calls_with_phases']} pods, "
+                         f"{s['resident_pods']} prepared by the resident process): {phases}")
+            cost = meta.get("python_path_ms")
+            if cost and s["resident_pods"] < s["calls_with_phases"]:
+                lines.append(f"  before those phases: interpreter start {cost['interpreter']:.1f} ms + imports "
+                             f"{cost['imports']:.1f} ms (measured apart, median of 15)")
+        else:
+            lines.append("  runtime phases: none logged (the native front end passed every call straight to runc)")
+    return "\n".join(lines) + "\n"
+
+
+def write_json(result, path):
+    with open(path, "w") as stream:
+        json.dump(result, stream, indent=1)
+
+
+def plot(result, path):
+    """Box plots of start-up and lifecycle per scenario and handler (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["scenarios"])
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 3 * len(names), 5))
+    for axis, metric, title in ((axes[0], "startup", "start-up (RunPodSandbox until running)"),
+                                (axes[1], "lifecycle", "full lifecycle")):
+        data, labels = [], []
+        for name in names:
+            scenario = result["scenarios"][name]
+            for side in ("A", "B"):
+                data.append([s[metric] for s in scenario[side]])
+                labels.append(f"{name} {side}\n{scenario[side + '_handler']}")
+        axis.boxplot(data, showfliers=True)
+        axis.set_xticks(range(1, len(labels) + 1))
+        axis.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
+        axis.set_ylabel("ms")
+        axis.set_title(title)
+        axis.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"cdi-shim pod start-up, {result['meta']['pairs']} pairs per scenario")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

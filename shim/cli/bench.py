@@ -1,0 +1,52 @@
+"""`cdi-shim bench pods`: GPU pod start-up through a real containerd."""
+import sys
+
+import click
+
+from .common import fail as _fail
+
+
+@click.group()
+def bench():
+    """Benchmarks that need real parts (a private containerd)."""
+
+
+@bench.command()
+@click.option("-n", "--pairs", default=20, show_default=True, help="Measured pod pairs per scenario.")
+@click.option("--warmup", default=2, show_default=True, help="Unmeasured pairs per scenario first.")
+@click.option("--scenario", "scenarios", multiple=True,
+              type=click.Choice(["no-device", "one-device", "device-30-libs", "device-30-libs-vs-cri"]),
+              help="Scenarios to run (default: all).")
+@click.option("--plot", metavar="FILE.png", help="Draw the distributions (needs matplotlib).")
+@click.option("--json", "json_path", metavar="FILE", help="Write every measurement as JSON.")
+@click.option("--workdir", metavar="DIR", help="Parent of the private containerd's temp dir (default: $TMPDIR).")
+@click.option("--resident/--no-resident", default=True, show_default=True,
+              help="Run the runtime's resident process (cdi-shim runtime serve) as a node would; "
+                   "--no-resident measures an interpreter start per create instead.")
+def pods(pairs, warmup, scenarios, plot, json_path, workdir, resident):
+    """Pod start-up through a private containerd: the cdi-shim handler against plain runc.
+
+    Each pod: RunPodSandbox, CreateContainer, StartContainer, wait for exit, StopPodSandbox,
+    RemovePodSandbox. Pairs alternate the handlers (and which goes first). Prints medians, paired
+    ratios and the runtime's per-phase breakdown from its debug log. Needs root, containerd 1.6+,
+    runc, busybox-static and gcc, and grpcio + grpcio-tools (pip install 'cdi-shim[bench]').
+    """
+    try:
+        from ..bench import pods as podbench
+    except ImportError as err:  # grpcio missing
+        _fail(f"{err}: pip install 'cdi-shim[bench]'")
+    try:
+        result = podbench.run(pairs=pairs, warmup=warmup, scenarios=scenarios or None, workdir=workdir,
+                              log=lambda text: click.echo(text, err=True), resident=resident)
+    except podbench.BenchError as err:
+        _fail(str(err))
+    click.echo(podbench.report(result))
+    if json_path:
+        podbench.write_json(result, json_path)
+    if plot:
+        try:
+            podbench.plot(result, plot)
+        except ImportError:
+            _fail("--plot needs matplotlib: pip install matplotlib")
+        click.echo(f"plot: {plot}", err=True)
+    sys.stdout.flush()

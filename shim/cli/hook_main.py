@@ -1,0 +1,72 @@
+"""`cdi-shim-hook`: the OCI hooks of `cdi-shim hook ...` with a start-up fit for every
+container start.
+
+runc runs a createContainer hook for every container, so its start is part of the
+container's. `cdi-shim hook` goes through the console script (site processing, click and
+the whole command line: ~25-45 ms); `cdi-shim-hook` is a script the build writes with
+`python -IS` in its first line and the import paths compiled in (no environment read,
+no site), and parses its few options itself:
+
+    cdi-shim-hook update-ldcache [--folder DIR]... [--ldconfig-path PATH]
+    cdi-shim-hook create-symlinks [--link TARGET::LINK]...
+
+Anything else (--help, an unknown option) goes to the click group behind `cdi-shim hook`,
+which explains.
+Errors print "Error: ..." on stderr and exit 1, as click does.
+"""
+import sys
+
+# option -> (the function's keyword, repeatable)
+_COMMANDS = {
+    "update-ldcache": {"--folder": "folders", "--ldconfig-path": None},
+    "create-symlinks": {"--link": "links"},
+}
+
+
+class _Unparsed(Exception):
+    """Not something this parser knows: let click handle it."""
+
+
+def parse(argv):
+    """(command, {keyword: [values]}) of ARGV (without the program name)."""
+    if not argv or argv[0] not in _COMMANDS:
+        raise _Unparsed()
+    options = _COMMANDS[argv[0]]
+    values = {key: [] for key in options.values() if key}
+    args = argv[1:]
+    i = 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name not in options:
+            raise _Unparsed()
+        if not eq:
+            if i + 1 >= len(args):
+                raise _Unparsed()
+            i += 1
+            value = args[i]
+        key = options[name]
+        if key:
+            values[key].append(value)
+        i += 1
+    return argv[0], values
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        command, values = parse(argv)
+    except _Unparsed:
+        from .hook import hook
+
+        return hook(argv, prog_name="cdi-shim-hook")
+    from ..linker.hooks import MAX_STATE, run
+
+    error = run(command, values, sys.stdin.buffer.read(MAX_STATE))
+    if error:
+        sys.stderr.write(f"Error: {error}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""`cdi-shim cdi validate | list | inject`: CDI spec tooling."""
+import json
+import os
+import sys
+
+import click
+
+from cdi.errors import CDIError
+from cdi.parser import check_device_argument
+from cdi.registry import Registry
+from cdi.spec import read_spec
+from cdi.spec_dirs import is_spec_file_name, placement_problem
+
+from .common import spec_dirs as spec_dirs_or_configured
+
+
+@click.group()
+def cdi():
+    """Validate, list and inject CDI spec devices."""
+
+
+def _validate_file(path, spec_dirs, problems, check_placement=True):
+    if check_placement:
+        problem = placement_problem(path, spec_dirs)
+        if problem:
+            problems.append(("warning", problem))
+    try:
+        return read_spec(path)
+    except CDIError as err:
+        problems.append(("error", str(err)))
+        return None
+
+
+@cdi.command()
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--spec-dir", "spec_dirs", multiple=True, metavar="DIR",
+              help="Spec directories for placement checks (rising priority; default: the configured ones).")
+def validate(paths, spec_dirs):
+    """Validate CDI spec files or directories (default: the spec directories).
+
+    Prints one line per problem, "error: ..." or "warning: ..." (a warning says why a file
+    will be ignored: wrong extension, sub-directory, outside the spec directories). Exits 1 if
+    there is any error.
+    """
+    spec_dirs = spec_dirs_or_configured(spec_dirs)
+    problems, checked = [], 0
+    for path in paths or spec_dirs:
+        if os.path.isdir(path):
+            if not paths and not os.path.exists(path):
+                continue
+            entries = sorted(os.listdir(path))
+            for name in entries:
+                full = os.path.join(path, name)
+                if os.path.isdir(full) and not os.path.islink(full):
+                    if any(is_spec_file_name(n) or n.endswith(".yml") for n in os.listdir(full)):
+                        problems.append(("warning", f'"{full}" is a sub-directory; specs in it are not read'))
+                    continue
+                if name.endswith(".yml"):
+                    problems.append(("warning", placement_problem(full, spec_dirs)))
+                    continue
+                if is_spec_file_name(name):
+                    checked += 1
+                    _validate_file(full, spec_dirs, problems, check_placement=bool(paths))
+            # Conflicts between files of the same directory make their devices unresolvable.
+            registry = Registry([path], cache_dir=None).refresh()
+            for messages in registry.errors().values():
+                for message in messages:
+                    if message.startswith("conflicting device"):
+                        problems.append(("error", message))
+        elif os.path.exists(path) or paths:
+            checked += 1
+            _validate_file(path, spec_dirs, problems)
+    for level, message in dict.fromkeys(problems):
+        click.echo(f"{level}: {message}")
+    errors = sum(1 for level, _ in dict.fromkeys(problems) if level == "error")
+    click.echo(f"{checked} spec file(s) checked, {errors} error(s)", err=True)
+    sys.exit(1 if errors else 0)
+
+
+@cdi.command(name="list")
+@click.option("--spec-dir", "spec_dirs", multiple=True, metavar="DIR",
+              help="Spec directory (repeatable, rising priority; default: the configured ones).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of {name, kind, spec}.")
+def list_devices(spec_dirs, as_json):
+    """List the qualified names of every resolvable CDI device, one a line.
+
+    Spec files that fail to load are reported on stderr; their devices are not listed.
+    """
+    registry = Registry(spec_dirs_or_configured(spec_dirs)).refresh()
+    names = registry.device_names()
+    if as_json:
+        rows = []
+        for name in names:
+            spec, _ = registry.lookup(name)
+            rows.append({"name": name, "kind": spec.kind, "spec": spec.path})
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        for name in names:
+            click.echo(name)
+    for messages in registry.errors().values():
+        for message in messages:
+            click.echo(f"warning: {message}", err=True)
+
+
+def _device_arguments(ctx, param, values):
+    for value in values:
+        try:
+            check_device_argument(value)
+        except CDIError as err:
+            raise click.BadParameter(str(err)) from None
+    return values
+
+
+@cdi.command()
+@click.option("--device", "devices", multiple=True, required=True, callback=_device_arguments,
+              metavar="NAME", help="Qualified device name, vendor.com/class=name (repeatable, in order).")
+@click.option("--spec-dir", "spec_dirs", multiple=True, metavar="DIR",
+              help="Spec directory (repeatable, rising priority; default: the configured ones).")
+@click.argument("config_json", type=click.Path(dir_okay=False, allow_dash=True))
+def inject(devices, spec_dirs, config_json):
+    """Print CONFIG_JSON (an OCI config.json; - for stdin) with the devices' edits applied.
+
+    Nothing is written: the input file is left untouched.
+    """
+    try:
+        with click.open_file(config_json, "rb") as stream:
+            config = json.loads(stream.read())
+    except (OSError, ValueError) as err:
+        raise click.ClickException(f"cannot read OCI config {config_json}: {err}") from None
+    if not isinstance(config, dict):
+        raise click.ClickException(f"OCI config {config_json}: the document is not a JSON object")
+    try:
+        edited = Registry(spec_dirs_or_configured(spec_dirs)).inject(config, list(devices))
+    except CDIError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(json.dumps(edited, indent=2))

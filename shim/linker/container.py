@@ -1,0 +1,211 @@
+"""The container's linker cache and library links, prepared before runc starts.
+
+The toolkit's specs carry createContainer hooks that run the host's ldconfig inside the
+container (`update-ldcache`) and make soname links (`create-symlinks`). Here the cache is
+computed natively from the image's own cache plus the libraries the edits mount (read on the
+host), written into the bundle directory and bind-mounted read-only over /etc/ld.so.cache; the
+update-ldcache hook is then dropped, so no hook process runs at all and nothing is written into
+the image's rootfs for the cache. A create-symlinks hook is dropped when every link already
+exists by other means (a mount at the link's path) or after its links were made here, inside
+the rootfs and without following anything out of it; when that cannot be done safely (the link
+lies under a directory a mount will cover) the hook stays.
+
+`prepare_linker(config, bundle, log)` returns the new config; it never fails the container:
+a cache that cannot be computed leaves the hooks as the spec wrote them, with a warning.
+"""
+import os
+import posixpath
+
+from ..bundle import rootfs_path
+
+CACHE_FILE = "cdi-shim.ld.so.cache"
+HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk", "cdi-shim", "cdi-shim-hook")
+LIBRARY_MARKER = ".so"
+
+
+class HookCall:
+    """A hook of ours or the toolkit's: its subcommand and options."""
+
+    def __init__(self, hook):
+        self.hook = hook
+        self.command, self.options = "", {}
+        args = hook.get("args") or [hook.get("path", "")]
+        if posixpath.basename(hook.get("path", "")) not in HOOK_PROGRAMS \
+                and posixpath.basename(args[0] if args else "") not in HOOK_PROGRAMS:
+            return
+        rest = list(args[1:])
+        if rest[:1] == ["hook"]:
+            rest = rest[1:]
+        if not rest:
+            return
+        self.command = rest[0]
+        index = 1
+        while index < len(rest):
+            name, sep, value = rest[index].partition("=")
+            if name.startswith("--") and not sep and index + 1 < len(rest) and not rest[index + 1].startswith("--"):
+                index += 1
+                value = rest[index]
+            self.options.setdefault(name.lstrip("-"), []).append(value)
+            index += 1
+
+
+def _is_library(path):
+    name = posixpath.basename(path)
+    return name.startswith("lib") and (name.endswith(LIBRARY_MARKER) or LIBRARY_MARKER + "." in name)
+
+
+def _hook_calls(config):
+    hooks = config.get("hooks") or {}
+    for stage, entries in hooks.items():
+        for entry in entries or ():
+            if isinstance(entry, dict):
+                call = HookCall(entry)
+                if call.command:
+                    yield stage, call
+
+
+def _without_hooks(config, drop):
+    hooks = {stage: [hook for hook in entries if id(hook) not in drop]
+             for stage, entries in (config.get("hooks") or {}).items()}
+    return dict(config, hooks={stage: entries for stage, entries in hooks.items() if entries})
+
+
+def _links(call):
+    for spec in call.options.get("link", ()):
+        target, sep, link = spec.partition("::")
+        if sep and target and link.startswith("/"):
+            yield target, link
+
+
+def _under_a_mount(path, destinations):
+    return any(path != dest and path.startswith(dest.rstrip("/") + "/") for dest in destinations)
+
+
+def make_links(rootfs, links):
+    """Create LINK -> TARGET inside the rootfs (parents made as needed), never leaving it."""
+    from .._native import ffi, lib
+
+    rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for target, link in links:
+            parent, name = posixpath.split(posixpath.normpath(link))
+            fd = _open_dir_in_root(rootfd, parent, ffi, lib)
+            try:
+                try:
+                    os.symlink(target, name, dir_fd=fd)
+                except FileExistsError:
+                    pass  # the image (or an earlier start) has it: leave it as it is
+            finally:
+                os.close(fd)
+    finally:
+        os.close(rootfd)
+
+
+def _open_dir_in_root(rootfd, path, ffi, lib):
+    """An O_PATH descriptor of PATH inside the root, making missing directories (0755)."""
+    opened = "/"
+    fd = os.dup(rootfd)
+    for part in [p for p in path.split("/") if p]:
+        child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
+                                    os.O_PATH | os.O_DIRECTORY)
+        if child < 0 and ffi.errno == 2:  # ENOENT: make it in the directory we hold
+            os.mkdir(part, 0o755, dir_fd=fd)
+            child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
+                                        os.O_PATH | os.O_DIRECTORY)
+        if child < 0:
+            error = ffi.errno
+            os.close(fd)
+            raise OSError(error, os.strerror(error), posixpath.join(opened, part))
+        os.close(fd)
+        fd, opened = child, posixpath.join(opened, part)
+    return fd
+
+
+def _bind(config, destination, source):
+    mount = {"destination": destination, "type": "bind", "source": source,
+             "options": ["bind", "ro", "nosuid", "nodev"]}
+    mounts = [m for m in config.get("mounts") or () if m.get("destination") != destination]
+    return dict(config, mounts=mounts + [mount])
+
+
+def prepare_linker(config, bundle, log):
+    """Return `config` with the linker cache prepared and the hooks we replaced removed."""
+    calls = list(_hook_calls(config))
+    updates = [call for _, call in calls if call.command == "update-ldcache"]
+    symlinks = [call for _, call in calls if call.command == "create-symlinks"]
+    mounts = [m for m in config.get("mounts") or () if isinstance(m, dict)]
+    libraries = {m["destination"]: m["source"] for m in mounts
+                 if isinstance(m.get("destination"), str) and isinstance(m.get("source"), str)
+                 and _is_library(m["destination"]) and os.path.isfile(m["source"])}
+    if not updates and not symlinks and not libraries:
+        return config
+    rootfs = rootfs_path(config, bundle) or os.path.join(bundle, "rootfs")
+    drop = set()
+
+    destinations = [m.get("destination", "") for m in mounts]
+    for call in symlinks:
+        links = list(_links(call))
+        pending = [(target, link) for target, link in links if link not in destinations]
+        if any(_under_a_mount(link, destinations) for _, link in pending):
+            log.warning("keeping a create-symlinks hook: a link lies under a mounted directory")
+            continue
+        try:
+            if pending:
+                make_links(rootfs, pending)
+                log.debug(f"created {len(pending)} library link(s) in {rootfs}")
+        except OSError as err:
+            log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
+            continue
+        drop.add(id(call.hook))
+
+    if updates or libraries:
+        from .ldcache import LdcacheError, memo_stats, plan, write_cache
+
+        folders = [folder for call in updates for folder in call.options.get("folder", ())]
+        if not folders:
+            folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
+        hits, misses, _ = memo_stats()
+        try:
+            result = plan(rootfs, list(dict.fromkeys(folders)), extra=libraries)
+        except (LdcacheError, OSError) as err:
+            log.warning(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
+            return _without_hooks(config, drop) if drop else config
+        except Exception as err:  # noqa: BLE001 - a bug here must not fail a container the hooks can serve
+            log.error(f"linker cache: unexpected {type(err).__name__}: {err}; the spec's hooks run as written")
+            return _without_hooks(config, drop) if drop else config
+        for warning in result.warnings:
+            log.debug(f"linker cache: {warning}")
+        files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
+        files += [(path, f"cdi-shim.musl-{index}.path", data) for index, (path, data) in enumerate(sorted(result.musl.items()))]
+        for destination, name, data in files:
+            source = os.path.abspath(os.path.join(bundle, name))
+            write_cache(source, data)  # temp file + rename, mode 0644
+            config = _bind(config, destination, source)
+        drop.update(id(call.hook) for call in updates)
+        remembered, read = (now - then for now, then in zip(memo_stats()[:2], (hits, misses)))
+        memo = f"; {remembered} files or listings remembered, {read} read" if remembered or read else ""
+        log.debug(f"linker cache: {result.entries} entries ({result.mode}"
+                  f"{': ' + result.reason if result.reason else ''}){memo}")
+    return _without_hooks(config, drop) if drop else config
+
+
+SAFE_HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+
+
+def isolate_hooks(config):
+    """Give every hook without an env an explicit one.
+
+    runc runs a hook whose env is absent with the environment of `runc init`, which by then is
+    the container's: an image setting LD_PRELOAD (CVE-2025-23266) or PATH would steer a hook
+    running with the host's privileges. An explicit env is all runc passes.
+    """
+    hooks = config.get("hooks")
+    if not isinstance(hooks, dict) or not any(
+            isinstance(h, dict) and not h.get("env") for entries in hooks.values() if isinstance(entries, list)
+            for h in entries):
+        return config
+    fixed = {stage: [dict(h, env=list(SAFE_HOOK_ENV)) if isinstance(h, dict) and not h.get("env") else h
+                     for h in entries] if isinstance(entries, list) else entries
+             for stage, entries in hooks.items()}
+    return dict(config, hooks=fixed)
+

@@ -1,0 +1,376 @@
+"""Planning a container's ld.so.cache: the directory list scanned by the C engine, or the
+image's own cache kept as a memo per directory and only what changed scanned again."""
+import os
+import stat
+from errno import ENOENT
+
+from .._native import ffi, lib
+from .cachefile import ParsedCache
+from .engine import (CACHE_PATH, FORMATS, GENERATOR, LINKS, MAX_CACHE_SIZE, MAX_CONF_SIZE,
+                     O_DIRECTORY, LdcacheError, Root, decode_cstr, os_error)
+from .globbing import join_path
+from .ldconf import ConfDir, Extras, LdConfig, child_ident, machine_name
+
+_MUSL_ARCH = {"x86_64": ("x86_64", "i386"), "aarch64": ("aarch64", "armhf")}
+_MUSL_DEFAULT_PATH = ["/lib", "/usr/local/lib", "/usr/lib"]
+
+
+class Plan:
+    """What plan() computed."""
+
+    __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs")
+
+    def __init__(self):
+        self.cache = b""
+        self.mode = ""
+        self.reason = ""
+        self.entries = 0
+        self.musl = {}
+        self.warnings = []
+        self.skipped = []
+        self.dirs = []
+
+    @property
+    def files(self):
+        files = {CACHE_PATH: self.cache}
+        files.update(self.musl)
+        return files
+
+
+class _Builder:
+    def __init__(self, target):
+        self.keep = None
+        self.ptr = ffi.gc(lib.cds_builder_new(target), lib.cds_builder_free)
+        if self.ptr == ffi.NULL:
+            raise MemoryError("cds_builder_new")
+
+    def build(self, fmt, generator):
+        out = ffi.new("uint8_t **")
+        size = ffi.new("size_t *")
+        gen = os.fsencode(generator) if generator is not None else ffi.NULL
+        if lib.cds_builder_build(self.ptr, fmt, gen, out, size) != 0:
+            raise os_error("cannot lay out the cache")
+        try:
+            return ffi.buffer(out[0], size[0])[:]
+        finally:
+            lib.cds_free(out[0])
+
+
+class _Scanner:
+    """Runs the C directory scan over LdConfig's list, appending legacy subdirectories."""
+
+    def __init__(self, root, config, builder, links, plan):
+        self.root = root
+        self.config = config
+        self.builder = builder
+        self.links = links
+        self.plan = plan
+        self.opts = ffi.new("struct cds_scan_opts *")
+        self.opts.target = config.target
+        self.opts.links = links
+
+    def scan(self, index, extras_only=False):
+        """Scan directory INDEX (with its extras) and add its libraries; with EXTRAS_ONLY,
+        read just the extras and return the scan without adding it (see add())."""
+        config = self.config
+        d = config.dirs[index]
+        packed, count = config.extras.packed(d.ident)
+        dirfd = -1
+        if d.real:
+            dirfd = self.root.open(d.path, os.O_RDONLY | O_DIRECTORY)
+            if dirfd < 0 and not count:
+                return None
+        opts = self.opts
+        opts.in_hwcaps = 1 if d.hwcaps is not None else 0
+        opts.dir_flag = d.flag
+        opts.extras_only = 1 if extras_only else 0
+        out = ffi.new("struct cds_scan **")
+        try:
+            rc = lib.cds_scan_dir(self.root.fd, os.fsencode(d.path), dirfd, packed, len(packed),
+                                  count, opts, out)
+        finally:
+            if dirfd >= 0:
+                os.close(dirfd)
+        if rc != 0:
+            raise os_error(f"cannot read {d.path}")
+        scan = ffi.gc(out[0], lib.cds_scan_free)
+        if extras_only:
+            return scan
+        self.add(index, scan)
+        if d.hwcaps is None:
+            name = ffi.new("const char **")
+            dev = ffi.new("uint64_t *")
+            ino = ffi.new("uint64_t *")
+            for i in range(lib.cds_scan_subdir_count(scan)):
+                lib.cds_scan_subdir(scan, i, name, dev, ino)
+                config.add_single(ConfDir(d.path + "/" + decode_cstr(name[0]), d.flag,
+                                        ("d", dev[0], ino[0])))
+            self.add_virtual_subdirs(index)
+        return scan
+
+    def add(self, index, scan):
+        """Add a scan's libraries as directory INDEX's."""
+        config = self.config
+        d = config.dirs[index]
+        path = os.fsencode(d.path)
+        hwcap = 0 if d.hwcaps is not None else lib.cds_path_hwcap(config.target, path)
+        hwcaps = os.fsencode(d.hwcaps) if d.hwcaps is not None else ffi.NULL
+        if lib.cds_builder_add_scan(self.builder.ptr, scan, path, index, hwcaps, hwcap,
+                                    self.links) != 0:
+            raise os_error("cannot add entries")
+        skip = ffi.new("struct cds_skip *")
+        for i in range(lib.cds_scan_skip_count(scan)):
+            lib.cds_scan_skip(scan, i, skip)
+            status = skip.status
+            why = (os.strerror(-status) if status < 0
+                   else ffi.string(lib.cds_elf_status_text(status)).decode())
+            self.plan.skipped.append((join_path(d.path, decode_cstr(skip.name)), why))
+
+    def add_virtual_subdirs(self, index):
+        """Legacy hwcap subdirectories of directory INDEX that only the extras will create."""
+        config = self.config
+        d = config.dirs[index]
+        for child in sorted(config.extras.children.get(d.ident, ())):
+            if lib.cds_is_hwcap_subdir(config.target, os.fsencode(child)):
+                sub = child_ident(d.ident, child)
+                if sub not in config.by_ident and self.root.stat(d.path + "/" + child) is None:
+                    config.add_single(ConfDir(d.path + "/" + child, d.flag, sub, real=False))
+
+
+def _read_image_cache(root):
+    """(parsed, mtime_ns) of ROOT's /etc/ld.so.cache, or (None, reason)."""
+    fd = root.open(CACHE_PATH, os.O_RDONLY)
+    if fd < 0:
+        return None, f"{CACHE_PATH}: {os.strerror(root.errno)}"
+    try:
+        return ParsedCache.from_fd(fd, CACHE_PATH, MAX_CACHE_SIZE)
+    except LdcacheError as err:
+        return None, str(err)
+    finally:
+        os.close(fd)
+
+
+def _is_musl(root, machine):
+    native = _MUSL_ARCH[machine][0]
+    for path in (f"/lib/ld-musl-{native}.so.1", "/etc/alpine-release"):
+        st = root.stat(path)
+        if st is not None and not stat.S_ISDIR(st[0]):
+            return True
+    return False
+
+
+def _plan_musl(root, machine, folders, extras):
+    native, compat32 = _MUSL_ARCH[machine]
+    path = f"/etc/ld-musl-{native}.path"
+    try:
+        data, _ = root.read(path, MAX_CONF_SIZE)
+        existing = [p for p in os.fsdecode(data).replace("\n", ":").split(":") if p]
+    except OSError as err:
+        if err.errno != ENOENT:
+            raise LdcacheError(f"{path}: {err.strerror}") from None
+        existing = list(_MUSL_DEFAULT_PATH)
+    dirs = [f for f in folders if f not in existing]
+    dirs = list(dict.fromkeys(dirs))
+    return {path: ("\n".join(dirs + existing) + "\n").encode()}
+
+
+def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="existing",
+         format="new", generator=None):
+    """The cache ROOT would have after the toolkit's update-ldcache with FOLDERS (and EXTRA
+    files mounted). See the module docstring."""
+    machine = machine_name(machine)
+    if mode not in ("auto", "full", "incremental"):
+        raise ValueError(f"mode must be auto, full or incremental, not {mode!r}")
+    if links not in LINKS:
+        raise ValueError(f"links must be one of {', '.join(LINKS)}, not {links!r}")
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+    folders = [os.fspath(f) for f in folders]
+    result = Plan()
+    with Root(root) as tree:
+        extras = Extras(tree, extra)
+        config = LdConfig(tree, machine, folders, extras).build()
+        target = config.target
+        result.warnings = config.warnings
+        builder = _Builder(target)
+        scanner = _Scanner(tree, config, builder, LINKS[links], result)
+
+        reason = ""
+        if mode != "full":
+            reason = _incremental(tree, config, builder, scanner, folders, extras)
+            if reason and mode == "incremental":
+                raise LdcacheError(f"incremental update impossible: {reason}")
+        if mode == "full" or reason:
+            builder = _Builder(target)
+            scanner.builder = builder
+            result.skipped = []
+            i = 0
+            while i < len(config.dirs):
+                scanner.scan(i)
+                i += 1
+            result.mode = "full"
+            result.reason = reason or "full scan requested"
+        else:
+            result.mode = "incremental"
+        for name in sorted(config.hwcaps_names):
+            lib.cds_builder_intern(builder.ptr, os.fsencode(name))
+        result.entries = lib.cds_builder_count(builder.ptr)
+        result.cache = builder.build(FORMATS[format],
+                                     GENERATOR if generator is None else generator)
+        result.dirs = [d.path for d in config.dirs]
+        if _is_musl(tree, machine):
+            result.musl = _plan_musl(tree, machine, folders, extras)
+    return result
+
+
+def _cache_dirs(ptr):
+    """[(directory, entries)] of a parsed cache, in order of first appearance."""
+    names = ffi.new("char **")
+    counts = ffi.new("uint32_t **")
+    size = ffi.new("size_t *")
+    n = lib.cds_cache_dirs(ptr, names, counts, size)
+    if n < 0:
+        raise MemoryError("cds_cache_dirs")
+    try:
+        raw = ffi.buffer(names[0], size[0])[:].split(b"\0")
+        return [(os.fsdecode(raw[i]), counts[0][i]) for i in range(n)]
+    finally:
+        lib.cds_free(names[0])
+        lib.cds_free(counts[0])
+
+
+def _legacy_parent(config, path):
+    """The configured directory PATH is a legacy hwcap subdirectory of (tls, x86_64, ...),
+    with the components below it; or (None, None)."""
+    best = None
+    for d in config.dirs:
+        if d.hwcaps is None and path.startswith(d.path + "/") and \
+                (best is None or len(d.path) > len(best.path)):
+            best = d
+    if best is None:
+        return None, None
+    rest = path[len(best.path) + 1:].split("/")
+    if all(part and lib.cds_is_hwcap_subdir(config.target, os.fsencode(part)) for part in rest):
+        return best, rest
+    return None, None
+
+
+def _is_dso_name(name):
+    """glibc's _dl_is_dso(): lib*.so*, ld-*.so*, ld.so.*, ld64.so.*."""
+    return ((name.startswith("lib") or name.startswith("ld-")) and ".so" in name) \
+        or name.startswith("ld.so.") or name.startswith("ld64.so.")
+
+
+def _overlaps(scan, ptr, path, target):
+    """Whether a scan of extras has a soname the cache already has in directory PATH."""
+    lib_ = ffi.new("struct cds_dlib *")
+    directory = os.fsencode(path)
+    for i in range(lib.cds_scan_count(scan)):
+        lib.cds_scan_lib(scan, i, lib_)
+        if lib.cds_cache_has(ptr, lib_.soname, directory, target):
+            return True
+    return False
+
+
+def _incremental(tree, config, builder, scanner, folders, extras):
+    """Fill BUILDER from the image's cache plus rescans; '' on success, else why not.
+
+    The image's cache is used when it parses, is in ldconfig's order and is no older than the
+    configuration files. It then stands for each configured directory that is no newer than
+    it (and, where it lists nothing of a directory, that directory has no libraries); the
+    other directories are scanned again where they are in the list, extra files are added
+    to the entries of the directory they go to (or it is scanned again when they collide
+    with its files), and entries of directories no longer configured are left out."""
+    parsed, mtime = _read_image_cache(tree)
+    if parsed is None:
+        return mtime
+    ptr = parsed.ptr
+    if lib.cds_cache_format(ptr) == lib.CDS_FORMAT_OLD:
+        return f"{CACHE_PATH} is in the old format only"
+    at = lib.cds_cache_unsorted_at(ptr, config.target)
+    if at >= 0:
+        return f"{CACHE_PATH} is not in ldconfig's order (entry {at})"
+    if config.conf_mtime > mtime:
+        return f"{CACHE_PATH} is older than the configuration"
+    # Legacy hwcap subdirectories are found by scanning their parents; take the ones the
+    # cache names from it (ldconfig appends them after every configured directory).
+    by_path = {d.path: i for i, d in enumerate(config.dirs)}
+    counts = {}
+    legacy = []
+    for path, count in _cache_dirs(ptr):
+        at = by_path.get(path)
+        if at is not None:
+            counts[at] = count
+            continue
+        parent, rest = _legacy_parent(config, path)
+        if parent is not None:
+            legacy.append((len(rest), config.by_ident[parent.ident], path, count, parent))
+    for _depth, _rank, path, count, parent in sorted(legacy, key=lambda item: item[:3]):
+        st = tree.stat(path)
+        if st is None or not stat.S_ISDIR(st[0]):
+            continue                  # gone: its entries go with it
+        d = ConfDir(path, parent.flag, ("d", st[1], st[2]), mtime=st[3], base=parent.ident)
+        if config.add_single(d):
+            counts[len(config.dirs) - 1] = count
+
+    # Extras under a legacy hwcap subdirectory the cache knows nothing of (an empty tls/):
+    # ldconfig would find it scanning its parent.
+    for ident, where in extras.paths.items():
+        if ident not in config.by_ident:
+            parent, _rest = _legacy_parent(config, where)
+            if parent is not None:
+                config.add_single(ConfDir(where, parent.flag, ident, real=ident[0] == "d",
+                                        base=parent.ident))
+
+    # The cache as a memo per directory: kept where it is fresh (the directory no newer than
+    # the cache) and complete (a directory it has nothing of has no libraries); the rest is
+    # scanned again, in place.
+    rescan = set()
+    rescanned = set()
+    overlays = {}
+    for i, d in enumerate(config.dirs):
+        if not d.real or d.base in rescanned or d.mtime > mtime:
+            rescan.add(i)
+        elif i not in counts:
+            listing = tree.listdir(d.path)
+            if d.ident in extras.by_dir or (listing and any(_is_dso_name(n) for n, _ in listing)):
+                rescan.add(i)
+        elif d.ident in extras.by_dir:
+            # Files to be mounted into a directory the cache covers: add them to its entries,
+            # unless one hides a name of the directory or shares a soname with its libraries
+            # (then which file ldconfig would keep depends on files we did not read).
+            scan = scanner.scan(i, extras_only=True)
+            if lib.cds_scan_shadowing(scan) or _overlaps(scan, ptr, d.path, config.target):
+                rescan.add(i)
+            else:
+                overlays[i] = scan
+        if i in rescan:
+            rescanned.add(d.ident)
+    dirs = [os.fsencode(d.path) for d in config.dirs]
+    c_dirs = [ffi.new("char[]", p) for p in dirs]
+    ranks = ffi.new("uint32_t[]", [lib.CDS_RANK_DROP if i in rescan else i
+                                   for i in range(len(dirs))] or [0])
+    unknown = lib.cds_builder_add_cache(builder.ptr, ptr,
+                                        ffi.new("const char *[]", c_dirs or [ffi.NULL]),
+                                        ranks, len(dirs), lib.CDS_RANK_DROP)
+    if unknown < 0:
+        raise os_error("cannot merge the image's cache")
+    if unknown > 0:
+        # Directories no longer configured (or named otherwise): ldconfig would not list them.
+        scanner.plan.warnings.append(
+            f"{CACHE_PATH}: {unknown} entries of directories not configured, left out")
+    for i, scan in overlays.items():
+        scanner.add(i, scan)
+        scanner.add_virtual_subdirs(i)
+    builder.keep = parsed
+    i = 0
+    while i < len(config.dirs):
+        if i in rescan or i >= len(dirs):
+            scanner.scan(i)
+        i += 1
+    return ""
+
+
+def plan_cache(root, folders=(), extra=None, **options):
+    """The bytes of the cache ROOT would have (see plan())."""
+    return plan(root, folders, extra, **options).cache

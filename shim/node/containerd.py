@@ -1,0 +1,77 @@
+"""The installed containerd and the host's init: which version, what it makes of a config file
+(`containerd --config PATH config dump`), and restarting it."""
+import os
+import re
+import shutil
+import subprocess
+
+DUMP_TIMEOUT = 30
+
+
+class ContainerdConfigError(Exception):
+    """A problem that stops the edit; the message is one line for the user."""
+
+
+def containerd_version(binary="containerd"):
+    """The installed containerd's (major, minor, text), or None when it is not installed."""
+    path = containerd_path(binary)
+    if not path:
+        return None
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=DUMP_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout.strip()
+    # "containerd github.com/containerd/containerd 1.6.20~ds1 ..." or ".../containerd/v2 v2.0.0 ..."
+    for word in text.split()[2:3] or text.split():
+        match = re.match(r"^v?(\d+)\.(\d+)", word)
+        if match:
+            return int(match.group(1)), int(match.group(2)), text
+    return None
+
+
+def containerd_path(binary):
+    """The containerd executable to ask, or None (binary None: act as if none were installed)."""
+    if not binary:
+        return None
+    if "/" in binary:
+        return binary if os.access(binary, os.X_OK) else None
+    return shutil.which(binary)
+
+
+def pid1_init():
+    """(is_systemd, name) of the host's init process."""
+    try:
+        with open("/proc/1/comm") as stream:
+            name = stream.read().strip()
+    except OSError:
+        name = "unknown"
+    return name == "systemd", name
+
+
+def containerd_dump(main_path, containerd="containerd"):
+    """`containerd --config PATH config dump`: (ok, text or error); ok is None without containerd."""
+    path = containerd_path(containerd)
+    if not path:
+        return None, "containerd is not installed"
+    try:
+        out = subprocess.run([path, "--config", main_path, "config", "dump"], capture_output=True, text=True,
+                             timeout=DUMP_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return False, str(err)
+    if out.returncode != 0:
+        lines = [line for line in (out.stderr or out.stdout).strip().splitlines() if line.strip()]
+        return False, lines[-1] if lines else f"exit status {out.returncode}"
+    return True, out.stdout
+
+
+def restart_containerd():
+    """Restart containerd through systemd; returns a message, raises when this host cannot."""
+    systemd, init = pid1_init()
+    if not systemd:
+        raise ContainerdConfigError(f'cannot restart containerd: PID 1 is "{init}", not systemd; restart it the '
+                                    "way it was started")
+    out = subprocess.run(["systemctl", "restart", "containerd"], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise ContainerdConfigError(f"systemctl restart containerd failed: {out.stderr.strip()}")
+    return "restarted containerd (systemctl restart containerd)"

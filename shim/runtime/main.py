@@ -1,0 +1,158 @@
+"""`cdi-shim-runtime` (Python part): inject CDI devices on create/run, then exec runc.
+
+The native front end (csrc/frontend/runtime_main.c) execs runc itself for every other command and for
+containers that cannot be asking for a device; it hands create/run over to `main` here. The
+work is a plain function of (argv, bundle, config), `prepare`, so a resident process can call
+it too.
+"""
+import os
+import sys
+import time
+
+from cdi import __version__
+from cdi.errors import CDIError
+
+from ..bundle import BundleError, read_config, write_config
+from ..config import ConfigError, load_config
+from .requests import collect_requests
+from .runc_args import ArgvError, parse_runc_argv
+from .runlog import RunLog
+
+
+class RuntimeFailure(Exception):
+    pass
+
+
+def find_runtime(name):
+    """The low-level runtime: an absolute path, or a name looked up on PATH.
+
+    (shutil.which would do, but importing shutil costs this path ~10 ms.)
+    """
+    if "/" in name:
+        if not os.access(name, os.X_OK):
+            raise RuntimeFailure(f"low-level runtime {name} is not executable")
+        return name
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    raise RuntimeFailure(f'low-level runtime "{name}" not found on PATH (install runc or set '
+                         '"runtime" in /etc/cdi-shim/config.toml)')
+
+
+class _Phases:
+    def __init__(self, log):
+        self.log, self.last, self.times = log, time.perf_counter(), []
+
+    def done(self, name):
+        now = time.perf_counter()
+        self.times.append((name, (now - self.last) * 1000))
+        self.last = now
+
+    def report(self):
+        if self.log.debug_enabled:
+            for name, ms in self.times:
+                self.log.debug(f"phase={name} took={ms:.2f}ms")
+
+
+def prepare(args, settings, log):
+    """Do the create/run work for parsed runc args; returns the devices injected.
+
+    On any failure raises RuntimeFailure and leaves config.json exactly as it was.
+    """
+    from cdi.registry import Registry
+
+    phases = _Phases(log)
+    try:
+        config, _, info = read_config(args.bundle)
+    except BundleError as err:
+        raise RuntimeFailure(str(err)) from None
+    phases.done("config")
+    try:
+        devices = collect_requests(config, settings, args.devices, warn=log.warning)
+    except CDIError as err:
+        raise RuntimeFailure(str(err)) from None
+    phases.done("requests")
+    if not devices:
+        phases.report()
+        return []
+    registry = Registry(settings.spec_dirs).refresh()
+    try:
+        blocks, origins = registry.resolve(devices)
+    except CDIError as err:
+        raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
+    phases.done("resolve")
+    from cdi.container_edits import apply_edits, merge_edits
+
+    try:
+        edited = apply_edits(config, merge_edits(blocks))
+    except CDIError as err:
+        specs = ", ".join(sorted({path for _, path in origins}))
+        raise RuntimeFailure(f"container {args.container_id or '?'}: failed to inject devices "
+                             f"{', '.join(devices)} (from {specs}): {err}") from None
+    phases.done("apply")
+    from ..linker.container import isolate_hooks, prepare_linker
+
+    edited = isolate_hooks(prepare_linker(edited, args.bundle, log))
+    phases.done("linker")
+    try:
+        write_config(args.bundle, edited, info.st_mode)
+    except OSError as err:
+        raise RuntimeFailure(f"cannot write {args.bundle}/config.json: {err.strerror}") from None
+    phases.done("write")
+    phases.report()
+    log.info(f"container {args.container_id or '?'}: injected {', '.join(devices)}")
+    return devices
+
+
+def decide(argv, where=""):
+    """Everything `cdi-shim-runtime` does before it execs runc, for one command line.
+
+    Returns (status, exec_argv): exec_argv is the runtime and its arguments to exec when the
+    status is 0; otherwise the reason has been reported and the process should exit with
+    the status. Reads the config, PATH and the bundle through the current environment and
+    working directory, so the resident process runs it in a child that has the caller's (and
+    says so in WHERE, for the debug log).
+    """
+    start = time.perf_counter()
+    try:
+        args = parse_runc_argv(argv)
+    except ArgvError as err:
+        sys.stderr.write(f"cdi-shim: {err}\n")
+        return 2, None
+    try:
+        settings = load_config()
+    except ConfigError as err:
+        RunLog(args.log_file, args.log_format).error(str(err))
+        return 1, None
+    log = RunLog(args.log_file, args.log_format, settings.log_file,
+                 debug=args.debug or settings.log_level == "debug")
+    try:
+        runc = find_runtime(settings.runtime)
+        if args.command in ("create", "run"):
+            prepare(args, settings, log)
+        elif args.devices:
+            log.warning(f"--device is ignored for the {args.command or 'no'} command")
+    except RuntimeFailure as err:
+        log.error(str(err))
+        return 1, None
+    except Exception as err:  # noqa: BLE001 - containerd must see why, not a bare exit status
+        log.error(f"internal error while preparing {args.command}: {type(err).__name__}: {err} "
+                   "(config.json was not changed)")
+        raise
+    if not args.command and any(arg in ("--version", "-v") for arg in args.runc_argv):
+        sys.stdout.write(f"cdi-shim-runtime version {__version__}\n")
+        sys.stdout.flush()
+    log.debug(f"phase=total took={(time.perf_counter() - start) * 1000:.2f}ms{where}; exec {runc}")
+    return 0, [runc] + args.runc_argv
+
+
+def main(argv=None):
+    status, exec_argv = decide(list(sys.argv[1:] if argv is None else argv))
+    if status:
+        return status
+    os.execv(exec_argv[0], exec_argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

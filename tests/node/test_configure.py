@@ -1,0 +1,440 @@
+"""`cdi-shim runtime configure` and `cdi-shim runtimeclass` on real containerd configs.
+
+Golden inputs: tests/node/data/containerd-1.6-default.toml is the output of this machine's
+`containerd config default` (Debian's 1.6.20); containerd-2.x-default.toml is a version-3 sample
+written from containerd 2.x's documented defaults (no containerd 2 here). The version-2 results
+are loaded by the installed containerd (`containerd --config F config dump`).
+"""
+import glob
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from shim.node.containerd import pid1_init
+from tests.helpers import need, read, run_cli, toml_loads
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+def data(name):
+    return os.path.join(DATA, name)
+
+
+V2_DEFAULT = data("containerd-1.6-default.toml")
+V3_DEFAULT = data("containerd-2.x-default.toml")
+CRI2 = "io.containerd.grpc.v1.cri"
+CRI3 = "io.containerd.cri.v1.runtime"
+
+
+def containerd():
+    return need("containerd", "containerd")
+
+
+def dump(path):
+    out = subprocess.run([containerd(), "--config", str(path), "config", "dump"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return toml_loads(out.stdout)
+
+
+def dumped_runtimes(path):
+    section = dump(path)["plugins"][CRI2]
+    return section, section["containerd"]["runtimes"]
+
+
+def configure(path, binary, *extra, env, check=True, containerd_binary=None):
+    args = ["runtime", "configure", "--config", str(path), "--runtime-binary", binary,
+            "--containerd-binary", containerd_binary or containerd()] + list(extra)
+    return run_cli(*args, env=env, check=check)
+
+
+def copy(src, tmp_path, name="config.toml"):
+    path = tmp_path / name
+    shutil.copy(src, path)
+    return path
+
+
+def backups(path):
+    return sorted(glob.glob(f"{path}.bak-*"))
+
+
+# --- golden files -------------------------------------------------------------------------------
+
+def test_v2_golden_from_containerd_1_6_default(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, env=shim_env)
+    assert read(path) == read(data("golden-v2.toml")).replace("@BINARY@", fake_binary)
+    assert "config version 2 (containerd 1.x), from the file's version key" in out.stderr
+    assert 'SystemdCgroup = false: copied from the "runc" runtime' in out.stderr
+    assert "loaded and checked by the installed containerd" in out.stderr
+    assert backups(path) and read(backups(path)[0]) == read(V2_DEFAULT)
+
+
+def test_v3_golden_from_containerd_2_sample(tmp_path, shim_env, fake_binary):
+    path = copy(V3_DEFAULT, tmp_path)
+    # no containerd 2.x here: --containerd-binary names none, so the result cannot be loaded
+    out = configure(path, fake_binary, env=shim_env, containerd_binary="/nonexistent/containerd")
+    assert read(path) == read(data("golden-v3.toml")).replace("@BINARY@", fake_binary)
+    assert "config version 3 (containerd 2.x)" in out.stderr
+    assert "not checked: containerd is not installed here" in out.stderr
+    entry = toml_loads(read(path))["plugins"][CRI3]["containerd"]["runtimes"]["nvidia"]
+    assert entry["runtime_type"] == "io.containerd.runc.v2"
+    assert entry["options"]["BinaryName"] == fake_binary
+    assert entry["container_annotations"] == ["cdi.k8s.io/*"]
+    assert "pod_annotations" not in entry
+
+
+def test_v3_config_refused_for_the_installed_containerd_1_x(tmp_path, shim_env, fake_binary):
+    path = copy(V3_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, env=shim_env, check=False)
+    assert "version 3 needs containerd 2.x" in out.stderr
+    assert read(path) == read(V3_DEFAULT)
+
+
+def test_stored_default_is_this_machines_containerd_config_default(tmp_path, shim_env, fake_binary):
+    live = subprocess.run([containerd(), "config", "default"], capture_output=True, text=True, timeout=60).stdout
+    path = tmp_path / "config.toml"
+    path.write_text(live)
+    configure(path, fake_binary, env=shim_env)
+    if live == read(V2_DEFAULT):
+        assert read(path) == read(data("golden-v2.toml")).replace("@BINARY@", fake_binary)
+    section, runtimes = dumped_runtimes(path)  # whatever the version, containerd loads the result
+    assert runtimes["nvidia"]["options"]["BinaryName"] == fake_binary
+
+
+def test_v2_result_loaded_by_real_containerd(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    configure(path, fake_binary, env=shim_env)
+    section, runtimes = dumped_runtimes(path)
+    assert set(runtimes) == {"runc", "nvidia"}
+    nvidia = runtimes["nvidia"]
+    assert nvidia["runtime_type"] == "io.containerd.runc.v2"
+    assert nvidia["options"]["BinaryName"] == fake_binary
+    assert nvidia["options"]["SystemdCgroup"] is False
+    assert nvidia["container_annotations"] == ["cdi.k8s.io/*"]
+    assert nvidia["pod_annotations"] == []
+    assert section["containerd"]["default_runtime_name"] == "runc"
+
+
+# --- behaviour ------------------------------------------------------------------------------------
+
+def test_second_run_changes_nothing(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    configure(path, fake_binary, env=shim_env)
+    first, first_backups = read(path), backups(path)
+    stat = os.stat(path)
+    out = configure(path, fake_binary, env=shim_env)
+    assert "nothing changed" in out.stderr
+    assert read(path) == first and backups(path) == first_backups
+    assert os.stat(path).st_ino == stat.st_ino  # not even rewritten
+
+
+def test_binary_change_updates_only_that_line(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    configure(path, fake_binary, env=shim_env)
+    before = read(path)
+    other = tmp_path / "other-runtime"
+    shutil.copy(fake_binary, other)
+    configure(path, str(other), env=shim_env)
+    assert read(path) == before.replace(f'BinaryName = "{fake_binary}"', f'BinaryName = "{other}"')
+
+
+COMMENTED = '''\
+# containerd config of node-7, kept by hand
+version = 2
+root = "/var/lib/containerd"   # big disk
+
+[plugins."io.containerd.grpc.v1.cri"]
+  # mirrored pause image
+  sandbox_image = "mirror.local/pause:3.6"
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"   # do not touch
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = true   # kubelet uses the systemd driver
+        Root = "/run/containerd/runc-custom"
+
+[metrics]
+  address = "127.0.0.1:1338"
+'''
+
+
+def test_comments_order_and_other_settings_kept(tmp_path, shim_env, fake_binary):
+    path = tmp_path / "config.toml"
+    path.write_text(COMMENTED)
+    out = configure(path, fake_binary, env=shim_env)
+    new = read(path)
+    # every original line is still there, in order: the edit only adds lines
+    old_lines, new_lines = COMMENTED.splitlines(), new.splitlines()
+    it = iter(new_lines)
+    assert all(any(line == candidate for candidate in it) for line in old_lines), new
+    entry = toml_loads(new)["plugins"][CRI2]["containerd"]["runtimes"]["nvidia"]
+    # SystemdCgroup and the other runc options follow the runc entry
+    assert entry["options"] == {"SystemdCgroup": True, "Root": "/run/containerd/runc-custom",
+                                "BinaryName": fake_binary}
+    assert 'SystemdCgroup = true: copied from the "runc" runtime' in out.stderr
+    assert dumped_runtimes(path)[1]["nvidia"]["options"]["SystemdCgroup"] is True
+
+
+def test_systemd_cgroup_from_pid1_when_runc_sets_none(tmp_path, shim_env, fake_binary):
+    path = tmp_path / "config.toml"
+    path.write_text("version = 2\n")
+    out = configure(path, fake_binary, env=shim_env)
+    with open("/proc/1/comm") as stream:
+        init = stream.read().strip()
+    entry = toml_loads(read(path))["plugins"][CRI2]["containerd"]["runtimes"]
+    assert entry["nvidia"]["options"]["SystemdCgroup"] is (init == "systemd")
+    assert f'PID 1 is "{init}", not systemd' in out.stderr or init == "systemd"
+    # a file defining any runtime replaces containerd 1.x's built-in list: runc must stay defined
+    assert entry["runc"] == {"runtime_type": "io.containerd.runc.v2"}
+    section, runtimes = dumped_runtimes(path)
+    assert section["containerd"]["default_runtime_name"] in runtimes
+
+
+def test_missing_file_takes_the_installed_containerds_version(tmp_path, shim_env, fake_binary):
+    path = tmp_path / "etc" / "containerd" / "config.toml"
+    out = configure(path, fake_binary, env=shim_env)
+    assert "from the installed containerd 1." in out.stderr
+    assert toml_loads(read(path))["version"] == 2
+    assert dumped_runtimes(path)[1]["nvidia"]["options"]["BinaryName"] == fake_binary
+
+
+def test_missing_file_without_containerd_needs_a_version(tmp_path, shim_env, fake_binary):
+    path = tmp_path / "config.toml"
+    out = configure(path, fake_binary, env=shim_env, check=False, containerd_binary="/nonexistent/containerd")
+    assert "pass --config-version 2 (containerd 1.x) or 3 (containerd 2.x)" in out.stderr
+    assert not path.exists()
+    configure(path, fake_binary, "--config-version", "3", env=shim_env, containerd_binary="/nonexistent/containerd")
+    assert toml_loads(read(path))["plugins"][CRI3]["containerd"]["runtimes"]["nvidia"]
+
+
+@pytest.mark.parametrize("text", ['root = "/var/lib/containerd"\n[plugins.cri]\n  sandbox_image = "x"\n',
+                                  'version = 1\nroot = "/var/lib/containerd"\n'])
+def test_version_1_refused_with_migrate_hint(tmp_path, shim_env, fake_binary, text):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    out = configure(path, fake_binary, env=shim_env, check=False)
+    assert out.returncode == 1
+    assert "containerd config migrate" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert read(path) == text and not backups(path)
+
+
+def test_unknown_version_refused(tmp_path, shim_env, fake_binary):
+    path = tmp_path / "config.toml"
+    path.write_text("version = 4\n")
+    out = configure(path, fake_binary, env=shim_env, check=False)
+    assert "config version 4, which cdi-shim does not know" in out.stderr
+    assert read(path) == "version = 4\n"
+
+
+def test_explicit_version_must_match_the_file(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, "--config-version", "3", env=shim_env, check=False)
+    assert "is a version 2 config, but --config-version 3 was given" in out.stderr
+    assert read(path) == read(V2_DEFAULT)
+
+
+def test_dry_run_prints_the_diff_and_writes_nothing(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, "--dry-run", env=shim_env)
+    assert out.stdout.startswith(f"--- {path}\n+++ {path}\n")
+    assert '+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]' in out.stdout
+    assert f'+            BinaryName = "{fake_binary}"' in out.stdout
+    assert read(path) == read(V2_DEFAULT) and not backups(path)
+    assert sorted(os.listdir(tmp_path)) == sorted(["config.toml", "cdi-shim.toml", "bin"])
+
+
+def test_default_runtime_untouched_unless_asked(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, "--set-as-default=false", env=shim_env)
+    assert "default_runtime_name" not in out.stderr
+    assert dumped_runtimes(path)[0]["containerd"]["default_runtime_name"] == "runc"
+    out = configure(path, fake_binary, "--set-as-default", env=shim_env)
+    assert 'warning: default_runtime_name = "nvidia": every pod without a RuntimeClass now goes through' \
+        in out.stderr
+    assert dumped_runtimes(path)[0]["containerd"]["default_runtime_name"] == "nvidia"
+
+
+def test_configured_prefixes_become_the_allow_list(tmp_path, shim_env, fake_binary):
+    (tmp_path / "cdi-shim.toml").write_text('annotation-prefixes = ["cdi.k8s.io/", "example.com/cdi-"]\n')
+    path = copy(V2_DEFAULT, tmp_path)
+    configure(path, fake_binary, env=shim_env)
+    nvidia = dumped_runtimes(path)[1]["nvidia"]
+    assert nvidia["container_annotations"] == ["cdi.k8s.io/*", "example.com/cdi-*"]
+    assert nvidia["pod_annotations"] == []
+
+
+def test_pod_annotations_on_our_entry_warned(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    configure(path, fake_binary, env=shim_env)
+    path.write_text(read(path).replace('          container_annotations = ["cdi.k8s.io/*"]',
+                                       '          container_annotations = ["cdi.k8s.io/*"]\n'
+                                       '          pod_annotations = ["cdi.k8s.io/*"]'))
+    out = configure(path, fake_binary, env=shim_env)
+    assert "any pod could then request any device past the device plugin" in out.stderr
+
+
+def test_a_config_containerd_refuses_is_never_installed(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    text = read(path).replace("imports = []", f'imports = ["{tmp_path}/missing.toml"]')
+    path.write_text(text)
+    out = configure(path, fake_binary, env=shim_env, check=False)
+    assert "containerd refuses the new config" in out.stderr and "nothing was changed" in out.stderr
+    assert read(path) == text and not backups(path)
+    assert sorted(os.listdir(tmp_path)) == sorted(["config.toml", "cdi-shim.toml", "bin"])  # no candidates left
+
+
+def test_an_import_that_hides_our_runtime_is_caught(tmp_path, shim_env, fake_binary):
+    # containerd 1.x: a later imported file's CRI section replaces ours whole
+    later = tmp_path / "later.toml"
+    later.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "x/pause:1"\n')
+    path = copy(V2_DEFAULT, tmp_path)
+    text = read(path).replace("imports = []", f'imports = ["{later}"]')
+    path.write_text(text)
+    out = configure(path, fake_binary, env=shim_env, check=False)
+    assert 'containerd does not see runtime "nvidia"' in out.stderr
+    assert read(path) == text
+
+
+# --- drop-in --------------------------------------------------------------------------------------
+
+def test_why_a_v2_drop_in_carries_the_cri_section(tmp_path):
+    """containerd 1.6 itself: a drop-in with only a runtime entry wipes the main file's CRI section."""
+    main = copy(V2_DEFAULT, tmp_path)
+    naive = tmp_path / "naive.toml"
+    naive.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+                     '  runtime_type = "io.containerd.runc.v2"\n')
+    main.write_text(read(main).replace("imports = []", f'imports = ["{naive}"]')
+                    .replace('sandbox_image = "registry.k8s.io/pause:3.6"', 'sandbox_image = "mirror/pause:1"'))
+    section, runtimes = dumped_runtimes(main)
+    assert set(runtimes) == {"nvidia"}  # runc is gone: default_runtime_name = "runc" names nothing
+    assert section["sandbox_image"] == "registry.k8s.io/pause:3.6"  # the main file's setting is gone
+
+
+def test_v2_drop_in(tmp_path, shim_env, fake_binary):
+    main = copy(V2_DEFAULT, tmp_path)
+    main.write_text(read(main).replace('sandbox_image = "registry.k8s.io/pause:3.6"',
+                                       'sandbox_image = "mirror/pause:1"'))
+    original = read(main)
+    conf_d = tmp_path / "conf.d"
+    out = configure(main, fake_binary, "--drop-in", str(conf_d), env=shim_env)
+    drop_in = conf_d / "99-cdi-shim.toml"
+    assert toml_loads(read(main))["imports"] == [str(drop_in)]
+    # the main file only gained the import
+    assert read(main) == original.replace("imports = []", f'imports = ["{drop_in}"]')
+    parsed = toml_loads(read(drop_in))
+    assert parsed["version"] == 2
+    assert parsed["plugins"][CRI2]["sandbox_image"] == "mirror/pause:1"  # the copy of the CRI section
+    section, runtimes = dumped_runtimes(main)
+    assert set(runtimes) == {"runc", "nvidia"}
+    assert section["sandbox_image"] == "mirror/pause:1"
+    assert runtimes["nvidia"]["options"]["BinaryName"] == fake_binary
+    assert "copy of the main file's CRI plugin section" in out.stderr
+    # idempotent
+    before = (read(main), read(drop_in))
+    out = configure(main, fake_binary, "--drop-in", str(conf_d), env=shim_env)
+    assert "nothing changed" in out.stderr and (read(main), read(drop_in)) == before
+    assert sorted(os.listdir(conf_d)) == ["99-cdi-shim.toml"]
+
+
+def test_v2_drop_in_with_an_existing_glob_import(tmp_path, shim_env, fake_binary):
+    main = copy(V2_DEFAULT, tmp_path)
+    conf_d = tmp_path / "conf.d"
+    main.write_text(read(main).replace("imports = []", f'imports = ["{conf_d}/*.toml"]'))
+    before = read(main)
+    configure(main, fake_binary, "--drop-in", str(conf_d), env=shim_env)
+    assert read(main) == before  # already imported by the glob
+    assert dumped_runtimes(main)[1]["nvidia"]["options"]["BinaryName"] == fake_binary
+
+
+def test_v3_drop_in_holds_only_our_entry(tmp_path, shim_env, fake_binary):
+    main = copy(V3_DEFAULT, tmp_path)
+    conf_d = tmp_path / "conf.d"
+    configure(main, fake_binary, "--drop-in", str(conf_d), env=shim_env,
+              containerd_binary="/nonexistent/containerd")
+    drop_in = conf_d / "99-cdi-shim.toml"
+    assert toml_loads(read(main))["imports"] == [str(drop_in)]
+    parsed = toml_loads(read(drop_in))
+    assert parsed["version"] == 3
+    assert list(parsed["plugins"]) == [CRI3]
+    assert list(parsed["plugins"][CRI3]) == ["containerd"]
+    assert list(parsed["plugins"][CRI3]["containerd"]["runtimes"]) == ["nvidia"]
+    assert "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]" in read(drop_in)
+    before = (read(main), read(drop_in))
+    configure(main, fake_binary, "--drop-in", str(conf_d), env=shim_env, containerd_binary="/nonexistent/containerd")
+    assert (read(main), read(drop_in)) == before
+
+
+def test_bad_runtime_name_refused(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, "--runtime-name", "NVIDIA_gpu", env=shim_env, check=False)
+    assert "is not a DNS label" in out.stderr and read(path) == read(V2_DEFAULT)
+
+
+def test_restart_only_when_asked_and_possible(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, env=shim_env)
+    assert "restart containerd to apply it (or pass --restart)" in out.stderr
+    systemd, init = pid1_init()
+    if not systemd:
+        path2 = copy(V2_DEFAULT, tmp_path, "two.toml")
+        out = configure(path2, fake_binary, "--restart", env=shim_env, check=False)
+        assert f'cannot restart containerd: PID 1 is "{init}", not systemd' in out.stderr
+        assert read(path2) != read(V2_DEFAULT)  # the config itself was written before
+
+
+def test_binary_defaults_to_the_installed_runtime(tmp_path, shim_env):
+    path = copy(V2_DEFAULT, tmp_path)
+    run_cli("runtime", "configure", "--config", str(path), env=shim_env, check=True)
+    binary = dumped_runtimes(path)[1]["nvidia"]["options"]["BinaryName"]
+    assert os.path.isabs(binary) and os.path.basename(binary) == "cdi-shim-runtime" and os.access(binary, os.X_OK)
+
+
+# --- runtimeclass -------------------------------------------------------------------------------
+
+def test_runtimeclass_yaml(shim_env):
+    out = run_cli("runtimeclass", env=shim_env, check=True)
+    assert yaml.safe_load(out.stdout) == {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                          "metadata": {"name": "nvidia"}, "handler": "nvidia"}
+    out = run_cli("runtimeclass", "--name", "gpu", "--handler", "cdi", env=shim_env, check=True)
+    assert yaml.safe_load(out.stdout)["metadata"]["name"] == "gpu"
+    assert yaml.safe_load(out.stdout)["handler"] == "cdi"
+
+
+def test_runtimeclass_example_pod(shim_env):
+    out = run_cli("runtimeclass", "--example-pod", env=shim_env, check=True)
+    runtime_class, pod = list(yaml.safe_load_all(out.stdout))
+    assert runtime_class["kind"] == "RuntimeClass"
+    assert pod["kind"] == "Pod" and pod["spec"]["runtimeClassName"] == "nvidia"
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    # the CDI annotation is the device plugin's, on the container; pod annotations never pass
+    assert "cdi.k8s.io/nvidia-device-plugin_<uid>: nvidia.com/gpu=<index or UUID>" in out.stdout
+    assert "annotations" not in pod["metadata"]
+
+
+def test_runtimeclass_handler_checked_against_the_config(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    configure(path, fake_binary, env=shim_env)
+    run_cli("runtimeclass", "--handler", "nvidia", "--config", str(path), env=shim_env, check=True)
+    out = run_cli("runtimeclass", "--handler", "nvidia-gpu", "--config", str(path), env=shim_env, check=False)
+    assert 'no runtime for "nvidia-gpu" is configured' in out.stderr
+    assert "configures nvidia, runc" in out.stderr
+    assert out.stdout == ""
+
+
+def test_runtimeclass_handler_seen_through_a_drop_in(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    configure(path, fake_binary, "--drop-in", str(tmp_path / "conf.d"), "--runtime-name", "cdi", env=shim_env)
+    run_cli("runtimeclass", "--handler", "cdi", "--config", str(path), env=shim_env, check=True)
+
+
+def test_runtimeclass_rejects_names_the_api_server_would(shim_env):
+    out = run_cli("runtimeclass", "--handler", "Bad_Handler", env=shim_env, check=False)
+    assert "is not a DNS label" in out.stderr

@@ -1,0 +1,96 @@
+"""Request collection and runc argv handling of the runtime (no runc needed here)."""
+import pytest
+
+from shim.config import Config, load_config, ConfigError
+from shim.runtime.requests import RequestError, collect_requests, env_devices
+from shim.runtime.runc_args import parse_runc_argv
+
+SETTINGS = Config()
+
+
+@pytest.mark.parametrize("values, expected", [
+    (["0"], ["nvidia.com/gpu=0"]),
+    (["0,1"], ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]),
+    (["GPU-8f6e1c2a-0000-1111-2222-333344445555"], ["nvidia.com/gpu=GPU-8f6e1c2a-0000-1111-2222-333344445555"]),
+    (["all"], ["nvidia.com/gpu=all"]),
+    (["none"], []), (["void"], []), ([""], []),
+    (["0", "all"], ["nvidia.com/gpu=all"]),           # all beats a list
+    (["all", "none"], []),                             # none beats everything else
+    (["none", "void", "0"], []),                       # void (and none) beat the rest
+    (["vendor.com/fpga=a,1"], ["vendor.com/fpga=a", "nvidia.com/gpu=1"]),
+])
+def test_env_semantics(values, expected):
+    assert env_devices(values, "nvidia.com/gpu") == expected
+
+
+def config(**process):
+    return {"process": dict({"env": []}, **process)}
+
+
+def test_sources_in_order_and_deduplicated():
+    cfg = {"annotations": {"cdi.k8s.io/b": "v.com/c=ann2", "cdi.k8s.io/a": "v.com/c=ann1,v.com/c=shared",
+                           "other/x": "ignored"},
+           "process": {"env": ["NVIDIA_VISIBLE_DEVICES=3"]},
+           "mounts": [{"destination": "/var/run/nvidia-container-devices/GPU-1", "source": "/dev/null"},
+                      {"destination": "/var/run/nvidia-container-devices", "source": "/dev/null"}]}
+    assert collect_requests(cfg, SETTINGS, ["v.com/c=shared", "v.com/c=cli"]) == [
+        "v.com/c=ann1", "v.com/c=shared", "v.com/c=ann2", "nvidia.com/gpu=3", "nvidia.com/gpu=GPU-1", "v.com/c=cli"]
+
+
+def test_malformed_annotation_is_an_error():
+    with pytest.raises(RequestError, match='invalid CDI device name "gpu0"'):
+        collect_requests({"annotations": {"cdi.k8s.io/x": "gpu0"}}, SETTINGS)
+
+
+def test_malformed_cli_device_is_an_error():
+    with pytest.raises(RequestError, match="vendor.com/class=name"):
+        collect_requests({}, SETTINGS, ["gpu0"])
+
+
+def test_env_requests_of_unprivileged_containers_can_be_refused():
+    strict = Config(accept_env_unprivileged=False)
+    warnings = []
+    cfg = config(env=["NVIDIA_VISIBLE_DEVICES=all"])
+    assert collect_requests(cfg, strict, warn=warnings.append) == []
+    assert "lacks CAP_SYS_ADMIN" in warnings[0] and "NVIDIA_VISIBLE_DEVICES=all" in warnings[0]
+    cfg["process"]["capabilities"] = {"bounding": ["CAP_SYS_ADMIN"]}
+    assert collect_requests(cfg, strict) == ["nvidia.com/gpu=all"]
+    assert collect_requests(config(env=["NVIDIA_VISIBLE_DEVICES=all"]), SETTINGS) == ["nvidia.com/gpu=all"]
+
+
+def test_configured_names_are_used():
+    custom = Config(annotation_prefixes=("example.org/",), device_env="", default_kind="acme.com/npu")
+    cfg = {"annotations": {"cdi.k8s.io/x": "v.com/c=a", "example.org/y": "v.com/c=b"},
+           "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]},
+           "mounts": [{"destination": "/var/run/nvidia-container-devices/2"}]}
+    assert collect_requests(cfg, custom) == ["v.com/c=b", "acme.com/npu=2"]
+
+
+def test_runc_argv_parsing_keeps_everything_but_our_options():
+    args = parse_runc_argv(["--root", "/r", "--log=/l.json", "--log-format", "json", "--device", "v.com/c=a",
+                            "--systemd-cgroup", "--device=v.com/c=b", "create", "--bundle", "/b",
+                            "--pid-file", "/p", "id1"])
+    assert args.runc_argv == ["--root", "/r", "--log=/l.json", "--log-format", "json", "--systemd-cgroup",
+                              "create", "--bundle", "/b", "--pid-file", "/p", "id1"]
+    assert (args.command, args.bundle, args.container_id, args.log_file, args.log_format) == \
+        ("create", "/b", "id1", "/l.json", "json")
+    assert args.devices == ["v.com/c=a", "v.com/c=b"]
+    assert parse_runc_argv(["run", "-b", "x", "-d", "c"]).bundle == "x"
+    assert parse_runc_argv(["run", "c"]).bundle == "."
+
+
+def test_config_file_errors_name_file_and_key(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('runtime = "runc"\nspec_dirs = ["/x"]\n')
+    with pytest.raises(ConfigError, match=rf'{path}: unknown key "spec_dirs"'):
+        load_config(str(path))
+    path.write_text("runtime = [\n")
+    with pytest.raises(ConfigError, match=f"malformed cdi-shim config {path}"):
+        load_config(str(path))
+    path.write_text('log-level = "loud"\n')
+    with pytest.raises(ConfigError, match='"log-level" must be one of'):
+        load_config(str(path))
+    assert load_config(str(tmp_path / "missing.toml")) == Config()
+    path.write_text('spec-dirs = ["/a", "/b"]  # ours\nannotation-prefixes = [\n  "x/",\n]\n')
+    loaded = load_config(str(path))
+    assert loaded.spec_dirs == ("/a", "/b") and loaded.annotation_prefixes == ("x/",)
