@@ -270,7 +270,9 @@ def _apply_env(config, env):
     for position, entry in enumerate(current):
         if not isinstance(entry, str):
             raise EditError(f"can't edit OCI config: process.env[{position}] is not a string")
-        index.setdefault(entry.partition("=")[0], position)
+        # The last entry of a key is the one runc leaves in effect, and the one the reference
+        # indexes (createEnvCacheMap in internal/ociedit/spec_editor.go: later entries overwrite).
+        index[entry.partition("=")[0]] = position
     for entry in env:
         key = entry.partition("=")[0]
         if key in index:

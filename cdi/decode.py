@@ -1,31 +1,44 @@
 """Strict decoding of a spec document into plain, typed Python values.
 
-The reference decodes specs with sigs.k8s.io/yaml's UnmarshalStrict: YAML 1.1 (so JSON too),
-unknown and duplicate keys rejected, struct keys matched exactly first and then
-case-insensitively (Go's encoding/json), and scalars coerced to strings where the field is a
-string (``name: 0`` is "0"). We compose the document with libyaml when PyYAML has it and walk
-the node tree against a small schema, so each error carries the field path and the bad value.
+The reference decodes specs with sigs.k8s.io/yaml's UnmarshalStrict: go-yaml v2 (YAML 1.1, so
+JSON too) into JSON, then encoding/json: unknown and duplicate keys rejected, struct keys
+matched exactly first and then case-insensitively, and scalars coerced to strings where the
+field is a string (``name: 0`` is "0"). We compose the document with libyaml when PyYAML has it,
+resolve plain scalars by go-yaml's rules (goyaml.py; PyYAML's YAML 1.1 resolver differs), and
+walk the node tree against a small schema, so each error carries the field path and the bad
+value.
 """
-import yaml
-from yaml.constructor import ConstructorError, SafeConstructor
+import re
 
+import yaml
+
+from . import goyaml
 from .errors import CDIError, q
 
 try:  # libyaml's C parser; the pure-Python one gives the same nodes, only slower.
-    from yaml import CSafeLoader as _Loader
+    from yaml import CSafeLoader as _BaseLoader
 except ImportError:  # pragma: no cover - depends on how PyYAML was built
-    from yaml import SafeLoader as _Loader
+    from yaml import SafeLoader as _BaseLoader
 
-_STR_TAG = "tag:yaml.org,2002:str"
-_INT_TAG = "tag:yaml.org,2002:int"
-_BOOL_TAG = "tag:yaml.org,2002:bool"
-_NULL_TAG = "tag:yaml.org,2002:null"
-_FLOAT_TAG = "tag:yaml.org,2002:float"
+# Plain scalars without a tag keep this tag; goyaml.resolve gives them their value.
+_PLAIN_TAG = "!cdi-shim/plain"
+# Explicit tags that go-yaml checks against its own reading of the text.
+_CHECKED_TAGS = {f"tag:yaml.org,2002:{name}": name for name in ("int", "float", "bool", "null")}
+
+
+class _Loader(_BaseLoader):
+    def resolve(self, kind, value, implicit):
+        if kind is yaml.ScalarNode and implicit[0]:
+            return _PLAIN_TAG
+        return super().resolve(kind, value, implicit)
+
 
 # A limit on visited nodes guards against alias bombs ("billion laughs").
 MAX_NODES = 1_000_000
 
-_constructor = SafeConstructor()
+# encoding/json reads a JSON number into an integer field with strconv.ParseInt/ParseUint,
+# base 10: only a plain integer literal is taken.
+_INTEGER_LITERAL = re.compile(r"-?[0-9]+")
 
 
 class DecodeError(CDIError):
@@ -89,14 +102,29 @@ SPEC = Struct("Spec", {"cdiVersion": STRING, "kind": STRING, "annotations": MapO
 # --- walking ------------------------------------------------------------------------------
 
 
-def _describe(node):
+def _scalar_value(node, field):
+    """The value go-yaml v2 gives a scalar node: None, bool, int, float or str."""
+    if node.tag == _PLAIN_TAG:
+        return goyaml.resolve(node.value)
+    if node.tag in _CHECKED_TAGS:
+        try:
+            return goyaml.resolve_tagged(_CHECKED_TAGS[node.tag], node.value)
+        except ValueError as err:
+            raise DecodeError(field, "yaml: " + str(err)) from None
+    # Quoted scalars, !!str, and tags go-yaml does not resolve: the text as written.
+    return node.value
+
+
+def _describe(node, value=None):
     if isinstance(node, yaml.MappingNode):
         return "object"
     if isinstance(node, yaml.SequenceNode):
         return "array"
-    kind = {_STR_TAG: "string", _INT_TAG: "number", _FLOAT_TAG: "number", _BOOL_TAG: "bool",
-            _NULL_TAG: "null"}.get(node.tag, node.tag)
-    return f"{kind} {node.value!r}" if kind != "null" else kind
+    if value is None:
+        return "null"
+    kind = ("bool" if isinstance(value, bool) else "number" if isinstance(value, (int, float))
+            else "string")
+    return f"{kind} {node.value!r}"
 
 
 class _Walker:
@@ -107,22 +135,25 @@ class _Walker:
         self.budget -= 1
         if self.budget < 0:
             raise DecodeError(field, f"document too large (more than {MAX_NODES} nodes after aliases)")
-        if isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG:
-            # Go leaves the zero value: "" for a string, false for a bool, nil for the rest
-            # (pointers, lists, objects; a nil entry of a list of objects is kept as None).
-            if isinstance(schema, Scalar) and schema.kind != "int":
-                return "" if schema.kind == "str" else False
-            return None
+        value = None  # a scalar's value, as go-yaml reads it
+        if isinstance(node, yaml.ScalarNode):
+            value = _scalar_value(node, field)
+            if value is None:
+                # Go leaves the zero value: "" for a string, false for a bool, nil for the rest
+                # (pointers, lists, objects; a nil entry of a list of objects is kept as None).
+                if isinstance(schema, Scalar) and schema.kind != "int":
+                    return "" if schema.kind == "str" else False
+                return None
         if isinstance(schema, Scalar):
-            return self.scalar(node, schema, field)
+            return self.scalar(node, value, schema, field)
         if isinstance(schema, ListOf):
             if not isinstance(node, yaml.SequenceNode):
-                raise DecodeError(field, f"cannot unmarshal {_describe(node)} into a list")
+                raise DecodeError(field, f"cannot unmarshal {_describe(node, value)} into a list")
             return [self.value(item, schema.item, f"{field}[{index}]")
                     for index, item in enumerate(node.value)]
         if not isinstance(node, yaml.MappingNode):
             what = "a map" if isinstance(schema, MapOf) else schema.name
-            raise DecodeError(field, f"cannot unmarshal {_describe(node)} into {what}")
+            raise DecodeError(field, f"cannot unmarshal {_describe(node, value)} into {what}")
         if isinstance(schema, MapOf):
             return self.mapping(node, schema, field)
         return self.struct(node, schema, field)
@@ -155,44 +186,30 @@ class _Walker:
             result[name] = self.value(value_node, schema.fields[name], _join(field, name))
         return result
 
-    def scalar(self, node, schema, field):
+    def scalar(self, node, value, schema, field):
+        def refused():
+            return DecodeError(field, f"cannot unmarshal {_describe(node, value)} into {_type_name(schema)}")
+
         if not isinstance(node, yaml.ScalarNode):
-            raise DecodeError(field, f"cannot unmarshal {_describe(node)} into {_type_name(schema)}")
+            raise refused()
         if schema.kind == "str":
-            return _as_string(node)
+            # Numbers and bools are printed (``010`` is "8", ``1e3`` is "1000", ``on`` is "true").
+            return goyaml.to_string(value)
         if schema.kind == "bool":
-            if node.tag != _BOOL_TAG:
-                raise DecodeError(field, f"cannot unmarshal {_describe(node)} into bool")
-            return _constructor.construct_yaml_bool(node)
-        if node.tag != _INT_TAG:
-            raise DecodeError(field, f"cannot unmarshal {_describe(node)} into {_type_name(schema)}")
-        try:
-            number = _constructor.construct_yaml_int(node)
-        except (ValueError, ConstructorError):
-            raise DecodeError(field, f"cannot unmarshal {_describe(node)} into {_type_name(schema)}") from None
+            if not isinstance(value, bool):
+                raise refused()
+            return value
+        # A number reaches the field as the JSON encoding/json writes for it: 1.0 and 1e3 are
+        # the integers 1 and 1000, 1.5 and .inf are refused.
+        literal = goyaml.json_number(value)
+        if literal is None or not _INTEGER_LITERAL.fullmatch(literal):
+            raise refused()
+        number = int(literal)
         if not schema.low <= number <= schema.high:
             raise DecodeError(field, f"number {node.value} overflows {_type_name(schema)}")
+        if schema.low == 0 and literal.startswith("-"):  # -0.0 is "-0", which ParseUint refuses
+            raise refused()
         return number
-
-
-def _as_string(node):
-    """A scalar for a string field, as sigs.k8s.io/yaml renders it: YAML 1.1 numbers and
-    booleans are resolved first and then printed (``010`` is "8", ``on`` is "true")."""
-    if node.tag == _INT_TAG:
-        try:
-            return str(_constructor.construct_yaml_int(node))
-        except ValueError:
-            return node.value
-    if node.tag == _BOOL_TAG:
-        return "true" if _constructor.construct_yaml_bool(node) else "false"
-    if node.tag == _FLOAT_TAG:
-        try:
-            text = repr(_constructor.construct_yaml_float(node))
-        except ValueError:
-            return node.value
-        text = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}.get(text, text)
-        return text[:-2] if text.endswith(".0") else text
-    return node.value
 
 
 def _type_name(schema):
@@ -216,6 +233,6 @@ def decode_spec(data):
         node = next(documents, None)
     except yaml.YAMLError as err:
         raise DecodeError("", "yaml: " + " ".join(str(err).split())) from None
-    if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG):
+    if node is None or (isinstance(node, yaml.ScalarNode) and _scalar_value(node, "") is None):
         return None
     return _Walker().value(node, SPEC, "")

@@ -126,8 +126,19 @@ def spec_file_name(vendor, cls, transient_id=""):
 def _dump_yaml(doc):
     import yaml  # only the writer needs the emitter
 
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return "---\n" + yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False)
+    from .goyaml import resolve
+
+    class Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
+        pass
+
+    def represent_str(dumper, text):
+        # PyYAML quotes what its own resolver would not read back as a string; the reference
+        # reads with go-yaml's rules, where y, 0o660 and 1e3 are not strings either.
+        style = "'" if not isinstance(resolve(text), str) else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+    Dumper.add_representer(str, represent_str)
+    return "---\n" + yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False)
 
 
 def write_spec(doc, path, overwrite=True):

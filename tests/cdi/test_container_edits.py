@@ -156,6 +156,20 @@ def test_env_existing_key_replaced_in_place_with_cdi_duplicates_head_differs_fro
     assert result["process"]["env"] == ["A=2", "B=1", "C=2"]
 
 
+def test_env_duplicate_key_in_base_config_last_entry_replaced_head_differs_from_v1_1_0():
+    # createEnvCacheMap (internal/ociedit/spec_editor.go) indexes the base env in a loop where
+    # the last entry of a key wins, so the edit replaces "FOO=old2": the entry runc leaves in
+    # effect. Replacing the first one would leave the container with FOO=old2.
+    config = {"process": {"env": ["FOO=old", "FOO=old2"]}}
+    assert apply(config, env=["FOO=bar"])["process"]["env"] == ["FOO=old", "FOO=bar"]
+
+
+def test_env_duplicate_key_in_base_config_with_cdi_duplicates_head_differs_from_v1_1_0():
+    config = {"process": {"env": ["A=0", "B=1", "A=2", "B=3"]}}
+    result = apply(config, env=["B=x", "A=y", "A=z"])
+    assert result["process"]["env"] == ["A=0", "B=1", "A=z", "B=x"]
+
+
 def test_env_key_is_text_before_first_equals():
     config = {"process": {"env": ["A=x=y", "AB=1"]}}
     result = apply(config, env=["A=b=c", "A==", "ABC=2"])

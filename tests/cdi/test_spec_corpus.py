@@ -155,3 +155,19 @@ def test_valid_spec_from_bytes_matches_file(name):
     exp = _expected_valid(name)
     spec = parse_spec((VALID / name).read_bytes(), str(VALID / name))
     assert [f"{spec.vendor}/{spec.cls}={device}" for device in spec.devices] == exp["devices"]
+
+
+# --- version gates over several devices ------------------------------------------------------
+
+@pytest.mark.parametrize("edits, needs", [
+    ({"deviceNodes": [{"path": "/dev/x", "hostPath": "/dev/y"}]}, "0.5.0"),
+    ({"mounts": [{"hostPath": "/h", "containerPath": "/c", "type": "bind"}]}, "0.4.0"),
+])
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_version_gates_check_every_device_v1_1_0_checks_only_the_last(edits, needs, position):
+    # v1.1.0's requiresV050/requiresV040 (specs-go/version.go) append &d.ContainerEdits of the
+    # range variable; specs-go's go.mod says go 1.19, so that variable is shared and only the
+    # last device's edits are seen: with the feature at position 0 or 1, v1.1.0 answers 0.3.0.
+    devices = [{"name": f"d{index}", "containerEdits": {"env": ["A=1"]}} for index in range(3)]
+    devices[position]["containerEdits"] = edits
+    assert minimum_version({"kind": "vendor.com/device", "devices": devices}) == needs
