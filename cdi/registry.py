@@ -24,6 +24,10 @@ from .safeio import write_file_atomic
 from .spec_dirs import DEFAULT_SPEC_DIRS, scan_spec_dirs
 
 _MAGIC = b"CDISHIM\x04"  # bump when the layout changes (an old file is then ignored)
+# What a cached parse means changes with the package and with the decoding rules (a spec
+# read under older rules may mean something else now): both key the cache.
+_DECODE_RULES = 2                  # 2: Go's YAML numbers (0o660, 1e3, 1.0 in integer fields)
+_CACHE_VERSION = f"{__version__}+decode{_DECODE_RULES}"
 _HEADER_SIZE = 16  # magic, then the lengths of the hot and cold sections (u32 LE)
 # An mtime within this many ns of the moment the cache was built may not have ticked yet.
 RACY_WINDOW_NS = 2_000_000_000
@@ -147,7 +151,7 @@ class RegistryCache:
             hot_len = int.from_bytes(header[8:12], "little")
             cold_len = int.from_bytes(header[12:16], "little")
             hot = marshal.loads(os.pread(fd, hot_len, _HEADER_SIZE))
-            if not _hot_is_sound(hot) or hot["version"] != __version__ or hot["dirs"] != self.spec_dirs:
+            if not _hot_is_sound(hot) or hot["version"] != _CACHE_VERSION or hot["dirs"] != self.spec_dirs:
                 os.close(fd)
                 return None
         except (OSError, EOFError, ValueError, TypeError):
@@ -330,7 +334,7 @@ class Registry:
                     or now - entry.validator[5] < RACY_WINDOW_NS:
                 racy.append((path, entry.data))
         devices, errors = self._index(paths, priorities, entries)
-        hot = {"version": __version__, "dirs": self.spec_dirs, "signature": signature, "racy": racy}
+        hot = {"version": _CACHE_VERSION, "dirs": self.spec_dirs, "signature": signature, "racy": racy}
         cold = {"paths": paths, "priorities": priorities, "entries": entries, "errors": errors,
                 "devices": devices, "dir_errors": dir_errors}
         kinds = _by_kind(devices)

@@ -226,3 +226,19 @@ def test_cache_file_of_another_layout_is_ignored(dirs, cache_dir):
     with open(path, "wb") as out:
         out.write(module._MAGIC + len(hot).to_bytes(4, "little") + (0).to_bytes(4, "little") + hot)
     assert names(Registry(dirs, cache_dir=cache_dir)) == ["example.com/dev=real"]
+
+
+def test_cache_of_older_decoding_rules_is_parsed_again(dirs, cache_dir, monkeypatch):
+    """A cache written by the same package version under older decoding rules (before Go's YAML
+    numbers) may hold another meaning of the same file: it is not trusted."""
+    from cdi import registry as module
+
+    etc, _ = dirs
+    write_spec(etc, "a.yaml", simple_spec(devices=("x",)))
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "_CACHE_VERSION", module.__version__)   # what the cache held before
+        Registry(dirs, cache_dir=cache_dir).refresh()
+    again = Registry(dirs, cache_dir=cache_dir).refresh()
+    assert again.reparsed == 1 and again.device_names() == ["example.com/dev=x"]
+    warm = Registry(dirs, cache_dir=cache_dir).refresh()
+    assert warm.reparsed == 0
