@@ -94,3 +94,65 @@ def test_config_file_errors_name_file_and_key(tmp_path):
     path.write_text('spec-dirs = ["/a", "/b"]  # ours\nannotation-prefixes = [\n  "x/",\n]\n')
     loaded = load_config(str(path))
     assert loaded.spec_dirs == ("/a", "/b") and loaded.annotation_prefixes == ("x/",)
+
+
+# --- issue 14, finding 1: the device env var's size is bounded and costs linear work ----------
+
+_MEASURE = r"""
+import resource, sys, time
+from shim.config import Config
+from shim.runtime.requests import RequestError, collect_requests
+value = sys.stdin.read()
+cfg = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=" + value]}}
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.process_time()
+try:
+    outcome = "devices %d" % len(collect_requests(cfg, Config()))
+except RequestError as err:
+    outcome = "error " + str(err)
+used = time.process_time() - start
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+print("%d %.3f %s" % (grown, used, outcome[:300]))
+"""
+
+
+def _measure(value):
+    import resource
+    import subprocess
+    import sys
+
+    def limit():  # 1 GiB of address space: the quadratic origin text needed 3.1 GB for 80 KB
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    out = subprocess.run([sys.executable, "-c", _MEASURE], input=value, capture_output=True, text=True,
+                         timeout=120, preexec_fn=limit)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grown_kib, cpu, outcome = out.stdout.split(" ", 2)
+    return int(grown_kib), float(cpu), outcome.strip()
+
+
+def test_a_long_device_env_value_is_refused_in_bounded_time_and_memory():
+    from shim.runtime.requests import MAX_ENV_CHARS
+
+    value = ",".join(["0"] * 40_000)  # 80 KB: the review's case (3.1 GB, larger values: the OOM killer)
+    assert len(value) > MAX_ENV_CHARS
+    grown_kib, cpu, outcome = _measure(value)
+    assert outcome.startswith("error NVIDIA_VISIBLE_DEVICES: "), outcome
+    assert f"at most {MAX_ENV_CHARS}" in outcome
+    assert grown_kib < 20 * 1024 and cpu < 2, (grown_kib, cpu)
+
+
+def test_device_env_at_its_caps_costs_linear_work():
+    from shim.runtime.requests import MAX_ENV_CHARS, MAX_REQUESTS
+
+    # as many distinct UUID-like names as allowed, padded with blanks up to the length cap
+    names = [f"GPU-{index:08x}-0000-1111-2222-333344445555" for index in range(MAX_REQUESTS)]
+    value = ",".join(names)
+    value += "," * (MAX_ENV_CHARS - len(value))
+    grown_kib, cpu, outcome = _measure(value)
+    assert outcome == f"devices {MAX_REQUESTS}"
+    assert grown_kib < 20 * 1024 and cpu < 2, (grown_kib, cpu)
+    # one item more than the request cap: a clear error naming the env var
+    grown_kib, cpu, outcome = _measure(",".join(["0"] * (MAX_REQUESTS + 1)))
+    assert outcome.startswith("error NVIDIA_VISIBLE_DEVICES: "), outcome
+    assert f"at most {MAX_REQUESTS} devices" in outcome

@@ -94,6 +94,12 @@ def case_host_device_missing(w):
     return w.bundle(annotations={"cdi.k8s.io/e2e": "example.com/missing=a"}), [], [missing]
 
 
+def case_device_env_too_long(w):
+    # issue 14, finding 1: bounded, with an error naming the variable
+    return w.bundle(env=["NVIDIA_VISIBLE_DEVICES=" + ",".join(["0"] * 40000)]), [], [
+        "NVIDIA_VISIBLE_DEVICES: its value is 79999 characters long; at most 65536 are accepted"]
+
+
 def case_malformed_config_toml(w):
     with open(w.config_toml, "w") as f:
         f.write('spec-dirs = ["/etc/cdi"\nruntime = \n')
