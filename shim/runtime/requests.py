@@ -1,5 +1,7 @@
 """Which CDI devices a container asks for: annotations, the device env var, device-plugin
 volume mounts, and the runtime's own ``--device`` options, in that order."""
+import posixpath
+
 from cdi.annotations import parse_annotations
 from cdi.errors import CDIError
 from cdi.parser import is_qualified_name
@@ -62,11 +64,25 @@ def env_devices(values, default_kind, name="the device env var"):
     return devices
 
 
-def mount_devices(mounts, default_kind):
-    """Devices requested by the device plugin's volume-mount strategy."""
+VOLUME_MOUNT_REQUESTS = ("dev-null", "off")  # the values of the config key volume-mount-requests
+
+
+def mount_devices(mounts, default_kind, strategy="dev-null"):
+    """Devices requested by the device plugin's volume-mount strategy.
+
+    As in the toolkit, only a mount whose source is /dev/null (what the device plugin mounts)
+    counts: any pod can mount an ordinary directory (an emptyDir) at such a path. With the
+    strategy "off", no mount is a request.
+    """
     devices = []
+    if strategy == "off":
+        return devices
     for mount in mounts or ():
-        destination = mount.get("destination", "") if isinstance(mount, dict) else ""
+        if not isinstance(mount, dict):
+            continue
+        destination, source = mount.get("destination", ""), mount.get("source")
+        if not isinstance(source, str) or posixpath.normpath(source) != "/dev/null":
+            continue
         if isinstance(destination, str) and destination.startswith(DEVICE_MOUNT_ROOT):
             device_id = destination.rstrip("/").rsplit("/", 1)[-1]
             if device_id and destination.rstrip("/") != DEVICE_MOUNT_ROOT.rstrip("/"):
@@ -112,7 +128,8 @@ def collect_requests(config, settings, cli_devices=(), warn=lambda message: None
             devices = []
         requested += [(device, origin) for device in devices]
     requested += [(device, "a device-plugin mount under " + DEVICE_MOUNT_ROOT)
-                  for device in mount_devices(config.get("mounts"), settings.default_kind)]
+                  for device in mount_devices(config.get("mounts"), settings.default_kind,
+                                              settings.volume_mount_requests)]
     requested += [(device, "--device") for device in cli_devices]
     if len(requested) > MAX_REQUESTS:
         raise RequestError(f"the container requests {len(requested)} devices; at most {MAX_REQUESTS} are accepted")

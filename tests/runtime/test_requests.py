@@ -62,7 +62,7 @@ def test_configured_names_are_used():
     custom = Config(annotation_prefixes=("example.org/",), device_env="", default_kind="acme.com/npu")
     cfg = {"annotations": {"cdi.k8s.io/x": "v.com/c=a", "example.org/y": "v.com/c=b"},
            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]},
-           "mounts": [{"destination": "/var/run/nvidia-container-devices/2"}]}
+           "mounts": [{"destination": "/var/run/nvidia-container-devices/2", "source": "/dev/null"}]}
     assert collect_requests(cfg, custom) == ["v.com/c=b", "acme.com/npu=2"]
 
 
@@ -156,3 +156,31 @@ def test_device_env_at_its_caps_costs_linear_work():
     grown_kib, cpu, outcome = _measure(",".join(["0"] * (MAX_REQUESTS + 1)))
     assert outcome.startswith("error NVIDIA_VISIBLE_DEVICES: "), outcome
     assert f"at most {MAX_REQUESTS} devices" in outcome
+
+
+# --- issue 14, finding 2: a volume mount requests devices only when its source is /dev/null ----
+
+def _mount(destination, source):
+    return {"destination": destination, "type": "bind", "source": source, "options": ["rbind", "rw"]}
+
+
+def test_volume_mount_requests_need_a_dev_null_source():
+    root = "/var/run/nvidia-container-devices/"
+    cfg = {"mounts": [_mount(root + "all", "/var/lib/kubelet/pods/p/volumes/kubernetes.io~empty-dir/x"),
+                      _mount(root + "0", "/dev/../dev/null"),   # the toolkit cleans the source path
+                      _mount(root + "1", "/dev/null"),
+                      _mount(root + "2", "/tmp/null"),
+                      {"destination": root + "3"}]}             # no source at all
+    assert collect_requests(cfg, SETTINGS) == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
+    assert Config().volume_mount_requests == "dev-null"
+    assert collect_requests(cfg, Config(volume_mount_requests="off")) == []
+
+
+def test_volume_mount_requests_config_key(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('volume-mount-requests = "off"\n')
+    assert load_config(str(path)).volume_mount_requests == "off"
+    path.write_text('volume-mount-requests = "any"\n')
+    with pytest.raises(ConfigError, match=rf'{path}: "volume-mount-requests" must be one of "dev-null", "off", '
+                                          r'not "any"'):
+        load_config(str(path))
