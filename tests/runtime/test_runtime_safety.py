@@ -100,6 +100,16 @@ def case_device_env_too_long(w):
         "NVIDIA_VISIBLE_DEVICES: its value is 79999 characters long; at most 65536 are accepted"]
 
 
+def case_relative_hook_path_diverges_from_cncf_library(w):
+    # issue 14, finding 4: runc runs createContainer hooks with the rootfs as cwd; the CNCF
+    # library accepts a relative path, we refuse it (naming spec, device and hook)
+    path = w.write_spec("relhook.yaml", 'cdiVersion: "0.5.0"\nkind: example.com/relhook\ndevices:\n'
+                        '  - name: "a"\n    containerEdits:\n      env: ["A=1"]\n      hooks:\n'
+                        '        - {hookName: createContainer, path: bin/hookrel}\n')
+    return w.bundle(annotations={"cdi.k8s.io/e2e": "example.com/relhook=a"}), [], [
+        "example.com/relhook=a", path, 'device "a"', 'hook "createContainer": path "bin/hookrel" is not absolute']
+
+
 def case_malformed_config_toml(w):
     with open(w.config_toml, "w") as f:
         f.write('spec-dirs = ["/etc/cdi"\nruntime = \n')
