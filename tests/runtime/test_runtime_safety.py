@@ -493,3 +493,53 @@ def test_parallel_creates_get_their_own_devices(world):
         assert f"PAR_DEVICE=p{index}" in text
         config = bundle.config()
         assert [d["path"] for d in config["linux"]["devices"] if d["path"].startswith("/dev/par")] == [f"/dev/par{index}"]
+
+
+# --- issue 14, finding 10: JSON edge cases go back to runc as they came ------------------------
+
+def test_unusual_json_values_reach_runc_unchanged(world):
+    """A lone surrogate in an env entry gave a traceback; an unknown field 1e400 was written back
+    as Infinity (which runc refuses, though it accepted the original). Both, and other numbers
+    Python would change (a 5000-digit integer, 1E+2, -0.0, 1.10), go back exactly as given."""
+    fields = {"x-huge": "1e400", "x-digits": "1" * 5000, "x-exp": "1E+2", "x-negzero": "-0.0", "x-tenths": "1.10"}
+    marker = '"@SURROGATE@"'
+    config = json.loads(json.dumps(world._template))
+    config["annotations"] = dict(GPU0)
+    config["process"]["args"] = ["sh", "-c", "true"]
+    config["process"]["terminal"] = False
+    config["process"]["env"] = ["PATH=/bin", "X=@SURROGATE@"]
+    config["root"] = {"path": "rootfs"}
+    for name in fields:
+        config[name] = f"@{name}@"
+    text = json.dumps(config).replace('"X=@SURROGATE@"', r'"X=\ud800"')
+    for name, number in fields.items():
+        text = text.replace(f'"@{name}@"', number)
+    assert marker not in text
+    runc_alone = world.bundle(raw=text.encode())
+    assert world.runc_cmd("create", "--bundle", runc_alone.path, runc_alone.id).returncode == 0, \
+        "runc itself must accept this config"
+    assert world.runc_cmd("delete", "--force", runc_alone.id).returncode == 0
+
+    bundle = world.bundle(raw=text.encode())
+    result = world.shim("create", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    written = bundle.read_bytes()
+    for name, number in fields.items():
+        assert f'"{name}":{number}'.encode() in written, name
+    assert rb'"X=\ud800"' in written
+    from shim import fastjson  # json.loads refuses 5000 digits
+
+    assert any(d["path"] == "/dev/nvidia0" for d in fastjson.loads(written)["linux"]["devices"])
+    assert world.shim("delete", "--force", bundle.id).returncode == 0
+
+
+def test_lone_surrogate_in_the_device_env_is_a_clear_error(world):
+    config = json.loads(json.dumps(world._template))
+    config["process"]["terminal"] = False
+    config["process"]["env"] = ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=@"]
+    config["root"] = {"path": "rootfs"}
+    bundle = world.bundle(raw=json.dumps(config).replace("NVIDIA_VISIBLE_DEVICES=@", r"NVIDIA_VISIBLE_DEVICES=\ud800").encode())
+    log_path = os.path.join(world.base, "runc-log.json")
+    result = world.shim("--log", log_path, "--log-format", "json", "create", "--bundle", bundle.path, bundle.id)
+    check_failure(world, bundle, result, log_path, "json", ["malformed CDI device request"], "lone surrogate")
