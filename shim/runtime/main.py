@@ -77,6 +77,8 @@ def prepare(args, settings, log):
         phases.report()
         return []
     registry = Registry(settings.spec_dirs).refresh()
+    if registry.cache_problem:
+        log.warning(registry.cache_problem)
     try:
         blocks, origins = registry.resolve(devices)
     except CDIError as err:

@@ -543,3 +543,26 @@ def test_lone_surrogate_in_the_device_env_is_a_clear_error(world):
     log_path = os.path.join(world.base, "runc-log.json")
     result = world.shim("--log", log_path, "--log-format", "json", "create", "--bundle", bundle.path, bundle.id)
     check_failure(world, bundle, result, log_path, "json", ["malformed CDI device request"], "lone surrogate")
+
+
+# --- issue 14, finding 11: the registry cache directory must be ours ---------------------------
+
+def test_cache_dir_another_user_can_redirect_is_not_written(world):
+    """A user owning the directory above the registry cache (/run/cdi-shim) could point cache/
+    elsewhere; root then wrote there. The server's rule now holds here too: the create works,
+    says why the cache is not used, and writes nothing where the link leads."""
+    run_dir = os.path.join(world.base, "run-cdi-shim")
+    elsewhere = os.path.join(world.base, "root-only")
+    os.makedirs(run_dir)
+    os.makedirs(elsewhere, mode=0o700)
+    os.chown(run_dir, 65534, 65534)
+    os.symlink(elsewhere, os.path.join(run_dir, "cache"))
+    bundle = world.bundle(annotations=GPU0)
+    result = world.shim("create", "--bundle", bundle.path, bundle.id,
+                        env=world.env(CDI_SHIM_CACHE_DIR=os.path.join(run_dir, "cache")))
+    assert result.returncode == 0, result.stderr
+    assert any(d["path"] == "/dev/nvidia0" for d in bundle.config()["linux"]["devices"])
+    assert os.listdir(elsewhere) == [], "root wrote where another user's link pointed"
+    if world.resident_socket.endswith("no-resident.sock"):  # a resident worker has its own cache dir
+        assert "registry cache directory" in result.stderr and run_dir in result.stderr, result.stderr
+    assert world.shim("delete", "--force", bundle.id).returncode == 0
