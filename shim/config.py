@@ -27,6 +27,7 @@ class Config:
         "log_level": "info",
         "accept_env_unprivileged": True,
         "volume_mount_requests": "dev-null",
+        "env_vendors": (),  # () = only default-kind's vendor
         "resident_socket": "/run/cdi-shim/runtime.sock",
     }
     __slots__ = tuple(DEFAULTS) + ("source",)
@@ -48,7 +49,8 @@ class Config:
 
 _TYPES = {"runtime": str, "spec_dirs": tuple, "annotation_prefixes": tuple, "device_env": str,
           "default_kind": str, "log_file": str, "log_level": str, "accept_env_unprivileged": bool,
-          "resident_socket": str, "volume_mount_requests": str}
+          "resident_socket": str, "volume_mount_requests": str,
+          "env_vendors": tuple}
 _CHOICES = {"log_level": LOG_LEVELS, "volume_mount_requests": ("dev-null", "off")}
 
 

@@ -90,6 +90,20 @@ def mount_devices(mounts, default_kind, strategy="dev-null"):
     return devices
 
 
+def _check_env_vendors(devices, settings):
+    """Env requests come from the image or the pod spec, not from the device plugin: they may
+    name only devices of the allowed vendors (env-vendors; by default default-kind's vendor), so
+    NVIDIA_VISIBLE_DEVICES=example.com/secret=key cannot reach another vendor's device."""
+    allowed = settings.env_vendors or (settings.default_kind.partition("/")[0],)
+    for device in devices:
+        vendor = device.partition("/")[0]
+        if vendor not in allowed:
+            raise RequestError(
+                f"{settings.device_env} names {device}, a device of vendor {vendor}; requests through "
+                f"{settings.device_env} may name only devices of {', '.join(allowed)} (env-vendors in the "
+                "cdi-shim config; annotations and --device are not limited)")
+
+
 def has_cap_sys_admin(config):
     caps = ((config.get("process") or {}).get("capabilities") or {}).get("bounding") or ()
     return "CAP_SYS_ADMIN" in caps
@@ -126,6 +140,7 @@ def collect_requests(config, settings, cli_devices=(), warn=lambda message: None
         if devices and not settings.accept_env_unprivileged and not has_cap_sys_admin(config):
             warn(f"ignoring {origin}: the container lacks CAP_SYS_ADMIN and accept-env-unprivileged is false")
             devices = []
+        _check_env_vendors(devices, settings)
         requested += [(device, origin) for device in devices]
     requested += [(device, "a device-plugin mount under " + DEVICE_MOUNT_ROOT)
                   for device in mount_devices(config.get("mounts"), settings.default_kind,

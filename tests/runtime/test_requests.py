@@ -184,3 +184,35 @@ def test_volume_mount_requests_config_key(tmp_path):
     with pytest.raises(ConfigError, match=rf'{path}: "volume-mount-requests" must be one of "dev-null", "off", '
                                           r'not "any"'):
         load_config(str(path))
+
+
+# --- issue 14, finding 12a: env requests name only devices of allowed vendors ------------------
+
+def test_env_request_of_another_vendors_device_is_refused():
+    cfg = config(env=["NVIDIA_VISIBLE_DEVICES=0,example.com/secret=key"])
+    with pytest.raises(RequestError) as info:
+        collect_requests(cfg, SETTINGS)
+    message = str(info.value)
+    assert message.startswith("NVIDIA_VISIBLE_DEVICES names example.com/secret=key"), message
+    assert "nvidia.com" in message and "env-vendors" in message
+    # the same device by annotation (the device plugin's way) or --device is fine
+    assert collect_requests({"annotations": {"cdi.k8s.io/x": "example.com/secret=key"}}, SETTINGS) == \
+        ["example.com/secret=key"]
+    assert collect_requests({}, SETTINGS, ["example.com/secret=key"]) == ["example.com/secret=key"]
+
+
+def test_env_request_of_another_class_of_the_default_vendor_is_fine():
+    cfg = config(env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/mig=0:1,1"])
+    assert collect_requests(cfg, SETTINGS) == ["nvidia.com/mig=0:1", "nvidia.com/gpu=1"]
+
+
+def test_env_vendors_lists_the_vendors_env_requests_may_name(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('env-vendors = ["example.com", "nvidia.com"]\n')
+    settings = load_config(str(path))
+    assert settings.env_vendors == ("example.com", "nvidia.com") and Config().env_vendors == ()
+    cfg = config(env=["NVIDIA_VISIBLE_DEVICES=example.com/secret=key,0"])
+    assert collect_requests(cfg, settings) == ["example.com/secret=key", "nvidia.com/gpu=0"]
+    only_example = Config(env_vendors=("example.com",))
+    with pytest.raises(RequestError, match="NVIDIA_VISIBLE_DEVICES names nvidia.com/gpu=0"):
+        collect_requests(cfg, only_example)

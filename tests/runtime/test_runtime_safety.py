@@ -110,6 +110,15 @@ def case_relative_hook_path_diverges_from_cncf_library(w):
         "example.com/relhook=a", path, 'device "a"', 'hook "createContainer": path "bin/hookrel" is not absolute']
 
 
+def case_env_names_another_vendors_device(w):
+    # issue 14, finding 12a: env requests may name only default-kind's vendor's devices
+    w.write_spec("secret.yaml", 'cdiVersion: "0.5.0"\nkind: example.com/secret\ndevices:\n'
+                 f'  - name: "key"\n    containerEdits:\n      deviceNodes:\n'
+                 f'        - path: /dev/secret\n          hostPath: {w.node(1)}\n')
+    return w.bundle(env=["NVIDIA_VISIBLE_DEVICES=example.com/secret=key"]), [], [
+        "NVIDIA_VISIBLE_DEVICES names example.com/secret=key", "only devices of nvidia.com"]
+
+
 def case_malformed_config_toml(w):
     with open(w.config_toml, "w") as f:
         f.write('spec-dirs = ["/etc/cdi"\nruntime = \n')
