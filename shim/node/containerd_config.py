@@ -561,16 +561,71 @@ def check_dump(dump_text, name, binary, patterns):
 
 
 def _write_beside(path, text, mode):
+    """A new candidate file beside PATH, with a name of its own (parallel runs never share one)."""
+    import tempfile
+
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    candidate = os.path.join(directory, f".{os.path.basename(path)}.cdi-shim-new")
-    fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as stream:
-        stream.write(text)
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.chmod(candidate, mode)
+    fd, candidate = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.cdi-shim-new.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(candidate, mode)
+    except BaseException:
+        os.unlink(candidate)
+        raise
     return candidate
+
+
+class configure_lock:
+    """An exclusive flock on a lock file beside the config (``.NAME.cdi-shim.lock``), held from
+    reading the file to renaming the new one over it: parallel runs then follow one another
+    instead of each editing the same old text and the last rename dropping the others' entries.
+    The holder removes the file before it lets go, so nothing is left beside the config; a run
+    that waited on a file since removed (or replaced) takes the lock again on the current one."""
+
+    def __init__(self, path, wait_note=None):
+        self.path = os.path.realpath(path)
+        directory = os.path.dirname(self.path)
+        self.lock_path = os.path.join(directory, f".{os.path.basename(self.path)}.cdi-shim.lock")
+        self.wait_note, self.fd = wait_note, -1
+
+    def __enter__(self):
+        import fcntl
+
+        noted = False
+        while True:
+            try:
+                os.makedirs(os.path.dirname(self.lock_path), exist_ok=True)
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except OSError as err:
+                raise ContainerdConfigError(f"cannot open the lock file {self.lock_path}: {err.strerror}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if self.wait_note and not noted:
+                    self.wait_note(f"waiting for another run that edits {self.path} (lock {self.lock_path})")
+                    noted = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(self.lock_path, follow_symlinks=False)
+            except FileNotFoundError:
+                current = None
+            held = os.fstat(fd)
+            if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+                self.fd = fd
+                return self
+            os.close(fd)  # its holder removed it while we waited: lock the current file
+
+    def __exit__(self, *exc):
+        try:
+            os.unlink(self.lock_path)  # while still held: a waiter then sees it gone and retries
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = -1
 
 
 def _backup(path):

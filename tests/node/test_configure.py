@@ -438,3 +438,27 @@ def test_runtimeclass_handler_seen_through_a_drop_in(tmp_path, shim_env, fake_bi
 def test_runtimeclass_rejects_names_the_api_server_would(shim_env):
     out = run_cli("runtimeclass", "--handler", "Bad_Handler", env=shim_env, check=False)
     assert "is not a DNS label" in out.stderr
+
+
+# --- issue 14, finding 7: parallel runs lose no update -----------------------------------------
+
+def test_parallel_runs_with_different_names_all_end_up_in_the_file(tmp_path, shim_env, fake_binary):
+    """3 parallel runs, several rounds: each must report success only when its entry is in the
+    final file (before the lock, up to 19 of 20 rounds lost one; the shared candidate name gave
+    raw ENOENT errors or a misleading "containerd does not see runtime")."""
+    import concurrent.futures
+
+    path = copy(V2_DEFAULT, tmp_path)
+    names = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        for round_ in range(4):
+            batch = [f"r{round_}-{letter}" for letter in "abc"]
+            results = list(pool.map(lambda name: configure(path, fake_binary, "--runtime-name", name,
+                                                          env=shim_env, check=None), batch))
+            for name, result in zip(batch, results):
+                assert result.returncode == 0, f"{name}: {result.stderr}"
+            names += batch
+    _, runtimes = dumped_runtimes(path)
+    assert sorted(set(names) - set(runtimes)) == [], "runs reported success but their entry is gone"
+    leftovers = [n for n in os.listdir(tmp_path) if "cdi-shim-new" in n]
+    assert leftovers == []
