@@ -37,7 +37,7 @@ import sys
 import time
 
 import tomlkit
-from tomlkit.items import AoT, KeyType, SingleKey, Table
+from tomlkit.items import AoT, InlineTable, KeyType, SingleKey, Table
 
 from .containerd import ContainerdConfigError, containerd_dump, containerd_version, pid1_init
 
@@ -158,6 +158,31 @@ def _value(version, value):
     return tomlkit.item(value).as_string()
 
 
+def _is_table(item):
+    """A table of any shape containerd accepts: [header] (also split over several headers,
+    tomlkit's out-of-order proxy) or { inline }."""
+    return isinstance(item, (Table, InlineTable)) or type(item).__name__ == "OutOfOrderTableProxy"
+
+
+def _add(container, key, value):
+    """container[key] = value for every shape: an out-of-order proxy has no append, and an
+    inline table can hold no [header] table (so VALUE goes in as an inline table)."""
+    if isinstance(container, InlineTable) and isinstance(value, Table):
+        value = _inline(value)
+    if hasattr(container, "append"):
+        container.append(key, value)
+    else:
+        container[key] = value
+
+
+def _inline(table):
+    """An inline-table copy of a table (its plain values and sub-tables)."""
+    result = tomlkit.inline_table()
+    for key, item in _raw_items(table):
+        result.append(key, _inline(item) if isinstance(item, Table) else tomlkit.item(_unwrap(item)))
+    return result
+
+
 def _indent_of(table):
     return table.trivia.indent if isinstance(table, Table) else ""
 
@@ -173,6 +198,10 @@ def _key_indent(table, fallback):
 
 def _raw_items(table):
     """(key, tomlkit item) pairs of a table, as written (items() converts some values)."""
+    if not isinstance(table, (Table, InlineTable)):  # an out-of-order proxy: its items
+        for key in table:
+            yield key, table[key]
+        return
     for key, item in table.value.body:
         if key is not None:
             yield key.key, item
@@ -184,17 +213,17 @@ def _new_entry(version, name, runc, binary, patterns, systemd, indent):
     lines = [f"{indent}[{_header(version, 'containerd', 'runtimes', name)}]",
              f"{inner}runtime_type = {_value(version, RUNC_V2)}"]
     skip = {"runtime_type", "pod_annotations", "container_annotations", "options"}
-    if isinstance(runc, Table):
+    if _is_table(runc):
         for key, item in _raw_items(runc):
-            if key not in skip and not isinstance(item, (Table, AoT)):
+            if key not in skip and not isinstance(item, (Table, InlineTable, AoT)):
                 lines.append(f"{inner}{_key(key)} = {item.as_string().strip()}")
     lines.append(f"{inner}container_annotations = {_value(version, list(patterns))}")
     lines += ["", f"{inner}[{_header(version, 'containerd', 'runtimes', name, 'options')}]"]
-    options = runc.get("options") if isinstance(runc, Table) else None
+    options = runc.get("options") if _is_table(runc) else None
     ours = {"BinaryName": binary, "SystemdCgroup": systemd}
-    if isinstance(options, Table):
+    if _is_table(options):
         for key, item in _raw_items(options):
-            if isinstance(item, (Table, AoT)):
+            if isinstance(item, (Table, InlineTable, AoT)):
                 continue
             text = _value(version, ours.pop(key)) if key in ours else item.as_string().strip()
             lines.append(f"{inner}  {_key(key)} = {text}")
@@ -209,7 +238,7 @@ def _ensure_table(container, key, version=2):
         name = key
         if not _BARE_KEY.match(key) and version == 3 and "'" not in key:
             name = SingleKey(key, t=KeyType.Literal)  # containerd 2.x writes 'io.containerd...'
-        container.append(name, tomlkit.table(is_super_table=True))
+        _add(container, name, tomlkit.table(is_super_table=True))
     table = container[key]
     if not hasattr(table, "get"):
         raise ContainerdConfigError(f'"{key}" is not a table')
@@ -228,8 +257,9 @@ def _insert_entry(doc, version, name, text, indent):
         blank = not runtimes.as_string().endswith("\n\n")
     else:
         blank = bool(doc.body) and not tomlkit.dumps(doc).endswith("\n\n")
-    runtimes.append(name, entry)
-    runtimes[name].trivia.indent = ("\n" if blank else "") + indent
+    _add(runtimes, name, entry)
+    if not isinstance(runtimes, InlineTable):
+        runtimes[name].trivia.indent = ("\n" if blank else "") + indent
 
 
 def _set(table, key, value):
@@ -248,7 +278,7 @@ class Edit:
 
 
 def _systemd_choice(runc):
-    options = runc.get("options") if isinstance(runc, Table) else None
+    options = runc.get("options") if _is_table(runc) else None
     if hasattr(options, "get") and "SystemdCgroup" in options and isinstance(_unwrap(options["SystemdCgroup"]), bool):
         value = _unwrap(options["SystemdCgroup"])
         return value, f'SystemdCgroup = {str(value).lower()}: copied from the "runc" runtime'
@@ -285,6 +315,8 @@ def apply_runtime(doc, version, name, binary, patterns, set_as_default=False, so
     if set_as_default:
         default_name = name
     runtime_indent = _indent_of(runc).lstrip("\n") if isinstance(runc, Table) and source is doc else ""
+    if isinstance(runtimes, InlineTable) or isinstance(runc, InlineTable):
+        runtime_indent = ""
     if not hasattr(runtimes, "get") or name not in runtimes:
         defined = set(runtimes) if hasattr(runtimes, "keys") else set()
         if version == 3 and source is not doc:
@@ -326,8 +358,7 @@ def apply_runtime(doc, version, name, binary, patterns, set_as_default=False, so
             else:
                 entry["container_annotations"] = list(patterns)
         if "options" not in entry:
-            options = tomlkit.table()
-            entry.append("options", options)
+            _add(entry, "options", tomlkit.inline_table() if isinstance(entry, InlineTable) else tomlkit.table())
         options = entry["options"]
         _set(options, "BinaryName", binary)
         _set(options, "SystemdCgroup", systemd)
