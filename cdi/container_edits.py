@@ -67,6 +67,8 @@ def validate_edits(edits, field):
             raise EditsInvalid(f"{where}.hookName", f'invalid hook name {q(name)}')
         if not hook.get("path"):
             raise EditsInvalid(f"{where}.path", f'invalid hook {q(name)} with empty path')
+        if not hook["path"].startswith("/"):  # [DIVERGES] from the CNCF library: see _relative_hook
+            raise EditsInvalid(f"{where}.path", _relative_hook(name, hook["path"]))
         bad = _check_env(hook.get("env"), f"{where}.env")
         if bad:
             raise EditsInvalid(bad[0], f'invalid hook {q(name)}: {bad[1]}')
@@ -84,6 +86,13 @@ def validate_edits(edits, field):
         if clos != "/" and (len(clos) >= 4096 or clos in (".", "..") or "/" in clos or "\n" in clos):
             raise EditsInvalid(f"{field}.intelRdt.closID", "invalid ClosID")
     _validate_net_devices(edits.get("netDevices") or (), f"{field}.netDevices")
+
+
+def _relative_hook(name, path):
+    """The CNCF library accepts a relative hook path; the OCI runtime spec requires an absolute
+    one, and runc starts createContainer hooks in the container's rootfs (before pivot_root),
+    where a relative path names a file of the image, run with the host's privileges."""
+    return f"invalid hook {q(name)}: path {q(path)} is not absolute (the OCI runtime spec requires an absolute path)"
 
 
 def _validate_net_devices(devices, field):
@@ -360,6 +369,8 @@ def apply_edits(config, edits):
     for hook in edits.get("hooks") or ():
         if hook.get("hookName") not in HOOK_NAMES:
             raise EditError("unknown hook name " + q(hook.get("hookName")))
+        if not isinstance(hook.get("path"), str) or not hook["path"].startswith("/"):
+            raise EditError(_relative_hook(hook["hookName"], hook.get("path")))
         work.list("hooks", hook["hookName"]).append(_oci_hook(hook))
     rdt = edits.get("intelRdt")
     if rdt is not None:

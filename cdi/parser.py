@@ -47,7 +47,10 @@ def _go_scan(name, first_set, inner_set):
     """Check a name the way the Go code does: the first and last *bytes* as runes, the bytes
     between decoded as UTF-8 (an invalid or split sequence is U+FFFD). Returns
     (where, char) of the first problem ("first", "inner" or "last"), or None."""
-    raw = name.encode("utf-8", "surrogateescape")
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate (a JSON escape such as \ud800): not a name
+        raw = name.encode("utf-8", "surrogatepass")
     if chr(raw[0]) not in first_set:
         return "first", chr(raw[0])
     if len(raw) == 1:

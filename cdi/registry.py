@@ -20,7 +20,7 @@ import time
 from . import __version__, parser
 from .errors import CDIError, EditError, SpecError, UnresolvableDevicesError, q
 from .spec import Spec, parse_spec, read_spec_bytes
-from .safeio import write_file_atomic
+from .safeio import private_dir_problem, write_file_atomic
 from .spec_dirs import DEFAULT_SPEC_DIRS, scan_spec_dirs
 
 _MAGIC = b"CDISHIM\x04"  # bump when the layout changes (an old file is then ignored)
@@ -126,12 +126,25 @@ class RegistryCache:
 
     def __init__(self, spec_dirs, cache_dir):
         self.cache_dir = cache_dir
+        self.problem = None  # why the cache directory is not used (a string), once known
         key = "%016x" % (hash_dirs(spec_dirs))
         self.path = os.path.join(cache_dir, f"registry-{key}.bin") if cache_dir else None
         self.spec_dirs = tuple(spec_dirs)
 
+    def _dir_is_private(self, must_exist=True):
+        """The server's rule (cdi.safeio.private_dir_problem): the directory and those above it
+        are ours or root's and writable by no one else; else the cache is not used at all."""
+        self.problem = private_dir_problem(self.cache_dir, must_exist)
+        if self.problem:
+            self.problem = (f"registry cache directory {self.cache_dir} not used: it must be owned by uid "
+                            f"{os.geteuid()} (or root) and not writable by group or others, as must every "
+                            f"directory above it: {self.problem}")
+        return self.problem is None
+
     def load(self):
         if not self.path:
+            return None
+        if not self._dir_is_private(must_exist=False):
             return None
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -218,8 +231,12 @@ class RegistryCache:
         cold["meta"] = meta
         hot_bytes, cold_bytes = marshal.dumps(hot), marshal.dumps(cold)
         header = _MAGIC + len(hot_bytes).to_bytes(4, "little") + len(cold_bytes).to_bytes(4, "little")
+        if not self._dir_is_private(must_exist=False):
+            return
         try:
             os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)
+            if not self._dir_is_private():
+                return
             write_file_atomic(self.path, b"".join([header, hot_bytes, cold_bytes] + docs), 0o600,
                               prefix=".registry.")
         except OSError:
@@ -273,6 +290,11 @@ class Registry:
         self._cache = RegistryCache(self.spec_dirs, cache_dir)
         self._state = None
         self.reparsed = 0  # files parsed by the last refresh (observability, tests)
+
+    @property
+    def cache_problem(self):
+        """Why the persistent cache's directory was not used (None: used, or not configured)."""
+        return self._cache.problem
 
     # --- loading --------------------------------------------------------------------------
 

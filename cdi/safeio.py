@@ -69,3 +69,45 @@ def write_file_atomic(path, data, mode=0o644, prefix=".tmp.", sync=False, temp_n
         except OSError:
             pass
         raise
+
+
+def private_dir_problem(path, must_exist=True):
+    """Why PATH cannot be trusted as a directory only we (and root) write to; None when it can.
+
+    The rule of the resident server's socket directory and of the registry cache: PATH is a
+    directory owned by us or root and not writable by group or others, and so is every
+    directory above it, on the path as written and on the path its links lead to (a directory
+    above may be writable by others when it is sticky, like /tmp: they cannot rename our
+    entries). Otherwise whoever can write one of them can replace what we read or write there.
+    With MUST_EXIST false, a missing PATH (or missing directories at its end) is fine: the
+    directories above what exists are checked.
+    """
+    path = os.path.abspath(path)
+    uid = os.geteuid()
+    chains = [path]
+    real = os.path.realpath(path)
+    if real != path:
+        chains.append(real)
+    for chain in chains:
+        parts = chain.split("/")
+        for depth in range(1, len(parts) + 1):
+            current = "/".join(parts[:depth]) or "/"
+            try:
+                info = os.lstat(current)
+            except FileNotFoundError:
+                if must_exist:
+                    return f"{current} does not exist"
+                break
+            except OSError as err:
+                return f"cannot inspect {current}: {err.strerror}"
+            if info.st_uid not in (0, uid):
+                return f"{current} is owned by uid {info.st_uid}, not by uid {uid} or root"
+            if stat.S_ISLNK(info.st_mode):
+                continue  # its directory is checked; where it leads is the other chain
+            if not stat.S_ISDIR(info.st_mode):
+                return f"{current} is not a directory"
+            last = depth == len(parts)
+            if info.st_mode & 0o022 and (last or not info.st_mode & stat.S_ISVTX):
+                return (f"{current} is writable by group or others (mode {info.st_mode & 0o7777:o}); "
+                        "it must not be")
+    return None

@@ -79,6 +79,6 @@ def write_config(bundle, config, mode):
     A writer killed mid-way leaves config.json whole (old or new) and at most its temp file,
     which the next writer in that bundle removes.
     """
-    data = fastjson.dumps(config).encode()
+    data = fastjson.dumpb(config)
     _remove_stale_temps(bundle)
     write_file_atomic(config_path(bundle), data, mode, sync=True, temp_name=f"{_TEMP_PREFIX}{os.getpid()}")

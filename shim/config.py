@@ -26,6 +26,8 @@ class Config:
         "log_file": "",
         "log_level": "info",
         "accept_env_unprivileged": True,
+        "volume_mount_requests": "dev-null",
+        "env_vendors": (),  # () = only default-kind's vendor
         "resident_socket": "/run/cdi-shim/runtime.sock",
     }
     __slots__ = tuple(DEFAULTS) + ("source",)
@@ -47,7 +49,9 @@ class Config:
 
 _TYPES = {"runtime": str, "spec_dirs": tuple, "annotation_prefixes": tuple, "device_env": str,
           "default_kind": str, "log_file": str, "log_level": str, "accept_env_unprivileged": bool,
-          "resident_socket": str}
+          "resident_socket": str, "volume_mount_requests": str,
+          "env_vendors": tuple}
+_CHOICES = {"log_level": LOG_LEVELS, "volume_mount_requests": ("dev-null", "off")}
 
 
 def config_path():
@@ -136,7 +140,8 @@ def load_config(path=None):
         elif not isinstance(value, expected):
             raise ConfigError(f'cdi-shim config {path}: "{key}" must be a {expected.__name__}, not {value!r}')
         settings[name] = value
-    if settings.get("log_level", "info") not in LOG_LEVELS:
-        raise ConfigError(f'cdi-shim config {path}: "log-level" must be one of {", ".join(LOG_LEVELS)}, '
-                          f'not "{settings["log_level"]}"')
+    for name, choices in _CHOICES.items():
+        if name in settings and settings[name] not in choices:
+            raise ConfigError(f'cdi-shim config {path}: "{name.replace("_", "-")}" must be one of '
+                              f'{", ".join(chr(34) + c + chr(34) for c in choices)}, not "{settings[name]}"')
     return Config(source=path, **settings)

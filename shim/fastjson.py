@@ -9,8 +9,46 @@ try:
 except ImportError:  # pragma: no cover - every CPython build has it
     _json = None
 
-_CONSTANTS = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}
 _WHITESPACE = " \t\n\r"
+_MAX_INT_DIGITS = 4000  # below CPython's int/str conversion limit (4300 digits)
+
+
+class Number(float):
+    """A JSON number Python would not write back as it was given (any fraction or exponent,
+    1e400, -0.0, NaN, Infinity): its value for the code that reads it, its text for writing.
+    runc refuses `Infinity`, so 1e400 in a field it ignores must stay 1e400."""
+
+    __slots__ = ("text",)
+
+    def __new__(cls, text):
+        number = float.__new__(cls, text)
+        number.text = text
+        return number
+
+
+class BigNumber:
+    """An integer too long for int() (CPython refuses more than 4,300 digits): kept as text.
+    Go skips such a number in a field it does not know; we write it back unchanged."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return f"BigNumber({self.text[:20]}...)"
+
+
+class NegativeZero(int):
+    """-0: zero for the code that reads it, "-0" when written."""
+
+    text = "-0"
+
+
+def _parse_int(text):
+    if len(text) > _MAX_INT_DIGITS:
+        return BigNumber(text)
+    return int(text) if text != "-0" else NegativeZero(0)
 
 
 class _Context:
@@ -19,9 +57,9 @@ class _Context:
     strict = True
     object_hook = None
     object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-    parse_constant = _CONSTANTS.__getitem__
+    parse_float = Number
+    parse_int = staticmethod(_parse_int)
+    parse_constant = Number
 
     def __init__(self):
         self.memo = {}
@@ -53,21 +91,44 @@ def loads(data):
 
 
 def dumps(value):
-    """Compact JSON text (separators "," and ":"), non-ASCII kept as it is."""
+    """Compact JSON text (separators "," and ":"), non-ASCII kept as it is; numbers read by
+    `loads` are written back as they were given."""
     out = []
-    _encode(value, out.append)
+    _encode(value, out.append, _json.encode_basestring if _json else _slow_string)
     return "".join(out)
 
 
-def _encode(value, emit):
+def dumpb(value):
+    """dumps as UTF-8 bytes. A string holding a lone surrogate (from a JSON escape such as
+    \\ud800, valid JSON that UTF-8 cannot carry) is written with that escape."""
+    text = dumps(value)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        out = []
+        _encode(value, out.append, _string_with_surrogates)
+        return "".join(out).encode("utf-8")
+
+
+def _string_with_surrogates(value):
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return _json.encode_basestring_ascii(value) if _json else _slow_string(value, ascii=True)
+    return _json.encode_basestring(value) if _json else _slow_string(value)
+
+
+def _encode(value, emit, string):
     if isinstance(value, str):
-        emit(_json.encode_basestring(value) if _json else _slow_string(value))
+        emit(string(value))
     elif value is None:
         emit("null")
     elif value is True:
         emit("true")
     elif value is False:
         emit("false")
+    elif isinstance(value, (Number, BigNumber, NegativeZero)):
+        emit(value.text)
     elif isinstance(value, int):
         emit(int.__repr__(value))
     elif isinstance(value, float):
@@ -86,22 +147,22 @@ def _encode(value, emit):
             first = False
             if not isinstance(key, str):
                 raise TypeError(f"JSON object keys must be strings, not {type(key).__name__}")
-            _encode(key, emit)
+            emit(string(key))
             emit(":")
-            _encode(item, emit)
+            _encode(item, emit, string)
         emit("}")
     elif isinstance(value, (list, tuple)):
         emit("[")
         for index, item in enumerate(value):
             if index:
                 emit(",")
-            _encode(item, emit)
+            _encode(item, emit, string)
         emit("]")
     else:
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def _slow_string(value):  # pragma: no cover
+def _slow_string(value, ascii=False):  # pragma: no cover
     import json
 
-    return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=ascii)

@@ -43,6 +43,21 @@ def configure(engine, config_path, runtime_name, set_as_default, config_version,
     from ..node import containerd_config as cc
     from ..node.containerd import restart_containerd
     prefixes = settings().annotation_prefixes
+    lock = cc.configure_lock(config_path, wait_note=lambda note: click.echo(f"cdi-shim: {note}", err=True))
+    try:
+        lock.__enter__()  # from reading the file to renaming the new one: parallel runs lose nothing
+    except cc.ContainerdConfigError as err:
+        _fail(str(err))
+    try:
+        _configure_locked(cc, restart_containerd, config_path, runtime_name, set_as_default, config_version,
+                          drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _configure_locked(cc, restart_containerd, config_path, runtime_name, set_as_default, config_version,
+                      drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes):
+    """configure's work, under the lock on the config file (read to rename)."""
     try:
         plan = cc.plan_configure(config_path, runtime_name=runtime_name, binary=runtime_binary,
                                  annotation_prefixes=prefixes, set_as_default=set_as_default,

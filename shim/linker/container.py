@@ -11,7 +11,11 @@ the rootfs and without following anything out of it; when that cannot be done sa
 lies under a directory a mount will cover) the hook stays.
 
 `prepare_linker(config, bundle, log)` returns the new config; it never fails the container:
-a cache that cannot be computed leaves the hooks as the spec wrote them, with a warning.
+a cache that cannot be computed leaves the hooks as the spec wrote them, with a warning. The
+one exception is an image with no place for /etc/ld.so.cache (its /etc a regular file, or
+/etc/ld.so.cache a directory): runc cannot bind a file there, so a spec that asks for the cache
+(update-ldcache) fails with NoPlaceForCache, saying why, and a cache that only we wanted (library
+mounts, no hook) is left out with a warning.
 """
 import os
 import posixpath
@@ -21,6 +25,10 @@ from ..bundle import rootfs_path
 CACHE_FILE = "cdi-shim.ld.so.cache"
 HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk", "cdi-shim", "cdi-shim-hook")
 LIBRARY_MARKER = ".so"
+
+
+class NoPlaceForCache(Exception):
+    """The spec asks for a linker cache (update-ldcache) that the image has no place for."""
 
 
 class HookCall:
@@ -128,6 +136,33 @@ def _bind(config, destination, source):
     return dict(config, mounts=mounts + [mount])
 
 
+def _no_place_for(rootfs, destination):
+    """Why runc could not bind a file at DESTINATION in the rootfs (a parent that is not a
+    directory, or DESTINATION itself a directory or special file), or "" when it can."""
+    import errno
+    import stat
+
+    from .engine import LdcacheError, Root
+
+    try:
+        root = Root(rootfs)
+    except LdcacheError:
+        return ""  # the planner says why, with its own words
+    with root:
+        found = root.stat(destination)
+        if found is None:
+            if root.errno != errno.ENOTDIR:
+                return ""  # missing (runc makes it) or unreadable (the planner reports it)
+            parent = posixpath.dirname(destination)
+            while parent != "/" and root.stat(parent) is None and root.errno == errno.ENOTDIR:
+                parent = posixpath.dirname(parent)
+            return f"the image's {parent} is not a directory"
+        if not stat.S_ISREG(found[0]):
+            kind = "a directory" if stat.S_ISDIR(found[0]) else "not a regular file"
+            return f"the image's {destination} is {kind}"
+    return ""
+
+
 def prepare_linker(config, bundle, log):
     """Return `config` with the linker cache prepared and the hooks we replaced removed."""
     calls = list(_hook_calls(config))
@@ -161,6 +196,18 @@ def prepare_linker(config, bundle, log):
     if updates or libraries:
         from .ldcache import LdcacheError, memo_stats, plan, write_cache
 
+        unfit = _no_place_for(rootfs, "/etc/ld.so.cache")
+        if unfit and updates:
+            # the spec needs a cache (the toolkit's hook would fail on this image too): say why
+            raise NoPlaceForCache(
+                f"the spec's update-ldcache hook needs a linker cache at /etc/ld.so.cache, but {unfit}: "
+                "runc cannot mount one there (nor could the hook write one), and without it the injected "
+                "libraries cannot be found by soname; the image needs an /etc directory")
+        if unfit:
+            # our own idea (no hook asked for it): run as the toolkit would, without a cache
+            log.warning(f"linker cache not mounted for {rootfs}: {unfit}; the injected libraries are found "
+                        "only in the linker's default directories")
+            return _without_hooks(config, drop) if drop else config
         folders = [folder for call in updates for folder in call.options.get("folder", ())]
         if not folders:
             folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
@@ -178,6 +225,10 @@ def prepare_linker(config, bundle, log):
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
         files += [(path, f"cdi-shim.musl-{index}.path", data) for index, (path, data) in enumerate(sorted(result.musl.items()))]
         for destination, name, data in files:
+            unfit = destination != "/etc/ld.so.cache" and _no_place_for(rootfs, destination)
+            if unfit:
+                log.warning(f"musl library path file not mounted for {rootfs}: {unfit}")
+                continue
             source = os.path.abspath(os.path.join(bundle, name))
             write_cache(source, data)  # temp file + rename, mode 0644
             config = _bind(config, destination, source)

@@ -37,7 +37,7 @@ import sys
 import time
 
 import tomlkit
-from tomlkit.items import AoT, KeyType, SingleKey, Table
+from tomlkit.items import AoT, InlineTable, KeyType, SingleKey, Table
 
 from .containerd import ContainerdConfigError, containerd_dump, containerd_version, pid1_init
 
@@ -158,6 +158,31 @@ def _value(version, value):
     return tomlkit.item(value).as_string()
 
 
+def _is_table(item):
+    """A table of any shape containerd accepts: [header] (also split over several headers,
+    tomlkit's out-of-order proxy) or { inline }."""
+    return isinstance(item, (Table, InlineTable)) or type(item).__name__ == "OutOfOrderTableProxy"
+
+
+def _add(container, key, value):
+    """container[key] = value for every shape: an out-of-order proxy has no append, and an
+    inline table can hold no [header] table (so VALUE goes in as an inline table)."""
+    if isinstance(container, InlineTable) and isinstance(value, Table):
+        value = _inline(value)
+    if hasattr(container, "append"):
+        container.append(key, value)
+    else:
+        container[key] = value
+
+
+def _inline(table):
+    """An inline-table copy of a table (its plain values and sub-tables)."""
+    result = tomlkit.inline_table()
+    for key, item in _raw_items(table):
+        result.append(key, _inline(item) if isinstance(item, Table) else tomlkit.item(_unwrap(item)))
+    return result
+
+
 def _indent_of(table):
     return table.trivia.indent if isinstance(table, Table) else ""
 
@@ -173,6 +198,10 @@ def _key_indent(table, fallback):
 
 def _raw_items(table):
     """(key, tomlkit item) pairs of a table, as written (items() converts some values)."""
+    if not isinstance(table, (Table, InlineTable)):  # an out-of-order proxy: its items
+        for key in table:
+            yield key, table[key]
+        return
     for key, item in table.value.body:
         if key is not None:
             yield key.key, item
@@ -184,17 +213,17 @@ def _new_entry(version, name, runc, binary, patterns, systemd, indent):
     lines = [f"{indent}[{_header(version, 'containerd', 'runtimes', name)}]",
              f"{inner}runtime_type = {_value(version, RUNC_V2)}"]
     skip = {"runtime_type", "pod_annotations", "container_annotations", "options"}
-    if isinstance(runc, Table):
+    if _is_table(runc):
         for key, item in _raw_items(runc):
-            if key not in skip and not isinstance(item, (Table, AoT)):
+            if key not in skip and not isinstance(item, (Table, InlineTable, AoT)):
                 lines.append(f"{inner}{_key(key)} = {item.as_string().strip()}")
     lines.append(f"{inner}container_annotations = {_value(version, list(patterns))}")
     lines += ["", f"{inner}[{_header(version, 'containerd', 'runtimes', name, 'options')}]"]
-    options = runc.get("options") if isinstance(runc, Table) else None
+    options = runc.get("options") if _is_table(runc) else None
     ours = {"BinaryName": binary, "SystemdCgroup": systemd}
-    if isinstance(options, Table):
+    if _is_table(options):
         for key, item in _raw_items(options):
-            if isinstance(item, (Table, AoT)):
+            if isinstance(item, (Table, InlineTable, AoT)):
                 continue
             text = _value(version, ours.pop(key)) if key in ours else item.as_string().strip()
             lines.append(f"{inner}  {_key(key)} = {text}")
@@ -209,7 +238,7 @@ def _ensure_table(container, key, version=2):
         name = key
         if not _BARE_KEY.match(key) and version == 3 and "'" not in key:
             name = SingleKey(key, t=KeyType.Literal)  # containerd 2.x writes 'io.containerd...'
-        container.append(name, tomlkit.table(is_super_table=True))
+        _add(container, name, tomlkit.table(is_super_table=True))
     table = container[key]
     if not hasattr(table, "get"):
         raise ContainerdConfigError(f'"{key}" is not a table')
@@ -228,8 +257,9 @@ def _insert_entry(doc, version, name, text, indent):
         blank = not runtimes.as_string().endswith("\n\n")
     else:
         blank = bool(doc.body) and not tomlkit.dumps(doc).endswith("\n\n")
-    runtimes.append(name, entry)
-    runtimes[name].trivia.indent = ("\n" if blank else "") + indent
+    _add(runtimes, name, entry)
+    if not isinstance(runtimes, InlineTable):
+        runtimes[name].trivia.indent = ("\n" if blank else "") + indent
 
 
 def _set(table, key, value):
@@ -248,7 +278,7 @@ class Edit:
 
 
 def _systemd_choice(runc):
-    options = runc.get("options") if isinstance(runc, Table) else None
+    options = runc.get("options") if _is_table(runc) else None
     if hasattr(options, "get") and "SystemdCgroup" in options and isinstance(_unwrap(options["SystemdCgroup"]), bool):
         value = _unwrap(options["SystemdCgroup"])
         return value, f'SystemdCgroup = {str(value).lower()}: copied from the "runc" runtime'
@@ -285,6 +315,8 @@ def apply_runtime(doc, version, name, binary, patterns, set_as_default=False, so
     if set_as_default:
         default_name = name
     runtime_indent = _indent_of(runc).lstrip("\n") if isinstance(runc, Table) and source is doc else ""
+    if isinstance(runtimes, InlineTable) or isinstance(runc, InlineTable):
+        runtime_indent = ""
     if not hasattr(runtimes, "get") or name not in runtimes:
         defined = set(runtimes) if hasattr(runtimes, "keys") else set()
         if version == 3 and source is not doc:
@@ -326,8 +358,7 @@ def apply_runtime(doc, version, name, binary, patterns, set_as_default=False, so
             else:
                 entry["container_annotations"] = list(patterns)
         if "options" not in entry:
-            options = tomlkit.table()
-            entry.append("options", options)
+            _add(entry, "options", tomlkit.inline_table() if isinstance(entry, InlineTable) else tomlkit.table())
         options = entry["options"]
         _set(options, "BinaryName", binary)
         _set(options, "SystemdCgroup", systemd)
@@ -561,16 +592,71 @@ def check_dump(dump_text, name, binary, patterns):
 
 
 def _write_beside(path, text, mode):
+    """A new candidate file beside PATH, with a name of its own (parallel runs never share one)."""
+    import tempfile
+
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    candidate = os.path.join(directory, f".{os.path.basename(path)}.cdi-shim-new")
-    fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as stream:
-        stream.write(text)
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.chmod(candidate, mode)
+    fd, candidate = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.cdi-shim-new.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(candidate, mode)
+    except BaseException:
+        os.unlink(candidate)
+        raise
     return candidate
+
+
+class configure_lock:
+    """An exclusive flock on a lock file beside the config (``.NAME.cdi-shim.lock``), held from
+    reading the file to renaming the new one over it: parallel runs then follow one another
+    instead of each editing the same old text and the last rename dropping the others' entries.
+    The holder removes the file before it lets go, so nothing is left beside the config; a run
+    that waited on a file since removed (or replaced) takes the lock again on the current one."""
+
+    def __init__(self, path, wait_note=None):
+        self.path = os.path.realpath(path)
+        directory = os.path.dirname(self.path)
+        self.lock_path = os.path.join(directory, f".{os.path.basename(self.path)}.cdi-shim.lock")
+        self.wait_note, self.fd = wait_note, -1
+
+    def __enter__(self):
+        import fcntl
+
+        noted = False
+        while True:
+            try:
+                os.makedirs(os.path.dirname(self.lock_path), exist_ok=True)
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except OSError as err:
+                raise ContainerdConfigError(f"cannot open the lock file {self.lock_path}: {err.strerror}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if self.wait_note and not noted:
+                    self.wait_note(f"waiting for another run that edits {self.path} (lock {self.lock_path})")
+                    noted = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(self.lock_path, follow_symlinks=False)
+            except FileNotFoundError:
+                current = None
+            held = os.fstat(fd)
+            if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+                self.fd = fd
+                return self
+            os.close(fd)  # its holder removed it while we waited: lock the current file
+
+    def __exit__(self, *exc):
+        try:
+            os.unlink(self.lock_path)  # while still held: a waiter then sees it gone and retries
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = -1
 
 
 def _backup(path):

@@ -77,6 +77,8 @@ def prepare(args, settings, log):
         phases.report()
         return []
     registry = Registry(settings.spec_dirs).refresh()
+    if registry.cache_problem:
+        log.warning(registry.cache_problem)
     try:
         blocks, origins = registry.resolve(devices)
     except CDIError as err:
@@ -91,9 +93,12 @@ def prepare(args, settings, log):
         raise RuntimeFailure(f"container {args.container_id or '?'}: failed to inject devices "
                              f"{', '.join(devices)} (from {specs}): {err}") from None
     phases.done("apply")
-    from ..linker.container import isolate_hooks, prepare_linker
+    from ..linker.container import NoPlaceForCache, isolate_hooks, prepare_linker
 
-    edited = isolate_hooks(prepare_linker(edited, args.bundle, log))
+    try:
+        edited = isolate_hooks(prepare_linker(edited, args.bundle, log))
+    except NoPlaceForCache as err:
+        raise RuntimeFailure(f"container {args.container_id or '?'}: cannot inject {', '.join(devices)}: {err}") from None
     phases.done("linker")
     try:
         write_config(args.bundle, edited, info.st_mode)

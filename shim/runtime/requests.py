@@ -1,10 +1,18 @@
 """Which CDI devices a container asks for: annotations, the device env var, device-plugin
 volume mounts, and the runtime's own ``--device`` options, in that order."""
+import posixpath
+
 from cdi.annotations import parse_annotations
 from cdi.errors import CDIError
 from cdi.parser import is_qualified_name
 
 DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices/"
+# Bounds on the device env var (issue 14): its value comes from the image or the pod, so the work
+# it causes must be linear in its length and capped. A node has at most a few hundred GPUs or MIG
+# slices; 1,024 UUIDs (~41 chars each) fit in 64 KiB.
+MAX_ENV_CHARS = 64 * 1024
+MAX_REQUESTS = 1024
+SHOWN_CHARS = 120  # how much of a long value an error or warning quotes
 
 
 class RequestError(CDIError):
@@ -17,14 +25,27 @@ def env_values(env, name):
     return [entry[len(prefix):] for entry in env or () if isinstance(entry, str) and entry.startswith(prefix)]
 
 
-def env_devices(values, default_kind):
+def shown(text):
+    """TEXT for a message: whole when short, else its start and its length."""
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def env_devices(values, default_kind, name="the device env var"):
     """Devices from the values of the device env var (NVIDIA_VISIBLE_DEVICES semantics).
 
     If it appears more than once: `void` beats `none` beats everything else, and `all` beats
     a list. A bare index or UUID becomes ``<default_kind>=<value>``; a qualified name stays.
+    Raises RequestError (naming NAME) for a value longer than MAX_ENV_CHARS in all or more
+    than MAX_REQUESTS items; the work is linear in the length of the values.
     """
     if not values:
         return []
+    total = sum(len(value) for value in values)
+    if total > MAX_ENV_CHARS:
+        raise RequestError(f"{name}: its value is {total} characters long; at most {MAX_ENV_CHARS} are "
+                           f"accepted (value: {shown(','.join(values))})")
     stripped = [value.strip() for value in values]
     if "void" in stripped or "none" in stripped:
         return []
@@ -37,19 +58,50 @@ def env_devices(values, default_kind):
             if not item or item in ("none", "void"):
                 continue
             devices.append(item if is_qualified_name(item) else f"{default_kind}={item}")
+            if len(devices) > MAX_REQUESTS:
+                raise RequestError(f"{name}: it requests more than {MAX_REQUESTS} devices; at most "
+                                   f"{MAX_REQUESTS} devices are accepted (value: {shown(','.join(values))})")
     return devices
 
 
-def mount_devices(mounts, default_kind):
-    """Devices requested by the device plugin's volume-mount strategy."""
+VOLUME_MOUNT_REQUESTS = ("dev-null", "off")  # the values of the config key volume-mount-requests
+
+
+def mount_devices(mounts, default_kind, strategy="dev-null"):
+    """Devices requested by the device plugin's volume-mount strategy.
+
+    As in the toolkit, only a mount whose source is /dev/null (what the device plugin mounts)
+    counts: any pod can mount an ordinary directory (an emptyDir) at such a path. With the
+    strategy "off", no mount is a request.
+    """
     devices = []
+    if strategy == "off":
+        return devices
     for mount in mounts or ():
-        destination = mount.get("destination", "") if isinstance(mount, dict) else ""
+        if not isinstance(mount, dict):
+            continue
+        destination, source = mount.get("destination", ""), mount.get("source")
+        if not isinstance(source, str) or posixpath.normpath(source) != "/dev/null":
+            continue
         if isinstance(destination, str) and destination.startswith(DEVICE_MOUNT_ROOT):
             device_id = destination.rstrip("/").rsplit("/", 1)[-1]
             if device_id and destination.rstrip("/") != DEVICE_MOUNT_ROOT.rstrip("/"):
                 devices.append(device_id if is_qualified_name(device_id) else f"{default_kind}={device_id}")
     return devices
+
+
+def _check_env_vendors(devices, settings):
+    """Env requests come from the image or the pod spec, not from the device plugin: they may
+    name only devices of the allowed vendors (env-vendors; by default default-kind's vendor), so
+    NVIDIA_VISIBLE_DEVICES=example.com/secret=key cannot reach another vendor's device."""
+    allowed = settings.env_vendors or (settings.default_kind.partition("/")[0],)
+    for device in devices:
+        vendor = device.partition("/")[0]
+        if vendor not in allowed:
+            raise RequestError(
+                f"{settings.device_env} names {device}, a device of vendor {vendor}; requests through "
+                f"{settings.device_env} may name only devices of {', '.join(allowed)} (env-vendors in the "
+                "cdi-shim config; annotations and --device are not limited)")
 
 
 def has_cap_sys_admin(config):
@@ -82,15 +134,20 @@ def collect_requests(config, settings, cli_devices=(), warn=lambda message: None
         raise RequestError("config.json: mounts is not a list")
     if settings.device_env:
         values = env_values(process.get("env"), settings.device_env)
-        devices = env_devices(values, settings.default_kind)
+        devices = env_devices(values, settings.default_kind, settings.device_env)
+        # one origin text for all of them: built per device it made the work quadratic
+        origin = f"{settings.device_env}={shown(','.join(values))}"
         if devices and not settings.accept_env_unprivileged and not has_cap_sys_admin(config):
-            warn(f"ignoring {settings.device_env}={','.join(values)}: the container lacks CAP_SYS_ADMIN "
-                 "and accept-env-unprivileged is false")
+            warn(f"ignoring {origin}: the container lacks CAP_SYS_ADMIN and accept-env-unprivileged is false")
             devices = []
-        requested += [(device, f"{settings.device_env}={','.join(values)}") for device in devices]
+        _check_env_vendors(devices, settings)
+        requested += [(device, origin) for device in devices]
     requested += [(device, "a device-plugin mount under " + DEVICE_MOUNT_ROOT)
-                  for device in mount_devices(config.get("mounts"), settings.default_kind)]
+                  for device in mount_devices(config.get("mounts"), settings.default_kind,
+                                              settings.volume_mount_requests)]
     requested += [(device, "--device") for device in cli_devices]
+    if len(requested) > MAX_REQUESTS:
+        raise RequestError(f"the container requests {len(requested)} devices; at most {MAX_REQUESTS} are accepted")
     for device, origin in requested:
         if not is_qualified_name(device):
             raise RequestError(f'malformed CDI device request "{device}" (from {origin}): expected a '

@@ -31,6 +31,7 @@ import sys
 import time
 
 from cdi import __version__
+from cdi.safeio import private_dir_problem
 
 MAGIC = b"CDSHIM1\0"
 MAX_REQUEST = 4 << 20
@@ -229,10 +230,10 @@ def _listen(path):
     0700 and must not be writable by others (whoever can write there can impersonate us)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    info = os.stat(directory)
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise ResidentError(f"{directory} must be owned by uid {os.geteuid()} and not writable by "
-                            f"group or others (mode {info.st_mode & 0o777:o})")
+    problem = private_dir_problem(directory)  # one rule with the registry cache's directory
+    if problem:
+        raise ResidentError(f"{directory} must be owned by uid {os.geteuid()} (or root) and not writable by "
+                            f"group or others, as must every directory above it: {problem}")
     temp = f"{path}.{os.getpid()}~"
     try:
         os.unlink(temp)

@@ -981,3 +981,40 @@ def test_property_fails_exactly_when_the_reference_does(host_paths, data):
     else:
         apply_edits(config, merged)
     assert config == snapshot
+
+
+# --- issue 14, finding 4: relative hook paths ------------------------------------------------
+# The CNCF library accepts a hook whose path is relative; the OCI runtime spec says it must be
+# absolute, and runc starts createContainer hooks with the rootfs as working directory (before
+# pivot_root), so `bin/hookrel` would run a file of the image as root on the host. We diverge
+# from the CNCF library on purpose and refuse it.
+
+@pytest.mark.parametrize("path", ["bin/hookrel", "./hook", "hook", "../../usr/bin/true"])
+def test_relative_hook_path_refused_diverging_from_cncf_library_on_purpose(path):
+    with pytest.raises(EditsInvalid) as info:
+        validate_edits({"hooks": [{"hookName": "createContainer", "path": "/bin/true"},
+                                  {"hookName": "createContainer", "path": path}]}, "containerEdits")
+    assert info.value.field == "containerEdits.hooks[1].path"
+    assert info.value.reason == (f'invalid hook "createContainer": path "{path}" is not absolute '
+                                 "(the OCI runtime spec requires an absolute path)")
+
+
+def test_relative_hook_path_in_a_spec_names_spec_device_and_hook_diverging_from_cncf_library(tmp_path):
+    from cdi.errors import SpecError
+    from cdi.spec import read_spec
+
+    path = tmp_path / "vendor.yaml"
+    path.write_text('cdiVersion: "0.5.0"\nkind: vendor.com/gpu\ndevices:\n'
+                    '  - name: gpu0\n    containerEdits:\n      env: ["A=1"]\n'
+                    '      hooks:\n        - {hookName: createContainer, path: bin/hookrel}\n')
+    with pytest.raises(SpecError) as info:
+        read_spec(str(path))
+    message = str(info.value)
+    assert str(path) in message and "devices[0].containerEdits.hooks[0].path" in message
+    assert '"gpu0"' in message and '"createContainer"' in message and '"bin/hookrel"' in message
+
+
+def test_relative_hook_path_refused_at_injection_diverging_from_cncf_library():
+    message = apply_fails({}, edits(hooks=[{"hookName": "createContainer", "path": "bin/hookrel"}]))
+    assert message == ('invalid hook "createContainer": path "bin/hookrel" is not absolute '
+                       "(the OCI runtime spec requires an absolute path)")

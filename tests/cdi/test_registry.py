@@ -242,3 +242,69 @@ def test_cache_of_older_decoding_rules_is_parsed_again(dirs, cache_dir, monkeypa
     assert again.reparsed == 1 and again.device_names() == ["example.com/dev=x"]
     warm = Registry(dirs, cache_dir=cache_dir).refresh()
     assert warm.reparsed == 0
+# --- issue 14, finding 11: the cache directory itself must be ours ---------------------------
+# The resident server refuses a socket directory that others could write; the registry cache
+# wrote wherever its directory led. A user owning /run/cdi-shim could point cache/ elsewhere and
+# root then wrote there.
+
+NOBODY = 65534
+
+
+def _cache_files(directory):
+    return sorted(name for name in os.listdir(directory) if "registry" in name)
+
+
+def test_cache_dir_under_a_directory_another_user_owns_is_not_used(dirs, tmp_path):
+    etc, _ = dirs
+    write_spec(etc, "a.yaml", simple_spec(devices=("real",)))
+    run = tmp_path / "run-cdi-shim"
+    run.mkdir()
+    os.chown(run, NOBODY, NOBODY)                      # the user owns /run/cdi-shim ...
+    elsewhere = tmp_path / "root-only"
+    elsewhere.mkdir(mode=0o700)
+    os.symlink(elsewhere, run / "cache")               # ... and points cache/ elsewhere
+    registry = Registry(dirs, cache_dir=str(run / "cache")).refresh()
+    assert registry.device_names() == ["example.com/dev=real"]
+    assert _cache_files(elsewhere) == [], "root wrote where another user's directory pointed"
+    assert "owned by uid" in registry.cache_problem and str(run) in registry.cache_problem
+    # a cache file planted there (a copy of a real one, owned by root) is not read either
+    good = tmp_path / "good-cache"
+    Registry(dirs, cache_dir=str(good)).refresh()
+    for name in _cache_files(good):
+        os.rename(good / name, elsewhere / name)
+    assert Registry(dirs, cache_dir=str(run / "cache")).refresh().reparsed == 1
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o1777])
+def test_cache_dir_writable_by_others_is_not_used(dirs, tmp_path, mode):
+    etc, _ = dirs
+    write_spec(etc, "a.yaml", simple_spec(devices=("real",)))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.chmod(cache, mode)
+    registry = Registry(dirs, cache_dir=str(cache)).refresh()
+    assert registry.device_names() == ["example.com/dev=real"]
+    assert _cache_files(cache) == []
+    assert "not writable by group or others" in registry.cache_problem
+
+
+def test_cache_dir_owned_by_another_user_is_not_used(dirs, tmp_path):
+    etc, _ = dirs
+    write_spec(etc, "a.yaml", simple_spec(devices=("real",)))
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    os.chown(cache, NOBODY, NOBODY)
+    Registry(dirs, cache_dir=str(cache)).refresh()
+    assert _cache_files(cache) == []
+
+
+def test_cache_dir_of_ours_is_used_and_made(dirs, tmp_path):
+    etc, _ = dirs
+    write_spec(etc, "a.yaml", simple_spec(devices=("real",)))
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)              # like /tmp: others cannot rename our entries
+    registry = Registry(dirs, cache_dir=str(sticky / "a" / "cache")).refresh()
+    assert registry.cache_problem is None
+    assert len(_cache_files(sticky / "a" / "cache")) == 1
+    assert Registry(dirs, cache_dir=str(sticky / "a" / "cache")).refresh().reparsed == 0

@@ -438,3 +438,85 @@ def test_runtimeclass_handler_seen_through_a_drop_in(tmp_path, shim_env, fake_bi
 def test_runtimeclass_rejects_names_the_api_server_would(shim_env):
     out = run_cli("runtimeclass", "--handler", "Bad_Handler", env=shim_env, check=False)
     assert "is not a DNS label" in out.stderr
+
+
+# --- issue 14, finding 7: parallel runs lose no update -----------------------------------------
+
+def test_parallel_runs_with_different_names_all_end_up_in_the_file(tmp_path, shim_env, fake_binary):
+    """3 parallel runs, several rounds: each must report success only when its entry is in the
+    final file (before the lock, up to 19 of 20 rounds lost one; the shared candidate name gave
+    raw ENOENT errors or a misleading "containerd does not see runtime")."""
+    import concurrent.futures
+
+    path = copy(V2_DEFAULT, tmp_path)
+    names = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        for round_ in range(4):
+            batch = [f"r{round_}-{letter}" for letter in "abc"]
+            results = list(pool.map(lambda name: configure(path, fake_binary, "--runtime-name", name,
+                                                          env=shim_env, check=None), batch))
+            for name, result in zip(batch, results):
+                assert result.returncode == 0, f"{name}: {result.stderr}"
+            names += batch
+    _, runtimes = dumped_runtimes(path)
+    assert sorted(set(names) - set(runtimes)) == [], "runs reported success but their entry is gone"
+    leftovers = [n for n in os.listdir(tmp_path) if "cdi-shim-new" in n]
+    assert leftovers == []
+
+
+# --- issue 14, finding 8: valid configs containerd loads, written in other shapes ---------------
+
+INLINE_RUNTIMES = f"""version = 2
+
+[plugins."{CRI2}".containerd]
+  default_runtime_name = "runc"
+  runtimes = {{ runc = {{ runtime_type = "io.containerd.runc.v2", options = {{ SystemdCgroup = true }} }} }}
+"""
+
+INLINE_RUNC = f"""version = 2
+
+[plugins."{CRI2}".containerd.runtimes]
+  runc = {{ runtime_type = "io.containerd.runc.v2", options = {{ SystemdCgroup = true }} }}
+"""
+
+RUNTIMES_HEADER_AFTER_RUNC = f"""version = 2
+
+[plugins."{CRI2}".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."{CRI2}".containerd.runtimes.runc.options]
+  SystemdCgroup = true
+
+[plugins."{CRI2}".containerd.runtimes]
+
+[plugins."{CRI2}".containerd]
+  default_runtime_name = "runc"
+"""
+
+
+@pytest.mark.parametrize("text", [INLINE_RUNTIMES, INLINE_RUNC, RUNTIMES_HEADER_AFTER_RUNC],
+                         ids=["runtimes-inline", "runc-inline", "runtimes-header-after-runc"])
+def test_other_valid_shapes_of_the_runtimes_table(tmp_path, shim_env, fake_binary, text):
+    """Runtimes written as an inline table gave `ValueError: Inline tables cannot contain a
+    table`; a [...containerd.runtimes] header after [...runtimes.runc] gave AttributeError.
+    containerd loads both; so must we, keeping runc's settings (SystemdCgroup copied)."""
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    dump(path)  # containerd itself loads the original
+    out = configure(path, fake_binary, env=shim_env, check=None)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    section, runtimes = dumped_runtimes(path)
+    assert runtimes["nvidia"]["options"]["BinaryName"] == fake_binary
+    assert runtimes["nvidia"]["options"]["SystemdCgroup"] is True
+    assert runtimes["nvidia"]["container_annotations"] == ["cdi.k8s.io/*"]
+    assert runtimes["runc"]["options"]["SystemdCgroup"] is True
+    assert section["containerd"]["default_runtime_name"] == "runc"
+    written = read(path)
+    again = configure(path, fake_binary, env=shim_env, check=True)
+    assert "nothing changed" in again.stderr and read(path) == written
+    # an update of the entry in that shape (a new BinaryName) works as well
+    other = tmp_path / "bin" / "other-runtime"
+    shutil.copy(fake_binary, other)
+    configure(path, str(other), env=shim_env, check=True)
+    assert dumped_runtimes(path)[1]["nvidia"]["options"]["BinaryName"] == str(other)

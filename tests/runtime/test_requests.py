@@ -62,7 +62,7 @@ def test_configured_names_are_used():
     custom = Config(annotation_prefixes=("example.org/",), device_env="", default_kind="acme.com/npu")
     cfg = {"annotations": {"cdi.k8s.io/x": "v.com/c=a", "example.org/y": "v.com/c=b"},
            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]},
-           "mounts": [{"destination": "/var/run/nvidia-container-devices/2"}]}
+           "mounts": [{"destination": "/var/run/nvidia-container-devices/2", "source": "/dev/null"}]}
     assert collect_requests(cfg, custom) == ["v.com/c=b", "acme.com/npu=2"]
 
 
@@ -94,3 +94,125 @@ def test_config_file_errors_name_file_and_key(tmp_path):
     path.write_text('spec-dirs = ["/a", "/b"]  # ours\nannotation-prefixes = [\n  "x/",\n]\n')
     loaded = load_config(str(path))
     assert loaded.spec_dirs == ("/a", "/b") and loaded.annotation_prefixes == ("x/",)
+
+
+# --- issue 14, finding 1: the device env var's size is bounded and costs linear work ----------
+
+_MEASURE = r"""
+import resource, sys, time
+from shim.config import Config
+from shim.runtime.requests import RequestError, collect_requests
+value = sys.stdin.read()
+cfg = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=" + value]}}
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.process_time()
+try:
+    outcome = "devices %d" % len(collect_requests(cfg, Config()))
+except RequestError as err:
+    outcome = "error " + str(err)
+used = time.process_time() - start
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+print("%d %.3f %s" % (grown, used, outcome[:300]))
+"""
+
+
+def _measure(value):
+    import resource
+    import subprocess
+    import sys
+
+    def limit():  # 1 GiB of address space: the quadratic origin text needed 3.1 GB for 80 KB
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    out = subprocess.run([sys.executable, "-c", _MEASURE], input=value, capture_output=True, text=True,
+                         timeout=120, preexec_fn=limit)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grown_kib, cpu, outcome = out.stdout.split(" ", 2)
+    return int(grown_kib), float(cpu), outcome.strip()
+
+
+def test_a_long_device_env_value_is_refused_in_bounded_time_and_memory():
+    from shim.runtime.requests import MAX_ENV_CHARS
+
+    value = ",".join(["0"] * 40_000)  # 80 KB: the review's case (3.1 GB, larger values: the OOM killer)
+    assert len(value) > MAX_ENV_CHARS
+    grown_kib, cpu, outcome = _measure(value)
+    assert outcome.startswith("error NVIDIA_VISIBLE_DEVICES: "), outcome
+    assert f"at most {MAX_ENV_CHARS}" in outcome
+    assert grown_kib < 20 * 1024 and cpu < 2, (grown_kib, cpu)
+
+
+def test_device_env_at_its_caps_costs_linear_work():
+    from shim.runtime.requests import MAX_ENV_CHARS, MAX_REQUESTS
+
+    # as many distinct UUID-like names as allowed, padded with blanks up to the length cap
+    names = [f"GPU-{index:08x}-0000-1111-2222-333344445555" for index in range(MAX_REQUESTS)]
+    value = ",".join(names)
+    value += "," * (MAX_ENV_CHARS - len(value))
+    grown_kib, cpu, outcome = _measure(value)
+    assert outcome == f"devices {MAX_REQUESTS}"
+    assert grown_kib < 20 * 1024 and cpu < 2, (grown_kib, cpu)
+    # one item more than the request cap: a clear error naming the env var
+    grown_kib, cpu, outcome = _measure(",".join(["0"] * (MAX_REQUESTS + 1)))
+    assert outcome.startswith("error NVIDIA_VISIBLE_DEVICES: "), outcome
+    assert f"at most {MAX_REQUESTS} devices" in outcome
+
+
+# --- issue 14, finding 2: a volume mount requests devices only when its source is /dev/null ----
+
+def _mount(destination, source):
+    return {"destination": destination, "type": "bind", "source": source, "options": ["rbind", "rw"]}
+
+
+def test_volume_mount_requests_need_a_dev_null_source():
+    root = "/var/run/nvidia-container-devices/"
+    cfg = {"mounts": [_mount(root + "all", "/var/lib/kubelet/pods/p/volumes/kubernetes.io~empty-dir/x"),
+                      _mount(root + "0", "/dev/../dev/null"),   # the toolkit cleans the source path
+                      _mount(root + "1", "/dev/null"),
+                      _mount(root + "2", "/tmp/null"),
+                      {"destination": root + "3"}]}             # no source at all
+    assert collect_requests(cfg, SETTINGS) == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
+    assert Config().volume_mount_requests == "dev-null"
+    assert collect_requests(cfg, Config(volume_mount_requests="off")) == []
+
+
+def test_volume_mount_requests_config_key(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('volume-mount-requests = "off"\n')
+    assert load_config(str(path)).volume_mount_requests == "off"
+    path.write_text('volume-mount-requests = "any"\n')
+    with pytest.raises(ConfigError, match=rf'{path}: "volume-mount-requests" must be one of "dev-null", "off", '
+                                          r'not "any"'):
+        load_config(str(path))
+
+
+# --- issue 14, finding 12a: env requests name only devices of allowed vendors ------------------
+
+def test_env_request_of_another_vendors_device_is_refused():
+    cfg = config(env=["NVIDIA_VISIBLE_DEVICES=0,example.com/secret=key"])
+    with pytest.raises(RequestError) as info:
+        collect_requests(cfg, SETTINGS)
+    message = str(info.value)
+    assert message.startswith("NVIDIA_VISIBLE_DEVICES names example.com/secret=key"), message
+    assert "nvidia.com" in message and "env-vendors" in message
+    # the same device by annotation (the device plugin's way) or --device is fine
+    assert collect_requests({"annotations": {"cdi.k8s.io/x": "example.com/secret=key"}}, SETTINGS) == \
+        ["example.com/secret=key"]
+    assert collect_requests({}, SETTINGS, ["example.com/secret=key"]) == ["example.com/secret=key"]
+
+
+def test_env_request_of_another_class_of_the_default_vendor_is_fine():
+    cfg = config(env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/mig=0:1,1"])
+    assert collect_requests(cfg, SETTINGS) == ["nvidia.com/mig=0:1", "nvidia.com/gpu=1"]
+
+
+def test_env_vendors_lists_the_vendors_env_requests_may_name(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('env-vendors = ["example.com", "nvidia.com"]\n')
+    settings = load_config(str(path))
+    assert settings.env_vendors == ("example.com", "nvidia.com") and Config().env_vendors == ()
+    cfg = config(env=["NVIDIA_VISIBLE_DEVICES=example.com/secret=key,0"])
+    assert collect_requests(cfg, settings) == ["example.com/secret=key", "nvidia.com/gpu=0"]
+    only_example = Config(env_vendors=("example.com",))
+    with pytest.raises(RequestError, match="NVIDIA_VISIBLE_DEVICES names nvidia.com/gpu=0"):
+        collect_requests(cfg, only_example)

@@ -280,3 +280,52 @@ def test_runtime_gives_hooks_an_env_so_the_image_env_cannot_reach_them(world, tm
     hook = bundle.config()["hooks"]["createContainer"][0]
     assert hook["env"] and not any(e.startswith("LD_") for e in hook["env"])
     assert not marker.exists(), "the image's LD_PRELOAD reached a hook"
+
+
+def _unfit_image(rootfs, shape):
+    if shape == "etc-is-a-file":
+        shutil.rmtree(rootfs + "/etc")
+        with open(rootfs + "/etc", "w") as out:
+            out.write("not a directory\n")
+        return "the image's /etc is not a directory"
+    os.unlink(rootfs + "/etc/ld.so.cache")
+    os.mkdir(rootfs + "/etc/ld.so.cache")
+    return "the image's /etc/ld.so.cache is a directory"
+
+
+@pytest.mark.parametrize("shape", ["etc-is-a-file", "cache-is-a-directory"])
+def test_image_without_a_place_for_the_cache_the_spec_needs_is_a_clear_error(world, driver, tmp_path, shape):
+    """Issue 14, finding 12b: an image whose /etc is a regular file (or whose /etc/ld.so.cache
+    is a directory) failed inside runc, which cannot bind our cache file there. Decision: when
+    the spec asks for the cache (update-ldcache: its libraries need it to be found by soname,
+    and the toolkit's hook would fail on this image too), the create fails before runc with an
+    error that says why; config.json is left as it was."""
+    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    why = _unfit_image(_glibc_rootfs(world, bundle, driver, tmp_path), shape)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 1, result.stderr
+    assert why in result.stderr and "update-ldcache" in result.stderr and "nvidia.com/gpu=0" in result.stderr, \
+        result.stderr
+    assert "Traceback" not in result.stderr and "runc run failed" not in result.stderr, result.stderr
+    assert bundle.unchanged()
+    assert world.state(bundle.id) is None
+
+
+@pytest.mark.parametrize("shape", ["etc-is-a-file", "cache-is-a-directory"])
+def test_image_without_a_place_for_our_own_cache_runs_without_it(world, driver, tmp_path, shape):
+    """The same image with a spec that only mounts libraries (no update-ldcache hook: the cache
+    would be our own idea) runs as under the toolkit, without a cache, with a warning."""
+    world.write_spec("nvidia-gpu.yaml", 'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ncontainerEdits:\n  mounts:\n'
+                     f"    - hostPath: {driver}\n      containerPath: {LIBDIR}/{driver.name}\n"
+                     "      options: [ro, nosuid, nodev, bind]\n"
+                     'devices:\n  - name: "0"\n    containerEdits:\n'
+                     f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n")
+    bundle = world.bundle(args=["sh", "-c", f"ls {LIBDIR}"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    why = _unfit_image(_glibc_rootfs(world, bundle, driver, tmp_path), shape)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    assert driver.name in result.stdout.split()
+    assert "linker cache not mounted" in result.stderr and why in result.stderr, result.stderr
+    assert not [m for m in bundle.config()["mounts"] if m["destination"] == "/etc/ld.so.cache"]
+    assert sorted(os.listdir(bundle.path)) == ["config.json", "rootfs"]

@@ -250,3 +250,33 @@ def test_device_env_off(world):
     assert result.returncode == 0, result.stderr
     assert bundle.unchanged() and os.stat(bundle.config_path).st_ino == before.st_ino
     assert world.shim("delete", "--force", bundle.id).returncode == 0
+
+
+def test_mount_of_an_ordinary_directory_requests_nothing(world):
+    """Issue 14, finding 2: with accept-env-unprivileged = false, a container without
+    CAP_SYS_ADMIN got nvidia0, nvidia1 and nvidiactl from a bind mount of an ordinary directory
+    (what an emptyDir volumeMount gives) onto /var/run/nvidia-container-devices/all. Only a
+    /dev/null source (what the device plugin mounts) is a request, as in the toolkit; with
+    volume-mount-requests = "off" not even that."""
+    world.write_config(accept_env_unprivileged=False)
+    empty_dir = os.path.join(world.base, "empty-dir")
+    os.makedirs(empty_dir, exist_ok=True)
+    hostile = world.bundle(mounts=[{"destination": f"{rh.DEVICE_MOUNT_ROOT}/all", "type": "bind",
+                                    "source": empty_dir, "options": ["rbind", "rw"]}])
+    result = world.shim("create", "--bundle", hostile.path, hostile.id)
+    assert result.returncode == 0, result.stderr
+    assert hostile.unchanged(), "a mount of an ordinary directory must request no device"
+    assert world.shim("delete", "--force", hostile.id).returncode == 0
+
+    plugin = world.bundle(mounts=[DEVICE_MOUNT])
+    result = world.shim("create", "--bundle", plugin.path, plugin.id)
+    assert result.returncode == 0, result.stderr
+    assert any(d["path"] == "/dev/nvidia1" for d in plugin.config()["linux"]["devices"])
+    assert world.shim("delete", "--force", plugin.id).returncode == 0
+
+    world.write_config(accept_env_unprivileged=False, volume_mount_requests="off")
+    off = world.bundle(mounts=[DEVICE_MOUNT])
+    result = world.shim("create", "--bundle", off.path, off.id)
+    assert result.returncode == 0, result.stderr
+    assert off.unchanged(), 'volume-mount-requests = "off" must ignore the device-plugin mount'
+    assert world.shim("delete", "--force", off.id).returncode == 0

@@ -94,6 +94,31 @@ def case_host_device_missing(w):
     return w.bundle(annotations={"cdi.k8s.io/e2e": "example.com/missing=a"}), [], [missing]
 
 
+def case_device_env_too_long(w):
+    # issue 14, finding 1: bounded, with an error naming the variable
+    return w.bundle(env=["NVIDIA_VISIBLE_DEVICES=" + ",".join(["0"] * 40000)]), [], [
+        "NVIDIA_VISIBLE_DEVICES: its value is 79999 characters long; at most 65536 are accepted"]
+
+
+def case_relative_hook_path_diverges_from_cncf_library(w):
+    # issue 14, finding 4: runc runs createContainer hooks with the rootfs as cwd; the CNCF
+    # library accepts a relative path, we refuse it (naming spec, device and hook)
+    path = w.write_spec("relhook.yaml", 'cdiVersion: "0.5.0"\nkind: example.com/relhook\ndevices:\n'
+                        '  - name: "a"\n    containerEdits:\n      env: ["A=1"]\n      hooks:\n'
+                        '        - {hookName: createContainer, path: bin/hookrel}\n')
+    return w.bundle(annotations={"cdi.k8s.io/e2e": "example.com/relhook=a"}), [], [
+        "example.com/relhook=a", path, 'device "a"', 'hook "createContainer": path "bin/hookrel" is not absolute']
+
+
+def case_env_names_another_vendors_device(w):
+    # issue 14, finding 12a: env requests may name only default-kind's vendor's devices
+    w.write_spec("secret.yaml", 'cdiVersion: "0.5.0"\nkind: example.com/secret\ndevices:\n'
+                 f'  - name: "key"\n    containerEdits:\n      deviceNodes:\n'
+                 f'        - path: /dev/secret\n          hostPath: {w.node(1)}\n')
+    return w.bundle(env=["NVIDIA_VISIBLE_DEVICES=example.com/secret=key"]), [], [
+        "NVIDIA_VISIBLE_DEVICES names example.com/secret=key", "only devices of nvidia.com"]
+
+
 def case_malformed_config_toml(w):
     with open(w.config_toml, "w") as f:
         f.write('spec-dirs = ["/etc/cdi"\nruntime = \n')
@@ -477,3 +502,76 @@ def test_parallel_creates_get_their_own_devices(world):
         assert f"PAR_DEVICE=p{index}" in text
         config = bundle.config()
         assert [d["path"] for d in config["linux"]["devices"] if d["path"].startswith("/dev/par")] == [f"/dev/par{index}"]
+
+
+# --- issue 14, finding 10: JSON edge cases go back to runc as they came ------------------------
+
+def test_unusual_json_values_reach_runc_unchanged(world):
+    """A lone surrogate in an env entry gave a traceback; an unknown field 1e400 was written back
+    as Infinity (which runc refuses, though it accepted the original). Both, and other numbers
+    Python would change (a 5000-digit integer, 1E+2, -0.0, 1.10), go back exactly as given."""
+    fields = {"x-huge": "1e400", "x-digits": "1" * 5000, "x-exp": "1E+2", "x-negzero": "-0.0", "x-tenths": "1.10"}
+    marker = '"@SURROGATE@"'
+    config = json.loads(json.dumps(world._template))
+    config["annotations"] = dict(GPU0)
+    config["process"]["args"] = ["sh", "-c", "true"]
+    config["process"]["terminal"] = False
+    config["process"]["env"] = ["PATH=/bin", "X=@SURROGATE@"]
+    config["root"] = {"path": "rootfs"}
+    for name in fields:
+        config[name] = f"@{name}@"
+    text = json.dumps(config).replace('"X=@SURROGATE@"', r'"X=\ud800"')
+    for name, number in fields.items():
+        text = text.replace(f'"@{name}@"', number)
+    assert marker not in text
+    runc_alone = world.bundle(raw=text.encode())
+    assert world.runc_cmd("create", "--bundle", runc_alone.path, runc_alone.id).returncode == 0, \
+        "runc itself must accept this config"
+    assert world.runc_cmd("delete", "--force", runc_alone.id).returncode == 0
+
+    bundle = world.bundle(raw=text.encode())
+    result = world.shim("create", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    written = bundle.read_bytes()
+    for name, number in fields.items():
+        assert f'"{name}":{number}'.encode() in written, name
+    assert rb'"X=\ud800"' in written
+    from shim import fastjson  # json.loads refuses 5000 digits
+
+    assert any(d["path"] == "/dev/nvidia0" for d in fastjson.loads(written)["linux"]["devices"])
+    assert world.shim("delete", "--force", bundle.id).returncode == 0
+
+
+def test_lone_surrogate_in_the_device_env_is_a_clear_error(world):
+    config = json.loads(json.dumps(world._template))
+    config["process"]["terminal"] = False
+    config["process"]["env"] = ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=@"]
+    config["root"] = {"path": "rootfs"}
+    bundle = world.bundle(raw=json.dumps(config).replace("NVIDIA_VISIBLE_DEVICES=@", r"NVIDIA_VISIBLE_DEVICES=\ud800").encode())
+    log_path = os.path.join(world.base, "runc-log.json")
+    result = world.shim("--log", log_path, "--log-format", "json", "create", "--bundle", bundle.path, bundle.id)
+    check_failure(world, bundle, result, log_path, "json", ["malformed CDI device request"], "lone surrogate")
+
+
+# --- issue 14, finding 11: the registry cache directory must be ours ---------------------------
+
+def test_cache_dir_another_user_can_redirect_is_not_written(world):
+    """A user owning the directory above the registry cache (/run/cdi-shim) could point cache/
+    elsewhere; root then wrote there. The server's rule now holds here too: the create works,
+    says why the cache is not used, and writes nothing where the link leads."""
+    run_dir = os.path.join(world.base, "run-cdi-shim")
+    elsewhere = os.path.join(world.base, "root-only")
+    os.makedirs(run_dir)
+    os.makedirs(elsewhere, mode=0o700)
+    os.chown(run_dir, 65534, 65534)
+    os.symlink(elsewhere, os.path.join(run_dir, "cache"))
+    bundle = world.bundle(annotations=GPU0)
+    result = world.shim("create", "--bundle", bundle.path, bundle.id,
+                        env=world.env(CDI_SHIM_CACHE_DIR=os.path.join(run_dir, "cache")))
+    assert result.returncode == 0, result.stderr
+    assert any(d["path"] == "/dev/nvidia0" for d in bundle.config()["linux"]["devices"])
+    assert os.listdir(elsewhere) == [], "root wrote where another user's link pointed"
+    if world.resident_socket.endswith("no-resident.sock"):  # a resident worker has its own cache dir
+        assert "registry cache directory" in result.stderr and run_dir in result.stderr, result.stderr
+    assert world.shim("delete", "--force", bundle.id).returncode == 0
