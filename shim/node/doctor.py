@@ -445,7 +445,8 @@ def check_spec_conflicts(ctx):
         if len(winners) > 1:
             conflicts.append(f"{qualified} in {', '.join(s.path for s in winners)}")
         else:
-            shadowed.append(f"{qualified}: {winners[0].path} hides {', '.join(s.path for s in specs if s is not winners[0])}")
+            hidden = ", ".join(s.path for s in specs if s is not winners[0])
+            shadowed.append(f"{qualified}: {winners[0].path} hides {hidden}")
     if conflicts:
         return Check("cdi", "conflicts", FAIL,
                      "devices defined twice in one directory, so neither resolves: " + "; ".join(conflicts),
@@ -496,7 +497,8 @@ def check_spec_paths(ctx):
             if not node.exists(path):
                 (kernel_side if path in ctx.missing_devices or path in nodes and ctx.failed & {"kernel.devices"}
                  else missing).append(f"{path} ({os.path.basename(spec.path)})")
-        old = sorted(versions - {driver}) if driver else []
+        # with versions in disagreement (userspace.versions) "the driver's version" is no one value
+        old = sorted(versions - {driver}) if driver and "userspace.versions" not in ctx.failed else []
         if old:
             stale.append(f"{spec.path} names driver {', '.join(old)} files, the driver is {driver}")
     if stale:
@@ -628,8 +630,16 @@ class ContainerdView:
         return {2: 1, 3: 2}.get(self.version)
 
     @property
+    def read_as(self):
+        """The config version containerd reads the file as: containerd 1.x reads any version above
+        2 as 2 (measured: 1.6's `config dump` of a version-3 file says version = 2)."""
+        if self.major == 1 and self.version and self.version > 2:
+            return 2
+        return self.version
+
+    @property
     def cri(self):
-        return _get(self.doc, "plugins", CRI_RUNTIME.get(self.version, OLD_CRI)) or {}
+        return _get(self.doc, "plugins", CRI_RUNTIME.get(self.read_as, OLD_CRI)) or {}
 
     @property
     def runtimes(self):
@@ -654,7 +664,8 @@ class ContainerdView:
         return found
 
     def where(self):
-        return f"[plugins.{_quote(self.version)}{CRI_RUNTIME.get(self.version, OLD_CRI)}{_quote(self.version)}]"
+        version = self.read_as
+        return f"[plugins.{_quote(version)}{CRI_RUNTIME.get(version, OLD_CRI)}{_quote(version)}]"
 
 
 def _quote(version):
@@ -662,21 +673,23 @@ def _quote(version):
 
 
 CONFIGURE = "`cdi-shim runtime configure --runtime=containerd`"
+CONFIGURE_AS = "`cdi-shim runtime configure --runtime=containerd --runtime-name HANDLER`"
 
 
 def check_containerd_binaries(ctx):
     view = ctx.containerd
     found = view.binaries
+    answer = view.installed_text.splitlines()[0] if view.installed_text else "no version"
     if len(found) > 1:
         return Check("containerd", "binaries", WARN,
                      "several containerd executables on PATH: " + ", ".join(p for p, _ in found)
-                     + f"; the first answers {view.installed_text.splitlines()[0] if view.installed_text else '?'}",
+                     + f"; {view.binary} answers {answer}",
                      "remove the ones the service does not run (`systemctl cat containerd` shows ExecStart), so "
                      "version checks and `ctr` talk about the same containerd")
     if not found and not ctx.options.containerd_binary:
         return Check("containerd", "binaries", WARN, "no containerd on PATH; the version rules below use the config "
                      "file's version", "install containerd, or name it with --containerd-binary")
-    return _ok("containerd", "binaries", f"{view.binary}: {view.installed_text.splitlines()[0] if view.installed_text else '?'}")
+    return _ok("containerd", "binaries", f"{view.binary}: {answer}")
 
 
 def check_containerd_version(ctx):
@@ -699,9 +712,9 @@ def check_containerd_version(ctx):
     migrate = "`containerd config migrate > NEW` and install NEW as the config"
     if major < 2:
         if version >= 3:
-            return Check("containerd", "config", FAIL, f"{saw}: containerd 1.x reads versions 1 and 2 only, "
-                         "and will not start", "write a version 2 config (`containerd config default`), then "
-                         + CONFIGURE)
+            return Check("containerd", "config", FAIL, f"{saw}: containerd 1.x knows versions 1 and 2 only and "
+                         "reads this file as version 2, ignoring every section of the version-3 plugins",
+                         "write a version 2 config (`containerd config default`), then " + CONFIGURE)
         if version == 1:
             return Check("containerd", "config", WARN, f"{saw}: version 1 is deprecated", migrate)
         return _ok("containerd", "config", saw)
@@ -719,26 +732,25 @@ def check_containerd_version(ctx):
 
 def check_ignored_sections(ctx):
     """Sections containerd will not read: old CRI headers in a version-3 file (containerd 2.x
-    ignores them silently: measured), new ones in a version-2 file (containerd 1.x knows no such
-    plugins)."""
+    ignores them silently: measured), the cri.v1 plugins' sections under containerd 1.x (it knows
+    no such plugins; measured: 1.6's `config dump` drops them without a word)."""
     view = ctx.containerd
     if view.error or view.version is None:
         return None
-    ignored = []
+    ignored, old_reader = [], view.major == 1
     for path, doc in view.files:
         version = doc.get("version", view.version)
         plugins = doc.get("plugins") if isinstance(doc.get("plugins"), dict) else {}
-        if isinstance(version, int) and version >= 3 and isinstance(plugins.get(OLD_CRI), dict):
+        if not old_reader and isinstance(version, int) and version >= 3 and isinstance(plugins.get(OLD_CRI), dict):
             keys = sorted(k for k in plugins[OLD_CRI] if k not in V3_OLD_CRI_KEYS)
             if keys:
                 ignored.append(f'{path}: [plugins."{OLD_CRI}"] {", ".join(keys)} (a version {version} file: '
                                f"containerd 2.x reads these under 'io.containerd.cri.v1.runtime' / "
                                f"'io.containerd.cri.v1.images')")
-        if version == 2:
+        if old_reader:
             for name in NEW_CRI_PLUGINS:
                 if name in plugins:
-                    ignored.append(f"{path}: [plugins.'{name}'] (a version 2 file: containerd 1.x has no such "
-                                   "plugin)")
+                    ignored.append(f"{path}: [plugins.'{name}'] (containerd 1.x has no such plugin)")
     if ignored:
         return Check("containerd", "ignored-sections", FAIL, "containerd ignores, silently: " + "; ".join(ignored),
                      "move the settings under the headers of the file's version (version 3: "
@@ -802,7 +814,8 @@ def check_runtime_entry(ctx):
         seen.append(f'"{name}" -> {binary}')
     if problems:
         return Check("containerd", "runtime", FAIL, "; ".join(problems),
-                     f"rewrite the entry: {CONFIGURE} --runtime-name NAME (it sets runtime_type, the absolute "
+                     f"rewrite the entry: {CONFIGURE_AS.replace('HANDLER', 'NAME')} (it sets runtime_type, the "
+                     "absolute "
                      "BinaryName and the annotation allow-list)")
     return _ok("containerd", "runtime", ", ".join(seen))
 
@@ -956,7 +969,7 @@ def check_runtimeclasses(ctx):
     if problems:
         return Check("runtimeclass", "handler", FAIL, "; ".join(problems),
                      "set handler to the containerd runtime name of cdi-shim (`cdi-shim runtimeclass --config "
-                     f"{view.path}` checks it), or register that name: {CONFIGURE} --runtime-name HANDLER")
+                     f"{view.path}` checks it), or register that name: {CONFIGURE_AS}")
     if warnings:
         return Check("runtimeclass", "handler", WARN, "; ".join(warnings), "")
     return _ok("runtimeclass", "handler", ", ".join(seen))
