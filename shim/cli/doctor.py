@@ -54,4 +54,4 @@ def doctor(containerd_config, cdi_dirs, runtimeclasses, root, containerd_binary,
         warned = sum(r.status == "warn" for r in results)
         click.echo(f"{len(results)} checks: {failed} failed, {warned} warnings", err=True)
     if any(r.status == FAIL for r in results):
-        raise SystemExit(1)
+        click.get_current_context().exit(1)

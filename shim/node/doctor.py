@@ -84,7 +84,7 @@ class Node:
         is ROOT's file, ".." stops at ROOT). A missing component ends the resolution."""
         parts = [p for p in path.split("/") if p not in ("", ".")]
         parts.reverse()
-        resolved, links = [], 0
+        resolved, links, missing = [], 0, False
         while parts:
             part = parts.pop()
             if part in ("", "."):
@@ -93,13 +93,16 @@ class Node:
                 if resolved:
                     resolved.pop()
                 continue
+            if missing:
+                resolved.append(part)
+                continue
             candidate = os.path.join(self.root, *resolved, part)
             try:
                 info = os.lstat(candidate)
             except OSError:
                 resolved.append(part)
-                resolved.extend(reversed([p for p in parts if p not in ("", ".")]))
-                break
+                missing = True  # the rest is only named, never looked at
+                continue
             if stat.S_ISLNK(info.st_mode):
                 links += 1
                 if links > 40:
@@ -943,8 +946,12 @@ def check_runtimeclasses(ctx):
     if not files:
         return None
     view = ctx.containerd
-    names = set(view.runtimes) | {"runc"} if not view.error else None
-    shim = set(view.shim_runtimes()) if not view.error else set()
+    if view.error or view.version is None:
+        return Check("runtimeclass", "handler", WARN, f"not checked: {view.path} cannot be read (see "
+                     "containerd.config)", "")
+    # containerd 1.x: a file's runtimes replace the built-in "runc"; 2.x merges them with it
+    names = set(view.runtimes) if view.read_as == 2 and view.runtimes else set(view.runtimes) | {"runc"}
+    shim = set(view.shim_runtimes())
     problems, warnings, seen = [], [], []
     for path in files:
         try:
@@ -959,10 +966,10 @@ def check_runtimeclasses(ctx):
         for doc in classes:
             handler = doc.get("handler")
             name = _get(doc, "metadata", "name")
-            if names is not None and handler not in names:
+            if handler not in names:
                 problems.append(f'RuntimeClass "{name}" ({path}): {no_runtime_error(handler)} (containerd has '
                                 f"{', '.join(sorted(names))})")
-            elif names is not None and handler not in shim:
+            elif handler not in shim:
                 warnings.append(f'RuntimeClass "{name}": handler "{handler}" does not run {RUNTIME_EXECUTABLE}')
             else:
                 seen.append(f'RuntimeClass "{name}" -> "{handler}"')
