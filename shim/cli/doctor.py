@@ -1,6 +1,4 @@
 """`cdi-shim doctor`: why a container sees no GPU, layer by layer (checks in shim.node.doctor)."""
-import json
-
 import click
 
 from .common import fail as _fail
@@ -27,6 +25,7 @@ def doctor(containerd_config, cdi_dirs, runtimeclasses, root, containerd_binary,
     Prints one line per check: ok, warn or fail, what it saw and the fix. Exits 1 when any
     check fails.
     """
+    import json
     import os
 
     from ..config import ConfigError, DEFAULT_CONFIG_PATH, CONFIG_ENV, load_config

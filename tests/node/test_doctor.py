@@ -540,3 +540,27 @@ def test_cdi_shim_config_is_read_in_root(node, doctor_env):
     assert set(failed) == {"cdi.specs"}, failed
     assert "no CDI spec in /opt/cdi" in failed["cdi.specs"]["saw"]
     assert '"/etc/cdi/nvidia.yaml" is outside the spec directories (/opt/cdi)' in failed["cdi.specs"]["saw"]
+    out = run_cli("doctor", "--root", node.root, "--containerd-binary", need("containerd", "containerd"),
+                  "--cdi-dir", "/etc/cdi", "--cdi-dir", "/var/run/cdi", env=doctor_env)
+    assert out.returncode == 0, out.stdout
+
+
+@pytest.mark.parametrize("containerd, file_version, status", [
+    ("1.6", 2, OK), ("1.6", 1, "warn"), ("1.6", 3, FAIL),
+    ("2.1", 3, OK), ("2.1", 2, "warn"), ("2.1", 1, FAIL), ("2.1", 4, FAIL),
+    ("2.3", 4, OK), ("2.3", 3, "warn"),
+])
+def test_config_version_rules(node, containerd, file_version, status):
+    """1.x reads 2; 2.0-2.2 read 3; 2.3 writes 4 and migrates 3. 1.6 is the real binary; 2.1 and
+    2.3 are the fake script with that version string (no 2.x binary on this machine yet)."""
+    text = CONFIG_V2 if file_version <= 2 else CONFIG_V3
+    text = text.replace("version = 2\n" if file_version <= 2 else "version = 3\n",
+                        "" if file_version == 1 else f"version = {file_version}\n")
+    node.write("/etc/containerd/config.toml", text)
+    extra = {}
+    if containerd != "1.6":
+        fake = FAKE_CONTAINERD_21.replace("v2.1.4", f"v{containerd}.0")
+        extra["containerd_binary"] = node.write("/opt/containerd", fake, 0o755)
+    check = node.checks(**extra)["containerd.config"]
+    assert check.status == status, check
+    assert f"version = {file_version}" in check.saw or file_version == 1
