@@ -13,6 +13,7 @@ imports, PATH) are resolved inside ROOT, an absolute symlink meaning ROOT's own 
 the host's. No GPU, no network, no write.
 """
 import errno
+import fnmatch
 import os
 import re
 import socket
@@ -299,12 +300,12 @@ def check_libraries(ctx):
             continue
         versions = set()
         for path in paths:
-            host = node.host(path)
-            version = _version_of(os.path.basename(host)) if os.path.exists(host) else None
+            if not node.exists(path):
+                missing.append(f"{soname} ({path} in the cache does not exist)")
+                continue
+            version = _version_of(os.path.basename(node.host(path)))
             if version:
                 versions.add(version)
-            elif not os.path.exists(host):
-                missing.append(f"{soname} ({path} in the cache does not exist)")
         ctx.library_versions[soname] = versions
         seen.append(f"{soname} -> {paths[0]}" + (f" ({', '.join(sorted(versions))})" if versions else ""))
     if missing:
@@ -353,12 +354,13 @@ def check_nvidia_smi(ctx):
 # --- CDI ------------------------------------------------------------------------------------------
 
 SPEC_LOOKALIKE = (".json", ".yaml", ".yml")
-ELSEWHERE = ("/etc/cdi", "/var/run/cdi", "/run/cdi", "/usr/local/etc/cdi", "/etc/nvidia-container-runtime/cdi")
+# where specs are found by mistake (besides containerd's cdi_spec_dirs)
+ELSEWHERE = ("/etc/cdi", "/var/run/cdi", "/run/cdi")
 
 
 def _misplaced(ctx, spec_dirs):
     """Files that look like specs but that no registry over SPEC_DIRS reads."""
-    from cdi.spec_dirs import placement_problem
+    from cdi.spec_dirs import is_spec_file_name, placement_problem
 
     node, problems = ctx.node, []
     ours = {node.host(d) for d in spec_dirs}
@@ -370,7 +372,7 @@ def _misplaced(ctx, spec_dirs):
                 for inner in node.listdir(path) or []:
                     if inner.endswith(SPEC_LOOKALIKE):
                         problems.append(placement_problem(os.path.join(path, inner), spec_dirs))
-            elif name.endswith(".yml"):
+            elif name.lower().endswith(SPEC_LOOKALIKE) and not is_spec_file_name(name):  # .yml, .YAML
                 problems.append(placement_problem(path, spec_dirs))
     cri_dirs = ctx.containerd.cdi_spec_dirs if ctx.containerd else None
     for directory in list(ELSEWHERE) + list(cri_dirs or ()):
@@ -401,6 +403,9 @@ def load_specs(ctx):
             data = node.read_bytes(path, MAX_SPEC_BYTES + 1)
             if data is None:
                 results.append((priority, path, f"{path}: cannot be read (missing link target, or not a file)"))
+                continue
+            if len(data) > MAX_SPEC_BYTES:
+                results.append((priority, path, f"{path}: larger than {MAX_SPEC_BYTES} bytes, refused"))
                 continue
             try:
                 results.append((priority, path, parse_spec(data, path, priority)))
@@ -601,8 +606,6 @@ class ContainerdView:
                 continue
             full = pattern if pattern.startswith("/") else os.path.join(os.path.dirname(view.path), pattern)
             directory, name = os.path.split(full)
-            import fnmatch
-
             names = [n for n in node.listdir(directory) or [] if fnmatch.fnmatchcase(n, name)]
             for one in names:
                 one_path = os.path.join(directory, one)
@@ -614,7 +617,7 @@ class ContainerdView:
                 except Exception:  # noqa: BLE001
                     continue
                 view.files.append((one_path, one_doc))
-                if view.version == 2:  # containerd 1.x: an imported plugin section replaces the earlier one
+                if view.major == 1:  # containerd 1.x: an imported plugin section replaces the earlier one
                     merged = dict(merged)
                     plugins = dict(merged.get("plugins") or {})
                     plugins.update(one_doc.get("plugins") or {})

@@ -564,3 +564,27 @@ def test_config_version_rules(node, containerd, file_version, status):
     check = node.checks(**extra)["containerd.config"]
     assert check.status == status, check
     assert f"version = {file_version}" in check.saw or file_version == 1
+
+
+def test_imports_are_read_inside_root(node2):
+    """containerd 2.x merges imported files: our entry may live in a drop-in (`runtime configure
+    --drop-in`), named by an absolute path that means ROOT's file."""
+    main = CONFIG_V3.split("        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]")[0]
+    ours = "version = 3\n" + CONFIG_V3[CONFIG_V3.index("        [plugins.'io.containerd.cri.v1.runtime'.containerd"
+                                                         ".runtimes.nvidia]"):]
+    node2.write("/etc/containerd/config.toml", main.replace("version = 3\n", "version = 3\nimports = "
+                                                            "['/etc/containerd/conf.d/*.toml']\n"))
+    assert "containerd.runtime" in node2.failed()
+    node2.write("/etc/containerd/conf.d/99-cdi-shim.toml", ours)
+    checks = node2.checks(runtimeclasses=[node2.runtimeclass("nvidia")])
+    assert not [c for c in checks.values() if c.status == FAIL], checks
+    assert checks["containerd.runtime"].saw == '"nvidia" -> /usr/bin/cdi-shim-runtime'
+
+
+def test_doctor_on_this_machine(doctor_env):
+    """This machine's own / (no GPU): every check runs to its verdict, none breaks."""
+    out = run_cli("doctor", "--json", env=doctor_env)
+    assert out.returncode in (0, 1), out.stderr
+    checks = json.loads(out.stdout)
+    assert not [c for c in checks if c["layer"] == "doctor"], checks
+    assert {"kernel.module", "userspace.libraries", "containerd.config"} <= {c["check"] for c in checks}
