@@ -590,7 +590,7 @@ class ContainerdView:
                 view.installed_text = str(err)
         text = node.read_text(view.path)
         if text is None:
-            view.error = "missing"
+            view.error = "missing" if not node.exists(view.path) else "not readable here (run doctor as root)"
             return view
         try:
             doc = _toml(text)
