@@ -4,6 +4,7 @@ import click
 from cdi import __version__
 
 from .bench import bench
+from .doctor import doctor
 from .hook import hook
 from .ldcache import ldcache
 from .runtime import runtime
@@ -21,7 +22,7 @@ def main():
     """
 
 
-for _group in (cdi, ldcache, hook, runtime, runtimeclass, bench):
+for _group in (cdi, ldcache, hook, runtime, runtimeclass, bench, doctor):
     main.add_command(_group)
 
 if __name__ == "__main__":  # pragma: no cover

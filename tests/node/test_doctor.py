@@ -1,0 +1,590 @@
+"""`cdi-shim doctor` on prepared node roots (--root).
+
+Each root is a fake node built from real parts: device nodes made with mknod (char major 195),
+driver libraries built by gcc with their real SONAMEs, the root's /etc/ld.so.cache written by
+glibc's `ldconfig -r ROOT` (so our reader reads a real cache), a CDI spec written from the
+root's own files (what `cdi generate` would write), a containerd config, a kubelet config.
+
+A healthy node passes; each broken variant fails exactly the check it should, with its fix.
+
+containerd: the version-2 (1.x) roots are checked against this machine's real containerd 1.6
+(`--containerd-binary`, so its `config dump` loads the file). No containerd 2.x binary is on
+this machine yet (the 1.7/2.1 downloads are a later issue), so the version-3 roots carry a
+small fake `containerd` in ROOT/usr/bin that prints a 2.1 version string and, for `config
+dump`, the file itself: it is how the 2.x rules (version 3, enable_cdi on by default, old
+headers ignored) are reached through the same path a node's own binary takes.
+"""
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+
+from shim.node.doctor import FAIL, OK, Node, Options, run_checks
+from tests.helpers import need, run_cli
+
+DRIVER = "570.86.10"
+NEW_DRIVER = "575.51.02"
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+LIBRARIES = ("libcuda", "libnvidia-ml")
+
+
+@pytest.fixture(scope="module")
+def driver_files(tmp_path_factory):
+    """{(library, version): path} of fake driver libraries built by gcc with real SONAMEs."""
+    gcc = need("gcc", "gcc")
+    out = tmp_path_factory.mktemp("driver")
+    source = out / "lib.c"
+    source.write_text("int fake_driver_entry(void) { return 0; }\n")
+    built = {}
+    for version in (DRIVER, NEW_DRIVER):
+        for lib in LIBRARIES:
+            path = out / f"{lib}.so.{version}"
+            subprocess.run([gcc, "-shared", "-fPIC", "-o", str(path), f"-Wl,-soname,{lib}.so.1", str(source)],
+                           check=True, capture_output=True)
+            built[lib, version] = str(path)
+    return built
+
+
+def write(root, path, text, mode=0o644):
+    full = os.path.join(root, path.lstrip("/"))
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(full, "w") as stream:
+        stream.write(text)
+    os.chmod(full, mode)
+    return full
+
+
+def install_driver(root, driver_files, version, libraries=LIBRARIES):
+    """Put the driver VERSION's libraries in ROOT and rebuild ROOT's ld.so.cache with ldconfig."""
+    libdir = os.path.join(root, LIBDIR.lstrip("/"))
+    os.makedirs(libdir, exist_ok=True)
+    for name in os.listdir(libdir):
+        if name.startswith(LIBRARIES):
+            os.unlink(os.path.join(libdir, name))
+    for lib in libraries:
+        shutil.copy(driver_files[lib, version], os.path.join(libdir, f"{lib}.so.{version}"))
+    write(root, "/proc/driver/nvidia/version",
+          f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Wed Jan 22 01:19:27 UTC 2025\n"
+          "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+    ldconfig()(root)
+
+
+def ldconfig():
+    path = need("ldconfig", "libc-bin")
+
+    def run(root):
+        subprocess.run([path, "-r", root], check=True, capture_output=True)
+    return run
+
+
+def generate_spec(root, version):
+    """The spec `cdi generate` would write for ROOT's files now (driver VERSION)."""
+    nodes = [p for p in ("/dev/nvidiactl", "/dev/nvidia-uvm") if os.path.exists(os.path.join(root, p[1:]))]
+    mounts = [f"{LIBDIR}/{lib}.so.{version}" for lib in LIBRARIES
+              if os.path.exists(os.path.join(root, LIBDIR[1:], f"{lib}.so.{version}"))]
+    mounts.append("/usr/bin/nvidia-smi")
+    lines = ["cdiVersion: 0.5.0", "kind: nvidia.com/gpu", "devices:",
+             '  - name: "0"', "    containerEdits:", "      deviceNodes:",
+             "        - {path: /dev/nvidia0, hostPath: /dev/nvidia0}",
+             "  - name: all", "    containerEdits:", "      deviceNodes:",
+             "        - {path: /dev/nvidia0, hostPath: /dev/nvidia0}",
+             "containerEdits:", "  env: [NVIDIA_VISIBLE_DEVICES=void]", "  deviceNodes:"]
+    lines += [f"    - {{path: {p}, hostPath: {p}}}" for p in nodes]
+    lines += ["  hooks:", "    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, "
+              f"enable-cuda-compat, --host-driver-version={version}]}}", "  mounts:"]
+    lines += [f"    - {{hostPath: {m}, containerPath: {m}, options: [ro, nosuid, nodev, rbind, rprivate]}}"
+              for m in mounts]
+    return write(root, "/etc/cdi/nvidia.yaml", "\n".join(lines) + "\n")
+
+
+CONFIG_V2 = """\
+version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "runc"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes]
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+          runtime_type = "io.containerd.runc.v2"
+          [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+            SystemdCgroup = true
+
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+          runtime_type = "io.containerd.runc.v2"
+          container_annotations = ["cdi.k8s.io/*"]
+          [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+            BinaryName = "/usr/bin/cdi-shim-runtime"
+            SystemdCgroup = true
+"""
+
+CONFIG_V3 = """\
+version = 3
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_cdi = true
+    cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']
+
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes]
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+          runtime_type = 'io.containerd.runc.v2'
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+            SystemdCgroup = true
+
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
+          runtime_type = 'io.containerd.runc.v2'
+          container_annotations = ['cdi.k8s.io/*']
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
+            BinaryName = '/usr/bin/cdi-shim-runtime'
+            SystemdCgroup = true
+"""
+
+FAKE_CONTAINERD_21 = """\
+#!/bin/sh
+# Stands in for containerd 2.1 (no 2.x binary on this machine yet): its version string, and for
+# `--config F config dump` the file itself (2.x prints the version-3 file it loaded).
+if [ "$1" = --version ]; then
+    echo "containerd github.com/containerd/containerd/v2 v2.1.4 75cb2b7193e4e490e9fbdc236c0e811ccaba3376"
+    exit 0
+fi
+if [ "$1" = --config ] && [ "$3" = config ] && [ "$4" = dump ]; then
+    exec cat "$2"
+fi
+exit 2
+"""
+
+RUNTIMECLASS = """\
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata:
+  name: nvidia
+handler: {handler}
+"""
+
+
+class FakeNode:
+    """A node root and how to check it."""
+
+    def __init__(self, root, containerd):
+        self.root, self.containerd = str(root), containerd
+
+    def path(self, path):
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def write(self, path, text, mode=0o644):
+        return write(self.root, path, text, mode)
+
+    def edit(self, path, old, new):
+        text = open(self.path(path)).read()
+        assert old in text, (old, path)
+        self.write(path, text.replace(old, new))
+
+    def options(self, **extra):
+        extra.setdefault("runtimeclasses", [self.runtimeclass("nvidia")])
+        if self.containerd == "1.6":
+            extra.setdefault("containerd_binary", need("containerd", "containerd"))
+        return Options(root=self.root, **extra)
+
+    def runtimeclass(self, handler):
+        return write(self.root, f"/k8s/runtimeclass-{handler}.yaml", RUNTIMECLASS.format(handler=handler))
+
+    def checks(self, **extra):
+        return {c.id: c for c in run_checks(self.options(**extra))}
+
+    def failed(self, **extra):
+        return {i: c for i, c in self.checks(**extra).items() if c.status == FAIL}
+
+
+def make_node(root, driver_files, containerd="1.6"):
+    root = str(root)
+    node = FakeNode(root, containerd)
+    node.write("/proc/modules", "nvidia_uvm 1892352 0 - Live 0x0000000000000000 (PO)\n"
+                                f"nvidia 56786944 20 nvidia_uvm, Live 0x0000000000000000 (PO)\n"
+                                "overlay 188416 0 - Live 0x0000000000000000\n")
+    node.write("/proc/1/comm", "systemd\n")
+    os.makedirs(node.path("/dev"), exist_ok=True)
+    for name, major, minor in (("nvidiactl", 195, 255), ("nvidia0", 195, 0), ("nvidia-uvm", 509, 0)):
+        os.mknod(node.path(f"/dev/{name}"), 0o666 | 0o020000, os.makedev(major, minor))
+    node.write("/etc/ld.so.conf", f"{LIBDIR}\n")
+    install_driver(root, driver_files, DRIVER)
+    node.write("/usr/bin/nvidia-smi", "#!/bin/sh\necho fake nvidia-smi\n", 0o755)
+    node.write("/usr/bin/cdi-shim-runtime", "#!/bin/sh\nexec runc \"$@\"\n", 0o755)
+    os.symlink("usr/bin", node.path("/bin"))  # usrmerge: PATH's /bin and /usr/bin are one directory
+    generate_spec(root, DRIVER)
+    os.makedirs(node.path("/var/run/cdi"))
+    node.write("/var/lib/kubelet/config.yaml", "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                                               "cgroupDriver: systemd\n")
+    if containerd == "1.6":
+        node.write("/etc/containerd/config.toml", CONFIG_V2)
+    else:
+        node.write("/etc/containerd/config.toml", CONFIG_V3)
+        node.write("/usr/bin/containerd", FAKE_CONTAINERD_21, 0o755)
+    return node
+
+
+@pytest.fixture
+def node(tmp_path, driver_files):
+    return make_node(tmp_path / "root", driver_files)
+
+
+@pytest.fixture
+def node2(tmp_path, driver_files):
+    return make_node(tmp_path / "root", driver_files, containerd="2.1")
+
+
+@pytest.fixture
+def doctor_env(tmp_path):
+    env = dict(os.environ)
+    env.pop("CDI_SHIM_CONFIG", None)
+    env["CDI_SHIM_CACHE_DIR"] = str(tmp_path / "cache")
+    return env
+
+
+def only_failure(node, expected, **extra):
+    failed = node.failed(**extra)
+    assert set(failed) == {expected}, {i: (c.saw, c.fix) for i, c in failed.items()}
+    return failed[expected]
+
+
+# --- healthy nodes ----------------------------------------------------------------------------------
+
+def test_healthy_node_passes(node, doctor_env):
+    out = run_cli("doctor", "--root", node.root, "--containerd-binary", need("containerd", "containerd"),
+                  "--runtimeclass", node.runtimeclass("nvidia"), env=doctor_env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert not [line for line in lines if line.startswith("fail")]
+    ids = [line.split()[1] for line in lines]
+    for expected in ("kernel.module", "kernel.devices", "userspace.libraries", "userspace.versions",
+                     "userspace.nvidia-smi", "cdi.specs", "cdi.conflicts", "cdi.paths", "containerd.binaries",
+                     "containerd.config", "containerd.ignored-sections", "containerd.loads", "containerd.runtime",
+                     "containerd.cdi", "containerd.cgroup", "containerd.default-runtime", "runtimeclass.handler",
+                     "runtime.resident", "runtime.log"):
+        assert expected in ids, out.stdout
+    status = {line.split()[1]: line.split()[0] for line in lines}
+    assert status["containerd.loads"] == "ok"  # the real containerd 1.6 loaded the file
+    assert status["userspace.versions"] == "ok" and DRIVER in out.stdout
+    assert status["runtime.resident"] == "warn"  # not running: only slower
+
+
+def test_healthy_node_json(node, doctor_env):
+    out = run_cli("doctor", "--root", node.root, "--containerd-binary", need("containerd", "containerd"), "--json",
+                  env=doctor_env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    checks = json.loads(out.stdout)
+    assert {c["status"] for c in checks} <= {"ok", "warn"}
+    assert all(set(c) == {"check", "layer", "name", "status", "saw", "fix"} for c in checks)
+    libs = next(c for c in checks if c["check"] == "userspace.libraries")
+    assert f"{LIBDIR}/libcuda.so.1" in libs["saw"]
+
+
+def test_healthy_containerd_2_node_passes(node2):
+    checks = node2.checks()
+    assert not [c for c in checks.values() if c.status == FAIL], checks
+    assert "containerd 2.1" in checks["containerd.config"].saw
+    assert checks["containerd.cdi"].status == OK
+    assert checks["containerd.binaries"].saw.startswith(node2.path("/usr/bin/containerd"))
+
+
+# --- broken variants: each fails exactly its check ---------------------------------------------------
+
+def test_no_module(node, doctor_env):
+    node.write("/proc/modules", "overlay 188416 0 - Live 0x0000000000000000\n")
+    check = only_failure(node, "kernel.module")
+    assert "modprobe nvidia" in check.fix
+    out = run_cli("doctor", "--root", node.root, "--containerd-binary", need("containerd", "containerd"),
+                  env=doctor_env)
+    assert out.returncode == 1
+    line = next(line for line in out.stdout.splitlines() if "kernel.module" in line)
+    assert line.startswith("fail") and "nvidia is not in /proc/modules" in line and "fix: load it" in line
+
+
+def test_no_device_nodes(node):
+    for name in ("nvidiactl", "nvidia0", "nvidia-uvm"):
+        os.unlink(node.path(f"/dev/{name}"))
+    check = only_failure(node, "kernel.devices")
+    assert "/dev/nvidiactl missing" in check.saw and "nvidia-modprobe" in check.fix
+    assert node.checks()["cdi.paths"].status == "warn"  # the same cause, reported once
+
+
+def test_device_node_of_wrong_major(node):
+    os.unlink(node.path("/dev/nvidia0"))
+    os.mknod(node.path("/dev/nvidia0"), 0o666 | 0o020000, os.makedev(1, 3))
+    check = only_failure(node, "kernel.devices")
+    assert "/dev/nvidia0 major 1, not 195" in check.saw
+
+
+def test_no_libcuda(node, driver_files):
+    install_driver(node.root, driver_files, DRIVER, libraries=("libnvidia-ml",))
+    generate_spec(node.root, DRIVER)  # the spec generated now has no libcuda either
+    check = only_failure(node, "userspace.libraries")
+    assert "libcuda.so.1" in check.saw and "libnvidia-ml" not in check.saw
+    assert "ldconfig" in check.fix
+
+
+def test_version_skew(node, driver_files):
+    # libnvidia-ml of the new driver beside libcuda of the old one
+    libdir = node.path(LIBDIR)
+    os.unlink(os.path.join(libdir, f"libnvidia-ml.so.{DRIVER}"))
+    os.unlink(os.path.join(libdir, "libnvidia-ml.so.1"))
+    shutil.copy(driver_files["libnvidia-ml", NEW_DRIVER], os.path.join(libdir, f"libnvidia-ml.so.{NEW_DRIVER}"))
+    ldconfig()(node.root)
+    node.edit("/etc/cdi/nvidia.yaml", f"libnvidia-ml.so.{DRIVER}", f"libnvidia-ml.so.{NEW_DRIVER}")
+    check = only_failure(node, "userspace.versions")
+    assert f"{DRIVER}: libcuda.so.1, /proc/driver/nvidia/version" in check.saw
+    assert f"{NEW_DRIVER}: libnvidia-ml.so.1" in check.saw
+
+
+def test_stale_spec_after_driver_upgrade(node, driver_files):
+    install_driver(node.root, driver_files, NEW_DRIVER)  # the spec still names the old files
+    check = only_failure(node, "cdi.paths")
+    assert f"names driver {DRIVER} files, the driver is {NEW_DRIVER}" in check.saw
+    assert f"libcuda.so.{DRIVER}" in check.saw
+    assert "cdi-shim cdi generate" in check.fix
+    generate_spec(node.root, NEW_DRIVER)
+    assert node.failed() == {}
+
+
+def test_yml_spec(node):
+    os.rename(node.path("/etc/cdi/nvidia.yaml"), node.path("/etc/cdi/nvidia.yml"))
+    check = only_failure(node, "cdi.specs")
+    assert "/etc/cdi/nvidia.yml" in check.saw and "extension .yml" in check.saw
+    assert "NAME.yaml" in check.fix
+
+
+def test_spec_in_sub_directory_and_wrong_directory(node):
+    node.write("/etc/cdi/vendor/extra.yaml", "cdiVersion: 0.5.0\n")
+    node.write("/run/cdi/other.json", "{}")
+    check = only_failure(node, "cdi.specs")
+    assert "sub-directory of /etc/cdi" in check.saw
+    assert "/run/cdi/other.json" in check.saw and "outside the spec directories" in check.saw
+
+
+def test_invalid_spec_and_conflict(node):
+    node.write("/etc/cdi/broken.yaml", "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n")
+    check = only_failure(node, "cdi.specs")
+    assert "broken.yaml" in check.saw and "no devices" in check.saw
+    os.unlink(node.path("/etc/cdi/broken.yaml"))
+    shutil.copy(node.path("/etc/cdi/nvidia.yaml"), node.path("/etc/cdi/nvidia-copy.yaml"))
+    check = only_failure(node, "cdi.conflicts")
+    assert "nvidia.com/gpu=0" in check.saw
+
+
+def test_v2_headers_in_v3_file(node2):
+    node2.write("/etc/containerd/config.toml", CONFIG_V3 + textwrap.dedent("""
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+          SystemdCgroup = false
+        """))
+    check = only_failure(node2, "containerd.ignored-sections")
+    assert 'plugins."io.containerd.grpc.v1.cri"' in check.saw and "containerd" in check.saw
+    assert "io.containerd.cri.v1.runtime" in check.fix
+
+
+def test_v3_file_for_containerd_1_6(node):
+    node.write("/etc/containerd/config.toml", CONFIG_V3)
+    failed = node.failed()
+    # measured: containerd 1.6 loads it (`config dump` succeeds) as version 2, so the cri.v1 sections,
+    # our runtime among them, are dropped without a word
+    assert "reads this file as version 2" in failed["containerd.config"].saw
+    assert "io.containerd.cri.v1.runtime" in failed["containerd.ignored-sections"].saw
+    assert "no runtime in [plugins.\"io.containerd.grpc.v1.cri\"]" in failed["containerd.runtime"].saw
+    assert node.checks()["containerd.loads"].status == OK
+
+
+def test_relative_binary_name(node):
+    node.edit("/etc/containerd/config.toml", 'BinaryName = "/usr/bin/cdi-shim-runtime"',
+              'BinaryName = "cdi-shim-runtime"')
+    check = only_failure(node, "containerd.runtime")
+    assert "not an absolute path" in check.saw and "runtime configure" in check.fix
+
+
+def test_handler_mismatch(node):
+    check = only_failure(node, "runtimeclass.handler", runtimeclasses=[node.runtimeclass("gpu")])
+    assert 'no runtime for "gpu" is configured' in check.saw
+
+
+def test_default_runtime_is_the_shim(node):
+    node.edit("/etc/containerd/config.toml", 'default_runtime_name = "runc"', 'default_runtime_name = "nvidia"')
+    check = only_failure(node, "containerd.default-runtime")
+    assert 'default_runtime_name = "runc"' in check.fix
+    assert node.checks(shim_as_default=True)["containerd.default-runtime"].status == OK
+
+
+def test_systemd_cgroup_mismatch(node):
+    ours = 'BinaryName = "/usr/bin/cdi-shim-runtime"\n            SystemdCgroup = '
+    node.edit("/etc/containerd/config.toml", ours + "true", ours + "false")
+    check = only_failure(node, "containerd.cgroup")
+    assert 'PID 1 is "systemd"' in check.saw and "cgroupDriver: systemd" in check.saw
+    assert "SystemdCgroup = true" in check.fix
+
+
+def test_kubelet_cgroupfs_against_systemd_init(node):
+    node.write("/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\ncgroupDriver: cgroupfs\n")
+    check = only_failure(node, "containerd.cgroup")
+    assert "cgroupDriver: cgroupfs" in check.saw
+
+
+def test_enable_cdi_false_on_containerd_2(node2):
+    node2.edit("/etc/containerd/config.toml", "enable_cdi = true", "enable_cdi = false")
+    check = only_failure(node2, "containerd.cdi")
+    assert "silently" in check.saw and "enable_cdi = true" in check.fix
+
+
+def test_cdi_spec_dirs_differ_on_containerd_2(node2):
+    node2.edit("/etc/containerd/config.toml", "cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']",
+               "cdi_spec_dirs = ['/etc/cdi-other']")
+    check = only_failure(node2, "containerd.cdi")
+    assert "/etc/cdi-other" in check.saw
+
+
+def test_several_containerd_binaries(node2):
+    node2.write("/usr/local/bin/containerd", FAKE_CONTAINERD_21, 0o755)
+    checks = node2.checks()
+    assert checks["containerd.binaries"].status == "warn"
+    assert "/usr/local/bin/containerd" in checks["containerd.binaries"].saw
+    assert not [c for c in checks.values() if c.status == FAIL]
+
+
+# --- ROOT stays ROOT ----------------------------------------------------------------------------------
+
+def test_absolute_links_resolve_inside_root(node, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "modules").write_text("nvidia 1 0 - Live 0x0\n")
+    node.write("/proc/modules", "")
+    os.unlink(node.path("/proc/modules"))
+    os.symlink(str(outside / "modules"), node.path("/proc/modules"))  # names a host file: must not be read
+    assert Node(node.root).host("/proc/modules") == node.path(str(outside / "modules"))
+    assert only_failure(node, "kernel.module")
+    os.unlink(node.path("/proc/modules"))
+    node.write("/etc/modules-real", "nvidia 1 0 - Live 0x0\n")
+    os.symlink("../../../../../../../../etc/modules-real", node.path("/proc/modules"))  # ".." stops at ROOT
+    assert Node(node.root).host("/proc/modules") == node.path("/etc/modules-real")
+    assert node.failed() == {}
+
+
+def test_cri_v1_section_in_a_version_2_file_on_containerd_1_6(node):
+    # measured: containerd 1.6's `config dump` drops a plugin section it does not know, silently
+    node.write("/etc/containerd/config.toml", CONFIG_V2 + "\n[plugins.'io.containerd.cri.v1.runtime']\n"
+                                                          "  enable_cdi = true\n")
+    check = only_failure(node, "containerd.ignored-sections")
+    assert "[plugins.'io.containerd.cri.v1.runtime'] (containerd 1.x has no such plugin)" in check.saw
+
+
+def test_version_2_file_on_containerd_2_is_migrated(node2):
+    node2.write("/etc/containerd/config.toml", CONFIG_V2)
+    checks = node2.checks()
+    assert not [c for c in checks.values() if c.status == FAIL], checks
+    assert checks["containerd.config"].status == "warn"
+    assert "containerd config migrate" in checks["containerd.config"].fix
+    assert checks["containerd.runtime"].status == OK
+
+
+# --- the runtime ------------------------------------------------------------------------------------
+
+def test_resident_process_answers(node, doctor_env):
+    """A real `cdi-shim runtime serve` on ROOT's socket answers the probe (a request of another
+    version, which it declines before touching anything)."""
+    from tests.helpers import cdi_shim_cli
+
+    socket_path = node.path("/run/cdi-shim/runtime.sock")
+    server = subprocess.Popen([cdi_shim_cli(), "runtime", "serve", "--socket", socket_path, "--workers", "1"],
+                              env=doctor_env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "serving on" in server.stderr.readline()
+        check = node.checks()["runtime.resident"]
+        assert check.status == OK and "answers" in check.saw
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "does not exist" in node.checks()["runtime.resident"].saw  # the server removed its socket
+    import socket
+
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(socket_path)  # a socket file nobody listens on (a server killed with SIGKILL)
+    stale.close()
+    check = node.checks()["runtime.resident"]
+    assert check.status == "warn" and "not answering" in check.saw
+
+
+def test_runtime_log_that_grows(node):
+    from shim.config import Config
+    from shim.runtime.runlog import MAX_LOG_BYTES
+
+    settings = Config(log_file="/var/log/cdi-shim/runtime.log")
+    assert node.checks(settings=settings)["runtime.log"].status == FAIL  # its directory is missing
+    os.makedirs(node.path("/var/log/cdi-shim"))
+    assert node.checks(settings=settings)["runtime.log"].status == OK
+    with open(node.path("/var/log/cdi-shim/runtime.log"), "wb") as stream:
+        stream.truncate(3 * MAX_LOG_BYTES)
+    check = only_failure(node, "runtime.log", settings=settings)
+    assert "not being rotated" in check.saw
+
+
+def test_cdi_shim_config_is_read_in_root(node, doctor_env):
+    """Without $CDI_SHIM_CONFIG, --root reads ROOT/etc/cdi-shim/config.toml: its spec-dirs decide
+    where specs are looked for, and a spec elsewhere is named as misplaced."""
+    node.write("/etc/cdi-shim/config.toml", 'spec-dirs = ["/opt/cdi"]\n')
+    out = run_cli("doctor", "--root", node.root, "--containerd-binary", need("containerd", "containerd"), "--json",
+                  env=doctor_env)
+    assert out.returncode == 1
+    failed = {c["check"]: c for c in json.loads(out.stdout) if c["status"] == FAIL}
+    assert set(failed) == {"cdi.specs"}, failed
+    assert "no CDI spec in /opt/cdi" in failed["cdi.specs"]["saw"]
+    assert '"/etc/cdi/nvidia.yaml" is outside the spec directories (/opt/cdi)' in failed["cdi.specs"]["saw"]
+    out = run_cli("doctor", "--root", node.root, "--containerd-binary", need("containerd", "containerd"),
+                  "--cdi-dir", "/etc/cdi", "--cdi-dir", "/var/run/cdi", env=doctor_env)
+    assert out.returncode == 0, out.stdout
+
+
+@pytest.mark.parametrize("containerd, file_version, status", [
+    ("1.6", 2, OK), ("1.6", 1, "warn"), ("1.6", 3, FAIL),
+    ("2.1", 3, OK), ("2.1", 2, "warn"), ("2.1", 1, FAIL), ("2.1", 4, FAIL),
+    ("2.3", 4, OK), ("2.3", 3, "warn"),
+])
+def test_config_version_rules(node, containerd, file_version, status):
+    """1.x reads 2; 2.0-2.2 read 3; 2.3 writes 4 and migrates 3. 1.6 is the real binary; 2.1 and
+    2.3 are the fake script with that version string (no 2.x binary on this machine yet)."""
+    text = CONFIG_V2 if file_version <= 2 else CONFIG_V3
+    text = text.replace("version = 2\n" if file_version <= 2 else "version = 3\n",
+                        "" if file_version == 1 else f"version = {file_version}\n")
+    node.write("/etc/containerd/config.toml", text)
+    extra = {}
+    if containerd != "1.6":
+        fake = FAKE_CONTAINERD_21.replace("v2.1.4", f"v{containerd}.0")
+        extra["containerd_binary"] = node.write("/opt/containerd", fake, 0o755)
+    check = node.checks(**extra)["containerd.config"]
+    assert check.status == status, check
+    assert f"version = {file_version}" in check.saw or file_version == 1
+
+
+def test_imports_are_read_inside_root(node2):
+    """containerd 2.x merges imported files: our entry may live in a drop-in (`runtime configure
+    --drop-in`), named by an absolute path that means ROOT's file."""
+    main = CONFIG_V3.split("        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]")[0]
+    ours = "version = 3\n" + CONFIG_V3[CONFIG_V3.index("        [plugins.'io.containerd.cri.v1.runtime'.containerd"
+                                                         ".runtimes.nvidia]"):]
+    node2.write("/etc/containerd/config.toml", main.replace("version = 3\n", "version = 3\nimports = "
+                                                            "['/etc/containerd/conf.d/*.toml']\n"))
+    assert "containerd.runtime" in node2.failed()
+    node2.write("/etc/containerd/conf.d/99-cdi-shim.toml", ours)
+    checks = node2.checks(runtimeclasses=[node2.runtimeclass("nvidia")])
+    assert not [c for c in checks.values() if c.status == FAIL], checks
+    assert checks["containerd.runtime"].saw == '"nvidia" -> /usr/bin/cdi-shim-runtime'
+
+
+def test_doctor_on_this_machine(doctor_env):
+    """This machine's own / (no GPU): every check runs to its verdict, none breaks."""
+    out = run_cli("doctor", "--json", env=doctor_env)
+    assert out.returncode in (0, 1), out.stderr
+    checks = json.loads(out.stdout)
+    assert not [c for c in checks if c["layer"] == "doctor"], checks
+    assert {"kernel.module", "userspace.libraries", "containerd.config"} <= {c["check"] for c in checks}
