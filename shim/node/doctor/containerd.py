@@ -1,0 +1,422 @@
+"""containerd's registration of the runtime: config version, ignored sections, the runtime entry, CDI settings, cgroup driver, default runtime."""
+import fnmatch
+import os
+import re
+import subprocess
+
+from .base import CRI_RUNTIME, FAIL, KUBELET_CONFIG, NEW_CRI_PLUGINS, OLD_CRI, RUNC_V2, RUNTIME_EXECUTABLE, V3_OLD_CRI_KEYS, WARN, Check, _ok
+
+
+
+
+def _toml(text):
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomlkit
+
+        return tomlkit.parse(text).unwrap()
+    return tomllib.loads(text)
+
+
+def _get(table, *keys):
+    for key in keys:
+        if not isinstance(table, dict):
+            return None
+        table = table.get(key)
+    return table
+
+
+def _merge(base, extra):
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def parse_containerd_version(text):
+    """(major, minor) from `containerd --version` output."""
+    words = text.split()
+    for word in words[2:3] + words:
+        match = re.match(r"^v?(\d+)\.(\d+)", word)
+        if match:
+            return int(match.group(1)), int(match.group(2))
+    return None
+
+
+class ContainerdView:
+    """containerd's config on the node (with its imports) and the installed containerd."""
+
+    def __init__(self):
+        self.path = self.error = self.version = None
+        self.files = []          # [(node path, parsed dict)]
+        self.doc = {}            # the merged view
+        self.installed = None    # (major, minor) or None
+        self.installed_text = ""
+        self.binary = None       # host path of the containerd asked
+        self.binaries = []       # [(node path, host path)] on PATH
+
+    @classmethod
+    def load(cls, ctx):
+        view, node, options = cls(), ctx.node, ctx.options
+        view.path = options.containerd_config
+        view.binaries = node.which_all("containerd")
+        if options.containerd_binary:
+            view.binary = options.containerd_binary
+        elif view.binaries:
+            view.binary = view.binaries[0][1]
+        if view.binary:
+            try:
+                out = subprocess.run([view.binary, "--version"], capture_output=True, text=True, timeout=30)
+                view.installed_text = out.stdout.strip()
+                view.installed = parse_containerd_version(view.installed_text)
+            except (OSError, subprocess.TimeoutExpired) as err:
+                view.installed_text = str(err)
+        text = node.read_text(view.path)
+        if text is None:
+            view.error = "missing" if not node.exists(view.path) else "not readable here (run doctor as root)"
+            return view
+        try:
+            doc = _toml(text)
+        except Exception as err:  # noqa: BLE001 - tomllib's and tomlkit's errors
+            view.error = f"not valid TOML: {err}"
+            return view
+        version = doc.get("version", 1)
+        view.version = version if isinstance(version, int) and not isinstance(version, bool) else None
+        view.files.append((view.path, doc))
+        merged = doc
+        for pattern in doc.get("imports") or ():
+            if not isinstance(pattern, str):
+                continue
+            full = pattern if pattern.startswith("/") else os.path.join(os.path.dirname(view.path), pattern)
+            directory, name = os.path.split(full)
+            names = [n for n in node.listdir(directory) or [] if fnmatch.fnmatchcase(n, name)]
+            for one in names:
+                one_path = os.path.join(directory, one)
+                one_text = node.read_text(one_path)
+                if one_text is None:
+                    continue
+                try:
+                    one_doc = _toml(one_text)
+                except Exception:  # noqa: BLE001
+                    continue
+                view.files.append((one_path, one_doc))
+                if view.major == 1:  # containerd 1.x: an imported plugin section replaces the earlier one
+                    merged = dict(merged)
+                    plugins = dict(merged.get("plugins") or {})
+                    plugins.update(one_doc.get("plugins") or {})
+                    merged["plugins"] = plugins
+                    merged.update({k: v for k, v in one_doc.items() if k != "plugins"})
+                else:
+                    merged = _merge(merged, one_doc)
+        view.doc = merged
+        return view
+
+    @property
+    def major(self):
+        """containerd's major version: the installed one, else what the file's version implies."""
+        if self.installed:
+            return self.installed[0]
+        return {2: 1, 3: 2}.get(self.version)
+
+    @property
+    def read_as(self):
+        """The config version containerd reads the file as: containerd 1.x reads any version above
+        2 as 2 (measured: 1.6's `config dump` of a version-3 file says version = 2)."""
+        if self.major == 1 and self.version and self.version > 2:
+            return 2
+        return self.version
+
+    @property
+    def cri(self):
+        return _get(self.doc, "plugins", CRI_RUNTIME.get(self.read_as, OLD_CRI)) or {}
+
+    @property
+    def runtimes(self):
+        return _get(self.cri, "containerd", "runtimes") or {}
+
+    @property
+    def default_runtime(self):
+        return _get(self.cri, "containerd", "default_runtime_name") or "runc"
+
+    @property
+    def cdi_spec_dirs(self):
+        dirs = self.cri.get("cdi_spec_dirs") if self.version else None
+        return dirs if isinstance(dirs, list) else None
+
+    def shim_runtimes(self, names=()):
+        """{name: entry} of the runtimes that run cdi-shim-runtime (and NAMES)."""
+        found = {}
+        for name, entry in self.runtimes.items():
+            binary = _get(entry, "options", "BinaryName")
+            if name in names or (isinstance(binary, str) and os.path.basename(binary) == RUNTIME_EXECUTABLE):
+                found[name] = entry if isinstance(entry, dict) else {}
+        return found
+
+    def where(self):
+        version = self.read_as
+        return f"[plugins.{_quote(version)}{CRI_RUNTIME.get(version, OLD_CRI)}{_quote(version)}]"
+
+
+def _quote(version):
+    return '"' if version == 2 else "'"
+
+
+CONFIGURE = "`cdi-shim runtime configure --runtime=containerd`"
+CONFIGURE_AS = "`cdi-shim runtime configure --runtime=containerd --runtime-name HANDLER`"
+
+
+def check_containerd_binaries(ctx):
+    view = ctx.containerd
+    found = view.binaries
+    answer = view.installed_text.splitlines()[0] if view.installed_text else "no version"
+    if len(found) > 1:
+        return Check("containerd", "binaries", WARN,
+                     "several containerd executables on PATH: " + ", ".join(p for p, _ in found)
+                     + f"; {view.binary} answers {answer}",
+                     "remove the ones the service does not run (`systemctl cat containerd` shows ExecStart), so "
+                     "version checks and `ctr` talk about the same containerd")
+    if not found and not ctx.options.containerd_binary:
+        return Check("containerd", "binaries", WARN, "no containerd on PATH; the version rules below use the config "
+                     "file's version", "install containerd, or name it with --containerd-binary")
+    return _ok("containerd", "binaries", f"{view.binary}: {answer}")
+
+
+def check_containerd_version(ctx):
+    view = ctx.containerd
+    if view.error == "missing":
+        return Check("containerd", "config", FAIL, f"{view.path} does not exist: containerd runs with built-in "
+                     "defaults, which know no cdi-shim runtime", f"create it: {CONFIGURE}")
+    if view.error:
+        return Check("containerd", "config", FAIL, f"{view.path} is {view.error}; containerd will not start",
+                     "fix the file (`containerd config default` shows a valid one)")
+    version, installed = view.version, view.installed
+    who = f"containerd {installed[0]}.{installed[1]}" if installed else "containerd (not found; assumed from the file)"
+    saw = f"{view.path}: version = {version}; {who}"
+    if version is None:
+        return Check("containerd", "config", FAIL, f'{view.path}: "version" is not an integer',
+                     "set version = 2 (containerd 1.x) or 3 (containerd 2.x)")
+    if installed is None:
+        return _ok("containerd", "config", saw)
+    major, minor = installed
+    migrate = "`containerd config migrate > NEW` and install NEW as the config"
+    if major < 2:
+        if version >= 3:
+            return Check("containerd", "config", FAIL, f"{saw}: containerd 1.x knows versions 1 and 2 only and "
+                         "reads this file as version 2, ignoring every section of the version-3 plugins",
+                         "write a version 2 config (`containerd config default`), then " + CONFIGURE)
+        if version == 1:
+            return Check("containerd", "config", WARN, f"{saw}: version 1 is deprecated", migrate)
+        return _ok("containerd", "config", saw)
+    newest = 4 if (major, minor) >= (2, 3) else 3
+    if version == 1:
+        return Check("containerd", "config", FAIL, f"{saw}: containerd 2.x no longer reads version 1", migrate)
+    if version > newest:
+        return Check("containerd", "config", FAIL, f"{saw}: containerd {major}.{minor} reads at most version "
+                     f"{newest}", f"write a version {newest} config, or upgrade containerd")
+    if version < newest:
+        return Check("containerd", "config", WARN, f"{saw}: migrated to version {newest} in memory at every start",
+                     migrate)
+    return _ok("containerd", "config", saw)
+
+
+def check_ignored_sections(ctx):
+    """Sections containerd will not read: old CRI headers in a version-3 file (containerd 2.x
+    ignores them silently: measured), the cri.v1 plugins' sections under containerd 1.x (it knows
+    no such plugins; measured: 1.6's `config dump` drops them without a word)."""
+    view = ctx.containerd
+    if view.error or view.version is None:
+        return None
+    ignored, old_reader = [], view.major == 1
+    for path, doc in view.files:
+        version = doc.get("version", view.version)
+        plugins = doc.get("plugins") if isinstance(doc.get("plugins"), dict) else {}
+        if not old_reader and isinstance(version, int) and version >= 3 and isinstance(plugins.get(OLD_CRI), dict):
+            keys = sorted(k for k in plugins[OLD_CRI] if k not in V3_OLD_CRI_KEYS)
+            if keys:
+                ignored.append(f'{path}: [plugins."{OLD_CRI}"] {", ".join(keys)} (a version {version} file: '
+                               f"containerd 2.x reads these under 'io.containerd.cri.v1.runtime' / "
+                               f"'io.containerd.cri.v1.images')")
+        if old_reader:
+            for name in NEW_CRI_PLUGINS:
+                if name in plugins:
+                    ignored.append(f"{path}: [plugins.'{name}'] (containerd 1.x has no such plugin)")
+    if ignored:
+        return Check("containerd", "ignored-sections", FAIL, "containerd ignores, silently: " + "; ".join(ignored),
+                     "move the settings under the headers of the file's version (version 3: "
+                     "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.NAME], version 2: "
+                     f'[plugins."{OLD_CRI}".containerd.runtimes.NAME]), or rewrite the entry with {CONFIGURE}')
+    return _ok("containerd", "ignored-sections", "every CRI section is one containerd reads")
+
+
+def check_containerd_loads(ctx):
+    """The installed containerd loads the file (`containerd --config F config dump`)."""
+    view, node = ctx.containerd, ctx.node
+    if view.error or not view.binary or not view.installed:
+        return None
+    if node.root != "/" and view.doc.get("imports"):
+        return None  # its imports name the host's files, not ROOT's
+    try:
+        out = subprocess.run([view.binary, "--config", node.host(view.path), "config", "dump"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return Check("containerd", "loads", WARN, f"cannot run {view.binary}: {err}", "")
+    if out.returncode != 0:
+        lines = [line for line in (out.stderr or out.stdout).splitlines() if line.strip()]
+        return Check("containerd", "loads", FAIL, f"{view.binary} refuses {view.path}: "
+                     f"{lines[-1] if lines else out.returncode}", "fix the file; `containerd config dump` "
+                     "shows the error")
+    return _ok("containerd", "loads", f"`containerd --config {view.path} config dump` succeeds")
+
+
+def _annotation_patterns(ctx):
+    return [p + "*" for p in ctx.options.settings.annotation_prefixes]
+
+
+def check_runtime_entry(ctx):
+    view, node = ctx.containerd, ctx.node
+    if view.error or view.version is None:
+        return None
+    entries = view.shim_runtimes()
+    if not entries:
+        names = ", ".join(sorted(view.runtimes)) or "none"
+        return Check("containerd", "runtime", FAIL, f"no runtime in {view.where()} runs {RUNTIME_EXECUTABLE} "
+                     f"(runtimes: {names})", f"register it: {CONFIGURE}")
+    problems, seen = [], []
+    for name, entry in sorted(entries.items()):
+        kind = entry.get("runtime_type")
+        binary = _get(entry, "options", "BinaryName")
+        if kind != RUNC_V2:
+            problems.append(f'"{name}": runtime_type is {kind!r}, not "{RUNC_V2}"')
+        if not isinstance(binary, str) or not binary.startswith("/"):
+            problems.append(f'"{name}": BinaryName {binary!r} is not an absolute path (containerd-shim-runc-v2 '
+                            "looks it up on its own PATH, which need not hold it)")
+        elif not node.is_executable(binary):
+            problems.append(f'"{name}": BinaryName {binary} is not an executable file')
+        allowed = entry.get("container_annotations") or []
+        missing = [p for p in _annotation_patterns(ctx) if p not in allowed]
+        if missing:
+            problems.append(f'"{name}": container_annotations lacks {", ".join(missing)} (containerd drops the '
+                            "device plugin's CDI annotations before the runtime sees them)")
+        if entry.get("pod_annotations"):
+            problems.append(f'"{name}": pod_annotations {entry["pod_annotations"]} lets any pod request any '
+                            "device past the device plugin")
+        seen.append(f'"{name}" -> {binary}')
+    if problems:
+        return Check("containerd", "runtime", FAIL, "; ".join(problems),
+                     f"rewrite the entry: {CONFIGURE_AS.replace('HANDLER', 'NAME')} (it sets runtime_type, the "
+                     "absolute "
+                     "BinaryName and the annotation allow-list)")
+    return _ok("containerd", "runtime", ", ".join(seen))
+
+
+def check_cri_cdi(ctx):
+    view = ctx.containerd
+    if view.error or view.version is None:
+        return None
+    major = view.major
+    minor = view.installed[1] if view.installed else None
+    enabled = view.cri.get("enable_cdi")
+    dirs = view.cdi_spec_dirs
+    ours = list(ctx.options.spec_dirs)
+    where = view.where()
+    if major == 1 and minor is not None and minor < 7:
+        return _ok("containerd", "cdi", f"containerd 1.{minor} has no CDI support of its own; CDI annotations "
+                   f"reach {RUNTIME_EXECUTABLE} through container_annotations")
+    default = major is not None and major >= 2
+    effective = default if enabled is None else bool(enabled)
+    if not effective:
+        if major is not None and major >= 2:
+            return Check("containerd", "cdi", FAIL, f"enable_cdi = false in {where}: containerd 2.x then drops the "
+                         "CDI devices the device plugin asks for (the CRI CDIDevices field), silently",
+                         f"set enable_cdi = true in {where} (the default in 2.x) and restart containerd")
+        return Check("containerd", "cdi", WARN, f"enable_cdi is off in {where}: CDI devices in the CRI CDIDevices "
+                     f"field are dropped; only annotations reach {RUNTIME_EXECUTABLE}",
+                     f"set enable_cdi = true and cdi_spec_dirs = {ours} in {where}")
+    effective_dirs = dirs if dirs is not None else ["/etc/cdi", "/var/run/cdi"]
+    if [ctx.node.host(d) for d in effective_dirs] != [ctx.node.host(d) for d in ours]:
+        return Check("containerd", "cdi", FAIL, f"containerd resolves CDI devices from {effective_dirs}, "
+                     f"cdi-shim from {ours}: the same request gets other edits, or fails in one of them",
+                     f"set cdi_spec_dirs = {ours} in {where} (or spec-dirs in /etc/cdi-shim/config.toml)")
+    return _ok("containerd", "cdi", f"enable_cdi on, cdi_spec_dirs = {effective_dirs}")
+
+
+def _init_is_systemd(node):
+    """True / False / None (cannot tell) for the node's init."""
+    comm = node.read_text("/proc/1/comm")
+    if comm is not None:
+        return comm.strip() == "systemd", f'PID 1 is "{comm.strip()}"'
+    try:
+        init = node.host("/sbin/init")
+    except OSError:
+        return None, "no /proc/1/comm"
+    if os.path.exists(init):
+        name = os.path.basename(init)
+        return name == "systemd", f"/sbin/init is {name}"
+    return None, "neither /proc/1/comm nor /sbin/init"
+
+
+def check_cgroup_driver(ctx):
+    import yaml
+
+    view, node = ctx.containerd, ctx.node
+    if view.error or view.version is None:
+        return None
+    entries = view.shim_runtimes()
+    if not entries:
+        return None
+    systemd, init = _init_is_systemd(node)
+    wanted = {}
+    if systemd is not None:
+        wanted["the host's init"] = (systemd, init)
+    text = node.read_text(KUBELET_CONFIG)
+    if text is not None:
+        try:
+            kubelet = yaml.safe_load(text) or {}
+            driver = kubelet.get("cgroupDriver", "cgroupfs") if isinstance(kubelet, dict) else None
+        except yaml.YAMLError:
+            driver = None
+        if driver in ("systemd", "cgroupfs"):
+            wanted["the kubelet"] = (driver == "systemd", f"{KUBELET_CONFIG} cgroupDriver: {driver}")
+    runc = view.runtimes.get("runc")
+    runc_value = _get(runc, "options", "SystemdCgroup") if isinstance(runc, dict) else None
+    problems, seen = [], []
+    for name, entry in sorted(entries.items()):
+        value = bool(_get(entry, "options", "SystemdCgroup"))
+        seen.append(f'"{name}" SystemdCgroup = {str(value).lower()}')
+        for who, (expected, why) in wanted.items():
+            if value != expected:
+                problems.append(f'"{name}" has SystemdCgroup = {str(value).lower()} but {why}')
+        if isinstance(runc_value, bool) and runc_value != value:
+            problems.append(f'"{name}" has SystemdCgroup = {str(value).lower()}, the "runc" runtime '
+                            f"{str(runc_value).lower()}")
+    host, kubelet = wanted.get("the host's init"), wanted.get("the kubelet")
+    if host and kubelet and host[0] != kubelet[0]:
+        problems.append(f"{host[1]} but {kubelet[1]}")
+    if problems:
+        target = next(iter(wanted.values()))[0] if wanted else True
+        return Check("containerd", "cgroup", FAIL, "; ".join(problems),
+                     f"set SystemdCgroup = {str(target).lower()} in every runtime's options (and cgroupDriver: "
+                     f"{'systemd' if target else 'cgroupfs'} in the kubelet config), then restart containerd and the "
+                     "kubelet")
+    return _ok("containerd", "cgroup", "; ".join(seen + [why for _, why in wanted.values()]))
+
+
+def check_default_runtime(ctx):
+    view = ctx.containerd
+    if view.error or view.version is None:
+        return None
+    default = view.default_runtime
+    if default not in view.runtimes and view.runtimes:
+        return Check("containerd", "default-runtime", FAIL, f'default_runtime_name = "{default}" names no '
+                     f"configured runtime ({', '.join(sorted(view.runtimes))}): the CRI plugin will not start",
+                     'set default_runtime_name = "runc"')
+    if default in view.shim_runtimes():
+        if ctx.options.shim_as_default:
+            return _ok("containerd", "default-runtime", f'default_runtime_name = "{default}" (intended: '
+                       "--shim-as-default)")
+        return Check("containerd", "default-runtime", FAIL, f'default_runtime_name = "{default}": every pod '
+                     f"without a RuntimeClass goes through {RUNTIME_EXECUTABLE}",
+                     f'set default_runtime_name = "runc" in {view.where()} and select the shim with a RuntimeClass '
+                     "(or pass --shim-as-default if this is intended)")
+    return _ok("containerd", "default-runtime", f'default_runtime_name = "{default}"')

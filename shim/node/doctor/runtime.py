@@ -1,0 +1,121 @@
+"""The RuntimeClass handlers and the runtime itself: the resident process, the log file."""
+import os
+import socket
+import stat
+import struct
+
+from .base import FAIL, RUNTIME_EXECUTABLE, WARN, Check, _ok
+from .containerd import CONFIGURE_AS, _get
+
+
+
+
+def check_runtimeclasses(ctx):
+    import yaml
+
+    from ..runtimeclass import no_runtime_error
+
+    files = ctx.options.runtimeclasses
+    if not files:
+        return None
+    view = ctx.containerd
+    if view.error or view.version is None:
+        return Check("runtimeclass", "handler", WARN, f"not checked: {view.path} cannot be read (see "
+                     "containerd.config)", "")
+    # containerd 1.x: a file's runtimes replace the built-in "runc"; 2.x merges them with it
+    names = set(view.runtimes) if view.read_as == 2 and view.runtimes else set(view.runtimes) | {"runc"}
+    shim = set(view.shim_runtimes())
+    problems, warnings, seen = [], [], []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as stream:
+                docs = [d for d in yaml.safe_load_all(stream) if isinstance(d, dict)]
+        except (OSError, yaml.YAMLError) as err:
+            problems.append(f"{path}: {err}")
+            continue
+        classes = [d for d in docs if d.get("kind") == "RuntimeClass"]
+        if not classes:
+            problems.append(f"{path}: no RuntimeClass in it")
+        for doc in classes:
+            handler = doc.get("handler")
+            name = _get(doc, "metadata", "name")
+            if handler not in names:
+                problems.append(f'RuntimeClass "{name}" ({path}): {no_runtime_error(handler)} (containerd has '
+                                f"{', '.join(sorted(names))})")
+            elif handler not in shim:
+                warnings.append(f'RuntimeClass "{name}": handler "{handler}" does not run {RUNTIME_EXECUTABLE}')
+            else:
+                seen.append(f'RuntimeClass "{name}" -> "{handler}"')
+    if problems:
+        return Check("runtimeclass", "handler", FAIL, "; ".join(problems),
+                     "set handler to the containerd runtime name of cdi-shim (`cdi-shim runtimeclass --config "
+                     f"{view.path}` checks it), or register that name: {CONFIGURE_AS}")
+    if warnings:
+        return Check("runtimeclass", "handler", WARN, "; ".join(warnings), "")
+    return _ok("runtimeclass", "handler", ", ".join(seen))
+
+
+# --- the runtime itself -------------------------------------------------------------------------
+
+def probe_resident(path, timeout=2.0):
+    """Ask the resident process at PATH: a request of an unknown version, which it declines with
+    b"F" before touching anything. Returns (answered, text)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout)
+    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        sock.connect(path)
+        body = b"\0".join([b"doctor-probe", b"/", b"022", b"0"]) + b"\0"
+        message = b"CDSHIM1\0" + struct.pack("<I", len(body)) + body
+        sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", devnull))])
+        reply = sock.recv(16)
+    except OSError as err:
+        return False, err.strerror or str(err)
+    finally:
+        os.close(devnull)
+        sock.close()
+    if reply == b"F":
+        return True, "answers"
+    return False, f"answered {reply!r}"
+
+
+def check_resident(ctx):
+    node, path = ctx.node, ctx.options.settings.resident_socket
+    if not path:
+        return _ok("runtime", "resident", 'resident-socket = "": the interpreter starts for every GPU create')
+    info = node.stat(path)
+    if info is None:
+        return Check("runtime", "resident", WARN, f"{path} does not exist: the resident process is not running, "
+                     "each GPU container create starts an interpreter (~15-20 ms slower)",
+                     "systemctl enable --now cdi-shim-resident (contrib/cdi-shim-resident.service)")
+    if not stat.S_ISSOCK(info.st_mode):
+        return Check("runtime", "resident", FAIL, f"{path} is not a socket", "remove it and restart the resident "
+                     "process: systemctl restart cdi-shim-resident")
+    answered, text = probe_resident(node.host(path))
+    if not answered:
+        return Check("runtime", "resident", WARN, f"{path}: {text}: the resident process is not answering "
+                     "(creates fall back to the interpreter)", "systemctl restart cdi-shim-resident")
+    return _ok("runtime", "resident", f"{path} {text}")
+
+
+def check_runtime_log(ctx):
+    from ...runtime.runlog import MAX_LOG_BYTES
+
+    node, path = ctx.node, ctx.options.settings.log_file
+    if not path:
+        return _ok("runtime", "log", 'log-file = "": messages go to runc\'s --log file (containerd removes it '
+                   "with the container) and stderr")
+    directory = os.path.dirname(path)
+    if not node.exists(directory):
+        return Check("runtime", "log", FAIL, f"log-file {path}: {directory} does not exist, so nothing is logged",
+                     f"create {directory}, or set log-file to \"\"")
+    info = node.stat(path)
+    size = info.st_size if info is not None else 0
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        return Check("runtime", "log", FAIL, f"log-file {path} is not a regular file", "remove it")
+    if size > 2 * MAX_LOG_BYTES:
+        return Check("runtime", "log", FAIL, f"log-file {path} is {size} bytes: it is not being rotated (past "
+                     f"{MAX_LOG_BYTES} bytes the runtime renames it to {path}.1)",
+                     f"check that the runtime may rename files in {directory}; truncate it")
+    return _ok("runtime", "log", f"log-file {path} ({size} bytes): the runtime rotates it past {MAX_LOG_BYTES} "
+               "bytes, one old copy kept")
