@@ -129,10 +129,12 @@ def decide(argv, where=""):
                  debug=args.debug or settings.log_level == "debug")
     try:
         runc = find_runtime(settings.runtime)
-        if args.command in ("create", "run"):
+        if args.help:
+            pass  # runc prints help (the front end printed ours first)
+        elif args.command in ("create", "run"):
             prepare(args, settings, log)
-        elif args.devices:
-            log.warning(f"--device is ignored for the {args.command or 'no'} command")
+        elif args.devices and args.command:
+            log.warning(f"--device is ignored for the {args.command} command")
     except RuntimeFailure as err:
         log.error(str(err))
         return 1, None
