@@ -126,7 +126,7 @@ def decide(argv, where=""):
         RunLog(args.log_file, args.log_format).error(str(err))
         return 1, None
     log = RunLog(args.log_file, args.log_format, settings.log_file,
-                 debug=args.debug or settings.log_level == "debug")
+                 debug=settings.log_level == "debug", debug_to_stderr=args.debug)
     try:
         runc = find_runtime(settings.runtime)
         if args.help:

@@ -232,6 +232,30 @@ def test_debug_phase_timings(world):
     assert world.shim("delete", "--force", bundle.id).returncode == 0
 
 
+@pytest.mark.parametrize("with_log", [False, True], ids=["no-log", "log"])
+def test_debug_prints_phases_on_stderr(world, with_log):
+    """--debug shows cdi-shim's phase lines on stderr (and in --log when one is given)."""
+    bundle = world.bundle(annotations={"cdi.k8s.io/e2e": "nvidia.com/gpu=0"})
+    runc_log = os.path.join(world.base, "runc-debug.log")
+    log_opts = ["--log", runc_log] if with_log else []
+    result = world.shim("--debug", *log_opts, "create", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("cdi-shim: phase=")]
+    for phase in ("config", "requests", "resolve", "apply", "linker", "write", "total"):
+        assert any(line.startswith(f"cdi-shim: phase={phase} took=") for line in lines), result.stderr
+    if with_log:
+        messages = [msg for level, msg in rh.read_log(runc_log, "text")
+                    if level == "debug" and msg.startswith("cdi-shim: ")]  # (runc's own follow)
+        assert messages == lines
+    assert world.shim("delete", "--force", bundle.id).returncode == 0
+    # log-level = "debug" alone keeps them in the log files (a container's stderr may be where ours goes)
+    world.write_config(log_level="debug")
+    bundle = world.bundle(annotations={"cdi.k8s.io/e2e": "nvidia.com/gpu=0"})
+    result = world.shim("create", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0 and "phase=" not in result.stderr, result.stderr
+    assert world.shim("delete", "--force", bundle.id).returncode == 0
+
+
 @pytest.mark.parametrize("escape", ["slash", "unicode-key", "unicode-env"])
 def test_json_escaped_requests_are_seen(world, escape):
     """A request spelled with JSON escapes is still a request (a fast "nothing requested" check
