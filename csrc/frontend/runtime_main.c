@@ -134,11 +134,12 @@ static void load_settings(struct settings *set)
     set->n_prefixes = 1;
     strcpy(set->socket, "/run/cdi-shim/runtime.sock");
     set->understood = 1;
-    if (!path || !*path)
+    int named = path && *path;
+    if (!named)
         path = "/etc/cdi-shim/config.toml";
     if (read_file(path, MAX_SETTINGS_FILE, &text) < 0) {
-        if (errno != ENOENT)
-            set->understood = 0; /* unreadable: Python reports why */
+        if (errno != ENOENT || named)
+            set->understood = 0; /* unreadable, or a named file is missing: Python reports it */
         return;
     }
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {

@@ -110,6 +110,13 @@ def test_malformed_config_file_is_an_error(specs, tmp_path):
     assert result.returncode == 1 and '"spec-dirs" must be a list of strings' in result.stderr
 
 
+def test_config_file_named_by_env_must_exist(specs, tmp_path):
+    missing = str(tmp_path / "nowhere" / "config.toml")
+    result = cdi_shim("cdi", "list", env=dict(os.environ, CDI_SHIM_CONFIG=missing))
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"Error: cdi-shim config {missing} does not exist (named by $CDI_SHIM_CONFIG)" in result.stderr
+
+
 def test_help_explains(specs):
     result = cdi_shim("cdi", "inject", "--help")
     assert result.returncode == 0 and "Nothing is written" in result.stdout

@@ -109,6 +109,20 @@ def test_runc_argv_no_help_for_commands():
         assert not parse_runc_argv(argv).help, argv
 
 
+def test_named_config_file_must_exist_the_default_need_not(tmp_path, monkeypatch):
+    import shim.config
+
+    missing = str(tmp_path / "missing.toml")
+    monkeypatch.setenv("CDI_SHIM_CONFIG", missing)
+    with pytest.raises(ConfigError, match=rf"^cdi-shim config {missing} does not exist \(named by \$CDI_SHIM_CONFIG\)$"):
+        load_config()
+    monkeypatch.delenv("CDI_SHIM_CONFIG")
+    monkeypatch.setattr(shim.config, "DEFAULT_CONFIG_PATH", missing)
+    assert load_config() == Config()
+    monkeypatch.setenv("CDI_SHIM_CONFIG", "")
+    assert load_config() == Config()
+
+
 def test_config_file_errors_name_file_and_key(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text('runtime = "runc"\nspec_dirs = ["/x"]\n')

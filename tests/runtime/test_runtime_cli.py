@@ -1,12 +1,16 @@
 """cdi-shim-runtime's own command line, as a new user meets it: its help before runc's, help of
-create/run outside a bundle, `--device --help`.
+create/run outside a bundle, `--device --help`, and a config file named by $CDI_SHIM_CONFIG that
+does not exist.
 
 Each test runs twice: with a config the native front end reads itself ("front-end"), and with
 one it leaves to the Python half (a list over several lines: "python"), which must agree.
 """
+import os
 import re
 
 import pytest
+
+import runtime_helpers as rh
 
 pytestmark = pytest.mark.runtime_e2e
 
@@ -66,3 +70,21 @@ def test_command_help_outside_a_bundle(world, reader, tmp_path, argv):
     assert plain.returncode == 0 and "USAGE" in plain.stdout
     assert (mine.returncode, norm(mine.stdout), norm(mine.stderr)) == \
         (plain.returncode, norm(plain.stdout), norm(plain.stderr))
+
+
+def test_named_config_file_must_exist(world, reader, tmp_path):
+    """$CDI_SHIM_CONFIG naming a missing file is an error naming it, for every command (the default
+    /etc/cdi-shim/config.toml stays optional: tests/runtime/test_requests.py)."""
+    missing = str(tmp_path / "no-such-dir" / "cdi-shim.toml")
+    env = world.env(CDI_SHIM_CONFIG=missing)
+    bundle = world.bundle(annotations={"cdi.k8s.io/e2e": "nvidia.com/gpu=0"})
+    plain_bundle = world.bundle()
+    log = os.path.join(world.base, "runc.log")
+    for argv in (("state", "no-such-container"), ("create", "--bundle", bundle.path, bundle.id),
+                 ("create", "--bundle", plain_bundle.path, plain_bundle.id)):
+        result = world.shim("--log", log, *argv, env=env)
+        assert result.returncode == 1, (argv, result.stderr)
+        assert f"cdi-shim config {missing} does not exist" in result.stderr, result.stderr
+        assert any(missing in msg for level, msg in rh.read_log(log, "text") if level == "error")
+    assert bundle.unchanged() and plain_bundle.unchanged()
+    assert world.state(bundle.id) is None and world.state(plain_bundle.id) is None
