@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from cdi.errors import CDIError
+from cdi.errors import CDIError, q
 from cdi.parser import check_device_argument
 from cdi.registry import Registry
 from cdi.spec import read_spec
@@ -17,6 +17,18 @@ from .common import spec_dirs as spec_dirs_or_configured
 @click.group()
 def cdi():
     """Validate, list and inject CDI spec devices."""
+
+
+def _warning_line(where, message):
+    """`<file>: <error>` for a registry error about WHERE (a spec file or directory): the
+    registry's texts (the CDI library's, "failed to load CDI Spec invalid CDI Spec "<file>": ...")
+    name the file in the middle; a reader looks for it first."""
+    message = message.removeprefix("failed to load CDI Spec ")
+    quoted = f' {q(where)}: '
+    if quoted in message:
+        head, _, tail = message.partition(quoted)
+        message = f"{head}: {tail}"
+    return f"{where}: {message}"
 
 
 def _validate_file(path, spec_dirs, problems, check_placement=True):
@@ -97,9 +109,9 @@ def list_devices(spec_dirs, as_json):
     else:
         for name in names:
             click.echo(name)
-    for messages in registry.errors().values():
+    for where, messages in registry.errors().items():
         for message in messages:
-            click.echo(f"warning: {message}", err=True)
+            click.echo(f"warning: {_warning_line(where, message)}", err=True)
 
 
 def _device_arguments(ctx, param, values):

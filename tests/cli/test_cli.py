@@ -28,10 +28,18 @@ def test_list_plain_and_json(specs):
 
 
 def test_list_reports_broken_files_on_stderr(specs):
-    write_spec(specs, "broken.yaml", "kind: x.com/y\n")
+    """`warning: <file>: <error>`, the file first (the registry's own texts stay the library's)."""
+    broken = write_spec(specs, "broken.yaml", "kind: x.com/y\n")
+    unparsable = write_spec(specs, "unparsable.json", "{")
+    write_spec(specs, "twin.yaml", simple_spec(kind="nvidia.com/gpu", devices=("1",)))
     result = cdi_shim("cdi", "list", "--spec-dir", specs)
-    assert result.returncode == 0 and "nvidia.com/gpu=0" in result.stdout
-    assert 'warning: failed to load CDI Spec invalid CDI Spec "' in result.stderr
+    assert result.returncode == 0 and result.stdout == "nvidia.com/gpu=0\n"
+    lines = result.stderr.splitlines()
+    assert f'warning: {broken}: invalid CDI Spec: cdiVersion: invalid version ""' in lines
+    assert any(line.startswith(f"warning: {unparsable}: failed to parse CDI Spec: ") for line in lines), lines
+    assert f'warning: {os.path.join(specs, "twin.yaml")}: conflicting device "nvidia.com/gpu=1" (specs ' \
+        f'"{os.path.join(specs, "twin.yaml")}", "{os.path.join(specs, "gpu.yaml")}")' in lines, lines
+    assert "failed to load" not in result.stderr and f'"{broken}"' not in result.stderr
 
 
 def test_inject_prints_edited_config_and_leaves_input(specs, tmp_path):
