@@ -42,6 +42,23 @@ def test_list_reports_broken_files_on_stderr(specs):
     assert "failed to load" not in result.stderr and f'"{broken}"' not in result.stderr
 
 
+def test_list_and_validate_without_specs_say_where_they_looked(tmp_path, cache_dir):
+    empty, missing = str(tmp_path / "empty"), str(tmp_path / "missing")
+    os.makedirs(empty)
+    config = tmp_path / "cdi-shim.toml"
+    config.write_text(f'spec-dirs = ["{empty}", "{missing}"]\n')
+    env = dict(os.environ, CDI_SHIM_CONFIG=str(config))
+    listed = cdi_shim("cdi", "list", env=env)
+    assert (listed.returncode, listed.stdout) == (0, "")
+    assert listed.stderr == f"no CDI devices found (no spec files); searched {empty}, {missing} (does not exist)\n"
+    validated = cdi_shim("cdi", "validate", env=env)
+    assert (validated.returncode, validated.stdout) == (0, "")
+    assert validated.stderr.splitlines() == [f"no CDI spec files found; searched {empty}, {missing} (does not exist)",
+                                             "0 spec file(s) checked, 0 error(s)"]
+    assert cdi_shim("cdi", "list", "--json", "--spec-dir", missing).stderr == \
+        f"no CDI devices found (no spec files); searched {missing} (does not exist)\n"
+
+
 def test_inject_prints_edited_config_and_leaves_input(specs, tmp_path):
     config = tmp_path / "config.json"
     original = b'{"process": {"env": ["PATH=/bin"]}}'
