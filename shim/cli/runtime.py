@@ -16,7 +16,7 @@ def runtime():
               metavar="PATH", help="containerd's config file (created when missing).")
 @click.option("--runtime-name", default="nvidia", show_default=True,
               help="Name of the CRI runtime (the RuntimeClass handler).")
-@click.option("--set-as-default", type=click.BOOL, is_flag=False, flag_value=True, default=False,
+@click.option("--set-as-default", type=click.BOOL, is_flag=False, flag_value=True, default="false",
               show_default=True, metavar="[true|false]",
               help="Also make it containerd's default_runtime_name (every pod then goes through it).")
 @click.option("--config-version", type=click.Choice(["auto", "2", "3"]), default="auto", show_default=True,

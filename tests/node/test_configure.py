@@ -397,6 +397,13 @@ def test_binary_defaults_to_the_installed_runtime(tmp_path, shim_env):
     assert os.path.isabs(binary) and os.path.basename(binary) == "cdi-shim-runtime" and os.access(binary, os.X_OK)
 
 
+def test_help_shows_set_as_default_false(shim_env):
+    out = run_cli("runtime", "configure", "--help", env=shim_env, check=True)
+    text = " ".join(out.stdout.split())
+    assert "--set-as-default [true|false] Also make it containerd's default_runtime_name (every pod then goes " \
+        "through it). [default: false]" in text, out.stdout
+
+
 # --- runtimeclass -------------------------------------------------------------------------------
 
 def test_runtimeclass_yaml(shim_env):
