@@ -1,4 +1,9 @@
 """`cdi-shim runtime configure | serve`: register the runtime with containerd; run its resident process."""
+import os
+import shlex
+import shutil
+import sys
+
 import click
 
 from .common import fail as _fail, settings
@@ -7,6 +12,20 @@ from .common import fail as _fail, settings
 @click.group()
 def runtime():
     """Register cdi-shim-runtime with a container engine; run its resident process."""
+
+
+def _runtimeclass_hint(config_path, runtime_name):
+    """The next step, as a command to paste: the RuntimeClass for this handler, checked against the
+    containerd config just written (the one the user named, imports included)."""
+    program = sys.argv[0] if os.path.basename(sys.argv[0]) == "cdi-shim" else "cdi-shim"
+    on_path = shutil.which("cdi-shim")
+    if on_path and os.path.realpath(on_path) == os.path.realpath(program):
+        program = "cdi-shim"  # the user can type it as it is
+    words = [program, "runtimeclass"]
+    if runtime_name != "nvidia":
+        words += ["--name", runtime_name, "--handler", runtime_name]
+    words += ["--config", config_path]
+    return f"cdi-shim: next, select it with a RuntimeClass: {shlex.join(words)} | kubectl apply -f -"
 
 
 @runtime.command()
@@ -63,6 +82,7 @@ def configure(engine, config_path, runtime_name, set_as_default, config_version,
     if not plan.changed:
         click.echo(f"cdi-shim: {plan.path} already has runtime \"{runtime_name}\" as configured; nothing changed",
                    err=True)
+        click.echo(_runtimeclass_hint(config_path, runtime_name), err=True)
         return
     try:
         written, backups, checked = cc.write_plan(plan, containerd=containerd_binary)
@@ -80,6 +100,7 @@ def configure(engine, config_path, runtime_name, set_as_default, config_version,
             _fail(str(err))
     else:
         click.echo("cdi-shim: restart containerd to apply it (or pass --restart)", err=True)
+    click.echo(_runtimeclass_hint(config_path, runtime_name), err=True)
 
 
 @runtime.command()
