@@ -46,3 +46,12 @@ def test_bench_pods_help_says_how_to_install_its_extras_from_this_checkout():
     assert ".venv/bin/pip install --config-settings editable_mode=compat -e '.[bench]'" in lines, text
     with open(os.path.join(ROOT, "scripts", "setup.sh")) as f:  # the way setup.sh installs the checkout
         assert "--config-settings editable_mode=compat -e '.[test]'" in f.read()
+
+
+def test_resident_unit_describes_long_lived_workers_and_the_saving():
+    with open(os.path.join(ROOT, "contrib", "cdi-shim-resident.service")) as f:
+        comment = " ".join(line.lstrip("# ").strip() for line in f if line.startswith("#"))
+    assert "long-lived worker processes" in comment and "fork of this" not in comment
+    assert "+2-3 ms over plain runc per create instead of +17-23 ms" in comment
+    serve = " ".join(run("cdi-shim", "runtime", "serve", "--help").split())
+    assert "long-lived, warm workers" in serve and "+2-3 ms over plain runc per create instead of +17-23 ms" in serve
