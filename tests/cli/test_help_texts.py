@@ -40,6 +40,15 @@ def help_texts():
             yield name, f.read()
 
 
+def test_no_pointers_to_documents_users_cannot_see():
+    seen = 0
+    for where, text in help_texts():
+        seen += 1
+        hits = [line for line in text.splitlines() if UNSEEN.search(line)]
+        assert not hits, f"{where} points at what a user cannot see: {hits}"
+    assert seen > 20
+
+
 def test_bench_pods_help_says_how_to_install_its_extras_from_this_checkout():
     text = run("cdi-shim", "bench", "pods", "--help")
     lines = [line.strip() for line in text.splitlines()]
