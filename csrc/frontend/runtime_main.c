@@ -681,8 +681,7 @@ int main(int argc, char **argv)
                     fprintf(stderr, "cdi-shim: --device is ignored for the %s command\n", argv[command]);
                 continue;
             }
-            if (!strchr(a, '=') && i + 1 < argc
-                && (i < command ? global_takes_value(name, len) : create_takes_value(name, len)))
+            if (i > command && !strchr(a, '=') && i + 1 < argc && create_takes_value(name, len))
                 out[n++] = argv[i++]; /* and its value, whatever it looks like */
         }
         out[n++] = argv[i];
