@@ -7,7 +7,6 @@ create's and run's); everything else passes to runc unchanged.
 """
 # runc's global options that take a value (runc 1.1: main.go); the rest are booleans.
 GLOBAL_VALUE_OPTIONS = {"--root", "--log", "--log-format", "--criu", "--rootless"}
-OWN_VALUE_OPTIONS = {"--device"}
 # Options of create/run that take a value; the rest of theirs are booleans.
 CREATE_VALUE_OPTIONS = {"--bundle", "-b", "--console-socket", "--pid-file", "--preserve-fds"}
 INJECTING_COMMANDS = ("create", "run")
@@ -42,14 +41,16 @@ def _split(arg):
     return name, (value if sep else None)
 
 
-def _device_value(args, index, value):
-    """The value of --device at args[index] and the index of its last word. A device name
-    never starts with "-": `--device --help` asks for help, not for a device "--help"."""
+def _take_device(args, index, value, parsed):
+    """Take the --device at args[index] (VALUE: what followed "=", or None) into parsed.devices.
+    Returns (the index of its last word, whether it had no value). A device name never starts
+    with "-": `--device --help` asks for help, not for a device called "--help"."""
+    if value is None and index + 1 < len(args) and not args[index + 1].startswith("-"):
+        index += 1
+        value = args[index]
     if value is not None:
-        return value, index
-    if index + 1 < len(args) and not args[index + 1].startswith("-"):
-        return args[index + 1], index + 1
-    return None, index
+        parsed.devices.append(value)
+    return index, value is None
 
 
 def parse_runc_argv(args):
@@ -63,11 +64,8 @@ def parse_runc_argv(args):
             break
         name, value = _split(arg)
         if name == "--device":
-            value, index = _device_value(args, index, value)
-            if value is None:
-                missing = True
-            else:
-                parsed.devices.append(value)
+            index, no_value = _take_device(args, index, value, parsed)
+            missing |= no_value
             index += 1
             continue
         if name in GLOBAL_VALUE_OPTIONS and value is None:
@@ -121,11 +119,8 @@ def _parse_create_options(rest, parsed):
             break
         name, value = _split(arg)
         if name == "--device":
-            value, index = _device_value(rest, index, value)
-            if value is None:
-                missing = True
-            else:
-                parsed.devices.append(value)
+            index, no_value = _take_device(rest, index, value, parsed)
+            missing |= no_value
             index += 1
             continue
         parsed.runc_argv.append(arg)
