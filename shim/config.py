@@ -1,7 +1,8 @@
 """cdi-shim's configuration: /etc/cdi-shim/config.toml, or the file $CDI_SHIM_CONFIG names.
 
-Every key is optional. A missing file means the defaults; a malformed file, an unknown key or a
-value of the wrong type is an error naming the file and the key, never a silent default.
+Every key is optional. A missing /etc/cdi-shim/config.toml means the defaults; a file that
+$CDI_SHIM_CONFIG names and that does not exist, a malformed file, an unknown key or a value of
+the wrong type is an error naming the file (and the key), never a silent default.
 """
 import os
 
@@ -113,12 +114,17 @@ def _parse_toml(text):
 
 
 def load_config(path=None):
-    """Load the configuration; raises ConfigError on any problem except a missing file."""
-    path = path or config_path()
+    """Load the configuration from PATH, else from $CDI_SHIM_CONFIG's file, else from the default
+    one; raises ConfigError on any problem except a missing file that the environment did not
+    name (the user who names a file means that file)."""
+    named = os.environ.get(CONFIG_ENV) if path is None else None
+    path = path or named or DEFAULT_CONFIG_PATH
     try:
         with open(path, "rb") as stream:
             raw = stream.read(1 << 20)
     except FileNotFoundError:
+        if named:
+            raise ConfigError(f"cdi-shim config {path} does not exist (named by ${CONFIG_ENV})") from None
         return Config()
     except OSError as err:
         raise ConfigError(f"cannot read cdi-shim config {path}: {err.strerror}") from None

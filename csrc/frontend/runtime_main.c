@@ -134,11 +134,12 @@ static void load_settings(struct settings *set)
     set->n_prefixes = 1;
     strcpy(set->socket, "/run/cdi-shim/runtime.sock");
     set->understood = 1;
-    if (!path || !*path)
+    int named = path && *path;
+    if (!named)
         path = "/etc/cdi-shim/config.toml";
     if (read_file(path, MAX_SETTINGS_FILE, &text) < 0) {
-        if (errno != ENOENT)
-            set->understood = 0; /* unreadable: Python reports why */
+        if (errno != ENOENT || named)
+            set->understood = 0; /* unreadable, or a named file is missing: Python reports it */
         return;
     }
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
@@ -224,26 +225,67 @@ static int is_device_option(const char *name, size_t len)
     return len == 6 && strncmp(name, "device", 6) == 0;
 }
 
-/* The bundle of a create/run command line (argv from the command word on). */
-static const char *find_bundle(char **args, int n)
+/* What a create/run command line (argv from the command word on) says to us. */
+struct create_line {
+    const char *bundle;
+    int has_device; /* --device among the command's options: always Python */
+    int help;       /* --help/-h: runc prints the command's help; no bundle is read */
+    int end;        /* where the options end (the container id, "--", or n) */
+};
+
+static int is_help_option(const char *name, size_t len)
 {
+    return (len == 4 && strncmp(name, "help", 4) == 0) || (len == 1 && name[0] == 'h');
+}
+
+/* A --device option without "=": whether the next argument is its value (a device name never
+ * starts with '-', so `--device --help` asks for help, not for a device called "--help"). */
+static int device_value_follows(char **args, int i, int n)
+{
+    return i + 1 < n && args[i + 1][0] != '-';
+}
+
+/* Options of create/run that take a value; the rest of theirs are booleans. */
+static int create_takes_value(const char *name, size_t len)
+{
+    return (len == 6 && strncmp(name, "bundle", 6) == 0) || (len == 1 && name[0] == 'b')
+           || (len == 14 && strncmp(name, "console-socket", 14) == 0)
+           || (len == 8 && strncmp(name, "pid-file", 8) == 0)
+           || (len == 12 && strncmp(name, "preserve-fds", 12) == 0);
+}
+
+static struct create_line scan_create(char **args, int n)
+{
+    struct create_line line = {".", 0, 0, n};
     for (int i = 1; i < n; i++) {
         const char *a = args[i];
-        if (a[0] != '-' || strcmp(a, "-") == 0 || strcmp(a, "--") == 0)
+        if (a[0] != '-' || strcmp(a, "-") == 0 || strcmp(a, "--") == 0) {
+            line.end = i;
+            /* runc (urfave/cli) also takes its options after the container id: --help there
+             * shows the command's help too */
+            for (int j = i; j < n && strcmp(args[j], "--") != 0; j++)
+                if (strcmp(args[j], "--help") == 0 || strcmp(args[j], "-h") == 0
+                    || strcmp(args[j], "-help") == 0 || strcmp(args[j], "--h") == 0)
+                    line.help = 1;
             break;
+        }
         size_t len;
         const char *name = option_name(a, &len);
-        int bundle = (len == 6 && strncmp(name, "bundle", 6) == 0) || (len == 1 && name[0] == 'b');
-        int valued = bundle || (len == 14 && strncmp(name, "console-socket", 14) == 0)
-                     || (len == 8 && strncmp(name, "pid-file", 8) == 0)
-                     || (len == 12 && strncmp(name, "preserve-fds", 12) == 0);
         const char *eq = strchr(a, '=');
-        if (bundle)
-            return eq ? eq + 1 : (i + 1 < n ? args[i + 1] : ".");
-        if (valued && !eq)
-            i++;
+        if (is_device_option(name, len)) {
+            line.has_device = 1;
+            if (!eq && device_value_follows(args, i, n))
+                i++;
+        } else if (is_help_option(name, len)) {
+            line.help = 1;
+        } else if (create_takes_value(name, len)) {
+            if (len == 6 || len == 1) /* --bundle, -b */
+                line.bundle = eq ? eq + 1 : (i + 1 < n ? args[i + 1] : ".");
+            if (!eq)
+                i++;
+        }
     }
-    return ".";
+    return line;
 }
 
 /* 1 when config.json may request a device (or we cannot tell), 0 when it cannot. */
@@ -539,10 +581,35 @@ static int try_resident(const struct settings *set, int argc, char **argv)
     return 127;
 }
 
+/* Printed before runc's own help (`--help`, `-h`, `help`, or no command at all). */
+static const char help_text[] =
+    "cdi-shim-runtime: runc with CDI devices. It takes runc's commands and options, listed below,\n"
+    "and passes them to runc unchanged; on create and run it first adds the CDI devices the\n"
+    "container asks for to the bundle's config.json (device nodes, mounts, env, hooks), from the\n"
+    "CDI spec files in the spec directories (default /etc/cdi, /var/run/cdi).\n"
+    "\n"
+    "A container asks for devices with any of:\n"
+    "   annotations    \"cdi.k8s.io/<any name>\": \"vendor.com/class=name[,...]\" in config.json\n"
+    "                  (config key annotation-prefixes)\n"
+    "   environment    NVIDIA_VISIBLE_DEVICES=0,1 | GPU-<uuid> | all | vendor.com/class=name in the\n"
+    "                  process env; none, void or empty: no device (config keys device-env,\n"
+    "                  default-kind = nvidia.com/gpu for bare indexes and UUIDs)\n"
+    "   mounts         the device plugin's volume mounts at /var/run/nvidia-container-devices/<name>\n"
+    "   --device NAME  a qualified device name, e.g. --device nvidia.com/gpu=0 (repeatable; before or\n"
+    "                  after create/run: cdi-shim-runtime run --device NAME --bundle DIR ID); runc\n"
+    "                  never sees it\n"
+    "\n"
+    "--debug also prints cdi-shim's per-phase timings: on stderr, and into runc's --log file when\n"
+    "one is given. Configuration: /etc/cdi-shim/config.toml (optional), or the file\n"
+    "$CDI_SHIM_CONFIG names. Spec tooling and set-up: cdi-shim --help.\n"
+    "\n"
+    "runc's own help:\n"
+    "\n";
+
 int main(int argc, char **argv)
 {
     struct settings set;
-    int command = argc, has_device = 0, version = 0;
+    int command = argc, has_device = 0, version = 0, help = 0;
 
     load_settings(&set);
     for (int i = 1; i < argc; i++) {
@@ -553,10 +620,16 @@ int main(int argc, char **argv)
         }
         size_t len;
         const char *name = option_name(a, &len);
-        if (is_device_option(name, len))
+        if (is_device_option(name, len)) {
             has_device = 1;
+            if (!strchr(a, '=') && device_value_follows(argv, i, argc))
+                i++;
+            continue;
+        }
         if ((len == 7 && strncmp(name, "version", 7) == 0) || (len == 1 && name[0] == 'v'))
             version = 1;
+        else if (is_help_option(name, len))
+            help = 1;
         if (global_takes_value(name, len)) {
             const char *value = strchr(a, '=') ? strchr(a, '=') + 1 : (i + 1 < argc ? argv[i + 1] : "");
             if (len == 3 && strncmp(name, "log", 3) == 0)
@@ -567,11 +640,21 @@ int main(int argc, char **argv)
                 i++;
         }
     }
+    /* runc shows its help for --help, no command (unless --version) and a bare `help`: ours first. */
+    if (command == argc ? !version
+        : help || (argc - command == 1 && (strcmp(argv[command], "help") == 0 || strcmp(argv[command], "h") == 0))) {
+        help = 1;
+        fputs(help_text, stdout);
+        fflush(stdout);
+    }
     if (!set.understood)
         return exec_python(argc, argv);
 
-    if (command < argc && (strcmp(argv[command], "create") == 0 || strcmp(argv[command], "run") == 0)) {
-        if (has_device || may_request(find_bundle(argv + command, argc - command), &set)) {
+    int create = command < argc && (strcmp(argv[command], "create") == 0 || strcmp(argv[command], "run") == 0);
+    struct create_line scan = {".", 0, 0, 0};
+    if (create) {
+        scan = scan_create(argv + command, argc - command);
+        if (!help && !scan.help && (has_device || scan.has_device || may_request(scan.bundle, &set))) {
             int status = try_resident(&set, argc, argv);
             return status >= 0 ? status : exec_python(argc, argv);
         }
@@ -580,22 +663,26 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
 
-    /* Pass through: runc gets our argv without our own --device options. */
+    /* Pass through: runc gets our argv without our own --device options (the global ones, and
+     * those among the options of create/run, which reach here only with --help). */
     char **out = calloc((size_t)argc + 1, sizeof(char *));
     if (!out)
         return 127;
-    int n = 1;
+    int n = 1, end = create ? command + scan.end : command;
     for (int i = 1; i < argc; i++) {
-        if (i < command && argv[i][0] == '-') {
+        const char *a = argv[i];
+        if (i < end && i != command && a[0] == '-') {
             size_t len;
-            const char *name = option_name(argv[i], &len);
+            const char *name = option_name(a, &len);
             if (is_device_option(name, len)) {
-                if (!strchr(argv[i], '='))
+                if (!strchr(a, '=') && device_value_follows(argv, i, argc))
                     i++;
-                fprintf(stderr, "cdi-shim: --device is ignored for the %s command\n",
-                        command < argc ? argv[command] : "no");
+                if (command < argc && !create && !help)
+                    fprintf(stderr, "cdi-shim: --device is ignored for the %s command\n", argv[command]);
                 continue;
             }
+            if (i > command && !strchr(a, '=') && i + 1 < argc && create_takes_value(name, len))
+                out[n++] = argv[i++]; /* and its value, whatever it looks like */
         }
         out[n++] = argv[i];
     }

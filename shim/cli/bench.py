@@ -5,6 +5,9 @@ import click
 
 from .common import fail as _fail
 
+# what scripts/setup.sh runs, with the bench extras
+INSTALL_EXTRAS = ".venv/bin/pip install --config-settings editable_mode=compat -e '.[bench]'"
+
 
 @click.group()
 def bench():
@@ -29,12 +32,16 @@ def pods(pairs, warmup, scenarios, plot, json_path, workdir, resident):
     Each pod: RunPodSandbox, CreateContainer, StartContainer, wait for exit, StopPodSandbox,
     RemovePodSandbox. Pairs alternate the handlers (and which goes first). Prints medians, paired
     ratios and the runtime's per-phase breakdown from its debug log. Needs root, containerd 1.6+,
-    runc, busybox-static and gcc, and grpcio + grpcio-tools (pip install 'cdi-shim[bench]').
+    runc, busybox-static and gcc, and the bench extras (grpcio, grpcio-tools; matplotlib for
+    --plot). In the cdi-shim checkout, after scripts/setup.sh:
+
+    \b
+        .venv/bin/pip install --config-settings editable_mode=compat -e '.[bench]'
     """
     try:
         from ..bench import pods as podbench
     except ImportError as err:  # grpcio missing
-        _fail(f"{err}: pip install 'cdi-shim[bench]'")
+        _fail(f"{err}: install the bench extras; in the cdi-shim checkout: {INSTALL_EXTRAS}")
     try:
         result = podbench.run(pairs=pairs, warmup=warmup, scenarios=scenarios or None, workdir=workdir,
                               log=lambda text: click.echo(text, err=True), resident=resident)
@@ -47,6 +54,6 @@ def pods(pairs, warmup, scenarios, plot, json_path, workdir, resident):
         try:
             podbench.plot(result, plot)
         except ImportError:
-            _fail("--plot needs matplotlib: pip install matplotlib")
+            _fail(f"--plot needs matplotlib, one of the bench extras; in the cdi-shim checkout: {INSTALL_EXTRAS}")
         click.echo(f"plot: {plot}", err=True)
     sys.stdout.flush()

@@ -10,8 +10,9 @@ no site), and parses its few options itself:
     cdi-shim-hook update-ldcache [--folder DIR]... [--ldconfig-path PATH]
     cdi-shim-hook create-symlinks [--link TARGET::LINK]...
 
-Anything else (--help, an unknown option) goes to the click group behind `cdi-shim hook`,
-which explains.
+Anything else (-h/--help, an unknown option) goes to the click group behind `cdi-shim hook`,
+which explains; --version is answered here, as `cdi-shim --version` words it. click is imported
+only for those.
 Errors print "Error: ..." on stderr and exit 1, as click does.
 """
 import sys
@@ -56,9 +57,14 @@ def main(argv=None):
     try:
         command, values = parse(argv)
     except _Unparsed:
+        if argv == ["--version"]:
+            from cdi import __version__
+
+            sys.stdout.write(f"cdi-shim-hook, version {__version__}\n")
+            return 0
         from .hook import hook
 
-        return hook(argv, prog_name="cdi-shim-hook")
+        return hook(argv, prog_name="cdi-shim-hook", help_option_names=["-h", "--help"])
     from ..linker.hooks import MAX_STATE, run
 
     error = run(command, values, sys.stdin.buffer.read(MAX_STATE))

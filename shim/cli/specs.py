@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from cdi.errors import CDIError
+from cdi.errors import CDIError, q
 from cdi.parser import check_device_argument
 from cdi.registry import Registry
 from cdi.spec import read_spec
@@ -17,6 +17,24 @@ from .common import spec_dirs as spec_dirs_or_configured
 @click.group()
 def cdi():
     """Validate, list and inject CDI spec devices."""
+
+
+def _searched(dirs):
+    """"searched /etc/cdi (does not exist), /var/run/cdi": for a search that found nothing."""
+    return "searched " + ", ".join(d if os.path.isdir(d) else f"{d} (does not exist)" if not os.path.exists(d)
+                                   else f"{d} (not a directory)" for d in dirs)
+
+
+def _warning_line(where, message):
+    """`<file>: <error>` for a registry error about WHERE (a spec file or directory): the
+    registry's texts (the CDI library's, "failed to load CDI Spec invalid CDI Spec "<file>": ...")
+    name the file in the middle; a reader looks for it first."""
+    message = message.removeprefix("failed to load CDI Spec ")
+    quoted = f' {q(where)}: '
+    if quoted in message:
+        head, _, tail = message.partition(quoted)
+        message = f"{head}: {tail}"
+    return f"{where}: {message}"
 
 
 def _validate_file(path, spec_dirs, problems, check_placement=True):
@@ -73,6 +91,8 @@ def validate(paths, spec_dirs):
     for level, message in dict.fromkeys(problems):
         click.echo(f"{level}: {message}")
     errors = sum(1 for level, _ in dict.fromkeys(problems) if level == "error")
+    if not checked:
+        click.echo(f"no CDI spec files found; {_searched(paths or spec_dirs)}", err=True)
     click.echo(f"{checked} spec file(s) checked, {errors} error(s)", err=True)
     sys.exit(1 if errors else 0)
 
@@ -86,7 +106,8 @@ def list_devices(spec_dirs, as_json):
 
     Spec files that fail to load are reported on stderr; their devices are not listed.
     """
-    registry = Registry(spec_dirs_or_configured(spec_dirs)).refresh()
+    spec_dirs = spec_dirs_or_configured(spec_dirs)
+    registry = Registry(spec_dirs).refresh()
     names = registry.device_names()
     if as_json:
         rows = []
@@ -97,9 +118,12 @@ def list_devices(spec_dirs, as_json):
     else:
         for name in names:
             click.echo(name)
-    for messages in registry.errors().values():
+    for where, messages in registry.errors().items():
         for message in messages:
-            click.echo(f"warning: {message}", err=True)
+            click.echo(f"warning: {_warning_line(where, message)}", err=True)
+    if not names:
+        found = registry.spec_paths() or registry.errors()
+        click.echo(f"no CDI devices found{'' if found else ' (no spec files)'}; {_searched(spec_dirs)}", err=True)
 
 
 def _device_arguments(ctx, param, values):

@@ -3,12 +3,12 @@
 Everything lives under one directory: root, state, socket, runc state (``Root`` of every
 runtime), netns files, CNI dirs (empty: pods use host networking), container logs, the cdi-shim
 config and registry cache, CDI specs and fake devices. The containerd config is
-``containerd config default`` with the facts of these machines (see the project's
-reference/cri-e2e.md): ``restrict_oom_score_adj = true`` (root lacks CAP_SYS_RESOURCE, so runc
-fails "can't get final child's PID from pipe" otherwise), ``SystemdCgroup = false`` (PID 1 is not
-systemd), host-network pods without a hostname, a local ``sandbox_image``; then the cdi-shim
-runtime is added by the real ``cdi-shim runtime configure`` command. Images are an OCI-layout
-tarball made here from busybox-static and imported with ``ctr -n k8s.io images import``.
+``containerd config default`` with the facts of these machines: ``restrict_oom_score_adj =
+true`` (root lacks CAP_SYS_RESOURCE, so runc fails "can't get final child's PID from pipe"
+otherwise), ``SystemdCgroup = false`` (PID 1 is not systemd), host-network pods without a
+hostname, a local ``sandbox_image``; then the cdi-shim runtime is added by the real ``cdi-shim
+runtime configure`` command. Images are an OCI-layout tarball made here from busybox-static
+and imported with ``ctr -n k8s.io images import``.
 
 containerd 1.6 has no CDI support of its own: every device a pod gets here is cdi-shim's.
 """

@@ -131,13 +131,15 @@ def decide(argv, where=""):
         RunLog(args.log_file, args.log_format).error(str(err))
         return 1, None
     log = RunLog(args.log_file, args.log_format, settings.log_file,
-                 debug=args.debug or settings.log_level == "debug")
+                 debug=settings.log_level == "debug", debug_to_stderr=args.debug)
     try:
         runc = find_runtime(settings.runtime)
-        if args.command in ("create", "run"):
+        if args.help:
+            pass  # runc prints help (the front end printed ours first)
+        elif args.command in ("create", "run"):
             prepare(args, settings, log)
-        elif args.devices:
-            log.warning(f"--device is ignored for the {args.command or 'no'} command")
+        elif args.devices and args.command:
+            log.warning(f"--device is ignored for the {args.command} command")
     except RuntimeFailure as err:
         log.error(str(err))
         return 1, None

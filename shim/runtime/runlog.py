@@ -37,11 +37,16 @@ def _append(path, line):
 
 
 class RunLog:
-    def __init__(self, runc_log="", runc_log_format="text", own_log="", debug=False):
+    """Errors and warnings go to stderr and the log files; info and debug lines to the log files,
+    and debug lines to stderr too with `debug_to_stderr` (runc's --debug: whoever passes it wants
+    to see them, --log or not; log-level = "debug" alone keeps them in the files)."""
+
+    def __init__(self, runc_log="", runc_log_format="text", own_log="", debug=False, debug_to_stderr=False):
         self.runc_log = runc_log
         self.runc_log_format = runc_log_format if runc_log_format in ("json", "text") else "text"
         self.own_log = own_log
-        self.debug_enabled = debug
+        self.debug_enabled = debug or debug_to_stderr
+        self.debug_to_stderr = debug_to_stderr
 
     def _write(self, level, message, to_stderr):
         text = "cdi-shim: " + message
@@ -78,4 +83,4 @@ class RunLog:
 
     def debug(self, message):
         if self.debug_enabled:
-            self._write("debug", message, to_stderr=False)
+            self._write("debug", message, to_stderr=self.debug_to_stderr)

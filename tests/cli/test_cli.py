@@ -28,10 +28,35 @@ def test_list_plain_and_json(specs):
 
 
 def test_list_reports_broken_files_on_stderr(specs):
-    write_spec(specs, "broken.yaml", "kind: x.com/y\n")
+    """`warning: <file>: <error>`, the file first (the registry's own texts stay the library's)."""
+    broken = write_spec(specs, "broken.yaml", "kind: x.com/y\n")
+    unparsable = write_spec(specs, "unparsable.json", "{")
+    write_spec(specs, "twin.yaml", simple_spec(kind="nvidia.com/gpu", devices=("1",)))
     result = cdi_shim("cdi", "list", "--spec-dir", specs)
-    assert result.returncode == 0 and "nvidia.com/gpu=0" in result.stdout
-    assert 'warning: failed to load CDI Spec invalid CDI Spec "' in result.stderr
+    assert result.returncode == 0 and result.stdout == "nvidia.com/gpu=0\n"
+    lines = result.stderr.splitlines()
+    assert f'warning: {broken}: invalid CDI Spec: cdiVersion: invalid version ""' in lines
+    assert any(line.startswith(f"warning: {unparsable}: failed to parse CDI Spec: ") for line in lines), lines
+    assert f'warning: {os.path.join(specs, "twin.yaml")}: conflicting device "nvidia.com/gpu=1" (specs ' \
+        f'"{os.path.join(specs, "twin.yaml")}", "{os.path.join(specs, "gpu.yaml")}")' in lines, lines
+    assert "failed to load" not in result.stderr and f'"{broken}"' not in result.stderr
+
+
+def test_list_and_validate_without_specs_say_where_they_looked(tmp_path, cache_dir):
+    empty, missing = str(tmp_path / "empty"), str(tmp_path / "missing")
+    os.makedirs(empty)
+    config = tmp_path / "cdi-shim.toml"
+    config.write_text(f'spec-dirs = ["{empty}", "{missing}"]\n')
+    env = dict(os.environ, CDI_SHIM_CONFIG=str(config))
+    listed = cdi_shim("cdi", "list", env=env)
+    assert (listed.returncode, listed.stdout) == (0, "")
+    assert listed.stderr == f"no CDI devices found (no spec files); searched {empty}, {missing} (does not exist)\n"
+    validated = cdi_shim("cdi", "validate", env=env)
+    assert (validated.returncode, validated.stdout) == (0, "")
+    assert validated.stderr.splitlines() == [f"no CDI spec files found; searched {empty}, {missing} (does not exist)",
+                                             "0 spec file(s) checked, 0 error(s)"]
+    assert cdi_shim("cdi", "list", "--json", "--spec-dir", missing).stderr == \
+        f"no CDI devices found (no spec files); searched {missing} (does not exist)\n"
 
 
 def test_inject_prints_edited_config_and_leaves_input(specs, tmp_path):
@@ -108,6 +133,13 @@ def test_malformed_config_file_is_an_error(specs, tmp_path):
     bad.write_text("spec-dirs = 3\n")
     result = cdi_shim("cdi", "list", env=dict(os.environ, CDI_SHIM_CONFIG=str(bad)))
     assert result.returncode == 1 and '"spec-dirs" must be a list of strings' in result.stderr
+
+
+def test_config_file_named_by_env_must_exist(specs, tmp_path):
+    missing = str(tmp_path / "nowhere" / "config.toml")
+    result = cdi_shim("cdi", "list", env=dict(os.environ, CDI_SHIM_CONFIG=missing))
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"Error: cdi-shim config {missing} does not exist (named by $CDI_SHIM_CONFIG)" in result.stderr
 
 
 def test_help_explains(specs):

@@ -7,6 +7,7 @@ are loaded by the installed containerd (`containerd --config F config dump`).
 """
 import glob
 import os
+import shlex
 import shutil
 import subprocess
 
@@ -395,6 +396,38 @@ def test_binary_defaults_to_the_installed_runtime(tmp_path, shim_env):
     run_cli("runtime", "configure", "--config", str(path), env=shim_env, check=True)
     binary = dumped_runtimes(path)[1]["nvidia"]["options"]["BinaryName"]
     assert os.path.isabs(binary) and os.path.basename(binary) == "cdi-shim-runtime" and os.access(binary, os.X_OK)
+
+
+def test_help_shows_set_as_default_false(shim_env):
+    out = run_cli("runtime", "configure", "--help", env=shim_env, check=True)
+    text = " ".join(out.stdout.split())
+    assert "--set-as-default [true|false] Also make it containerd's default_runtime_name (every pod then goes " \
+        "through it). [default: false]" in text, out.stdout
+
+
+def hinted_runtimeclass(stderr):
+    """The arguments of the `cdi-shim runtimeclass` command that configure's last line suggests."""
+    last = stderr.splitlines()[-1]
+    prefix = "cdi-shim: next, select it with a RuntimeClass: "
+    assert last.startswith(prefix) and last.endswith(" | kubectl apply -f -"), stderr
+    words = shlex.split(last[len(prefix):-len(" | kubectl apply -f -")])
+    assert os.path.basename(words[0]) == "cdi-shim" and words[1] == "runtimeclass", words
+    return words[2:]
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ((), []),
+    (("--runtime-name", "cdi", "--drop-in", "conf.d"), ["--name", "cdi", "--handler", "cdi"]),
+])
+def test_hint_names_the_runtimeclass_command_with_the_config_given(tmp_path, shim_env, fake_binary, extra, expected):
+    path = copy(V2_DEFAULT, tmp_path, name="my containerd.toml")
+    extra = [str(tmp_path / word) if word == "conf.d" else word for word in extra]
+    for _ in range(2):  # written, then "nothing changed": the same next step
+        out = configure(path, fake_binary, *extra, env=shim_env)
+        args = hinted_runtimeclass(out.stderr)
+        assert args == expected + ["--config", str(path)]
+        runtime_class = yaml.safe_load(run_cli(*["runtimeclass", *args], env=shim_env, check=True).stdout)
+        assert runtime_class["handler"] == (expected[-1] if expected else "nvidia")
 
 
 # --- runtimeclass -------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ import pytest
 
 from shim.config import Config, load_config, ConfigError
 from shim.runtime.requests import RequestError, collect_requests, env_devices
-from shim.runtime.runc_args import parse_runc_argv
+from shim.runtime.runc_args import ArgvError, parse_runc_argv
 
 SETTINGS = Config()
 
@@ -77,6 +77,50 @@ def test_runc_argv_parsing_keeps_everything_but_our_options():
     assert args.devices == ["v.com/c=a", "v.com/c=b"]
     assert parse_runc_argv(["run", "-b", "x", "-d", "c"]).bundle == "x"
     assert parse_runc_argv(["run", "c"]).bundle == "."
+
+
+def test_runc_argv_device_after_the_command_is_ours():
+    args = parse_runc_argv(["--root", "/r", "run", "--device", "v.com/c=a", "-b", "/b", "--device=v.com/c=b",
+                            "-device", "v.com/c=c", "--detach", "id1", "--device", "not-ours"])
+    assert args.devices == ["v.com/c=a", "v.com/c=b", "v.com/c=c"]
+    assert args.runc_argv == ["--root", "/r", "run", "-b", "/b", "--detach", "id1", "--device", "not-ours"]
+    assert (args.bundle, args.container_id, args.help) == ("/b", "id1", False)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], [], ["--root", "/r"], ["help"], ["--device", "--help"],
+                                  ["--device"], ["--help", "create", "c"], ["create", "--help"],
+                                  ["run", "-h", "--bundle", "/b"], ["run", "c", "--help"],
+                                  ["run", "--device", "--help"], ["create", "--device", "v.com/c=a", "-help"]])
+def test_runc_argv_help_prepares_nothing(argv):
+    args = parse_runc_argv(argv)
+    assert args.help
+    assert "--device" not in args.runc_argv and "v.com/c=a" not in args.runc_argv
+
+
+@pytest.mark.parametrize("argv", [["create", "--device"], ["--device", "--log", "l", "state"],
+                                  ["run", "--device", "--bundle", "/b", "c"]])
+def test_runc_argv_device_without_a_value_is_an_error(argv):
+    with pytest.raises(ArgvError, match="option --device needs a value: a CDI device name"):
+        parse_runc_argv(argv)
+
+
+def test_runc_argv_no_help_for_commands():
+    for argv in (["--version"], ["state", "c"], ["help", "create"], ["run", "c", "--", "--help"]):
+        assert not parse_runc_argv(argv).help, argv
+
+
+def test_named_config_file_must_exist_the_default_need_not(tmp_path, monkeypatch):
+    import shim.config
+
+    missing = str(tmp_path / "missing.toml")
+    monkeypatch.setenv("CDI_SHIM_CONFIG", missing)
+    with pytest.raises(ConfigError, match=rf"^cdi-shim config {missing} does not exist \(named by \$CDI_SHIM_CONFIG\)$"):
+        load_config()
+    monkeypatch.delenv("CDI_SHIM_CONFIG")
+    monkeypatch.setattr(shim.config, "DEFAULT_CONFIG_PATH", missing)
+    assert load_config() == Config()
+    monkeypatch.setenv("CDI_SHIM_CONFIG", "")
+    assert load_config() == Config()
 
 
 def test_config_file_errors_name_file_and_key(tmp_path):

@@ -32,17 +32,17 @@ SOURCES = {
 }
 
 
-def run_container(world, bundle, mode, global_opts=()):
+def run_container(world, bundle, mode, global_opts=(), command_opts=()):
     """Start the bundle's container through the shim; returns the container's stdout text."""
     out_path = os.path.join(world.base, f"out-{bundle.id}.txt")
     with open(out_path, "wb") as out:
         if mode == "run":
-            result = world.shim(*global_opts, "run", "--bundle", bundle.path, bundle.id,
+            result = world.shim(*global_opts, "run", *command_opts, "--bundle", bundle.path, bundle.id,
                                 stdout=out, stderr=None, capture_output=False)
             assert result.returncode == 0, f"run exited {result.returncode}"
             assert world.state(bundle.id) is None, "runc run (foreground) should have deleted the container"
         else:
-            result = world.shim(*global_opts, "create", "--bundle", bundle.path, bundle.id,
+            result = world.shim(*global_opts, "create", *command_opts, "--bundle", bundle.path, bundle.id,
                                 stdout=out, stderr=None, capture_output=False)
             assert result.returncode == 0, f"create exited {result.returncode}"
             state = world.state(bundle.id)
@@ -108,6 +108,18 @@ def test_repeated_device_options(world):
     assert report["dev"].get("/dev/nvidia0") == ("c", 195, 0)
     assert report["dev"].get("/dev/nvidia1") == ("c", 195, 1)
     assert report["env"].get("E2E_GPU_0") == "1" and report["env"].get("E2E_GPU_1") == "1"
+
+
+@pytest.mark.parametrize("mode", ["run", "create-start"])
+@pytest.mark.parametrize("spelling", ["--device NAME", "--device=NAME", "-device NAME"])
+def test_device_option_after_the_command(world, mode, spelling):
+    """`cdi-shim-runtime run --device NAME --bundle B ID`: the front end's probe sees the request
+    (config.json asks for nothing), and runc never sees the option."""
+    bundle = world.bundle(mode=0o640)
+    option, _, _ = spelling.partition(" ")
+    opts = ["--device=nvidia.com/gpu=1"] if "=" in spelling else [option, "nvidia.com/gpu=1"]
+    text = run_container(world, bundle, mode, command_opts=opts)
+    check_injected(world, bundle, rh.parse_report(text), {1}, "E2E_GPU_1")
 
 
 NOTHING = {
@@ -217,6 +229,30 @@ def test_debug_phase_timings(world):
     messages = [msg for level, msg in rh.read_log(runc_log, "json") if level == "debug"]
     for phase in ("config", "requests", "resolve", "apply", "write"):
         assert any(phase in m and "ms" in m for m in messages), f"no {phase} phase in {messages}"
+    assert world.shim("delete", "--force", bundle.id).returncode == 0
+
+
+@pytest.mark.parametrize("with_log", [False, True], ids=["no-log", "log"])
+def test_debug_prints_phases_on_stderr(world, with_log):
+    """--debug shows cdi-shim's phase lines on stderr (and in --log when one is given)."""
+    bundle = world.bundle(annotations={"cdi.k8s.io/e2e": "nvidia.com/gpu=0"})
+    runc_log = os.path.join(world.base, "runc-debug.log")
+    log_opts = ["--log", runc_log] if with_log else []
+    result = world.shim("--debug", *log_opts, "create", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("cdi-shim: phase=")]
+    for phase in ("config", "requests", "resolve", "apply", "linker", "write", "total"):
+        assert any(line.startswith(f"cdi-shim: phase={phase} took=") for line in lines), result.stderr
+    if with_log:
+        messages = [msg for level, msg in rh.read_log(runc_log, "text")
+                    if level == "debug" and msg.startswith("cdi-shim: ")]  # (runc's own follow)
+        assert messages == lines
+    assert world.shim("delete", "--force", bundle.id).returncode == 0
+    # log-level = "debug" alone keeps them in the log files (a container's stderr may be where ours goes)
+    world.write_config(log_level="debug")
+    bundle = world.bundle(annotations={"cdi.k8s.io/e2e": "nvidia.com/gpu=0"})
+    result = world.shim("create", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0 and "phase=" not in result.stderr, result.stderr
     assert world.shim("delete", "--force", bundle.id).returncode == 0
 
 
