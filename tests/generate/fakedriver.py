@@ -90,13 +90,20 @@ def gpu_lines(count, uuid_format="GPU-{index:08x}-1111-2222-3333-{index:012x}"):
 class FakeDriver:
     """A driver root and a dev root under BASE."""
 
-    def __init__(self, base, version=VERSION, gpus=2, omit=(), nvml_lines=None, ldconfig=True, nodes=True):
+    def __init__(self, base, version=VERSION, gpus=2, omit=(), nvml_lines=None, ldconfig=True, nodes=True,
+                 merged_usr=False, absolute_links=False):
+        """MERGED_USR: /lib is a link to usr/lib and ld.so.conf names /lib/x86_64-linux-gnu (the
+        cache then names the libraries through the link). ABSOLUTE_LINKS: the SONAME links are
+        absolute (/usr/lib/...), as a driver container's may be: they mean the root's files."""
         self.base = str(base)
         self.version = version
         self.root = os.path.join(self.base, "driver")
         self.dev_root = os.path.join(self.base, "devroot")
         self.libdir = self.root + LIBDIR
+        self.absolute_links = absolute_links
         os.makedirs(self.libdir + "/vdpau", exist_ok=True)
+        if merged_usr:
+            os.symlink("usr/lib", self.root + "/lib")
         os.makedirs(self.root + "/etc", exist_ok=True)
         gcc = need("gcc", "gcc")
         stub = os.path.join(self.base, "stub.c")
@@ -114,7 +121,7 @@ class FakeDriver:
         if "libnvidia-ml" not in omit:
             self.nvml = f"{self.libdir}/libnvidia-ml.so.{version}"
             build_nvml(self.nvml)
-            os.symlink(f"libnvidia-ml.so.{version}", f"{self.libdir}/libnvidia-ml.so.1")
+            os.symlink(self._target(LIBDIR, f"libnvidia-ml.so.{version}"), f"{self.libdir}/libnvidia-ml.so.1")
             self.libraries.append(f"{LIBDIR}/libnvidia-ml.so.{version}")
         self.set_gpus(gpus if nvml_lines is None else None, nvml_lines)
         for name in BINARIES:
@@ -138,7 +145,7 @@ class FakeDriver:
         self._socket = socket.socket(socket.AF_UNIX)
         self._socket.bind(f"{self.root}/run/nvidia-persistenced/socket")
         with open(f"{self.root}/etc/ld.so.conf", "w") as out:
-            out.write(f"{LIBDIR}\n")
+            out.write(f"{LIBDIR[4:] if merged_usr else LIBDIR}\n")
         if ldconfig:
             self.ldconfig()
         if nodes:
@@ -148,10 +155,13 @@ class FakeDriver:
         name = f"{stem}.so.{self.version}"
         _run([gcc, "-shared", f"-Wl,-soname,{soname}", "-o", f"{directory}/{name}", obj])
         if soname != name:
-            os.symlink(name, f"{directory}/{soname}")
+            os.symlink(self._target(directory[len(self.root):], name), f"{directory}/{soname}")
         if dev_link:
             os.symlink(soname, f"{directory}/{stem}.so")
         self.libraries.append(f"{directory[len(self.root):]}/{name}")
+
+    def _target(self, directory, name):
+        return f"{directory}/{name}" if self.absolute_links else name
 
     def set_gpus(self, count=None, lines=None):
         """Describe the fake GPUs: COUNT standard ones, or the given description LINES."""

@@ -171,8 +171,7 @@ def test_no_nvml_in_the_driver_root(run, tmp_path):
 def test_missing_expected_files_are_warnings(tmp_path):
     fake = fakedriver.FakeDriver(tmp_path / "partial", gpus=1, omit=("libnvidia-glcore", "libcudadebugger", "nvidia-smi"))
     try:
-        runner = __import__("conftest").Runner(fake, tmp_path)
-        runner.gpus(1)
+        runner = _partial_runner(fake, tmp_path)
         done = runner.generate()
     finally:
         fake.close()
@@ -284,3 +283,44 @@ def test_nvml_session_points_pynvml_at_each_library_in_turn(driver, tmp_path):
     assert second.gpus[2].uuid == "GPU-00000002-1111-2222-3333-000000000002" and second.gpus[2].minor == 2
     assert second.gpus[2].bus_id == "00000000:12:00.0"
     assert pynvml.nvmlLib is None
+
+
+def _partial_runner(fake, tmp_path, gpus=1):
+    runner = __import__("conftest").Runner(fake, tmp_path)
+    runner.gpus(gpus)
+    return runner
+
+
+def test_merged_usr_root_gives_the_real_directories(tmp_path):
+    """The root's cache names /lib/x86_64-linux-gnu/... through the /lib -> usr/lib link: the
+    libraries are mounted where they are, once, and the firmware found through the link."""
+    fake = fakedriver.FakeDriver(tmp_path / "merged", gpus=1, merged_usr=True)
+    try:
+        runner = _partial_runner(fake, tmp_path)
+        done = runner.generate()
+    finally:
+        fake.close()
+    assert "warning" not in done.stderr, done.stderr
+    doc = load(runner.output)
+    mounts = mounts_by_path(doc)
+    assert sorted(p for p in mounts if ".so." in p) == sorted(fake.libraries)
+    assert doc["containerEdits"]["env"][0] == f"NVIDIA_CTK_LIBCUDA_DIR={LIBDIR}"
+    gsp = mounts[f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"]
+    assert gsp["hostPath"] == f"{fake.root}/usr/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"
+
+
+def test_absolute_links_in_the_driver_root_stay_inside_it(tmp_path):
+    """A driver container's root with absolute SONAME links (/usr/lib/.../libnvidia-ml.so.<v>):
+    they are resolved inside the root, never to the host's files of that name."""
+    fake = fakedriver.FakeDriver(tmp_path / "abs", gpus=1, absolute_links=True)
+    try:
+        runner = _partial_runner(fake, tmp_path)
+        done = runner.generate()
+    finally:
+        fake.close()
+    assert "warning" not in done.stderr, done.stderr
+    doc = load(runner.output)
+    assert all(m["hostPath"].startswith(fake.root + "/") for m in doc["containerEdits"]["mounts"])
+    assert runner.calls()[0] == "nvmlInitWithFlags"     # the root's fake NVML was the one loaded
+    links = hook_args(doc, "create-symlinks")[3::2]
+    assert f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in links
