@@ -143,7 +143,12 @@ class FakeDriver:
             out.write('{"ICD": {"library_path": "libGLX_nvidia.so.0"}}\n')
         os.makedirs(f"{self.root}/run/nvidia-persistenced", exist_ok=True)
         self._socket = socket.socket(socket.AF_UNIX)
-        self._socket.bind(f"{self.root}/run/nvidia-persistenced/socket")
+        cwd = os.getcwd()
+        os.chdir(f"{self.root}/run/nvidia-persistenced")   # a socket's path is at most 107 bytes
+        try:
+            self._socket.bind("socket")
+        finally:
+            os.chdir(cwd)
         with open(f"{self.root}/etc/ld.so.conf", "w") as out:
             out.write(f"{LIBDIR[4:] if merged_usr else LIBDIR}\n")
         if ldconfig:
