@@ -155,8 +155,10 @@ def inject(devices, spec_dirs, config_json):
               help="cdiVersion to write (default: the minimum the content needs); refused if too old for it.")
 @click.option("--dry-run", is_flag=True, help="Print the spec instead of writing it.")
 @click.option("--timings", is_flag=True, hidden=True, help="Print where the time went, on stderr.")
+@click.option("--proc-root", default="/proc", hidden=True, help="Where /proc is (tests).")
+@click.option("--sysfs-root", default="/sys", hidden=True, help="Where /sys is (tests).")
 def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_program, spec_version, dry_run,
-             timings):
+             timings, proc_root, sysfs_root):
     """Generate a CDI spec for this node's NVIDIA GPUs, from NVML.
 
     NVML is the driver root's own libnvidia-ml.so.1 (found through the root's ld.so.cache);
@@ -169,7 +171,7 @@ def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_p
 
     options = Options(output=output or DEFAULT_OUTPUT, fmt=fmt, vendor=vendor, cls=cls, strategies=strategies,
                       driver_root=driver_root, dev_root=dev_root, hook_program=hook_program,
-                      spec_version=spec_version)
+                      spec_version=spec_version, proc=proc_root, sysfs=sysfs_root)
     try:
         result = make_spec(options)
         for warning in result.warnings:

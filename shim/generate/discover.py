@@ -409,6 +409,47 @@ def gpu_nodes(dev_root, gpu, sysfs="/sys"):
     return nodes
 
 
+def mig_caps(proc="/proc"):
+    """{capability: minor} of the kernel's MIG capabilities (gpu0/gi1/access, gpu0/gi1/ci0/access,
+    config, monitor), from PROC/driver/nvidia-caps/mig-minors; None when the file is absent."""
+    try:
+        with open(f"{proc}/driver/nvidia-caps/mig-minors") as stream:
+            text = stream.read()
+    except FileNotFoundError:
+        return None
+    caps = {}
+    for line in text.splitlines():
+        parts = line.split(" ")
+        if len(parts) == 2 and parts[1].isdigit():
+            caps[parts[0]] = int(parts[1])
+    return caps
+
+
+def mig_nodes(dev_root, gpu, mig, caps, proc="/proc"):
+    """[(path, host path)] of a MIG device: its GPU's /dev/nvidiaN and the device nodes of its
+    GPU-instance and compute-instance capabilities (/dev/nvidia-caps/nvidia-capM)."""
+    what = f"GPU {gpu.index} ({gpu.uuid}) MIG device {mig.index} ({mig.uuid})"
+    if caps is None:
+        raise GenerateError(f"{what}: {proc}/driver/nvidia-caps/mig-minors is missing, so its capability device "
+                            "nodes are unknown: is the NVIDIA driver loaded with MIG support (lsmod | grep nvidia)?")
+    path = f"/dev/nvidia{gpu.minor}"
+    host = _char_device(dev_root, path)
+    if host is None:
+        raise GenerateError(_missing_node(dev_root, path, f"GPU {gpu.index} ({gpu.uuid}, minor number {gpu.minor})"))
+    nodes = [(path, host)]
+    for cap in (f"gpu{gpu.minor}/gi{mig.gi}/access", f"gpu{gpu.minor}/gi{mig.gi}/ci{mig.ci}/access"):
+        if cap not in caps:
+            raise GenerateError(f"{what}: no capability {cap} in {proc}/driver/nvidia-caps/mig-minors")
+        path = f"/dev/nvidia-caps/nvidia-cap{caps[cap]}"
+        host = _char_device(dev_root, path)
+        if host is None:
+            raise GenerateError(_missing_node(dev_root, path, f"{what}, capability {cap}").replace(
+                "Run `nvidia-smi` once, or `nvidia-modprobe -c N` / `nvidia-ctk system create-device-nodes`",
+                f"Run `nvidia-modprobe -f /proc/driver/nvidia/capabilities/{cap.replace('/', '/mig/', 1)}`"))
+        nodes.append((path, host))
+    return nodes
+
+
 def _drm_names(bus_id, sysfs):
     """card*/renderD* names the kernel's DRM gives the PCI device BUS_ID (NVML's form)."""
     domain, _, rest = bus_id.lower().partition(":")

@@ -19,10 +19,25 @@ from . import GenerateError
 LIBRARY = "libnvidia-ml.so.1"
 
 
-class Gpu:
-    """One GPU: what the spec needs of it."""
+class Mig:
+    """A MIG device: its slot on the parent GPU, UUID, GPU instance and compute instance."""
 
-    __slots__ = ("index", "uuid", "name", "minor", "bus_id", "mig_enabled")
+    __slots__ = ("index", "uuid", "gi", "ci")
+
+    def __init__(self, index, uuid, gi, ci):
+        self.index = index
+        self.uuid = uuid
+        self.gi = gi
+        self.ci = ci
+
+    def __repr__(self):
+        return f"Mig({self.index}, {self.uuid!r}, gi={self.gi}, ci={self.ci})"
+
+
+class Gpu:
+    """One GPU: what the spec needs of it (migs: its MIG devices when MIG mode is on)."""
+
+    __slots__ = ("index", "uuid", "name", "minor", "bus_id", "mig_enabled", "migs")
 
     def __init__(self, index, uuid, name, minor, bus_id, mig_enabled):
         self.index = index
@@ -31,6 +46,7 @@ class Gpu:
         self.minor = minor
         self.bus_id = bus_id
         self.mig_enabled = mig_enabled
+        self.migs = []
 
     def __repr__(self):
         return f"Gpu({self.index}, {self.uuid!r}, minor={self.minor}, bus_id={self.bus_id!r})"
@@ -73,15 +89,15 @@ class _Session:
             nv._nvmlGetFunctionPointer_cache.clear()
             nv.NVMLError._errcode_to_string.clear()   # texts came from this library
 
-    def call(self, what, function, *args, unsupported=False):
-        """FUNCTION(*ARGS), timed; an NVML error becomes GenerateError("WHAT: <NVML's text>").
-        With UNSUPPORTED, NVML_ERROR_NOT_SUPPORTED gives that value instead."""
+    def call(self, what, function, *args, accept=None):
+        """FUNCTION(*ARGS), timed; an NVML error becomes GenerateError("WHAT: <NVML's text>"),
+        except the codes ACCEPT maps to a value to return instead."""
         start = time.perf_counter()
         try:
             return function(*args)
         except self.pynvml.NVMLError as err:
-            if unsupported is not False and err.value == self.pynvml.NVML_ERROR_NOT_SUPPORTED:
-                return unsupported
+            if accept and err.value in accept:
+                return accept[err.value]
             raise GenerateError(f"{what}: {_text(err)}") from None
         finally:
             self.seconds += time.perf_counter() - start
@@ -147,6 +163,28 @@ def _gpu(nv, pynvml, index):
     bus_id = _string(pci.busId)
     # A GPU without MIG answers NOT_SUPPORTED.
     current, _pending = nv.call(f"{where} ({uuid}): nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, handle,
-                                unsupported=(None, None))
-    mig_enabled = current == pynvml.NVML_DEVICE_MIG_ENABLE
-    return Gpu(index, uuid, name, minor, bus_id, mig_enabled)
+                                accept={pynvml.NVML_ERROR_NOT_SUPPORTED: (None, None)})
+    gpu = Gpu(index, uuid, name, minor, bus_id, current == pynvml.NVML_DEVICE_MIG_ENABLE)
+    if gpu.mig_enabled:
+        gpu.migs = _migs(nv, pynvml, gpu, handle)
+    return gpu
+
+
+def _migs(nv, pynvml, gpu, handle):
+    """The GPU's MIG devices, as go-nvlib's VisitMigDevices walks them: every slot up to
+    nvmlDeviceGetMaxMigDeviceCount, an empty one (NOT_FOUND) skipped; the index is the slot's."""
+    where = f"GPU {gpu.index} ({gpu.uuid})"
+    count = nv.call(f"{where}: nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, handle)
+    migs = []
+    for slot in range(count):
+        mig = nv.call(f"{where}: nvmlDeviceGetMigDeviceHandleByIndex({slot})",
+                      pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot,
+                      accept={pynvml.NVML_ERROR_NOT_FOUND: None})
+        if mig is None:
+            continue
+        at = f"{where} MIG device {slot}"
+        uuid = _string(nv.call(f"{at}: nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, mig))
+        gi = nv.call(f"{at} ({uuid}): nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId, mig)
+        ci = nv.call(f"{at} ({uuid}): nvmlDeviceGetComputeInstanceId", pynvml.nvmlDeviceGetComputeInstanceId, mig)
+        migs.append(Mig(slot, uuid, gi, ci))
+    return migs

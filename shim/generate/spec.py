@@ -2,7 +2,8 @@
 
 Its shape is the toolkit 1.20's (`nvidia-ctk cdi generate`): kind nvidia.com/gpu; one
 device per GPU and naming strategy (index "0", UUID "GPU-..."), holding only the GPU's own
-device nodes; "all" with every GPU's nodes; the rest in the spec-level edits: env
+device nodes; for a GPU in MIG mode, one per MIG device instead ("0:1", "MIG-..."), with the
+GPU's node and its GPU- and compute-instance capability nodes; "all" with every node; the rest in the spec-level edits: env
 NVIDIA_CTK_LIBCUDA_DIR and NVIDIA_VISIBLE_DEVICES=void, the control device nodes, the hooks
 (create-symlinks, update-ldcache, and the toolkit's others when its hook program is named),
 and the mounts (graphics configs, libraries, IPC sockets, GSP firmware, binaries).
@@ -26,7 +27,8 @@ import sys
 import time
 
 from . import GenerateError
-from .discover import IPC_MOUNT_OPTIONS, MOUNT_OPTIONS, DriverRoot, control_nodes, discover_files, gpu_nodes
+from .discover import (IPC_MOUNT_OPTIONS, MOUNT_OPTIONS, DriverRoot, control_nodes, discover_files, gpu_nodes,
+                       mig_caps, mig_nodes)
 
 DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"
 DEFAULT_STRATEGIES = ("index", "uuid")
@@ -43,7 +45,7 @@ class Options:
 
     def __init__(self, output=DEFAULT_OUTPUT, fmt=None, vendor="nvidia.com", cls="gpu", strategies=(),
                  driver_root="/", dev_root=None, hook_program=None, spec_version=None, sysfs="/sys",
-                 machine=None):
+                 proc="/proc", machine=None):
         self.output = output
         self.fmt = fmt
         self.vendor = vendor
@@ -54,6 +56,7 @@ class Options:
         self.hook_program = hook_program
         self.spec_version = spec_version
         self.sysfs = sysfs
+        self.proc = proc
         self.machine = machine
 
 
@@ -128,16 +131,39 @@ def _mount(host, path, options):
     return {"hostPath": host, "containerPath": path, "options": list(options)}
 
 
-def build_doc(options, info, files, control, per_gpu, hook_program):
+def device_entries(options, info, warnings):
+    """[(names, nodes)]: a GPU's names and device nodes, or, for a GPU in MIG mode, each of its
+    MIG devices' (names "<gpu>:<slot>" and the MIG UUID; the toolkit gives such a GPU no
+    device of its own)."""
+    entries, caps = [], None
+    for gpu in info.gpus:
+        if not gpu.mig_enabled:
+            names = [str(gpu.index) if s == "index" else gpu.uuid for s in options.strategies]
+            entries.append((names, gpu_nodes(options.dev_root, gpu, options.sysfs)))
+            continue
+        if not gpu.migs:
+            warnings.append(f"GPU {gpu.index} ({gpu.uuid}) is in MIG mode and has no MIG device: "
+                            "the spec has no device for it")
+            continue
+        if caps is None:
+            caps = mig_caps(options.proc)
+        for mig in gpu.migs:
+            names = [f"{gpu.index}:{mig.index}" if s == "index" else mig.uuid for s in options.strategies]
+            entries.append((names, mig_nodes(options.dev_root, gpu, mig, caps, options.proc)))
+    return entries
+
+
+def build_doc(options, info, files, control, entries, hook_program):
     """The spec document (without cdiVersion)."""
-    devices, everything = [], []
-    for gpu, nodes in zip(info.gpus, per_gpu):
-        edits = {"deviceNodes": [_node(path, host) for path, host in nodes]}
-        for strategy in options.strategies:
-            name = str(gpu.index) if strategy == "index" else gpu.uuid
-            devices.append({"name": name, "containerEdits": {"deviceNodes": [dict(n) for n in edits["deviceNodes"]]}})
-        everything += edits["deviceNodes"]
-    devices.append({"name": "all", "containerEdits": {"deviceNodes": [dict(n) for n in everything]}})
+    devices, everything, seen = [], [], set()
+    for names, nodes in entries:
+        for name in names:
+            devices.append({"name": name, "containerEdits": {"deviceNodes": [_node(p, h) for p, h in nodes]}})
+        for path, host in nodes:
+            if path not in seen:
+                seen.add(path)
+                everything.append(_node(path, host))
+    devices.append({"name": "all", "containerEdits": {"deviceNodes": everything}})
     mounts = [_mount(h, p, MOUNT_OPTIONS) for h, p in files.configs]
     mounts += [_mount(lib.host, lib.path, MOUNT_OPTIONS) for lib in files.libraries]
     mounts += [_mount(h, p, IPC_MOUNT_OPTIONS) for h, p in files.ipc]
@@ -211,19 +237,17 @@ def generate(options):
         if not info.gpus:
             raise GenerateError(f"NVML ({library}) reports no GPU on this node (driver {info.driver_version}): "
                                 "a spec needs at least one device; nothing written")
-        for gpu in info.gpus:
-            if gpu.mig_enabled:
-                warnings.append(f"GPU {gpu.index} ({gpu.uuid}) has MIG mode enabled: its MIG devices are not "
-                                "generated (not supported yet), only the whole GPU")
         if not library.endswith(".so." + info.driver_version):
             warnings.append(f"{nvml.LIBRARY} is {library}, whose name does not end in the version NVML reports "
                             f"({info.driver_version}): the driver root's files may not match the loaded driver")
         files = discover_files(root, info.driver_version)
         warnings += files.warnings
     control = control_nodes(options.dev_root, warnings)
-    per_gpu = [gpu_nodes(options.dev_root, gpu, options.sysfs) for gpu in info.gpus]
+    entries = device_entries(options, info, warnings)
+    if not entries:
+        raise GenerateError("no GPU or MIG device to put in a spec (see the warnings); nothing written")
     t3 = time.perf_counter()
-    doc = build_doc(options, info, files, control, per_gpu, hook_program)
+    doc = build_doc(options, info, files, control, entries, hook_program)
     version = _version(options, doc)
     if version not in ("0.3.0", "0.4.0", "0.5.0"):
         doc = dict(doc, annotations={ANNOTATION: info.driver_version})

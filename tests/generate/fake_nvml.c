@@ -10,9 +10,11 @@
  *     init-error 9                        nvmlInit* returns 9 (NVML_ERROR_DRIVER_NOT_LOADED)
  *     count-error 999                     nvmlDeviceGetCount_v2 returns 999
  *     gpu uuid=GPU-... minor=0 bus=00000000:3B:00.0 name=NVIDIA_H100 mig=0 fail=FUNCTION:CODE
+ *     gpu ... mig=1 migs=0,2,3           MIG mode on, MIG devices in slots 0, 2 and 3 (of 7)
  *
  * One "gpu" line per GPU, in index order (name: '_' is shown as a space; fail: that device's
- * FUNCTION returns CODE). If $FAKE_NVML_LOG names a file, every call appends its function
+ * FUNCTION returns CODE). MIG device in slot S of GPU G: UUID MIG-<G>-<S> padded to the MIG
+ * UUID shape, GPU instance S + 1, compute instance 0. If $FAKE_NVML_LOG names a file, every call appends its function
  * name there, one a line.
  */
 #define _GNU_SOURCE
@@ -31,6 +33,7 @@ enum {
 };
 
 #define MAX_GPUS 64
+#define MIG_SLOTS 7
 
 struct fake_gpu {
     char uuid[96];
@@ -40,6 +43,8 @@ struct fake_gpu {
     int mig;               /* 0 disabled, 1 enabled, -1 not supported */
     char fail_fn[64];
     int fail_code;
+    int mig_slot_used[MIG_SLOTS];
+    unsigned int gi, ci;   /* MIG devices only */
 };
 
 typedef struct fake_gpu *nvmlDevice_t;
@@ -51,6 +56,7 @@ typedef struct {
 } nvmlPciInfo_t;
 
 static struct fake_gpu gpus[MAX_GPUS];
+static struct fake_gpu migs[MAX_GPUS][MIG_SLOTS];
 static unsigned int ngpus;
 static char driver_version[80] = "580.65.06";
 static int init_error, count_error, loaded, config_error, initialised;
@@ -119,6 +125,15 @@ static void parse_gpu(char *rest)
             g->minor = (unsigned int)strtoul(eq, NULL, 10);
         } else if (strcmp(field, "mig") == 0) {
             g->mig = strcmp(eq, "na") == 0 ? -1 : atoi(eq);
+        } else if (strcmp(field, "migs") == 0) {
+            for (char *slot = strtok(eq, ","); slot; slot = strtok(NULL, ",")) {
+                unsigned int n = (unsigned int)atoi(slot);
+                if (n >= MIG_SLOTS) {
+                    config_error = 1;
+                    continue;
+                }
+                g->mig_slot_used[n] = 1;
+            }
         } else if (strcmp(field, "fail") == 0) {
             char *colon = strchr(eq, ':');
             if (colon == NULL) {
@@ -171,7 +186,13 @@ static void load(void)
 
 static int valid(nvmlDevice_t d)
 {
-    return d != NULL && d >= gpus && d < gpus + ngpus;
+    struct fake_gpu *first_mig = &migs[0][0];
+    return d != NULL && ((d >= gpus && d < gpus + ngpus) || (d >= first_mig && d < first_mig + MAX_GPUS * MIG_SLOTS));
+}
+
+static int is_mig(nvmlDevice_t d)
+{
+    return d >= &migs[0][0] && d < &migs[0][0] + MAX_GPUS * MIG_SLOTS;
 }
 
 /* The error the description sets for FN on device D, else 0. */
@@ -357,13 +378,49 @@ nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count)
         return r;
     if (count == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *count = d->mig > 0 ? 7 : 0;
+    *count = d->mig > 0 ? MIG_SLOTS : 0;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig)
 {
-    (void)d; (void)index; (void)mig;
+    nvmlReturn_t r;
+    unsigned int g;
     trace("nvmlDeviceGetMigDeviceHandleByIndex");
-    return NVML_ERROR_NOT_FOUND;   /* no MIG devices configured */
+    if ((r = device_fails(d, "nvmlDeviceGetMigDeviceHandleByIndex")) != NVML_SUCCESS)
+        return r;
+    if (is_mig(d) || mig == NULL || index >= MIG_SLOTS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->mig <= 0 || !d->mig_slot_used[index])
+        return NVML_ERROR_NOT_FOUND;
+    g = (unsigned int)(d - gpus);
+    *mig = &migs[g][index];
+    memset(*mig, 0, sizeof(**mig));
+    snprintf((*mig)->uuid, sizeof((*mig)->uuid), "MIG-%08x-0000-4000-8000-%012x", g, index);
+    (*mig)->gi = index + 1;
+    (*mig)->ci = 0;
+    (*mig)->minor = d->minor;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id)
+{
+    trace("nvmlDeviceGetGpuInstanceId");
+    if (!initialised)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(d) || !is_mig(d) || id == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = d->gi;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id)
+{
+    trace("nvmlDeviceGetComputeInstanceId");
+    if (!initialised)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(d) || !is_mig(d) || id == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = d->ci;
+    return NVML_SUCCESS;
 }

@@ -142,14 +142,70 @@ def test_count_error(run):
     assert "Error: nvmlDeviceGetCount_v2: Unknown Error" in done.stderr
 
 
-def test_mig_enabled_gpu_is_a_warning(run):
+MIG_MINORS = ["config 1", "monitor 2", "gpu0/gi1/access 12", "gpu0/gi1/ci0/access 13", "gpu0/gi3/access 30",
+              "gpu0/gi3/ci0/access 31", "gpu0/gi4/access 39", "gpu0/gi4/ci0/access 40"]
+
+
+def _mig_setup(run, tmp_path, minors=MIG_MINORS, slots="0,2,3"):
+    proc = tmp_path / "proc"
+    (proc / "driver" / "nvidia-caps").mkdir(parents=True)
+    if minors is not None:
+        (proc / "driver" / "nvidia-caps" / "mig-minors").write_text("\n".join(minors) + "\n")
+    caps = os.path.join(run.driver.dev_root, "dev", "nvidia-caps")
+    os.makedirs(caps, exist_ok=True)
+    for minor in (12, 13, 30, 31, 39, 40):
+        path = os.path.join(caps, f"nvidia-cap{minor}")
+        if not os.path.exists(path):
+            os.mknod(path, 0o444 | stat.S_IFCHR, os.makedev(508, minor))
     lines = fakedriver.gpu_lines(2)
-    lines[0] += " mig=1"
+    lines[0] += f" mig=1 migs={slots}"
     lines[1] += " mig=na"
     run.gpus(lines=[f"driver {VERSION}"] + lines)
-    done = run.generate()
-    assert "GPU 0 (GPU-00000000-1111-2222-3333-000000000000) has MIG mode enabled" in done.stderr
-    assert "GPU 1" not in done.stderr
+    return str(proc)
+
+
+def test_mig_devices(run, tmp_path):
+    """A GPU in MIG mode: a device per MIG device (slot index and MIG UUID), with the GPU's node
+    and its GI and CI capability nodes; no device for the whole GPU; "all" has each node once."""
+    proc = _mig_setup(run, tmp_path)
+    done = run.generate("--proc-root", proc)
+    assert "warning" not in done.stderr, done.stderr
+    doc = load(run.output)
+    devices = {d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in doc["devices"]}
+    mig = "MIG-00000000-0000-4000-8000-{:012x}"
+    assert list(devices) == ["0:0", mig.format(0), "0:2", mig.format(2), "0:3", mig.format(3), "1",
+                             run.driver.uuids(2)[1], "all"]
+    assert devices["0:0"] == devices[mig.format(0)] == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12",
+                                                        "/dev/nvidia-caps/nvidia-cap13"]
+    assert devices["0:2"] == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"]
+    assert devices["all"] == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13",
+                              "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31",
+                              "/dev/nvidia-caps/nvidia-cap39", "/dev/nvidia-caps/nvidia-cap40", "/dev/nvidia1"]
+    run.cli("cdi", "validate", run.output, check=0)
+    calls = run.calls()
+    assert calls.count("nvmlDeviceGetMigDeviceHandleByIndex") == 7        # every slot, empty ones skipped
+    for call in ("nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
+        assert call in calls
+
+
+def test_mig_without_its_minors_file_or_node_is_an_error(run, tmp_path):
+    proc = _mig_setup(run, tmp_path, minors=None)
+    done = run.generate("--proc-root", proc, check=1)
+    assert f"GPU 0 (GPU-00000000-1111-2222-3333-000000000000) MIG device 0 (MIG-00000000-0000-4000-8000-000000000000): " \
+           f"{proc}/driver/nvidia-caps/mig-minors is missing" in done.stderr
+    (tmp_path / "proc" / "driver" / "nvidia-caps" / "mig-minors").write_text("gpu0/gi1/access 12\ngpu0/gi1/ci0/access 99\n")
+    done = run.generate("--proc-root", proc, check=1)
+    assert "/dev/nvidia-caps/nvidia-cap99 under the dev root" in done.stderr
+    assert "nvidia-modprobe -f /proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access" in done.stderr
+    assert not os.path.exists(run.output)
+
+
+def test_mig_mode_without_mig_devices_is_a_warning(run, tmp_path):
+    proc = _mig_setup(run, tmp_path, slots="")
+    done = run.generate("--proc-root", proc)
+    assert "warning: GPU 0 (GPU-00000000-1111-2222-3333-000000000000) is in MIG mode and has no MIG device" \
+        in done.stderr
+    assert [d["name"] for d in load(run.output)["devices"]] == ["1", run.driver.uuids(2)[1], "all"]
 
 
 def test_no_nvml_in_the_driver_root(run, tmp_path):
