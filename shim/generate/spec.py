@@ -17,8 +17,8 @@ digit), or --spec-version when that is enough. The driver version the spec was m
 data either way: every library mount names it (libnvidia-ml.so.<version>;
 `recorded_driver_version()` reads it back). The annotation `cdi-shim.dev/driver-version`
 holds it too when the spec's version allows annotations (0.6.0 and later): we do not raise
-the version for it by default, because readers of CDI 0.5 (podman 4.x, containerd 1.7's
-CDI library) refuse specs newer than 0.5.0. The YAML file also says it in its first line,
+the version for it by default, because readers of CDI 0.5 (Debian's podman 4.3: CDI v0.5.2)
+refuse specs newer than 0.5.0. The YAML file also says it in its first line,
 a comment for the reader.
 """
 import os
