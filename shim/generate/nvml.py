@@ -79,15 +79,21 @@ class _Session:
         with nv.libLoadLock:
             self.saved = nv.nvmlLib
             nv.nvmlLib = self.library
-            nv._nvmlGetFunctionPointer_cache.clear()
+            self._forget()
         return self
+
+    def _forget(self):
+        """Drop what pynvml cached from a library: its function pointers, its error texts."""
+        for cache in (getattr(self.pynvml, "_nvmlGetFunctionPointer_cache", None),
+                      getattr(self.pynvml.NVMLError, "_errcode_to_string", None)):
+            if isinstance(cache, dict):
+                cache.clear()
 
     def __exit__(self, *exc):
         nv = self.pynvml
         with nv.libLoadLock:
             nv.nvmlLib = self.saved
-            nv._nvmlGetFunctionPointer_cache.clear()
-            nv.NVMLError._errcode_to_string.clear()   # texts came from this library
+            self._forget()
 
     def call(self, what, function, *args, accept=None):
         """FUNCTION(*ARGS), timed; an NVML error becomes GenerateError("WHAT: <NVML's text>"),

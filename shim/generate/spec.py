@@ -50,7 +50,7 @@ class Options:
         self.fmt = fmt
         self.vendor = vendor
         self.cls = cls
-        self.strategies = tuple(strategies) or DEFAULT_STRATEGIES
+        self.strategies = tuple(dict.fromkeys(strategies)) or DEFAULT_STRATEGIES
         self.driver_root = driver_root
         self.dev_root = dev_root or driver_root
         self.hook_program = hook_program
@@ -221,7 +221,15 @@ def generate(options):
 
     from . import nvml
 
+    from cdi import parser
+
     started = time.perf_counter()
+    for option, value, check in (("--vendor", options.vendor, parser.validate_vendor_name),
+                                 ("--class", options.cls, parser.validate_class_name)):
+        try:
+            check(value)
+        except CDIError as err:
+            raise GenerateError(f"{option} {value}: {err}") from None
     warnings = []
     hook_program = _hook_program(options.hook_program, warnings)
     try:
