@@ -141,13 +141,23 @@ def _dump_yaml(doc):
     return "---\n" + yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False)
 
 
-def write_spec(doc, path, overwrite=True):
-    """Validate `doc` and write it atomically to `path` (.yaml or .json by extension).
+def spec_path(path, fmt=None):
+    """PATH with the extension the format needs: FMT ("yaml" or "json") when given, else
+    the one PATH has; ".yaml" is appended to a PATH that has neither."""
+    if fmt is None:
+        return path if path.endswith((".json", ".yaml")) else path + ".yaml"
+    if path.endswith((".json", ".yaml")):
+        if not path.endswith("." + fmt):
+            raise CDIError(f"{q(path)}: the file name says {path.rpartition('.')[2]}, the format asked is {fmt}")
+        return path
+    return path + "." + fmt
 
-    A missing cdiVersion is filled with the minimum version the content needs. The file is
-    written to a temp file in the same directory, fsynced and renamed into place, so readers
-    never see a partial spec.
-    """
+
+def render_spec(doc, path, comment=""):
+    """(doc, text): DOC as the file at PATH holds it (.json: JSON, else YAML, with COMMENT's
+    lines first as "# " comments), validated by decoding it again as any reader would.
+
+    A missing cdiVersion is filled with the minimum version the content needs."""
     from .version import minimum_version, normalize_version
 
     doc = dict(doc)
@@ -155,13 +165,26 @@ def write_spec(doc, path, overwrite=True):
         doc["cdiVersion"] = minimum_version(doc)
     elif normalize_version(doc["cdiVersion"]) is None:
         raise SpecError(path, "cdiVersion", "invalid version " + q(doc["cdiVersion"]))
-    if not path.endswith((".json", ".yaml")):
-        path += ".yaml"
     import json
 
+    if path.endswith(".json"):
+        text = json.dumps(doc, indent=2) + "\n"
+    else:
+        text = "".join(f"# {line}\n".replace("# \n", "#\n") for line in comment.splitlines()) + _dump_yaml(doc)
     # Round-trip through the strict decoder so what we write is exactly what we would load.
-    text = json.dumps(doc, indent=2) + "\n" if path.endswith(".json") else _dump_yaml(doc)
     parse_spec(text.encode(), path)
+    return doc, text
+
+
+def write_spec(doc, path, overwrite=True, comment=""):
+    """Validate `doc` and write it atomically to `path` (.yaml or .json by extension, see
+    spec_path() and render_spec()); returns the path written.
+
+    The file is written to a temp file in the same directory, fsynced and renamed into
+    place, so readers never see a partial spec, and mode 0644.
+    """
+    path = spec_path(path)
+    _, text = render_spec(doc, path, comment)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, mode=0o755, exist_ok=True)
     if not overwrite and os.path.lexists(path):

@@ -158,3 +158,58 @@ def inject(devices, spec_dirs, config_json):
     except CDIError as err:
         raise click.ClickException(str(err)) from None
     click.echo(json.dumps(edited, indent=2))
+
+
+@cdi.command()
+@click.option("--output", default=None, metavar="PATH",
+              help="Where to write the spec (default /var/run/cdi/nvidia.yaml; replaced atomically, mode 0644).")
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
+              help="Spec format (default: the output's extension, else yaml).")
+@click.option("--vendor", default="nvidia.com", show_default=True, help="The vendor part of the kind.")
+@click.option("--class", "cls", default="gpu", show_default=True, help="The class part of the kind.")
+@click.option("--device-name-strategy", "strategies", multiple=True, type=click.Choice(["index", "uuid"]),
+              help="How devices are named (repeatable; default: index and uuid). \"all\" is always there.")
+@click.option("--driver-root", default="/", show_default=True, metavar="DIR",
+              help="The root of the driver's files (a driver container's root, e.g. /run/nvidia/driver).")
+@click.option("--dev-root", default=None, metavar="DIR", help="The root of the device nodes (default: the driver root).")
+@click.option("--hook-program", default=None, metavar="PATH",
+              help="The hook program the spec names (default: the cdi-shim-hook installed beside this "
+                   "interpreter; /usr/bin/nvidia-cdi-hook for the toolkit's).")
+@click.option("--spec-version", default=None, metavar="V",
+              help="cdiVersion to write (default: the minimum the content needs); refused if too old for it.")
+@click.option("--dry-run", is_flag=True, help="Print the spec instead of writing it.")
+@click.option("--timings", is_flag=True, hidden=True, help="Print where the time went, on stderr.")
+@click.option("--proc-root", default="/proc", hidden=True, help="Where /proc is (tests).")
+@click.option("--sysfs-root", default="/sys", hidden=True, help="Where /sys is (tests).")
+def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_program, spec_version, dry_run,
+             timings, proc_root, sysfs_root):
+    """Generate a CDI spec for this node's NVIDIA GPUs, from NVML.
+
+    NVML is the driver root's own libnvidia-ml.so.1 (found through the root's ld.so.cache);
+    the driver's libraries, binaries, GSP firmware and IPC sockets are found in the driver
+    root, the device nodes under the dev root. The spec is validated before it replaces the
+    old one. Warnings (an expected library missing, ...) go to stderr.
+    """
+    from ..generate import GenerateError, Options, generate as make_spec
+    from ..generate.spec import DEFAULT_OUTPUT, write
+
+    options = Options(output=output or DEFAULT_OUTPUT, fmt=fmt, vendor=vendor, cls=cls, strategies=strategies,
+                      driver_root=driver_root, dev_root=dev_root, hook_program=hook_program,
+                      spec_version=spec_version, proc=proc_root, sysfs=sysfs_root)
+    try:
+        result = make_spec(options)
+        for warning in result.warnings:
+            click.echo(f"warning: {warning}", err=True)
+        if dry_run:
+            click.echo(result.text, nl=False)
+        else:
+            path = write(result)
+            gpus = len(result.nvml.gpus)
+            click.echo(f"wrote {path}: {len(result.doc['devices'])} devices ({gpus} GPU(s), driver "
+                       f"{result.nvml.driver_version}), cdiVersion {result.doc['cdiVersion']}", err=True)
+    except GenerateError as err:
+        raise click.ClickException(str(err)) from None
+    except OSError as err:
+        raise click.ClickException(f"cannot write {options.output}: {err.strerror}") from None
+    if timings:
+        click.echo(" ".join(f"{k}={v * 1000:.2f}ms" for k, v in result.timings.items()), err=True)

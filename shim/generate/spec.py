@@ -1,0 +1,283 @@
+"""The spec document for this node's GPUs, and `generate()`, which makes it.
+
+Its shape is the toolkit 1.20's (`nvidia-ctk cdi generate`): kind nvidia.com/gpu; one
+device per GPU and naming strategy (index "0", UUID "GPU-..."), holding only the GPU's own
+device nodes; for a GPU in MIG mode, one per MIG device instead ("0:1", "MIG-..."), with the
+GPU's node and its GPU- and compute-instance capability nodes; "all" with every node; the rest in the spec-level edits: env
+NVIDIA_CTK_LIBCUDA_DIR and NVIDIA_VISIBLE_DEVICES=void, the control device nodes, the hooks
+(create-symlinks, update-ldcache, and the toolkit's others when its hook program is named),
+and the mounts (graphics configs, libraries, IPC sockets, GSP firmware, binaries).
+
+Device nodes carry their path and, when it differs (a --dev-root), their hostPath; major,
+minor and mode are left to injection time, which reads them from the host node, so the spec
+does not go stale when nvidia-uvm gets another major number after a module reload.
+
+cdiVersion is the minimum the content needs (0.5.0 with index names: they start with a
+digit), or --spec-version when that is enough. The driver version the spec was made for is
+data either way: every library mount names it (libnvidia-ml.so.<version>;
+`recorded_driver_version()` reads it back). The annotation `cdi-shim.dev/driver-version`
+holds it too when the spec's version allows annotations (0.6.0 and later): we do not raise
+the version for it by default, because readers of CDI 0.5 (Debian's podman 4.3: CDI v0.5.2)
+refuse specs newer than 0.5.0. The YAML file also says it in its first line,
+a comment for the reader.
+"""
+import os
+import posixpath
+import sys
+import time
+
+from . import GenerateError
+from .discover import (IPC_MOUNT_OPTIONS, MOUNT_OPTIONS, DriverRoot, control_nodes, discover_files, gpu_nodes,
+                       mig_caps, mig_nodes)
+
+DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"
+DEFAULT_STRATEGIES = ("index", "uuid")
+STRATEGIES = ("index", "uuid")
+ANNOTATION = "cdi-shim.dev/driver-version"
+HOOK_PROGRAM = "cdi-shim-hook"
+# Hook programs that implement the toolkit's whole set of hooks, and those that (like ours)
+# implement update-ldcache and create-symlinks only.
+TOOLKIT_HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk")
+
+
+class Options:
+    """What `cdi-shim cdi generate` was asked for."""
+
+    def __init__(self, output=DEFAULT_OUTPUT, fmt=None, vendor="nvidia.com", cls="gpu", strategies=(),
+                 driver_root="/", dev_root=None, hook_program=None, spec_version=None, sysfs="/sys",
+                 proc="/proc", machine=None):
+        self.output = output
+        self.fmt = fmt
+        self.vendor = vendor
+        self.cls = cls
+        self.strategies = tuple(dict.fromkeys(strategies)) or DEFAULT_STRATEGIES
+        self.driver_root = driver_root
+        self.dev_root = dev_root or driver_root
+        self.hook_program = hook_program
+        self.spec_version = spec_version
+        self.sysfs = sysfs
+        self.proc = proc
+        self.machine = machine
+
+
+class Result:
+    """A generated spec: the document, its text, where it goes, what to warn about, timings."""
+
+    def __init__(self, doc, text, path, warnings, nvml, timings):
+        self.doc = doc
+        self.text = text
+        self.path = path
+        self.warnings = warnings
+        self.nvml = nvml            # nvml.NvmlInfo
+        self.timings = timings      # {phase: seconds}
+
+
+def default_hook_program():
+    """The cdi-shim-hook installed beside this interpreter."""
+    return os.path.join(os.path.dirname(sys.executable), HOOK_PROGRAM)
+
+
+def _hook_program(given, warnings):
+    if given is None:
+        path = default_hook_program()
+        if not os.access(path, os.X_OK):
+            raise GenerateError(f"{HOOK_PROGRAM} is not installed beside {sys.executable} ({path}): "
+                                "reinstall cdi-shim, or name a hook program with --hook-program "
+                                "(e.g. /usr/bin/nvidia-cdi-hook)")
+        return path
+    if not posixpath.isabs(given):
+        raise GenerateError(f"--hook-program {given}: an absolute path is needed (runtimes run hooks by path)")
+    if not os.access(given, os.X_OK):
+        warnings.append(f"the hook program {given} is not an executable on this node: containers that run "
+                        "the spec's hooks will fail until it is")
+    return given
+
+
+def _hooks(program, files, version):
+    base = posixpath.basename(program)
+    fixed = [base, "hook"] if base in ("nvidia-ctk", "cdi-shim") else [base]
+    toolkit = base in TOOLKIT_HOOK_PROGRAMS
+    env = ["NVIDIA_CTK_DEBUG=false"] if toolkit else []
+
+    def hook(*args):
+        entry = {"hookName": "createContainer", "path": program, "args": fixed + list(args)}
+        if env:
+            entry["env"] = list(env)
+        return entry
+
+    hooks = []
+    if files.links:
+        hooks.append(hook("create-symlinks", *[arg for link in files.links for arg in ("--link", link)]))
+    if toolkit:
+        hooks.append(hook("enable-cuda-compat", f"--host-driver-version={version}"))
+    folders = []
+    for lib in files.libraries:
+        directory = posixpath.dirname(lib.path)
+        if directory not in folders:
+            folders.append(directory)
+    if folders:
+        hooks.append(hook("update-ldcache", *[arg for folder in folders for arg in ("--folder", folder)]))
+    if toolkit:
+        hooks.append(hook("disable-device-node-modification"))
+        hooks.append(hook("update-application-profile"))
+    return hooks
+
+
+def _node(path, host):
+    return {"path": path, "hostPath": host} if host != path else {"path": path}
+
+
+def _mount(host, path, options):
+    return {"hostPath": host, "containerPath": path, "options": list(options)}
+
+
+def device_entries(options, info, warnings):
+    """[(names, nodes)]: a GPU's names and device nodes, or, for a GPU in MIG mode, each of its
+    MIG devices' (names "<gpu>:<slot>" and the MIG UUID; the toolkit gives such a GPU no
+    device of its own)."""
+    entries, caps = [], None
+    for gpu in info.gpus:
+        if not gpu.mig_enabled:
+            names = [str(gpu.index) if s == "index" else gpu.uuid for s in options.strategies]
+            entries.append((names, gpu_nodes(options.dev_root, gpu, options.sysfs)))
+            continue
+        if not gpu.migs:
+            warnings.append(f"GPU {gpu.index} ({gpu.uuid}) is in MIG mode and has no MIG device: "
+                            "the spec has no device for it")
+            continue
+        if caps is None:
+            caps = mig_caps(options.proc)
+        for mig in gpu.migs:
+            names = [f"{gpu.index}:{mig.index}" if s == "index" else mig.uuid for s in options.strategies]
+            entries.append((names, mig_nodes(options.dev_root, gpu, mig, caps, options.proc)))
+    return entries
+
+
+def build_doc(options, info, files, control, entries, hook_program):
+    """The spec document (without cdiVersion)."""
+    devices, everything, seen = [], [], set()
+    for names, nodes in entries:
+        for name in names:
+            devices.append({"name": name, "containerEdits": {"deviceNodes": [_node(p, h) for p, h in nodes]}})
+        for path, host in nodes:
+            if path not in seen:
+                seen.add(path)
+                everything.append(_node(path, host))
+    devices.append({"name": "all", "containerEdits": {"deviceNodes": everything}})
+    mounts = [_mount(h, p, MOUNT_OPTIONS) for h, p in files.configs]
+    mounts += [_mount(lib.host, lib.path, MOUNT_OPTIONS) for lib in files.libraries]
+    mounts += [_mount(h, p, IPC_MOUNT_OPTIONS) for h, p in files.ipc]
+    mounts += [_mount(h, p, MOUNT_OPTIONS) for h, p in files.firmware + files.binaries]
+    edits = {
+        "env": ["NVIDIA_CTK_LIBCUDA_DIR=" + ":".join(files.lib_dirs), "NVIDIA_VISIBLE_DEVICES=void"],
+        "deviceNodes": [_node(path, host) for path, host in control],
+        "hooks": _hooks(hook_program, files, info.driver_version),
+        "mounts": mounts,
+    }
+    return {"kind": f"{options.vendor}/{options.cls}", "devices": devices,
+            "containerEdits": {key: value for key, value in edits.items() if value}}
+
+
+def recorded_driver_version(doc):
+    """The driver version a generated spec was made for: its annotation, else the version
+    suffix of its libnvidia-ml mount; None when neither is there."""
+    version = (doc.get("annotations") or {}).get(ANNOTATION)
+    if version:
+        return version
+    for mount in (doc.get("containerEdits") or {}).get("mounts") or ():
+        name = posixpath.basename(mount.get("hostPath", ""))
+        if name.startswith("libnvidia-ml.so.") and name.count(".") > 2:
+            return name[len("libnvidia-ml.so."):]
+    return None
+
+
+_NEEDS = {
+    "0.4.0": "mount types",
+    "0.5.0": "device names that start with a digit (the index naming) or device nodes with a hostPath (--dev-root)",
+    "0.6.0": "annotations, or a dot in the class",
+}
+
+
+def _version(options, doc):
+    from cdi.version import _key, minimum_version, normalize_version
+
+    needed = minimum_version(doc)
+    if options.spec_version is None:
+        return needed
+    version = normalize_version(options.spec_version)
+    if version is None:
+        raise GenerateError(f"--spec-version {options.spec_version}: not a CDI version "
+                            "(known: 0.3.0 ... 1.1.0)")
+    if _key(version) < _key(needed):
+        raise GenerateError(f"--spec-version {options.spec_version}: this spec needs at least {needed} "
+                            f"({_NEEDS.get(needed, 'its content')})")
+    return version
+
+
+def generate(options):
+    """Result for OPTIONS; raises GenerateError (nothing written, nothing changed)."""
+    from cdi.errors import CDIError
+    from cdi.spec import render_spec, spec_path
+
+    from . import nvml
+
+    from cdi import parser
+
+    started = time.perf_counter()
+    for option, value, check in (("--vendor", options.vendor, parser.validate_vendor_name),
+                                 ("--class", options.cls, parser.validate_class_name)):
+        try:
+            check(value)
+        except CDIError as err:
+            raise GenerateError(f"{option} {value}: {err}") from None
+    warnings = []
+    hook_program = _hook_program(options.hook_program, warnings)
+    try:
+        path = spec_path(options.output, options.fmt)
+    except CDIError as err:
+        raise GenerateError(str(err)) from None
+    with DriverRoot(options.driver_root, options.machine) as root:
+        t0 = time.perf_counter()
+        library = root.nvml_library()
+        t1 = time.perf_counter()
+        info = nvml.query(library)
+        t2 = time.perf_counter()
+        if not info.gpus:
+            raise GenerateError(f"NVML ({library}) reports no GPU on this node (driver {info.driver_version}): "
+                                "a spec needs at least one device; nothing written")
+        if not library.endswith(".so." + info.driver_version):
+            warnings.append(f"{nvml.LIBRARY} is {library}, whose name does not end in the version NVML reports "
+                            f"({info.driver_version}): the driver root's files may not match the loaded driver")
+        files = discover_files(root, info.driver_version)
+        warnings += files.warnings
+    control = control_nodes(options.dev_root, warnings)
+    entries = device_entries(options, info, warnings)
+    if not entries:
+        raise GenerateError("no GPU or MIG device to put in a spec (see the warnings); nothing written")
+    t3 = time.perf_counter()
+    doc = build_doc(options, info, files, control, entries, hook_program)
+    version = _version(options, doc)
+    if version not in ("0.3.0", "0.4.0", "0.5.0"):
+        doc = dict(doc, annotations={ANNOTATION: info.driver_version})
+    doc = {"cdiVersion": version, **doc}
+    comment = (f"Generated by cdi-shim cdi generate for NVIDIA driver {info.driver_version}, "
+               f"{len(info.gpus)} GPU(s).")
+    try:
+        doc, text = render_spec(doc, path, comment)
+    except CDIError as err:
+        raise GenerateError(f"the generated spec does not validate (a bug): {err}") from None
+    t4 = time.perf_counter()
+    timings = {"find-nvml": t1 - t0, "nvml-import": info.import_seconds,
+               "nvml-load": info.load_seconds, "nvml-calls": info.call_seconds,
+               "nvml": t2 - t1, "discover": t3 - t2, "build": t4 - t3, "total": t4 - started}
+    return Result(doc, text, path, warnings, info, timings)
+
+
+def write(result):
+    """Write RESULT's text atomically at its path (0644)."""
+    from cdi.safeio import write_file_atomic
+
+    directory = os.path.dirname(os.path.abspath(result.path))
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    write_file_atomic(result.path, result.text.encode(), 0o644, prefix="spec.", sync=True)
+    return result.path

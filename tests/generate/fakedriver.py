@@ -1,0 +1,196 @@
+"""A fake NVIDIA driver for the tests of `cdi-shim cdi generate`, made of real parts.
+
+* a driver root: the driver's libraries as gcc-built shared objects with the real SONAMEs
+  and file names (lib*.so.<version>, the SONAME links, the .so links the driver makes),
+  libnvidia-ml.so.<version> being the fake NVML of fake_nvml.c (read by the real pynvml),
+  vdpau/libvdpau_nvidia.so.<version>, the binaries, the GSP firmware, the persistenced
+  socket, a Vulkan ICD file, and the root's own ld.so.cache made by the real `ldconfig -r`;
+* a dev root: /dev/nvidiaN, /dev/nvidiactl, /dev/nvidia-uvm, ... made with mknod (char 195,
+  as NVIDIA's; the tests run as root);
+* the NVML description (fake-nvml.conf beside the library): the driver version and the GPUs.
+
+Missing tools FAIL the test with the package to install (never skip).
+"""
+import os
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_NVML_C = os.path.join(HERE, "fake_nvml.c")
+VERSION = "580.65.06"
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+# (file stem, SONAME: "1" = stem.so.1, "v" = stem.so.<version>, or a literal; .so link made?)
+LIBRARIES = (
+    ("libcuda", "1", True),
+    ("libcudadebugger", "1", False),
+    ("libnvidia-ptxjitcompiler", "1", False),
+    ("libnvidia-nvvm", "4", False),
+    ("libnvidia-opencl", "1", False),
+    ("libnvidia-allocator", "1", False),
+    ("libnvidia-gpucomp", "v", False),
+    ("libnvidia-cfg", "1", False),
+    ("libnvidia-pkcs11", "v", False),
+    ("libnvidia-pkcs11-openssl3", "v", False),
+    ("libnvcuvid", "1", False),
+    ("libnvidia-encode", "1", False),
+    ("libnvidia-opticalflow", "1", False),
+    ("libnvidia-eglcore", "v", False),
+    ("libnvidia-glcore", "v", False),
+    ("libnvidia-tls", "v", False),
+    ("libnvidia-glsi", "v", False),
+    ("libnvidia-fbc", "1", False),
+    ("libnvidia-rtcore", "v", False),
+    ("libnvoptix", "1", False),
+    ("libGLX_nvidia", "0", False),
+    ("libEGL_nvidia", "0", False),
+    ("libGLESv2_nvidia", "2", False),
+    ("libGLESv1_CM_nvidia", "1", False),
+    ("libnvidia-glvkspirv", "v", False),
+    ("libnvidia-ngx", "1", False),
+    ("libnvidia-sandboxutils", "1", False),
+)
+BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
+            "nvidia-cuda-mps-server")
+
+
+def need(name, package):
+    path = shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/sbin/{name}") if os.access(p, os.X_OK)),
+                                      None)
+    if path is None:
+        pytest.fail(f"{name} not found: apt-get install {package}", pytrace=False)
+    return path
+
+
+def _run(argv):
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode:
+        raise AssertionError(f"{argv[0]} failed: {done.stderr}")
+
+
+def build_nvml(path, soname="libnvidia-ml.so.1"):
+    _run([need("gcc", "gcc"), "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-Wl,-soname,{soname}", "-o", path,
+          FAKE_NVML_C, "-ldl"])
+
+
+def _soname(stem, kind, version):
+    if kind == "v":
+        return f"{stem}.so.{version}"
+    return f"{stem}.so.{kind}"
+
+
+def gpu_lines(count, uuid_format="GPU-{index:08x}-1111-2222-3333-{index:012x}"):
+    return [f"gpu uuid={uuid_format.format(index=i)} minor={i} bus=00000000:{0x10 + i:02X}:00.0 name=NVIDIA_H100"
+            for i in range(count)]
+
+
+class FakeDriver:
+    """A driver root and a dev root under BASE."""
+
+    def __init__(self, base, version=VERSION, gpus=2, omit=(), nvml_lines=None, ldconfig=True, nodes=True,
+                 merged_usr=False, absolute_links=False):
+        """MERGED_USR: /lib is a link to usr/lib and ld.so.conf names /lib/x86_64-linux-gnu (the
+        cache then names the libraries through the link). ABSOLUTE_LINKS: the SONAME links are
+        absolute (/usr/lib/...), as a driver container's may be: they mean the root's files."""
+        self.base = str(base)
+        self.version = version
+        self.root = os.path.join(self.base, "driver")
+        self.dev_root = os.path.join(self.base, "devroot")
+        self.libdir = self.root + LIBDIR
+        self.absolute_links = absolute_links
+        os.makedirs(self.libdir + "/vdpau", exist_ok=True)
+        if merged_usr:
+            os.symlink("usr/lib", self.root + "/lib")
+        os.makedirs(self.root + "/etc", exist_ok=True)
+        gcc = need("gcc", "gcc")
+        stub = os.path.join(self.base, "stub.c")
+        with open(stub, "w") as out:
+            out.write("int fake_driver_symbol(void) { return 42; }\n")
+        obj = os.path.join(self.base, "stub.o")
+        _run([gcc, "-c", "-fPIC", "-o", obj, stub])
+        self.libraries = []
+        for stem, kind, dev_link in LIBRARIES:
+            if stem in omit:
+                continue
+            self._library(gcc, obj, self.libdir, stem, _soname(stem, kind, version), dev_link)
+        if "libvdpau_nvidia" not in omit:
+            self._library(gcc, obj, self.libdir + "/vdpau", "libvdpau_nvidia", "libvdpau_nvidia.so.1", False)
+        if "libnvidia-ml" not in omit:
+            self.nvml = f"{self.libdir}/libnvidia-ml.so.{version}"
+            build_nvml(self.nvml)
+            os.symlink(self._target(LIBDIR, f"libnvidia-ml.so.{version}"), f"{self.libdir}/libnvidia-ml.so.1")
+            self.libraries.append(f"{LIBDIR}/libnvidia-ml.so.{version}")
+        self.set_gpus(gpus if nvml_lines is None else None, nvml_lines)
+        for name in BINARIES:
+            if name in omit:
+                continue
+            path = f"{self.root}/usr/bin/{name}"
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as out:
+                out.write(f"#!/bin/sh\necho {name} {version}\n")
+            os.chmod(path, 0o755)
+        firmware = f"{self.root}/lib/firmware/nvidia/{version}"
+        os.makedirs(firmware, exist_ok=True)
+        for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+            with open(f"{firmware}/{name}", "wb") as out:
+                out.write(b"\0" * 64)
+        icd = f"{self.root}/usr/share/vulkan/icd.d/nvidia_icd.json"
+        os.makedirs(os.path.dirname(icd), exist_ok=True)
+        with open(icd, "w") as out:
+            out.write('{"ICD": {"library_path": "libGLX_nvidia.so.0"}}\n')
+        os.makedirs(f"{self.root}/run/nvidia-persistenced", exist_ok=True)
+        self._socket = socket.socket(socket.AF_UNIX)
+        cwd = os.getcwd()
+        os.chdir(f"{self.root}/run/nvidia-persistenced")   # a socket's path is at most 107 bytes
+        try:
+            self._socket.bind("socket")
+        finally:
+            os.chdir(cwd)
+        with open(f"{self.root}/etc/ld.so.conf", "w") as out:
+            out.write(f"{LIBDIR[4:] if merged_usr else LIBDIR}\n")
+        if ldconfig:
+            self.ldconfig()
+        if nodes:
+            self.make_nodes(gpus if isinstance(gpus, int) else 0)
+
+    def _library(self, gcc, obj, directory, stem, soname, dev_link):
+        name = f"{stem}.so.{self.version}"
+        _run([gcc, "-shared", f"-Wl,-soname,{soname}", "-o", f"{directory}/{name}", obj])
+        if soname != name:
+            os.symlink(self._target(directory[len(self.root):], name), f"{directory}/{soname}")
+        if dev_link:
+            os.symlink(soname, f"{directory}/{stem}.so")
+        self.libraries.append(f"{directory[len(self.root):]}/{name}")
+
+    def _target(self, directory, name):
+        return f"{directory}/{name}" if self.absolute_links else name
+
+    def set_gpus(self, count=None, lines=None):
+        """Describe the fake GPUs: COUNT standard ones, or the given description LINES."""
+        if lines is None:
+            lines = [f"driver {self.version}"] + gpu_lines(count or 0)
+        with open(f"{self.libdir}/fake-nvml.conf", "w") as out:
+            out.write("\n".join(lines) + "\n")
+
+    def uuids(self, count):
+        return [f"GPU-{i:08x}-1111-2222-3333-{i:012x}" for i in range(count)]
+
+    def ldconfig(self):
+        # -X: the links are the driver's own (made above); ldconfig only writes the cache.
+        _run([need("ldconfig", "libc-bin"), "-X", "-r", self.root])
+
+    def make_nodes(self, gpus):
+        dev = os.path.join(self.dev_root, "dev")
+        os.makedirs(dev, exist_ok=True)
+        nodes = [("nvidiactl", 195, 255), ("nvidia-modeset", 195, 254), ("nvidia-uvm", 511, 0),
+                 ("nvidia-uvm-tools", 511, 1)] + [(f"nvidia{i}", 195, i) for i in range(gpus)]
+        for name, major, minor in nodes:
+            path = os.path.join(dev, name)
+            if not os.path.exists(path):
+                os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))
+
+    def close(self):
+        self._socket.close()

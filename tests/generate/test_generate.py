@@ -1,0 +1,383 @@
+"""`cdi-shim cdi generate` (issue 12) against a fake driver of real parts: gcc-built libraries
+with real SONAMEs, the driver root's own ld.so.cache from the real `ldconfig -r`, mknod'ed
+device nodes, and a fake libnvidia-ml.so.1 in C loaded by the real pynvml."""
+import json
+import os
+import stat
+import subprocess
+
+import pytest
+import yaml
+
+import fakedriver
+from fakedriver import LIBDIR
+
+from shim.generate.spec import recorded_driver_version
+
+VERSION = fakedriver.VERSION
+OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
+
+
+def load(path):
+    with open(path) as stream:
+        return yaml.safe_load(stream)
+
+
+def mounts_by_path(doc):
+    return {m["containerPath"]: m for m in doc["containerEdits"]["mounts"]}
+
+
+def hook_args(doc, command):
+    found = [h for h in doc["containerEdits"]["hooks"] if h["args"][1:2] == [command]]
+    assert len(found) == 1, doc["containerEdits"]["hooks"]
+    return found[0]["args"]
+
+
+@pytest.mark.parametrize("count", [1, 8])
+def test_spec_for_the_gpus_validates_and_lists_them(run, count):
+    run.gpus(count)
+    done = run.generate()
+    assert f"wrote {run.output}: {2 * count + 1} devices ({count} GPU(s), driver {VERSION}), cdiVersion 0.5.0" \
+        in done.stderr
+    assert "warning" not in done.stderr, done.stderr
+    assert stat.S_IMODE(os.stat(run.output).st_mode) == 0o644
+    assert run.cli("cdi", "validate", "--spec-dir", os.path.dirname(run.output), run.output, check=0)
+
+    listed = run.cli("cdi", "list", "--spec-dir", os.path.dirname(run.output), check=0).stdout.split()
+    uuids = run.driver.uuids(count)
+    expected = [f"nvidia.com/gpu={i}" for i in range(count)] + [f"nvidia.com/gpu={u}" for u in uuids] \
+        + ["nvidia.com/gpu=all"]
+    assert sorted(listed) == sorted(expected)
+
+    doc = load(run.output)
+    assert doc["cdiVersion"] == "0.5.0" and doc["kind"] == "nvidia.com/gpu"
+    devices = {d["name"]: d["containerEdits"] for d in doc["devices"]}
+    dev = run.driver.dev_root + "/dev"
+    for index, uuid in enumerate(uuids):
+        node = [{"path": f"/dev/nvidia{index}", "hostPath": f"{dev}/nvidia{index}"}]
+        assert devices[str(index)] == {"deviceNodes": node}
+        assert devices[uuid] == {"deviceNodes": node}
+    assert [n["path"] for n in devices["all"]["deviceNodes"]] == [f"/dev/nvidia{i}" for i in range(count)]
+
+    edits = doc["containerEdits"]
+    assert edits["env"] == [f"NVIDIA_CTK_LIBCUDA_DIR={LIBDIR}", "NVIDIA_VISIBLE_DEVICES=void"]
+    assert edits["deviceNodes"] == [{"path": p, "hostPath": dev + p[4:]} for p in
+                                    ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")]
+    mounts = mounts_by_path(doc)
+    root = run.driver.root
+    for library in run.driver.libraries:      # every lib*.so.<version> of the driver, vdpau's too
+        assert mounts[library] == {"hostPath": root + library, "containerPath": library, "options": OPTIONS}
+    libraries = [p for p in mounts if ".so." in p]
+    assert sorted(libraries) == sorted(run.driver.libraries)
+    for binary in fakedriver.BINARIES:
+        assert mounts[f"/usr/bin/{binary}"]["options"] == OPTIONS
+    for firmware in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+        assert f"/lib/firmware/nvidia/{VERSION}/{firmware}" in mounts
+    assert mounts["/run/nvidia-persistenced/socket"]["options"] == ["nosuid", "nodev", "rbind", "rprivate", "noexec"]
+    assert "/usr/share/vulkan/icd.d/nvidia_icd.json" in mounts
+
+    assert all(h["path"].endswith("/cdi-shim-hook") and os.access(h["path"], os.X_OK) and h["hookName"] ==
+               "createContainer" and "env" not in h for h in edits["hooks"]), edits["hooks"]
+    assert hook_args(doc, "update-ldcache") == ["cdi-shim-hook", "update-ldcache", "--folder", LIBDIR,
+                                                "--folder", LIBDIR + "/vdpau"]
+    links = hook_args(doc, "create-symlinks")[2:]
+    assert links[0::2] == ["--link"] * (len(links) // 2)
+    for link in (f"libcuda.so.1::{LIBDIR}/libcuda.so", f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1",
+                 f"libGLX_nvidia.so.{VERSION}::{LIBDIR}/libGLX_indirect.so.0",
+                 f"libnvidia-opticalflow.so.1::{LIBDIR}/libnvidia-opticalflow.so",
+                 f"libvdpau_nvidia.so.{VERSION}::{LIBDIR}/vdpau/libvdpau_nvidia.so.1"):
+        assert link in links[1::2]
+    # A library whose SONAME is its file name gets no link.
+    assert not any(link.startswith(f"libnvidia-glcore.so.{VERSION}::") for link in links[1::2])
+    assert recorded_driver_version(doc) == VERSION
+    assert run.calls().count("nvmlDeviceGetUUID") == count
+
+
+def test_nvml_calls_are_those_of_the_toolkit_through_pynvml(run):
+    run.generate()
+    calls = run.calls()
+    assert calls[0] == "nvmlInitWithFlags" and calls[-1] == "nvmlShutdown"    # pynvml's nvmlInit
+    for call in ("nvmlSystemGetDriverVersion", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2",
+                 "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMinorNumber", "nvmlDeviceGetPciInfo_v3",
+                 "nvmlDeviceGetMigMode"):
+        assert call in calls
+
+
+def test_zero_gpus_is_an_error_and_leaves_the_old_spec(run):
+    os.makedirs(os.path.dirname(run.output))
+    with open(run.output, "w") as out:
+        out.write("old spec\n")
+    run.gpus(0)
+    done = run.generate(check=1)
+    assert "reports no GPU on this node (driver 580.65.06)" in done.stderr and "nothing written" in done.stderr
+    with open(run.output) as stream:
+        assert stream.read() == "old spec\n"
+    assert os.listdir(os.path.dirname(run.output)) == ["nvidia.yaml"]
+
+
+def test_nvml_init_failure_carries_nvml_text(run):
+    run.gpus(lines=[f"driver {VERSION}", "init-error 9"] + fakedriver.gpu_lines(1))
+    done = run.generate(check=1)
+    assert "NVML could not be initialised" in done.stderr
+    assert "Driver Not Loaded" in done.stderr               # the fake library's nvmlErrorString
+    assert "/proc/driver/nvidia/version" in done.stderr
+    assert not os.path.exists(run.output)
+    assert "nvmlShutdown" not in run.calls()
+
+
+@pytest.mark.parametrize("function", ["nvmlDeviceGetUUID", "nvmlDeviceGetMinorNumber", "nvmlDeviceGetPciInfo_v3"])
+def test_a_device_that_errors_names_the_gpu_and_the_call(run, function):
+    lines = fakedriver.gpu_lines(3)
+    lines[1] += f" fail={function}:15"
+    run.gpus(lines=[f"driver {VERSION}"] + lines)
+    done = run.generate(check=1)
+    assert "GPU 1" in done.stderr and f"{function}: GPU is lost" in done.stderr, done.stderr
+    assert not os.path.exists(run.output)
+    assert run.calls()[-1] == "nvmlShutdown"
+
+
+def test_count_error(run):
+    run.gpus(lines=[f"driver {VERSION}", "count-error 999"])
+    done = run.generate(check=1)
+    assert "Error: nvmlDeviceGetCount_v2: Unknown Error" in done.stderr
+
+
+MIG_MINORS = ["config 1", "monitor 2", "gpu0/gi1/access 12", "gpu0/gi1/ci0/access 13", "gpu0/gi3/access 30",
+              "gpu0/gi3/ci0/access 31", "gpu0/gi4/access 39", "gpu0/gi4/ci0/access 40"]
+
+
+def _mig_setup(run, tmp_path, minors=MIG_MINORS, slots="0,2,3"):
+    proc = tmp_path / "proc"
+    (proc / "driver" / "nvidia-caps").mkdir(parents=True)
+    if minors is not None:
+        (proc / "driver" / "nvidia-caps" / "mig-minors").write_text("\n".join(minors) + "\n")
+    caps = os.path.join(run.driver.dev_root, "dev", "nvidia-caps")
+    os.makedirs(caps, exist_ok=True)
+    for minor in (12, 13, 30, 31, 39, 40):
+        path = os.path.join(caps, f"nvidia-cap{minor}")
+        if not os.path.exists(path):
+            os.mknod(path, 0o444 | stat.S_IFCHR, os.makedev(508, minor))
+    lines = fakedriver.gpu_lines(2)
+    lines[0] += f" mig=1 migs={slots}"
+    lines[1] += " mig=na"
+    run.gpus(lines=[f"driver {VERSION}"] + lines)
+    return str(proc)
+
+
+def test_mig_devices(run, tmp_path):
+    """A GPU in MIG mode: a device per MIG device (slot index and MIG UUID), with the GPU's node
+    and its GI and CI capability nodes; no device for the whole GPU; "all" has each node once."""
+    proc = _mig_setup(run, tmp_path)
+    done = run.generate("--proc-root", proc)
+    assert "warning" not in done.stderr, done.stderr
+    doc = load(run.output)
+    devices = {d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in doc["devices"]}
+    mig = "MIG-00000000-0000-4000-8000-{:012x}"
+    assert list(devices) == ["0:0", mig.format(0), "0:2", mig.format(2), "0:3", mig.format(3), "1",
+                             run.driver.uuids(2)[1], "all"]
+    assert devices["0:0"] == devices[mig.format(0)] == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12",
+                                                        "/dev/nvidia-caps/nvidia-cap13"]
+    assert devices["0:2"] == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"]
+    assert devices["all"] == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13",
+                              "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31",
+                              "/dev/nvidia-caps/nvidia-cap39", "/dev/nvidia-caps/nvidia-cap40", "/dev/nvidia1"]
+    run.cli("cdi", "validate", run.output, check=0)
+    calls = run.calls()
+    assert calls.count("nvmlDeviceGetMigDeviceHandleByIndex") == 7        # every slot, empty ones skipped
+    for call in ("nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
+        assert call in calls
+
+
+def test_mig_without_its_minors_file_or_node_is_an_error(run, tmp_path):
+    proc = _mig_setup(run, tmp_path, minors=None)
+    done = run.generate("--proc-root", proc, check=1)
+    assert f"GPU 0 (GPU-00000000-1111-2222-3333-000000000000) MIG device 0 (MIG-00000000-0000-4000-8000-000000000000): " \
+           f"{proc}/driver/nvidia-caps/mig-minors is missing" in done.stderr
+    (tmp_path / "proc" / "driver" / "nvidia-caps" / "mig-minors").write_text("gpu0/gi1/access 12\ngpu0/gi1/ci0/access 99\n")
+    done = run.generate("--proc-root", proc, check=1)
+    assert "/dev/nvidia-caps/nvidia-cap99 under the dev root" in done.stderr
+    assert "nvidia-modprobe -f /proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access" in done.stderr
+    assert not os.path.exists(run.output)
+
+
+def test_mig_mode_without_mig_devices_is_a_warning(run, tmp_path):
+    proc = _mig_setup(run, tmp_path, slots="")
+    done = run.generate("--proc-root", proc)
+    assert "warning: GPU 0 (GPU-00000000-1111-2222-3333-000000000000) is in MIG mode and has no MIG device" \
+        in done.stderr
+    assert [d["name"] for d in load(run.output)["devices"]] == ["1", run.driver.uuids(2)[1], "all"]
+
+
+def test_no_nvml_in_the_driver_root(run, tmp_path):
+    empty = tmp_path / "empty-root"
+    (empty / "etc").mkdir(parents=True)
+    with open(empty / "etc" / "ld.so.conf", "w") as out:
+        out.write("/usr/lib\n")
+    subprocess.run([fakedriver.need("ldconfig", "libc-bin"), "-r", str(empty)], check=True)
+    done = run.generate("--driver-root", str(empty), "--dev-root", run.driver.dev_root, roots=False, check=1)
+    assert f"no NVIDIA user-space driver in the driver root {empty}" in done.stderr
+    assert "lists no libnvidia-ml.so.1" in done.stderr
+    assert f"cdi-shim ldcache list --root {empty} | grep libnvidia-ml.so.1" in done.stderr
+    # no ld.so.cache at all
+    os.unlink(empty / "etc" / "ld.so.cache")
+    done = run.generate("--driver-root", str(empty), roots=False, check=1)
+    assert "its /etc/ld.so.cache cannot be read" in done.stderr
+
+
+def test_missing_expected_files_are_warnings(tmp_path):
+    fake = fakedriver.FakeDriver(tmp_path / "partial", gpus=1, omit=("libnvidia-glcore", "libcudadebugger", "nvidia-smi"))
+    try:
+        runner = _partial_runner(fake, tmp_path)
+        done = runner.generate()
+    finally:
+        fake.close()
+    assert f"warning: libnvidia-glcore.so.{VERSION} (OpenGL core) is not in the driver's library directories " \
+           f"({LIBDIR}) of {fake.root}" in done.stderr
+    assert f"warning: libcudadebugger.so.{VERSION} (CUDA debugger)" in done.stderr
+    assert "warning: nvidia-smi is not in /usr/local/sbin" in done.stderr
+    assert len([line for line in done.stderr.splitlines() if line.startswith("warning:")]) == 3, done.stderr
+    doc = load(runner.output)
+    assert f"{LIBDIR}/libnvidia-glcore.so.{VERSION}" not in mounts_by_path(doc)
+
+
+def test_missing_gpu_device_node_is_an_error(run):
+    lines = fakedriver.gpu_lines(1)
+    lines[0] = lines[0].replace("minor=0", "minor=42")
+    run.gpus(lines=[f"driver {VERSION}"] + lines)
+    done = run.generate(check=1)
+    assert f"/dev/nvidia42 under the dev root {run.driver.dev_root} (GPU 0" in done.stderr
+    assert "nvidia-smi" in done.stderr
+
+
+def test_spec_version(run):
+    done = run.generate("--spec-version", "0.4.0", check=1)
+    assert "--spec-version 0.4.0: this spec needs at least 0.5.0 (device names that start with a digit" in done.stderr
+    assert not os.path.exists(run.output)
+    run.generate("--spec-version", "0.8.0")
+    doc = load(run.output)
+    assert doc["cdiVersion"] == "0.8.0"
+    assert doc["annotations"] == {"cdi-shim.dev/driver-version": VERSION}
+    assert run.generate("--spec-version", "2.0", check=1).stderr.count("not a CDI version") == 1
+
+
+def test_uuid_naming_only(run):
+    run.generate("--device-name-strategy", "uuid")
+    names = [d["name"] for d in load(run.output)["devices"]]
+    assert names == run.driver.uuids(2) + ["all"]
+
+
+def test_vendor_and_class(run):
+    run.generate("--vendor", "example.com", "--class", "accel")
+    assert load(run.output)["kind"] == "example.com/accel"
+    done = run.generate("--class", "_bad", check=1)
+    assert "Error: --class _bad: invalid class" in done.stderr and "a bug" not in done.stderr
+
+
+def test_json_format_and_dry_run(run):
+    json_out = run.output[:-5] + ".json"
+    run.generate("--format", "json", "--output", json_out, output=False)
+    with open(json_out) as stream:
+        doc = json.load(stream)
+    assert doc["cdiVersion"] == "0.5.0"
+    run.cli("cdi", "validate", json_out, check=0)
+    done = run.generate("--format", "json", check=1)
+    assert "the file name says yaml, the format asked is json" in done.stderr
+    done = run.generate("--dry-run")
+    assert done.stdout.startswith(f"# Generated by cdi-shim cdi generate for NVIDIA driver {VERSION}, 2 GPU(s).\n---\n")
+    assert yaml.safe_load(done.stdout)["devices"][0]["name"] == "0"
+    assert not os.path.exists(run.output)
+
+
+def test_replaces_the_old_spec_atomically_with_mode_0644(run):
+    os.makedirs(os.path.dirname(run.output))
+    with open(run.output, "w") as out:
+        out.write("old\n")
+    os.chmod(run.output, 0o600)
+    old_inode = os.stat(run.output).st_ino
+    env_umask = os.umask(0o077)
+    try:
+        run.generate()
+    finally:
+        os.umask(env_umask)
+    info = os.stat(run.output)
+    assert stat.S_IMODE(info.st_mode) == 0o644 and info.st_ino != old_inode
+    assert os.listdir(os.path.dirname(run.output)) == ["nvidia.yaml"]
+
+
+def test_toolkit_hook_program(run):
+    done = run.generate("--hook-program", "/usr/bin/nvidia-cdi-hook")
+    if not os.access("/usr/bin/nvidia-cdi-hook", os.X_OK):
+        assert "warning: the hook program /usr/bin/nvidia-cdi-hook is not an executable on this node" in done.stderr
+    doc = load(run.output)
+    hooks = doc["containerEdits"]["hooks"]
+    assert [h["args"][1] for h in hooks] == ["create-symlinks", "enable-cuda-compat", "update-ldcache",
+                                             "disable-device-node-modification", "update-application-profile"]
+    assert all(h["path"] == "/usr/bin/nvidia-cdi-hook" and h["args"][0] == "nvidia-cdi-hook"
+               and h["env"] == ["NVIDIA_CTK_DEBUG=false"] for h in hooks)
+    assert hooks[1]["args"][2] == f"--host-driver-version={VERSION}"
+    run.generate("--hook-program", "/usr/bin/nvidia-ctk")
+    assert load(run.output)["containerEdits"]["hooks"][0]["args"][:3] == ["nvidia-ctk", "hook", "create-symlinks"]
+    assert "an absolute path is needed" in run.generate("--hook-program", "nvidia-cdi-hook", check=1).stderr
+
+
+def test_nvml_session_points_pynvml_at_each_library_in_turn(driver, tmp_path):
+    """In one process, two libraries one after the other: each is called, never the other's
+    cached function pointers, and pynvml's own global is restored."""
+    import pynvml
+
+    from shim.generate import nvml
+
+    other = tmp_path / "other"
+    other.mkdir()
+    fakedriver.build_nvml(str(other / "libnvidia-ml.so.1"))
+    with open(other / "fake-nvml.conf", "w") as out:
+        out.write("driver 999.1\n" + "\n".join(fakedriver.gpu_lines(3)) + "\n")
+    os.environ.pop("FAKE_NVML_CONFIG", None)
+    first = nvml.query(driver.nvml)
+    second = nvml.query(str(other / "libnvidia-ml.so.1"))
+    assert (first.driver_version, len(first.gpus)) == (VERSION, 8)
+    assert (second.driver_version, len(second.gpus)) == ("999.1", 3)
+    assert second.gpus[2].uuid == "GPU-00000002-1111-2222-3333-000000000002" and second.gpus[2].minor == 2
+    assert second.gpus[2].bus_id == "00000000:12:00.0"
+    assert pynvml.nvmlLib is None
+
+
+def _partial_runner(fake, tmp_path, gpus=1):
+    runner = __import__("conftest").Runner(fake, tmp_path)
+    runner.gpus(gpus)
+    return runner
+
+
+def test_merged_usr_root_gives_the_real_directories(tmp_path):
+    """The root's cache names /lib/x86_64-linux-gnu/... through the /lib -> usr/lib link: the
+    libraries are mounted where they are, once, and the firmware found through the link."""
+    fake = fakedriver.FakeDriver(tmp_path / "merged", gpus=1, merged_usr=True)
+    try:
+        runner = _partial_runner(fake, tmp_path)
+        done = runner.generate()
+    finally:
+        fake.close()
+    assert "warning" not in done.stderr, done.stderr
+    doc = load(runner.output)
+    mounts = mounts_by_path(doc)
+    assert sorted(p for p in mounts if ".so." in p) == sorted(fake.libraries)
+    assert doc["containerEdits"]["env"][0] == f"NVIDIA_CTK_LIBCUDA_DIR={LIBDIR}"
+    gsp = mounts[f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"]
+    assert gsp["hostPath"] == f"{fake.root}/usr/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"
+
+
+def test_absolute_links_in_the_driver_root_stay_inside_it(tmp_path):
+    """A driver container's root with absolute SONAME links (/usr/lib/.../libnvidia-ml.so.<v>):
+    they are resolved inside the root, never to the host's files of that name."""
+    fake = fakedriver.FakeDriver(tmp_path / "abs", gpus=1, absolute_links=True)
+    try:
+        runner = _partial_runner(fake, tmp_path)
+        done = runner.generate()
+    finally:
+        fake.close()
+    assert "warning" not in done.stderr, done.stderr
+    doc = load(runner.output)
+    assert all(m["hostPath"].startswith(fake.root + "/") for m in doc["containerEdits"]["mounts"])
+    assert runner.calls()[0] == "nvmlInitWithFlags"     # the root's fake NVML was the one loaded
+    links = hook_args(doc, "create-symlinks")[3::2]
+    assert f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in links

@@ -1,0 +1,70 @@
+"""A generated spec runs: a real runc container started through `cdi-shim-runtime --device
+nvidia.com/gpu=<UUID>` gets that GPU's node (and no other), the driver's libraries in its
+linker cache, the create-symlinks links, and the driver's binaries (the World of
+tests/runtime/runtime_helpers.py: busybox rootfs, private runc root and config)."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime"))
+import runtime_helpers as rh  # noqa: E402
+
+from fakedriver import LIBDIR, VERSION  # noqa: E402
+
+SCRIPT = ("echo '== dev'; ls /dev; "
+          "echo '== smi'; /usr/bin/nvidia-smi; "
+          f"echo '== links'; ls {LIBDIR}; "
+          "echo '== cache'; grep -c libcuda.so.1 /etc/ld.so.cache; "
+          "echo '== env'; env; echo '== end'")
+
+
+def sections(text):
+    out, current = {}, None
+    for line in text.splitlines():
+        if line.startswith("== "):
+            current = out.setdefault(line[3:], [])
+        elif current is not None:
+            current.append(line)
+    return out
+
+
+@pytest.mark.runtime_e2e
+@pytest.mark.parametrize("mode", ["run", "create"])
+def test_container_with_a_generated_spec_gets_the_gpu(driver, run, tmp_path, mode):
+    world = rh.World(tmp_path / "world")
+    try:
+        os.unlink(os.path.join(world.spec_dir, "nvidia-gpu.yaml"))   # the world's own nvidia.com/gpu spec
+        run.gpus(2)
+        run.generate("--output", os.path.join(world.spec_dir, "nvidia.yaml"), output=False)
+        uuid = driver.uuids(2)[1]
+        bundle = world.bundle(args=("sh", "-c", SCRIPT))
+        out_path = os.path.join(world.base, "out.txt")
+        with open(out_path, "wb") as out:
+            if mode == "run":
+                done = world.shim("--device", f"nvidia.com/gpu={uuid}", "run", "--bundle", bundle.path, bundle.id,
+                                  stdout=out, stderr=None, capture_output=False)
+                assert done.returncode == 0
+            else:
+                done = world.shim("--device", f"nvidia.com/gpu={uuid}", "create", "--bundle", bundle.path,
+                                  bundle.id, stdout=out, stderr=None, capture_output=False)
+                assert done.returncode == 0
+                assert world.shim("start", bundle.id).returncode == 0
+                world.wait_stopped(bundle.id)
+                assert world.shim("delete", bundle.id).returncode == 0
+        with open(out_path) as stream:
+            report = sections(stream.read())
+    finally:
+        world.cleanup()
+    assert "end" in report, report
+    dev = report["dev"]
+    assert "nvidia1" in dev and "nvidia0" not in dev
+    for node in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
+        assert node in dev
+    assert report["smi"] == [f"nvidia-smi {VERSION}"]
+    links = report["links"]
+    for name in (f"libcuda.so.{VERSION}", "libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "vdpau"):
+        assert name in links, links
+    assert int(report["cache"][0]) >= 1
+    assert "NVIDIA_VISIBLE_DEVICES=void" in report["env"]
+    assert f"NVIDIA_CTK_LIBCUDA_DIR={LIBDIR}" in report["env"]
