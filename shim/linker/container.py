@@ -105,19 +105,23 @@ def _open_dir_in_root(rootfd, path, ffi, lib):
     """An O_PATH descriptor of PATH inside the root, making missing directories (0755)."""
     opened = "/"
     fd = os.dup(rootfd)
-    for part in [p for p in path.split("/") if p]:
-        child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
-                                    os.O_PATH | os.O_DIRECTORY)
-        if child < 0 and ffi.errno == 2:  # ENOENT: make it in the directory we hold
-            os.mkdir(part, 0o755, dir_fd=fd)
+    try:
+        for part in [p for p in path.split("/") if p]:
             child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
                                         os.O_PATH | os.O_DIRECTORY)
-        if child < 0:
-            error = ffi.errno
+            if child < 0 and ffi.errno == 2:  # ENOENT: make it in the directory we hold
+                # (EEXIST: a dangling link there; EROFS, EACCES: raised with FD closed below)
+                os.mkdir(part, 0o755, dir_fd=fd)
+                child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
+                                            os.O_PATH | os.O_DIRECTORY)
+            if child < 0:
+                error = ffi.errno
+                raise OSError(error, os.strerror(error), posixpath.join(opened, part))
             os.close(fd)
-            raise OSError(error, os.strerror(error), posixpath.join(opened, part))
+            fd, opened = child, posixpath.join(opened, part)
+    except BaseException:
         os.close(fd)
-        fd, opened = child, posixpath.join(opened, part)
+        raise
     return fd
 
 

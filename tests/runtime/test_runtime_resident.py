@@ -422,3 +422,69 @@ def test_a_second_container_of_an_image_reads_what_the_first_did_not(world, driv
         server.wait(timeout=30)
         for merged in mounts:
             subprocess.run(["umount", merged], check=False)
+
+
+def open_fds(pid):
+    return sorted(os.listdir(f"/proc/{pid}/fd"), key=int)
+
+
+def _dangling_library_dir(rootfs):
+    """The library directory of the spec's mounts and links is a link to nowhere: making
+    the create-symlinks hook's link there fails with EEXIST (issue 14, finding 5)."""
+    os.makedirs(os.path.join(rootfs, "usr/lib"), exist_ok=True)
+    os.symlink("/nonexistent-library-dir", rootfs + LIBDIR)
+
+
+def _library_dir_is_a_file(rootfs):
+    os.makedirs(os.path.join(rootfs, "usr/lib"), exist_ok=True)
+    with open(rootfs + LIBDIR, "w") as out:
+        out.write("not a directory\n")
+
+
+def _fifo_cache_and_self_include(rootfs):
+    os.makedirs(os.path.join(rootfs, "etc/ld.so.conf.d"), exist_ok=True)
+    os.mkfifo(os.path.join(rootfs, "etc/ld.so.cache"))
+    with open(os.path.join(rootfs, "etc/ld.so.conf"), "w") as out:
+        out.write("include /etc/*.conf\ninclude /etc/ld.so.conf.d/*.conf\n")
+
+
+HOSTILE_IMAGES = (_dangling_library_dir, _library_dir_is_a_file, _fifo_cache_and_self_include)
+
+
+def test_worker_fds_do_not_grow_over_hostile_creates(world, driver):
+    """A resident worker serves many creates of hostile images (a dangling or non-directory
+    library directory under the spec's links, a FIFO as ld.so.cache, an ld.so.conf that
+    includes itself): its open descriptors stay what they were. (A descriptor leaked per
+    create of the first kind; ~1,000 creates later every create on that worker failed with
+    EMFILE.)"""
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    server = start_server(world, socket_path, workers=1)
+    try:
+        wait_for(lambda: len(workers_of(server.pid)) == 1, "one worker")
+        (worker,) = workers_of(server.pid)
+        world.resident_socket = socket_path
+        log = debug_world(world)
+        world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+
+        def create(make_hostile):
+            bundle = world.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"])
+            make_hostile(bundle.rootfs)
+            world.shim("create", "--bundle", bundle.path, bundle.id)   # runc may refuse: not the point
+            world.runc_cmd("delete", "--force", bundle.id)
+
+        for make_hostile in HOSTILE_IMAGES:    # warm: everything a create opens once is open
+            create(make_hostile)
+        before = open_fds(worker)
+        rounds = 8
+        for _ in range(rounds):
+            for make_hostile in HOSTILE_IMAGES:
+                create(make_hostile)
+        assert workers_of(server.pid) == {worker}, "the worker must have served them all"
+        after = open_fds(worker)
+        assert after == before, f"worker {worker} had {len(before)} descriptors, now {len(after)}"
+        served = served_lines(log)
+        assert len(served) == (rounds + 1) * len(HOSTILE_IMAGES), served
+        assert all(f" in resident process {worker}" in line for line in served), served
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
