@@ -181,9 +181,24 @@ def prepare_linker(config, bundle, log):
             log.debug(f"linker cache: {warning}")
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
         files += [(path, f"cdi-shim.musl-{index}.path", data) for index, (path, data) in enumerate(sorted(result.musl.items()))]
-        for destination, name, data in files:
-            source = os.path.abspath(os.path.join(bundle, name))
-            write_cache(source, data)  # temp file + rename, mode 0644
+        written = []
+        try:
+            for destination, name, data in files:
+                source = os.path.abspath(os.path.join(bundle, name))
+                write_cache(source, data)  # temp file + rename, mode 0644
+                written.append((destination, source))
+        except (LdcacheError, OSError) as err:
+            # A full or read-only bundle directory: the hooks can still do it, as for any
+            # other linker error. (A temp file of a worker killed mid-write is removed by the
+            # next write of config.json in this bundle: shim.bundle.)
+            for _, source in written:
+                try:
+                    os.unlink(source)
+                except OSError:
+                    pass
+            log.warning(f"linker cache not written into the bundle ({err}); the spec's hooks run as written")
+            return _without_hooks(config, drop) if drop else config
+        for destination, source in written:
             config = _bind(config, destination, source)
         drop.update(id(call.hook) for call in updates)
         remembered, read = (now - then for now, then in zip(memo_stats()[:2], (hits, misses)))

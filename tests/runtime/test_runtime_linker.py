@@ -280,3 +280,98 @@ def test_runtime_gives_hooks_an_env_so_the_image_env_cannot_reach_them(world, tm
     hook = bundle.config()["hooks"]["createContainer"][0]
     assert hook["env"] and not any(e.startswith("LD_") for e in hook["env"])
     assert not marker.exists(), "the image's LD_PRELOAD reached a hook"
+
+
+def test_cache_that_cannot_be_written_keeps_the_hooks(world, driver, tmp_path):
+    """The bundle cannot take the cache (here a directory is in the way: rename fails with
+    EISDIR): a warning naming the file, the spec's hooks kept, and the container still gets
+    its cache from them; never an internal error."""
+    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, driver))
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    _glibc_rootfs(world, bundle, driver, tmp_path)
+    os.makedirs(os.path.join(bundle.path, "cdi-shim.ld.so.cache", "in-the-way"))
+    result = world.shim("run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "linked=42 dlopen=ok\n"
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert f"cannot write {bundle.path}/cdi-shim.ld.so.cache" in result.stderr, result.stderr
+    assert "hooks run as written" in result.stderr, result.stderr
+    config = bundle.config()
+    kept = [h["args"] for h in config["hooks"]["createContainer"]]
+    assert any("update-ldcache" in args for args in kept), kept
+    assert not [m for m in config["mounts"] if m["destination"] == "/etc/ld.so.cache"]
+    assert not [n for n in os.listdir(bundle.path) if n.endswith("~")]
+
+
+class _Recorder:
+    def __init__(self):
+        self.lines = []
+        self.debug_enabled = False
+
+    def debug(self, message):
+        pass
+
+    def warning(self, message):
+        self.lines.append(("warning", message))
+
+    def error(self, message):
+        self.lines.append(("error", message))
+
+
+@pytest.mark.parametrize("failure", ["ENOSPC", "EROFS"])
+def test_cache_write_errors_keep_the_hooks(driver, tmp_path, failure):
+    """prepare_linker on a bundle directory that is full (a 4 KiB tmpfs, filled) or read-only
+    (a tmpfs remounted ro): the config comes back with the hooks and without the cache mount,
+    a warning says which file and why, and no temp file is left."""
+    from shim.linker.container import prepare_linker
+
+    require = rh.need("mount", "mount")
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    subprocess.run([require, "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(bundle)], check=True)
+    try:
+        if failure == "ENOSPC":
+            with open(bundle / "filler", "wb") as out:
+                try:
+                    out.write(b"x" * 65536)
+                except OSError:
+                    pass
+        else:
+            subprocess.run([require, "-o", "remount,ro", str(bundle)], check=True)
+        hook = {"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR]}
+        config = {"root": {"path": str(rootfs)}, "hooks": {"createContainer": [hook]},
+                  "mounts": [{"destination": f"{LIBDIR}/{driver.name}", "source": str(driver), "type": "bind",
+                              "options": ["ro", "bind"]}]}
+        log = _Recorder()
+        out = prepare_linker(config, str(bundle), log)
+        assert out["hooks"]["createContainer"] == [hook]
+        assert not [m for m in out["mounts"] if m["destination"] == "/etc/ld.so.cache"]
+        why = {"ENOSPC": "No space left on device", "EROFS": "Read-only file system"}[failure]
+        assert log.lines == [("warning", f"linker cache not written into the bundle (cannot write "
+                                         f"{bundle}/cdi-shim.ld.so.cache: {why}); the spec's hooks run as written")]
+        assert not [n for n in os.listdir(bundle) if n.endswith("~")]
+    finally:
+        subprocess.run(["umount", str(bundle)], check=False)
+
+
+def test_stale_cache_temp_files_are_removed(world, driver, tmp_path):
+    """A worker killed between writing the cache's temp file and renaming it leaves
+    .cdi-shim.ld.so.cache.cds-PID-N~ in the bundle: the next create there removes it (its
+    writer is gone), as it does config.json's; a live writer's stays."""
+    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    _glibc_rootfs(world, bundle, driver, tmp_path)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = [f".cdi-shim.ld.so.cache.cds-{gone.pid}-0~", f".cdi-shim.musl-0.path.cds-{gone.pid}-3~"]
+    live = f".cdi-shim.ld.so.cache.cds-{os.getpid()}-0~"
+    for name in stale + [live]:
+        with open(os.path.join(bundle.path, name), "wb") as out:
+            out.write(b"partial")
+    result = world.shim("create", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    names = os.listdir(bundle.path)
+    assert not set(stale) & set(names), names
+    assert live in names and "cdi-shim.ld.so.cache" in names
