@@ -10,17 +10,26 @@ exists by other means (a mount at the link's path) or after its links were made 
 the rootfs and without following anything out of it; when that cannot be done safely (the link
 lies under a directory a mount will cover) the hook stays.
 
-`prepare_linker(config, bundle, log)` returns the new config; it never fails the container:
-a cache that cannot be computed leaves the hooks as the spec wrote them, with a warning.
+`prepare_linker(config, bundle, log)` returns the new config. A cache that cannot be
+computed or written leaves the hooks as the spec wrote them, with a warning; the one
+exception is an image past a bound on the work (include globs looking into too many
+directories, the wall-clock bound on the whole step: engine.MAX_GLOB_DIRS, LINKER_TIME_LIMIT):
+that raises LinkerLimitError and the create fails, since the hook would only repeat the same
+work inside runc, unbounded.
 """
 import os
 import posixpath
+import time
 
 from ..bundle import rootfs_path
 
 CACHE_FILE = "cdi-shim.ld.so.cache"
 HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk", "cdi-shim", "cdi-shim-hook")
 LIBRARY_MARKER = ".so"
+
+
+class LinkerLimitError(Exception):
+    """The image's linker configuration is past a bound on the work (see the module)."""
 
 
 class HookCall:
@@ -134,6 +143,7 @@ def _bind(config, destination, source):
 
 def prepare_linker(config, bundle, log):
     """Return `config` with the linker cache prepared and the hooks we replaced removed."""
+    start = time.monotonic()
     calls = list(_hook_calls(config))
     updates = [call for _, call in calls if call.command == "update-ldcache"]
     symlinks = [call for _, call in calls if call.command == "create-symlinks"]
@@ -163,14 +173,19 @@ def prepare_linker(config, bundle, log):
         drop.add(id(call.hook))
 
     if updates or libraries:
-        from .ldcache import LdcacheError, memo_stats, plan, write_cache
+        from .ldcache import LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats, plan, write_cache
 
         folders = [folder for call in updates for folder in call.options.get("folder", ())]
         if not folders:
             folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
         hits, misses, _ = memo_stats()
         try:
-            result = plan(rootfs, list(dict.fromkeys(folders)), extra=libraries)
+            result = plan(rootfs, list(dict.fromkeys(folders)), extra=libraries,
+                          deadline=Deadline(LINKER_TIME_LIMIT, start))
+        except LdcacheLimitError as err:
+            raise LinkerLimitError(f"the linker cache of {rootfs} is refused: {err}; the container is not "
+                                   "created rather than its update-ldcache hook left to repeat this "
+                                   "inside runc") from None
         except (LdcacheError, OSError) as err:
             log.warning(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
             return _without_hooks(config, drop) if drop else config

@@ -91,9 +91,12 @@ def prepare(args, settings, log):
         raise RuntimeFailure(f"container {args.container_id or '?'}: failed to inject devices "
                              f"{', '.join(devices)} (from {specs}): {err}") from None
     phases.done("apply")
-    from ..linker.container import isolate_hooks, prepare_linker
+    from ..linker.container import LinkerLimitError, isolate_hooks, prepare_linker
 
-    edited = isolate_hooks(prepare_linker(edited, args.bundle, log))
+    try:
+        edited = isolate_hooks(prepare_linker(edited, args.bundle, log))
+    except LinkerLimitError as err:
+        raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
     phases.done("linker")
     try:
         write_config(args.bundle, edited, info.st_mode)

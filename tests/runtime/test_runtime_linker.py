@@ -375,3 +375,79 @@ def test_stale_cache_temp_files_are_removed(world, driver, tmp_path):
     names = os.listdir(bundle.path)
     assert not set(stale) & set(names), names
     assert live in names and "cdi-shim.ld.so.cache" in names
+
+
+def _self_referencing_include(rootfs):
+    """/g: ten links to "." and x.conf naming the library directory; ld.so.conf includes
+    it through `/g/*/*/*/*/*/*/*.conf` (10**7 paths of one file to glob(3))."""
+    g = os.path.join(rootfs, "g")
+    os.makedirs(g)
+    for i in range(10):
+        os.symlink(".", os.path.join(g, f"l{i}"))
+    with open(os.path.join(g, "x.conf"), "w") as out:
+        out.write(LIBDIR + "\n")
+    with open(rootfs + "/etc/ld.so.conf", "a") as out:
+        out.write("include /g/" + "*/" * 6 + "*.conf\n")
+
+
+def test_include_glob_over_self_referencing_links(world, driver, tmp_path):
+    """An image whose ld.so.conf globs over self-referencing links (issue 14, finding 3: 7
+    levels took minutes and gigabytes, and the kept hook repeated it inside runc): served
+    in well under a second, the hooks dropped."""
+    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
+    _self_referencing_include(rootfs)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "linked=42 dlopen=ok\n"
+    assert not bundle.config().get("hooks", {}).get("createContainer")
+
+
+def test_include_glob_past_its_bound_fails_the_create(world, driver, tmp_path):
+    """An ld.so.conf whose include globs look into more directories than the bound (70 x 70
+    real ones): the create fails with a message naming the file, its include line and the
+    bound, in stderr and runc's log; config.json is untouched, so the spec's update-ldcache
+    hook never runs to repeat the work inside runc."""
+    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
+    for i in range(70):
+        for j in range(70):
+            os.makedirs(os.path.join(rootfs, f"d/{i}/{j}"))
+    with open(rootfs + "/etc/ld.so.conf", "a") as out:
+        out.write("include /d/*/*/*.conf\n")
+    runc_log = os.path.join(world.base, "runc.json")
+    result = world.shim("--log", runc_log, "--log-format", "json", "run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 1, result.stderr
+    expected = ("/etc/ld.so.conf: include /d/*/*/*.conf: include globs looked into more than 4096 "
+                "directories (the bound on include globs)")
+    assert expected in result.stderr and rootfs in result.stderr, result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    errors = [msg for level, msg in rh.read_log(runc_log, "json") if level == "error"]
+    assert any(expected in msg for msg in errors), errors
+    assert bundle.unchanged() and bundle.extra_files() == []
+    assert world.state(bundle.id) is None
+
+
+def test_linker_step_past_its_time_bound_is_refused(driver, tmp_path, monkeypatch):
+    """The wall-clock bound on the whole linker step (LINKER_TIME_LIMIT, here 0 s): the step
+    raises LinkerLimitError, which fails the create, saying which bound and where."""
+    from shim.linker import ldcache
+    from shim.linker.container import LinkerLimitError, prepare_linker
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    hook = {"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR]}
+    config = {"root": {"path": str(rootfs)}, "hooks": {"createContainer": [hook]},
+              "mounts": [{"destination": f"{LIBDIR}/{driver.name}", "source": str(driver), "type": "bind"}]}
+    monkeypatch.setattr(ldcache, "LINKER_TIME_LIMIT", 0)
+    with pytest.raises(LinkerLimitError) as caught:
+        prepare_linker(config, str(bundle), _Recorder())
+    assert f"the linker cache of {rootfs} is refused: not done within 0 s (the bound on the linker step), at " \
+        in str(caught.value), caught.value
+    assert os.listdir(bundle) == []
+    monkeypatch.setattr(ldcache, "LINKER_TIME_LIMIT", 10)
+    assert prepare_linker(config, str(bundle), _Recorder())["mounts"][-1]["destination"] == "/etc/ld.so.cache"
