@@ -50,16 +50,31 @@ def read_config(bundle):
 
 
 _TEMP_PREFIX = ".config.json.cdi-shim."
+# The linker cache files the runtime writes into the bundle (shim.linker.container) go
+# through the C engine's temp files: ".<name>.cds-<pid>-<counter>~".
+_ENGINE_TEMP_PREFIX, _ENGINE_TEMP_MARK = ".cdi-shim.", ".cds-"
+
+
+def _temp_writer(name):
+    """The pid (text) of the writer of temp file NAME of ours, or None."""
+    if name.startswith(_TEMP_PREFIX):
+        return name[len(_TEMP_PREFIX):]
+    if name.startswith(_ENGINE_TEMP_PREFIX) and name.endswith("~") and _ENGINE_TEMP_MARK in name:
+        return name.rsplit(_ENGINE_TEMP_MARK, 1)[1].split("-", 1)[0]
+    return None
 
 
 def _remove_stale_temps(bundle):
-    """Temp files of writers that were killed before their rename (their pid is gone)."""
+    """Temp files of writers that were killed before their rename (their pid is gone):
+    config.json's and the linker cache's."""
     try:
-        names = [name for name in os.listdir(bundle) if name.startswith(_TEMP_PREFIX)]
+        names = [name for name in os.listdir(bundle) if name.startswith(".")]
     except OSError:
         return
     for name in names:
-        pid = name[len(_TEMP_PREFIX):]
+        pid = _temp_writer(name)
+        if pid is None:
+            continue
         try:
             os.kill(int(pid), 0)
             continue  # its writer is alive

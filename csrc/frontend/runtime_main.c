@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,9 @@
 #endif
 
 #define MAX_CONFIG_JSON (64u << 20)
+/* How long a create waits for a resident worker to take it up before it runs the interpreter
+ * itself (every worker busy); a warm worker answers within a millisecond or two. */
+#define RESIDENT_WAIT_MS 1000
 #define MAX_SETTINGS_FILE (1u << 20)
 #define MAX_PREFIXES 16
 #define DEVICE_MOUNT_PATTERN "\"/var/run/nvidia-container-devices/"
@@ -449,18 +453,19 @@ static int put(struct bytes *b, const char *field)
 
 static void free_bytes(struct bytes *b) { free(b->data); }
 
-static int send_request(int fd, const struct bytes *body)
+static int send_request(int fd, const struct bytes *body, int token)
 {
-    static const char magic[8] = "CDSHIM1";
+    static const char magic[8] = "CDSHIM2";
     unsigned char header[12];
     uint32_t len = (uint32_t)body->len;
     memcpy(header, magic, 8);
     for (int i = 0; i < 4; i++)
         header[8 + i] = (unsigned char)(len >> (8 * i));
-    /* Our stderr goes along, so the child's messages reach whoever reads ours. */
+    /* Our stderr goes along, so the child's messages reach whoever reads ours; and the claim
+     * (see claim()). */
     union {
         struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(2 * sizeof(int))];
     } control;
     memset(&control, 0, sizeof(control));
     struct iovec iov[2] = {{header, sizeof(header)}, {body->data, body->len}};
@@ -469,14 +474,14 @@ static int send_request(int fd, const struct bytes *body)
     struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    int err_fd = STDERR_FILENO;
-    memcpy(CMSG_DATA(cmsg), &err_fd, sizeof(int));
+    cmsg->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    int fds[2] = {STDERR_FILENO, token};
+    memcpy(CMSG_DATA(cmsg), fds, sizeof(fds));
     ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (sent < 0)
         return -1;
     size_t total = sizeof(header) + body->len;
-    while ((size_t)sent < total) { /* the rest without the descriptor */
+    while ((size_t)sent < total) { /* the rest without the descriptors */
         size_t off = (size_t)sent - sizeof(header);
         ssize_t n = send(fd, body->data + off, body->len - off, MSG_NOSIGNAL);
         if (n < 0 && errno != EINTR)
@@ -487,9 +492,24 @@ static int send_request(int fd, const struct bytes *body)
     return 0;
 }
 
+/* The claim on a request: one byte in a pipe (non-blocking) whose read end the worker gets
+ * with the request. Reading the byte is atomic: a worker reads it before it starts the work,
+ * we read it before we run the interpreter instead, and only one of us can. */
+static int claim(int token)
+{
+    char byte;
+    ssize_t n;
+    do
+        n = read(token, &byte, 1);
+    while (n < 0 && errno == EINTR);
+    return n == 1;
+}
+
 /* Hand create/run to the resident process (shim/runtime/resident.py has the protocol). Returns -1
- * when it is not there or declines, and nothing was touched: the caller starts the
- * interpreter itself. Otherwise execs the runtime it names, or returns the exit status. */
+ * when nothing was touched and the caller should start the interpreter itself: the server is
+ * not there, declines, or no worker claimed the request within RESIDENT_WAIT_MS (every worker
+ * busy), and we claimed it back. Otherwise execs the runtime it names, or returns the exit
+ * status. */
 static int try_resident(const struct settings *set, int argc, char **argv)
 {
     extern char **environ;
@@ -510,10 +530,16 @@ static int try_resident(const struct settings *set, int argc, char **argv)
         fprintf(stderr, "%s\n", message);
         return -1;
     }
+    int pipe_fds[2];
+    if (pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) < 0)
+        return -1;
+    __attribute__((cleanup(close_fd))) int token = pipe_fds[0];
+    int ready_token = write(pipe_fds[1], "T", 1) == 1;
+    close(pipe_fds[1]);
     mode_t mask = umask(0);
     umask(mask);
     __attribute__((cleanup(free_bytes))) struct bytes body = {0};
-    int failed = put(&body, CDS_VERSION) | put(&body, cwd);
+    int failed = (ready_token ? 0 : -1) | put(&body, CDS_VERSION) | put(&body, cwd);
     snprintf(field, sizeof(field), "%o", (unsigned)mask);
     failed |= put(&body, field);
     snprintf(field, sizeof(field), "%d", argc - 1);
@@ -522,36 +548,51 @@ static int try_resident(const struct settings *set, int argc, char **argv)
         failed |= put(&body, argv[i]);
     for (char **env = environ; *env; env++)
         failed |= put(&body, *env);
-    if (failed || send_request(fd, &body) < 0)
+    __attribute__((cleanup(free_bytes))) struct bytes reply = {.data = malloc(65536), .cap = 65536};
+    if (failed || !reply.data)
         return -1;
-
-    struct timeval timeout = {.tv_sec = 120};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    __attribute__((cleanup(free_bytes))) struct bytes reply = {0};
     int why = 0;
-    for (;;) {
-        if (reply.cap - reply.len < 4096) {
-            char *data = realloc(reply.data, reply.cap + 65536);
-            if (!data)
-                return 127;
-            reply.data = data;
-            reply.cap += 65536;
+    if (send_request(fd, &body, token) < 0) {
+        why = errno;
+    } else {
+        /* A worker takes the request up within a moment, or every worker is busy (or the
+         * server is stuck): then we claim it back and the interpreter does it here; a worker
+         * that gets to it later finds the claim gone and does nothing. */
+        struct pollfd ready = {.fd = fd, .events = POLLIN};
+        int polled;
+        do
+            polled = poll(&ready, 1, RESIDENT_WAIT_MS);
+        while (polled < 0 && errno == EINTR);
+        if (polled == 0 && claim(token))
+            return -1;
+        /* An answer is there, or a worker has claimed the request: wait for all of it. */
+        struct timeval timeout = {.tv_sec = 120};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+        for (;;) {
+            if (reply.cap - reply.len < 4096) {
+                char *data = realloc(reply.data, reply.cap + 65536);
+                if (!data)
+                    return 127;
+                reply.data = data;
+                reply.cap += 65536;
+            }
+            ssize_t n = read(fd, reply.data + reply.len, reply.cap - reply.len - 1);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0)
+                why = errno;
+            if (n <= 0)
+                break;
+            reply.len += (size_t)n;
+            if (reply.len > (1u << 20))
+                break;
         }
-        ssize_t n = read(fd, reply.data + reply.len, reply.cap - reply.len - 1);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            why = errno;
-        if (n <= 0)
-            break;
-        reply.len += (size_t)n;
-        if (reply.len > (1u << 20))
-            break;
     }
-    /* Nothing read means nothing touched (the work starts only after "A"), unless we timed
-     * out: then a late "A" could still start it, so that is a failure. */
-    if ((reply.len == 0 && why != EAGAIN) || (reply.len > 0 && reply.data[0] == 'F'))
+    /* Declined ("F"), or no answer: if we can claim the request back, no worker started it. */
+    if ((reply.len == 0 || reply.data[0] != 'A') && claim(token))
         return -1;
+    /* A worker claimed the request, so the work may have begun: whatever goes wrong now is a
+     * failure, never a second run through the interpreter. */
     reply.data[reply.len] = '\0';
     char *status_end = memchr(reply.data, '\0', reply.len);
     if (reply.len == 0 || reply.data[0] != 'A' || !status_end || status_end == reply.data + 1) {

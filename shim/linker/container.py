@@ -10,15 +10,19 @@ exists by other means (a mount at the link's path) or after its links were made 
 the rootfs and without following anything out of it; when that cannot be done safely (the link
 lies under a directory a mount will cover) the hook stays.
 
-`prepare_linker(config, bundle, log)` returns the new config; it never fails the container:
-a cache that cannot be computed leaves the hooks as the spec wrote them, with a warning. The
-one exception is an image with no place for /etc/ld.so.cache (its /etc a regular file, or
-/etc/ld.so.cache a directory): runc cannot bind a file there, so a spec that asks for the cache
-(update-ldcache) fails with NoPlaceForCache, saying why, and a cache that only we wanted (library
-mounts, no hook) is left out with a warning.
+`prepare_linker(config, bundle, log)` returns the new config. A cache that cannot be
+computed or written leaves the hooks as the spec wrote them, with a warning. Two exceptions fail
+the create instead: an image past a bound on the work (include globs looking into too many
+directories, the wall-clock bound on the whole step: engine.MAX_GLOB_DIRS, LINKER_TIME_LIMIT)
+raises LinkerLimitError, since the hook would only repeat the same work inside runc, unbounded;
+and an image with no place for /etc/ld.so.cache (its /etc a regular file, or /etc/ld.so.cache a
+directory), where runc cannot bind a file, raises NoPlaceForCache when the spec asks for the
+cache (update-ldcache) — a cache that only we wanted (library mounts, no hook) is left out
+with a warning.
 """
 import os
 import posixpath
+import time
 
 from ..bundle import rootfs_path
 
@@ -29,6 +33,10 @@ LIBRARY_MARKER = ".so"
 
 class NoPlaceForCache(Exception):
     """The spec asks for a linker cache (update-ldcache) that the image has no place for."""
+
+
+class LinkerLimitError(Exception):
+    """The image's linker configuration is past a bound on the work (see the module)."""
 
 
 class HookCall:
@@ -113,19 +121,23 @@ def _open_dir_in_root(rootfd, path, ffi, lib):
     """An O_PATH descriptor of PATH inside the root, making missing directories (0755)."""
     opened = "/"
     fd = os.dup(rootfd)
-    for part in [p for p in path.split("/") if p]:
-        child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
-                                    os.O_PATH | os.O_DIRECTORY)
-        if child < 0 and ffi.errno == 2:  # ENOENT: make it in the directory we hold
-            os.mkdir(part, 0o755, dir_fd=fd)
+    try:
+        for part in [p for p in path.split("/") if p]:
             child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
                                         os.O_PATH | os.O_DIRECTORY)
-        if child < 0:
-            error = ffi.errno
+            if child < 0 and ffi.errno == 2:  # ENOENT: make it in the directory we hold
+                # (EEXIST: a dangling link there; EROFS, EACCES: raised with FD closed below)
+                os.mkdir(part, 0o755, dir_fd=fd)
+                child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
+                                            os.O_PATH | os.O_DIRECTORY)
+            if child < 0:
+                error = ffi.errno
+                raise OSError(error, os.strerror(error), posixpath.join(opened, part))
             os.close(fd)
-            raise OSError(error, os.strerror(error), posixpath.join(opened, part))
+            fd, opened = child, posixpath.join(opened, part)
+    except BaseException:
         os.close(fd)
-        fd, opened = child, posixpath.join(opened, part)
+        raise
     return fd
 
 
@@ -165,6 +177,7 @@ def _no_place_for(rootfs, destination):
 
 def prepare_linker(config, bundle, log):
     """Return `config` with the linker cache prepared and the hooks we replaced removed."""
+    start = time.monotonic()
     calls = list(_hook_calls(config))
     updates = [call for _, call in calls if call.command == "update-ldcache"]
     symlinks = [call for _, call in calls if call.command == "create-symlinks"]
@@ -194,7 +207,7 @@ def prepare_linker(config, bundle, log):
         drop.add(id(call.hook))
 
     if updates or libraries:
-        from .ldcache import LdcacheError, memo_stats, plan, write_cache
+        from .ldcache import LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats, plan, write_cache
 
         unfit = _no_place_for(rootfs, "/etc/ld.so.cache")
         if unfit and updates:
@@ -213,7 +226,12 @@ def prepare_linker(config, bundle, log):
             folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
         hits, misses, _ = memo_stats()
         try:
-            result = plan(rootfs, list(dict.fromkeys(folders)), extra=libraries)
+            result = plan(rootfs, list(dict.fromkeys(folders)), extra=libraries,
+                          deadline=Deadline(LINKER_TIME_LIMIT, start))
+        except LdcacheLimitError as err:
+            raise LinkerLimitError(f"the linker cache of {rootfs} is refused: {err}; the container is not "
+                                   "created rather than its update-ldcache hook left to repeat this "
+                                   "inside runc") from None
         except (LdcacheError, OSError) as err:
             log.warning(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
             return _without_hooks(config, drop) if drop else config
@@ -224,13 +242,28 @@ def prepare_linker(config, bundle, log):
             log.debug(f"linker cache: {warning}")
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
         files += [(path, f"cdi-shim.musl-{index}.path", data) for index, (path, data) in enumerate(sorted(result.musl.items()))]
-        for destination, name, data in files:
-            unfit = destination != "/etc/ld.so.cache" and _no_place_for(rootfs, destination)
-            if unfit:
-                log.warning(f"musl library path file not mounted for {rootfs}: {unfit}")
-                continue
-            source = os.path.abspath(os.path.join(bundle, name))
-            write_cache(source, data)  # temp file + rename, mode 0644
+        written = []
+        try:
+            for destination, name, data in files:
+                unfit = destination != "/etc/ld.so.cache" and _no_place_for(rootfs, destination)
+                if unfit:
+                    log.warning(f"musl library path file not mounted for {rootfs}: {unfit}")
+                    continue
+                source = os.path.abspath(os.path.join(bundle, name))
+                write_cache(source, data)  # temp file + rename, mode 0644
+                written.append((destination, source))
+        except (LdcacheError, OSError) as err:
+            # A full or read-only bundle directory: the hooks can still do it, as for any
+            # other linker error. (A temp file of a worker killed mid-write is removed by the
+            # next write of config.json in this bundle: shim.bundle.)
+            for _, source in written:
+                try:
+                    os.unlink(source)
+                except OSError:
+                    pass
+            log.warning(f"linker cache not written into the bundle ({err}); the spec's hooks run as written")
+            return _without_hooks(config, drop) if drop else config
+        for destination, source in written:
             config = _bind(config, destination, source)
         drop.update(id(call.hook) for call in updates)
         remembered, read = (now - then for now, then in zip(memo_stats()[:2], (hits, misses)))

@@ -7,6 +7,7 @@ FIFOs, devices and sockets are refused before they are opened for reading.
 """
 import os
 import stat
+import time
 from errno import EFBIG, EINVAL
 
 from .._native import ffi, lib
@@ -18,6 +19,13 @@ MAX_CACHE_SIZE = 64 << 20          # real caches are well under 2 MiB
 MAX_CONF_SIZE = 1 << 20
 MAX_INCLUDE_DEPTH = 32
 MAX_CONF_FILES = 4096
+# Include globs of one plan: directories looked into and names matched. A real image's
+# ld.so.conf looks into one or two directories of a few dozen names.
+MAX_GLOB_DIRS = 4096
+MAX_GLOB_NAMES = 1 << 20
+# The runtime's whole linker step (and the update-ldcache hook): milliseconds for a real
+# image, ~1 s for a full scan of thousands of libraries on a cold disk.
+LINKER_TIME_LIMIT = 10
 GENERATOR = "cdi-shim native ld.so.cache engine (glibc 2.36 layout)"
 
 # The toolkit's drop-in names (it adds a random part; ours is fixed, so reruns replace).
@@ -48,6 +56,27 @@ O_NOFOLLOW = os.O_NOFOLLOW
 
 class LdcacheError(Exception):
     """A cache or root the engine cannot use; the message says which file and why."""
+
+
+class LdcacheLimitError(LdcacheError):
+    """A bound on the work for one root was reached (a hostile or pathological image): the
+    message says which bound and where."""
+
+
+class Deadline:
+    """A wall-clock bound of SECONDS from START (time.monotonic(), default now)."""
+
+    __slots__ = ("seconds", "at")
+
+    def __init__(self, seconds, start=None):
+        self.seconds = seconds
+        self.at = (time.monotonic() if start is None else start) + seconds
+
+    def check(self, what, path=""):
+        """Raise LdcacheLimitError when the time is up; WHAT and PATH say where it was."""
+        if time.monotonic() >= self.at:
+            raise LdcacheLimitError(f"not done within {self.seconds:g} s (the bound on the linker step), "
+                                    f"at {what}{path}")
 
 
 def os_error(what, err=None):

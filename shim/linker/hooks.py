@@ -39,9 +39,9 @@ def container_rootfs(state_text):
 
 def update_ldcache(rootfs, folders):
     """Write the cache the rootfs needs with FOLDERS (already mounted) into its /etc/ld.so.cache."""
-    from .ldcache import update
+    from .ldcache import LINKER_TIME_LIMIT, Deadline, update
 
-    return update(rootfs, list(dict.fromkeys(folders)))
+    return update(rootfs, list(dict.fromkeys(folders)), deadline=Deadline(LINKER_TIME_LIMIT))
 
 
 def create_symlinks(rootfs, links):

@@ -23,7 +23,7 @@ out of it, nothing is written into it unless a function says so):
     format_listing(cache, name) -> bytes
         Exactly what `ldconfig -p` prints for that cache (NAME as it names the file).
     plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="existing",
-         format="new", generator=None) -> Plan
+         format="new", generator=None, deadline=None) -> Plan
         The cache ROOT would have after the toolkit's update-ldcache with FOLDERS: FOLDERS
         go in a drop-in read where the toolkit's /etc/ld.so.conf.d/00-nvcr-*.conf is (or
         first, if the image's ld.so.conf never reads that directory), folders the image
@@ -45,6 +45,10 @@ out of it, nothing is written into it unless a function says so):
         Plan.cache (bytes), Plan.mode, Plan.reason (why a full scan), Plan.entries,
         Plan.musl ({container path: bytes} for /etc/ld-musl-<arch>.path on musl images),
         Plan.files (both together), Plan.warnings, Plan.skipped.
+        Bounded work: include globs look into at most MAX_GLOB_DIRS directories and match
+        at most MAX_GLOB_NAMES names per plan; DEADLINE (Deadline(seconds)) bounds the
+        time. Past a bound: LdcacheLimitError (a subclass of LdcacheError) saying which
+        bound and where (the configuration file and its include line).
     plan_cache(root, folders=(), extra=None, **options) -> bytes
         plan(...).cache.
     write_cache(path, data, sync=False)
@@ -66,18 +70,22 @@ legacy hwcap subdirectories (tls, x86_64, haswell, ...), the soname/link rules o
 search_dir(), ELF classification, entry order, string table and extension layout. Known,
 deliberate differences: include loops stop after 32 levels (ldconfig recurses until it
 crashes), files ldconfig would crash or hang on (a link to a FIFO, headers past the mapped
-end) are skipped, and links are never created or removed.
+end) are skipped, links are never created or removed, an include glob looks into a directory
+it reaches by several paths (links) once, by the first of them (glob(3) lists every path: over
+self-referencing links, exponentially many), and its results are computed once per pattern.
 """
 import os
 
 from .._native import ffi, lib
 from .cachefile import Cache, Entry, format_listing, read_cache, read_host_bytes, read_root_bytes, read_root_cache
-from .engine import (CACHE_PATH, DROPIN_FIRST, DROPIN_LAST, GENERATOR, MACHINES, O_DIRECTORY, O_PATH,
-                     LdcacheError, Root, os_error)
+from .engine import (CACHE_PATH, DROPIN_FIRST, DROPIN_LAST, GENERATOR, LINKER_TIME_LIMIT, MACHINES,
+                     MAX_GLOB_DIRS, MAX_GLOB_NAMES, O_DIRECTORY, O_PATH, Deadline, LdcacheError,
+                     LdcacheLimitError, Root, os_error)
 from .plan import Plan, plan, plan_cache
 
 __all__ = [
-    "LdcacheError", "Cache", "Entry", "Plan", "read_cache", "read_root_cache", "read_host_bytes",
+    "LdcacheError", "LdcacheLimitError", "Deadline", "MAX_GLOB_DIRS", "MAX_GLOB_NAMES",
+    "LINKER_TIME_LIMIT", "Cache", "Entry", "Plan", "read_cache", "read_root_cache", "read_host_bytes",
     "read_root_bytes", "format_listing", "plan", "plan_cache", "write_cache", "write_in_root", "update",
     "remember_files", "memo_stats", "MACHINES", "CACHE_PATH", "DROPIN_FIRST", "DROPIN_LAST", "GENERATOR",
 ]

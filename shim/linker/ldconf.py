@@ -6,7 +6,8 @@ import stat
 from errno import ENOENT
 
 from .engine import (CONF_DIR, CONF_PATH, DROPIN_FIRST, DROPIN_LAST, MACHINES, MAX_CONF_FILES,
-                     MAX_CONF_SIZE, MAX_INCLUDE_DEPTH, LdcacheError)
+                     MAX_CONF_SIZE, MAX_GLOB_DIRS, MAX_GLOB_NAMES, MAX_INCLUDE_DEPTH, LdcacheError,
+                     LdcacheLimitError)
 from .globbing import fnmatch, has_meta, join_path
 
 _LIB_TYPES = {"libc4": 0x0000, "libc5": 0x0002, "libc6": 0x0003, "glibc2": 0x0003}
@@ -138,8 +139,9 @@ class LdConfig:
     """ldconfig's directory list for a root: its conf files with the toolkit's drop-ins,
     then the host ldconfig's built-in directories."""
 
-    def __init__(self, root, machine, folders, extras):
+    def __init__(self, root, machine, folders, extras, deadline=None):
         self.root = root
+        self.deadline = deadline    # engine.Deadline or None
         self.machine = machine
         self.target = MACHINES[machine][0]
         self.extras = extras
@@ -150,6 +152,13 @@ class LdConfig:
         self.conf_mtime = 0         # newest configuration file read
         self._items = []            # ("dir", line) and ("dropin", name), in ldconfig's order
         self._files_read = 0
+        # Include globs: their results by pattern (the tree does not change while it is
+        # planned for), the work they did (bounded: MAX_GLOB_DIRS, MAX_GLOB_NAMES) and the
+        # include line being expanded (for the error a bound gives).
+        self._globs = {}
+        self._glob_dirs = 0
+        self._glob_names = 0
+        self._including = ""
         _, conf_d = root.listdir(CONF_DIR, with_stat=True)     # listed again for its includes
         self._conf_d_ident = ("d", conf_d[1], conf_d[2]) if conf_d is not None else None
         if not self._parse_conf(CONF_PATH, 0):
@@ -188,10 +197,14 @@ class LdConfig:
                 f"{filename}: includes nested deeper than {MAX_INCLUDE_DEPTH}, ignored")
             return True
         if self._files_read >= MAX_CONF_FILES:
-            self.warnings.append(
-                f"{filename}: more than {MAX_CONF_FILES} configuration files, ignored")
+            if self._files_read == MAX_CONF_FILES:     # said once: there may be millions
+                self._files_read += 1
+                self.warnings.append(
+                    f"{filename}: more than {MAX_CONF_FILES} configuration files, ignored")
             return True
         self._files_read += 1
+        if self.deadline is not None:
+            self.deadline.check("reading ", filename)
         try:
             data, mtime = self.root.read(filename, MAX_CONF_SIZE)
         except OSError as err:
@@ -225,6 +238,7 @@ class LdConfig:
     def _include(self, config_file, pattern, depth):
         if not pattern.startswith("/") and "/" in config_file:
             pattern = os.path.dirname(config_file) + "/" + pattern
+        self._including = f"{config_file}: include {pattern}"
         for path, dropin in self._glob(pattern):
             if dropin:
                 self._items.append(("dropin", dropin))
@@ -232,7 +246,32 @@ class LdConfig:
                 self._parse_conf(path, depth + 1)
 
     def _glob(self, pattern):
-        """[(path, drop-in name or None)] matching PATTERN inside the tree, sorted."""
+        """[(path, drop-in name or None)] matching PATTERN inside the tree, sorted.
+
+        As glibc's glob(3), except that a directory reached by several paths (links to it
+        or to a parent) is looked into once, by the first of them in sorted order: over
+        self-referencing links (ten links to "." under /g, `include /g/*/*/*/*/*/*/*.conf`)
+        glob(3) lists 10**7 paths of one file. ldconfig reads each library directory once
+        too (by identity)."""
+        found = self._globs.get(pattern)
+        if found is None:
+            found = self._globs[pattern] = self._expand(pattern)
+        return found
+
+    def _visit(self, names):
+        """Account for a directory looked into by an include glob, NAMES of it matched."""
+        self._glob_dirs += 1
+        self._glob_names += names
+        if self._glob_dirs > MAX_GLOB_DIRS:
+            raise LdcacheLimitError(f"{self._including}: include globs looked into more than "
+                                    f"{MAX_GLOB_DIRS} directories (the bound on include globs)")
+        if self._glob_names > MAX_GLOB_NAMES:
+            raise LdcacheLimitError(f"{self._including}: include globs matched more than "
+                                    f"{MAX_GLOB_NAMES} names (the bound on include globs)")
+        if self.deadline is not None:
+            self.deadline.check(self._including)
+
+    def _expand(self, pattern):
         cut = pattern.rfind("/")
         if cut < 0:
             dirname, fpat = "", pattern
@@ -242,15 +281,18 @@ class LdConfig:
             return []
         if has_meta(dirname):
             dirs = []
+            seen = set()
             for d, _ in self._glob(dirname):
                 st = self.root.stat(d)
-                if st is not None and stat.S_ISDIR(st[0]):
+                if st is not None and stat.S_ISDIR(st[0]) and (st[1], st[2]) not in seen:
+                    seen.add((st[1], st[2]))
                     dirs.append(d)
         else:
             dirs = [dirname]
         out = []
         for d in dirs:
             names, virtual = self._conf_listing(d)
+            self._visit(len(names) if has_meta(fpat) else 0)
             if not has_meta(fpat):
                 if fpat in virtual:
                     out.append((join_path(d, fpat), fpat))

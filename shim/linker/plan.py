@@ -59,8 +59,9 @@ class _Builder:
 class _Scanner:
     """Runs the C directory scan over LdConfig's list, appending legacy subdirectories."""
 
-    def __init__(self, root, config, builder, links, plan):
+    def __init__(self, root, config, builder, links, plan, deadline=None):
         self.root = root
+        self.deadline = deadline
         self.config = config
         self.builder = builder
         self.links = links
@@ -74,6 +75,8 @@ class _Scanner:
         read just the extras and return the scan without adding it (see add())."""
         config = self.config
         d = config.dirs[index]
+        if self.deadline is not None:
+            self.deadline.check("scanning ", d.path)
         packed, count = config.extras.packed(d.ident)
         dirfd = -1
         if d.real:
@@ -175,9 +178,9 @@ def _plan_musl(root, machine, folders, extras):
 
 
 def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="existing",
-         format="new", generator=None):
+         format="new", generator=None, deadline=None):
     """The cache ROOT would have after the toolkit's update-ldcache with FOLDERS (and EXTRA
-    files mounted). See the module docstring."""
+    files mounted). See the module docstring. DEADLINE (engine.Deadline) bounds the time."""
     machine = machine_name(machine)
     if mode not in ("auto", "full", "incremental"):
         raise ValueError(f"mode must be auto, full or incremental, not {mode!r}")
@@ -189,11 +192,11 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     result = Plan()
     with Root(root) as tree:
         extras = Extras(tree, extra)
-        config = LdConfig(tree, machine, folders, extras).build()
+        config = LdConfig(tree, machine, folders, extras, deadline).build()
         target = config.target
         result.warnings = config.warnings
         builder = _Builder(target)
-        scanner = _Scanner(tree, config, builder, LINKS[links], result)
+        scanner = _Scanner(tree, config, builder, LINKS[links], result, deadline)
 
         reason = ""
         if mode != "full":

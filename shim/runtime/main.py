@@ -93,12 +93,14 @@ def prepare(args, settings, log):
         raise RuntimeFailure(f"container {args.container_id or '?'}: failed to inject devices "
                              f"{', '.join(devices)} (from {specs}): {err}") from None
     phases.done("apply")
-    from ..linker.container import NoPlaceForCache, isolate_hooks, prepare_linker
+    from ..linker.container import LinkerLimitError, NoPlaceForCache, isolate_hooks, prepare_linker
 
     try:
         edited = isolate_hooks(prepare_linker(edited, args.bundle, log))
     except NoPlaceForCache as err:
         raise RuntimeFailure(f"container {args.container_id or '?'}: cannot inject {', '.join(devices)}: {err}") from None
+    except LinkerLimitError as err:
+        raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
     phases.done("linker")
     try:
         write_config(args.bundle, edited, info.st_mode)

@@ -9,17 +9,25 @@ native front end, then execs runc itself, so runc keeps containerd's pid, stdio 
 
 Protocol, one request per connection on a unix stream socket (mode 0600 in a 0700 directory):
 
-  front end -> server   b"CDSHIM1\\0", u32 little-endian body length, body; SCM_RIGHTS: stderr
-                        body: NUL-terminated fields: version, cwd, umask (octal), argc,
-                        argv[1:] (argc fields), then the environment, one field per entry
+  front end -> server   b"CDSHIM2\\0", u32 little-endian body length, body; SCM_RIGHTS: its
+                        stderr and the claim (below)
+                        body: NUL-terminated fields: version, cwd, umask (octal, at most 777),
+                        argc, argv[1:] (argc fields), then the environment, one field per entry
   server -> front end   b"F": not for me (other version, mount namespace or root): run the
                         interpreter yourself; nothing was touched
-                        b"A": accepted, the work starts; then "<status>\\0" and, when status
-                        is 0, the argv to exec, NUL-terminated fields
+                        b"A": claimed, the work starts; then "<status>\\0" and, when status is
+                        0, the argv to exec, NUL-terminated fields
 
-A front end that cannot connect, or whose connection closes before a byte comes back, falls
-back to the interpreter. One that got "A" but no status, or timed out waiting (a late "A"
-could still start the work), reports the failure: config.json may or may not be written.
+The claim is the read end of a non-blocking pipe holding one byte. A worker reads that byte
+before it starts the work, and the front end reads it before it runs the interpreter instead;
+only one of them can (a pipe read is atomic), so a create is never done twice, and no round
+trip is added. The front end claims the request back (and runs the interpreter) when no worker
+has answered within a short wait (every worker busy), and when the connection closes, or "F"
+comes, without a worker's claim. A worker that finds the claim gone does nothing. A front end
+whose request a worker claimed but that got no status reports the failure: config.json may
+or may not be written. A worker reads a request within REQUEST_TIMEOUT seconds as a whole (a
+caller sending a byte at a time cannot hold it), and closes the descriptors that came with a
+request it refuses.
 """
 import errno
 import gc
@@ -33,8 +41,10 @@ import time
 from cdi import __version__
 from cdi.safeio import private_dir_problem
 
-MAGIC = b"CDSHIM1\0"
+MAGIC = b"CDSHIM2\0"
 MAX_REQUEST = 4 << 20
+REQUEST_TIMEOUT = 2     # seconds for the whole request (the front end sends it at once)
+REPLY_TIMEOUT = 10      # seconds to hand an answer over
 DEFAULT_SOCKET = "/run/cdi-shim/runtime.sock"
 # The modules a create can need, imported once in the server so its workers start warm.
 _WARM_MODULES = ("shim.runtime.main", "cdi.registry", "cdi.container_edits", "shim.linker.container",
@@ -46,11 +56,11 @@ class ResidentError(Exception):
 
 
 class Request:
-    __slots__ = ("version", "cwd", "umask", "argv", "env", "stderr_fd")
+    __slots__ = ("version", "cwd", "umask", "argv", "env", "stderr_fd", "claim_fd")
 
-    def __init__(self, version, cwd, umask, argv, env, stderr_fd):
+    def __init__(self, version, cwd, umask, argv, env, stderr_fd, claim_fd):
         self.version, self.cwd, self.umask = version, cwd, umask
-        self.argv, self.env, self.stderr_fd = argv, env, stderr_fd
+        self.argv, self.env, self.stderr_fd, self.claim_fd = argv, env, stderr_fd, claim_fd
 
 
 def parse_request(data, fds):
@@ -61,38 +71,54 @@ def parse_request(data, fds):
     body = data[len(MAGIC) + 4:]
     if length != len(body) or not body.endswith(b"\0"):
         raise ResidentError("truncated request")
-    if len(fds) != 1:
-        raise ResidentError(f"expected the caller's stderr, got {len(fds)} descriptors")
+    if len(fds) != 2:
+        raise ResidentError(f"expected the caller's stderr and its claim, got {len(fds)} descriptors")
     fields = [os.fsdecode(field) for field in body[:-1].split(b"\0")]
     try:
         version, cwd, umask, argc = fields[0], fields[1], int(fields[2], 8), int(fields[3])
     except (IndexError, ValueError):
         raise ResidentError("malformed request header") from None
+    if not 0 <= umask <= 0o777:
+        raise ResidentError(f"malformed request header: umask {fields[2]!r} out of range (0 to 777)")
     if argc < 0 or len(fields) < 4 + argc:
         raise ResidentError("malformed request argv")
     argv = fields[4:4 + argc]
     env = dict(entry.split("=", 1) for entry in fields[4 + argc:] if "=" in entry)
-    return Request(version, cwd, umask, argv, env, fds[0])
+    return Request(version, cwd, umask, argv, env, fds[0], fds[1])
 
 
 def _receive(conn):
-    """The raw request bytes and the descriptors that came with them."""
-    data, fds = b"", []
-    while True:
-        chunk, ancillary, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) - len(payload) % 4]))
-        if not chunk:
-            break
-        data += chunk
-        if len(data) > MAX_REQUEST:
-            raise ResidentError("request too large")
-        if len(data) >= len(MAGIC) + 4:
-            (length,) = struct.unpack_from("<I", data, len(MAGIC))
-            if len(data) >= len(MAGIC) + 4 + length:
+    """The raw request bytes and the descriptors that came with them, read within
+    REQUEST_TIMEOUT seconds as a whole; on any failure the descriptors are closed."""
+    data, fds = bytearray(), []
+    deadline = time.monotonic() + REQUEST_TIMEOUT
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ResidentError(f"request not complete within {REQUEST_TIMEOUT} s")
+            conn.settimeout(left)
+            try:
+                chunk, ancillary, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
+            except TimeoutError:
+                raise ResidentError(f"request not complete within {REQUEST_TIMEOUT} s") from None
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) - len(payload) % 4]))
+            if not chunk:
                 break
-    return data, fds
+            data += chunk
+            if len(data) > MAX_REQUEST:
+                raise ResidentError(f"request larger than {MAX_REQUEST} bytes")
+            if len(data) >= len(MAGIC) + 4:
+                (length,) = struct.unpack_from("<I", data, len(MAGIC))
+                if len(data) >= len(MAGIC) + 4 + length:
+                    break
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return bytes(data), fds
 
 
 def _same_place(pid):
@@ -148,11 +174,11 @@ def handle(conn):
     before anything is touched; a malformed one raises ResidentError."""
     from .main import decide
 
-    conn.settimeout(10)
     pid, uid = _peer(conn)
     if uid != os.geteuid():
         return  # the socket's mode keeps others out; never answer them anyway
     data, fds = _receive(conn)
+    conn.settimeout(REPLY_TIMEOUT)
     try:
         request = parse_request(data, fds)
     except ResidentError:
@@ -171,6 +197,8 @@ def handle(conn):
             conn.sendall(b"F")      # nothing touched: the interpreter path will say what is wrong
             return
         try:
+            if not _claim(request.claim_fd):
+                return      # the caller gave up waiting and runs the interpreter: not here
             conn.sendall(b"A")
             try:
                 status, exec_argv = decide(request.argv, f" in resident process {os.getpid()}")
@@ -184,6 +212,17 @@ def handle(conn):
         conn.sendall(reply)
     finally:
         os.close(request.stderr_fd)
+        os.close(request.claim_fd)
+
+
+def _claim(fd):
+    """Take the request's claim (the one byte in the caller's pipe): True when we got it, False
+    when the caller took it back (it gave up waiting and runs the interpreter itself)."""
+    try:
+        os.set_blocking(fd, False)      # whatever the caller passed: never wait on it
+        return len(os.read(fd, 1)) == 1
+    except OSError:
+        return False
 
 
 def _die_with(parent):

@@ -440,3 +440,25 @@ def test_musl_image_gets_a_path_file(scratch):
 
 def test_glibc_image_gets_no_path_file(host_tree):
     assert ldcache.plan(host_tree, [FOLDER]).musl == {}
+
+
+def test_include_globs_reaching_a_directory_by_several_paths(workdir, scratch):
+    """Links to "." and to another directory under /g: glob(3) lists x.conf under every
+    path (3 + 9 of them here) and ldconfig reads it that often; we look into each directory
+    once (issue 14, finding 3: over ten such links and seven levels, glob(3) lists 10**7
+    paths). The cache is the same."""
+    root = os.path.join(scratch, "aliased")
+    _write(root, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\ninclude /g/*/*.conf\n"
+           "/opt/z\ninclude /g/*/*/*.conf\n")
+    _write(root, "/etc/ld.so.conf.d/a.conf", "/opt/a\n")
+    _write(root, "/g/x.conf", "/opt/x\n/opt/a\n")
+    _write(root, "/h/y.conf", "/opt/y\n/opt/x\n")
+    for i in range(3):
+        _link(root, ".", f"/g/l{i}")
+    _link(root, "../h", "/g/sub")
+    for name in ("a", "x", "y", "z"):
+        _elf(root, f"/opt/{name}/lib{name}.so.1", soname=f"lib{name}.so.1")
+        _elf(root, f"/opt/{name}/libdup.so.1", soname="libdup.so.1")
+    plan = assert_equivalent(root, ["/opt/drv"], workdir, expect_mode="full")
+    assert ldcache.read_cache(plan.cache).lookup("libdup.so.1") == [
+        f"/opt/{name}/libdup.so.1" for name in ("a", "x", "y", "z")]

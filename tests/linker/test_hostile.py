@@ -300,3 +300,102 @@ def test_real_library_in_hostile_neighbourhood(world):
     cache = ldcache.read_cache(plan.cache)
     assert cache.lookup("libreal.so.1") == ["/usr/lib/x86_64-linux-gnu/libreal.so.1"]
     assert listing(plan.cache).count(b"=>") == len(cache.entries)
+
+
+# ---- include globs that would cost exponential time (issue 14, finding 3) ----------------
+
+def _self_links(root, directory="g", links=10):
+    """DIRECTORY holds LINKS links to "." and x.conf, which names /opt/x (one library)."""
+    g = os.path.join(root, directory)
+    os.makedirs(g)
+    for i in range(links):
+        os.symlink(".", os.path.join(g, f"l{i}"))
+    with open(os.path.join(g, "x.conf"), "w") as out:
+        out.write("/opt/x\n")
+    os.makedirs(os.path.join(root, "opt/x"))
+    elfgen.write_elf(os.path.join(root, "opt/x/libx.so.1"), soname="libx.so.1")
+
+
+def test_include_glob_over_self_links_is_linear(world, resolver):
+    """/g holds 10 links to "."; `include /g/*/*/*/*/*/*/*.conf` names 10**7 paths of one
+    file (6 levels took 29 s and 2.4 GB, 7 ran out of memory). Globs look into each
+    directory once (by identity), so this costs a few listings; the file is still read."""
+    root = world["root"]
+    _self_links(root)
+    with open(os.path.join(root, "etc/ld.so.conf"), "w") as out:
+        out.write("include /g/" + "*/" * 6 + "*.conf\n")
+    out, took = _in_subprocess(f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        from shim.linker import ldcache
+        from shim._native import lib
+        lib.cds_inroot_set_mode(lib.CDS_RESOLVE_WALK if {resolver!r} == "walk" else lib.CDS_RESOLVE_OPENAT2)
+        plan = ldcache.plan({root!r}, [])
+        print(sorted(e.soname for e in ldcache.read_cache(plan.cache).entries))
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    """, timeout=60)
+    sonames, maxrss = out.splitlines()
+    assert "'libx.so.1'" in sonames and "'libinside.so.1'" in sonames
+    assert took < 10, took
+    assert int(maxrss) < 200 << 10, f"{maxrss} KiB"
+
+
+def test_include_glob_over_too_many_directories(world):
+    """Real directories, not links: 70 x 70 under /d, `include /d/*/*/*.conf` looks into
+    4,971 directories. Past the bound the plan stops with an error naming the file, the
+    line and the bound."""
+    root = world["root"]
+    for i in range(70):
+        for j in range(70):
+            os.makedirs(os.path.join(root, f"d/{i}/{j}"))
+    with open(os.path.join(root, "etc/ld.so.conf"), "w") as out:
+        out.write("/opt/a\ninclude /d/*/*/*.conf\n")
+    with pytest.raises(ldcache.LdcacheLimitError) as caught:
+        ldcache.plan(root, [])
+    assert str(caught.value) == ("/etc/ld.so.conf: include /d/*/*/*.conf: include globs looked into more "
+                                 f"than {ldcache.MAX_GLOB_DIRS} directories (the bound on include globs)")
+    assert ldcache.MAX_GLOB_DIRS == 4096
+
+
+def test_include_globs_over_too_many_names(world):
+    """One directory of 2,000 entries matched by 600 include lines of distinct patterns:
+    1.2 million names to match. Past the bound the plan stops with an error."""
+    root = world["root"]
+    os.makedirs(os.path.join(root, "e"))
+    for i in range(2000):
+        open(os.path.join(root, f"e/f{i}"), "w").close()
+    os.makedirs(os.path.join(root, "etc/ld.so.conf.d"))
+    with open(os.path.join(root, "etc/ld.so.conf.d/many.conf"), "w") as out:
+        out.write("".join(f"include /e/*.c{i}\n" for i in range(600)))
+    with open(os.path.join(root, "etc/ld.so.conf"), "w") as out:
+        out.write("include /etc/ld.so.conf.d/*.conf\n")
+    with pytest.raises(ldcache.LdcacheLimitError) as caught:
+        ldcache.plan(root, [])
+    message = str(caught.value)
+    assert message.startswith("/etc/ld.so.conf.d/many.conf: include /e/*.c"), message
+    assert message.endswith(f"include globs matched more than {ldcache.MAX_GLOB_NAMES} names "
+                            "(the bound on include globs)"), message
+
+
+def test_repeated_include_lines_cost_one_glob(world):
+    """An ld.so.conf of 40,000 identical include lines: one glob, not 40,000."""
+    root = world["root"]
+    _self_links(root)
+    with open(os.path.join(root, "etc/ld.so.conf"), "w") as out:
+        out.write("include /g/*/*.conf\n" * 40000)
+    start = time.monotonic()
+    plan = ldcache.plan(root, [])
+    assert "libx.so.1" in _sonames(plan.cache)
+    assert time.monotonic() - start < 5
+
+
+def test_deadline_stops_the_plan(world):
+    """The wall-clock bound: a plan past its deadline stops with an error saying so and where."""
+    root = world["root"]
+    with open(os.path.join(root, "etc/ld.so.conf"), "w") as out:
+        out.write(f"/{LIB}\n")
+    with pytest.raises(ldcache.LdcacheLimitError) as caught:
+        ldcache.plan(root, [], deadline=ldcache.Deadline(0))
+    assert str(caught.value).startswith("not done within 0 s (the bound on the linker step), at "), caught.value
+    plan = ldcache.plan(root, [], deadline=ldcache.Deadline(30))
+    assert "libinside.so.1" in _sonames(plan.cache)

@@ -329,3 +329,174 @@ def test_image_without_a_place_for_our_own_cache_runs_without_it(world, driver, 
     assert "linker cache not mounted" in result.stderr and why in result.stderr, result.stderr
     assert not [m for m in bundle.config()["mounts"] if m["destination"] == "/etc/ld.so.cache"]
     assert sorted(os.listdir(bundle.path)) == ["config.json", "rootfs"]
+
+
+def test_cache_that_cannot_be_written_keeps_the_hooks(world, driver, tmp_path):
+    """The bundle cannot take the cache (here a directory is in the way: rename fails with
+    EISDIR): a warning naming the file, the spec's hooks kept, and the container still gets
+    its cache from them; never an internal error."""
+    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, driver))
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    _glibc_rootfs(world, bundle, driver, tmp_path)
+    os.makedirs(os.path.join(bundle.path, "cdi-shim.ld.so.cache", "in-the-way"))
+    result = world.shim("run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "linked=42 dlopen=ok\n"
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert f"cannot write {bundle.path}/cdi-shim.ld.so.cache" in result.stderr, result.stderr
+    assert "hooks run as written" in result.stderr, result.stderr
+    config = bundle.config()
+    kept = [h["args"] for h in config["hooks"]["createContainer"]]
+    assert any("update-ldcache" in args for args in kept), kept
+    assert not [m for m in config["mounts"] if m["destination"] == "/etc/ld.so.cache"]
+    assert not [n for n in os.listdir(bundle.path) if n.endswith("~")]
+
+
+class _Recorder:
+    def __init__(self):
+        self.lines = []
+        self.debug_enabled = False
+
+    def debug(self, message):
+        pass
+
+    def warning(self, message):
+        self.lines.append(("warning", message))
+
+    def error(self, message):
+        self.lines.append(("error", message))
+
+
+@pytest.mark.parametrize("failure", ["ENOSPC", "EROFS"])
+def test_cache_write_errors_keep_the_hooks(driver, tmp_path, failure):
+    """prepare_linker on a bundle directory that is full (a 4 KiB tmpfs, filled) or read-only
+    (a tmpfs remounted ro): the config comes back with the hooks and without the cache mount,
+    a warning says which file and why, and no temp file is left."""
+    from shim.linker.container import prepare_linker
+
+    require = rh.need("mount", "mount")
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    subprocess.run([require, "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(bundle)], check=True)
+    try:
+        if failure == "ENOSPC":
+            with open(bundle / "filler", "wb") as out:
+                try:
+                    out.write(b"x" * 65536)
+                except OSError:
+                    pass
+        else:
+            subprocess.run([require, "-o", "remount,ro", str(bundle)], check=True)
+        hook = {"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR]}
+        config = {"root": {"path": str(rootfs)}, "hooks": {"createContainer": [hook]},
+                  "mounts": [{"destination": f"{LIBDIR}/{driver.name}", "source": str(driver), "type": "bind",
+                              "options": ["ro", "bind"]}]}
+        log = _Recorder()
+        out = prepare_linker(config, str(bundle), log)
+        assert out["hooks"]["createContainer"] == [hook]
+        assert not [m for m in out["mounts"] if m["destination"] == "/etc/ld.so.cache"]
+        why = {"ENOSPC": "No space left on device", "EROFS": "Read-only file system"}[failure]
+        assert log.lines == [("warning", f"linker cache not written into the bundle (cannot write "
+                                         f"{bundle}/cdi-shim.ld.so.cache: {why}); the spec's hooks run as written")]
+        assert not [n for n in os.listdir(bundle) if n.endswith("~")]
+    finally:
+        subprocess.run(["umount", str(bundle)], check=False)
+
+
+def test_stale_cache_temp_files_are_removed(world, driver, tmp_path):
+    """A worker killed between writing the cache's temp file and renaming it leaves
+    .cdi-shim.ld.so.cache.cds-PID-N~ in the bundle: the next create there removes it (its
+    writer is gone), as it does config.json's; a live writer's stays."""
+    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    _glibc_rootfs(world, bundle, driver, tmp_path)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = [f".cdi-shim.ld.so.cache.cds-{gone.pid}-0~", f".cdi-shim.musl-0.path.cds-{gone.pid}-3~"]
+    live = f".cdi-shim.ld.so.cache.cds-{os.getpid()}-0~"
+    for name in stale + [live]:
+        with open(os.path.join(bundle.path, name), "wb") as out:
+            out.write(b"partial")
+    result = world.shim("create", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    names = os.listdir(bundle.path)
+    assert not set(stale) & set(names), names
+    assert live in names and "cdi-shim.ld.so.cache" in names
+
+
+def _self_referencing_include(rootfs):
+    """/g: ten links to "." and x.conf naming the library directory; ld.so.conf includes
+    it through `/g/*/*/*/*/*/*/*.conf` (10**7 paths of one file to glob(3))."""
+    g = os.path.join(rootfs, "g")
+    os.makedirs(g)
+    for i in range(10):
+        os.symlink(".", os.path.join(g, f"l{i}"))
+    with open(os.path.join(g, "x.conf"), "w") as out:
+        out.write(LIBDIR + "\n")
+    with open(rootfs + "/etc/ld.so.conf", "a") as out:
+        out.write("include /g/" + "*/" * 6 + "*.conf\n")
+
+
+def test_include_glob_over_self_referencing_links(world, driver, tmp_path):
+    """An image whose ld.so.conf globs over self-referencing links (issue 14, finding 3: 7
+    levels took minutes and gigabytes, and the kept hook repeated it inside runc): served
+    in well under a second, the hooks dropped."""
+    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
+    _self_referencing_include(rootfs)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "linked=42 dlopen=ok\n"
+    assert not bundle.config().get("hooks", {}).get("createContainer")
+
+
+def test_include_glob_past_its_bound_fails_the_create(world, driver, tmp_path):
+    """An ld.so.conf whose include globs look into more directories than the bound (70 x 70
+    real ones): the create fails with a message naming the file, its include line and the
+    bound, in stderr and runc's log; config.json is untouched, so the spec's update-ldcache
+    hook never runs to repeat the work inside runc."""
+    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
+    for i in range(70):
+        for j in range(70):
+            os.makedirs(os.path.join(rootfs, f"d/{i}/{j}"))
+    with open(rootfs + "/etc/ld.so.conf", "a") as out:
+        out.write("include /d/*/*/*.conf\n")
+    runc_log = os.path.join(world.base, "runc.json")
+    result = world.shim("--log", runc_log, "--log-format", "json", "run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 1, result.stderr
+    expected = ("/etc/ld.so.conf: include /d/*/*/*.conf: include globs looked into more than 4096 "
+                "directories (the bound on include globs)")
+    assert expected in result.stderr and rootfs in result.stderr, result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    errors = [msg for level, msg in rh.read_log(runc_log, "json") if level == "error"]
+    assert any(expected in msg for msg in errors), errors
+    assert bundle.unchanged() and bundle.extra_files() == []
+    assert world.state(bundle.id) is None
+
+
+def test_linker_step_past_its_time_bound_is_refused(driver, tmp_path, monkeypatch):
+    """The wall-clock bound on the whole linker step (LINKER_TIME_LIMIT, here 0 s): the step
+    raises LinkerLimitError, which fails the create, saying which bound and where."""
+    from shim.linker import ldcache
+    from shim.linker.container import LinkerLimitError, prepare_linker
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    hook = {"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR]}
+    config = {"root": {"path": str(rootfs)}, "hooks": {"createContainer": [hook]},
+              "mounts": [{"destination": f"{LIBDIR}/{driver.name}", "source": str(driver), "type": "bind"}]}
+    monkeypatch.setattr(ldcache, "LINKER_TIME_LIMIT", 0)
+    with pytest.raises(LinkerLimitError) as caught:
+        prepare_linker(config, str(bundle), _Recorder())
+    assert f"the linker cache of {rootfs} is refused: not done within 0 s (the bound on the linker step), at " \
+        in str(caught.value), caught.value
+    assert os.listdir(bundle) == []
+    monkeypatch.setattr(ldcache, "LINKER_TIME_LIMIT", 10)
+    assert prepare_linker(config, str(bundle), _Recorder())["mounts"][-1]["destination"] == "/etc/ld.so.cache"

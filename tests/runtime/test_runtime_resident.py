@@ -19,6 +19,7 @@ import time
 import pytest
 
 import runtime_helpers as rh
+from shim.runtime.resident import MAGIC
 from test_runtime_linker import LIBDIR, _glibc_rootfs, _spec, driver  # noqa: F401 (a fixture)
 from test_runtime_runc import SOURCES, check_injected, run_container
 
@@ -166,11 +167,39 @@ def test_other_mount_namespace_falls_back(resident_world):
     assert len(lines) == 1 and "resident" not in lines[0], lines
 
 
-class FakeServer:
-    """A socket that answers every connection with ANSWER, then closes; records the requests."""
+def new_claim():
+    """The read end of a non-blocking pipe holding one byte: a request's claim, as the front
+    end makes it."""
+    read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    os.write(write_end, b"T")
+    os.close(write_end)
+    return read_end
 
-    def __init__(self, path, answer, uid=None):
-        self.path, self.answer, self.requests = path, answer, []
+
+def take_claim(fd):
+    """Read the claim's byte, as a worker does before it starts: whether we got it."""
+    try:
+        return os.read(fd, 1) == b"T"
+    except BlockingIOError:
+        return False
+
+
+def receive_request(conn):
+    """(request bytes, [descriptors]) of one request, read at once."""
+    data, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(16))
+    fds = []
+    for _, _, payload in ancillary:
+        fds.extend(struct.unpack(f"{len(payload) // 4}i", payload))
+    return data, fds
+
+
+class FakeServer:
+    """A socket that answers every connection with ANSWER, then closes; records the requests.
+    An answer starting with "A" is given as a worker does: after taking the request's claim
+    (recorded in .claimed), and DELAY seconds later."""
+
+    def __init__(self, path, answer, delay=0):
+        self.path, self.answer, self.delay, self.requests, self.claimed = path, answer, delay, [], []
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(path)
@@ -184,11 +213,13 @@ class FakeServer:
             while True:
                 conn, _ = self.sock.accept()
                 with conn:
-                    data, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(16))
-                    for _, _, payload in ancillary:
-                        for fd in struct.unpack(f"{len(payload) // 4}i", payload):
-                            os.close(fd)
+                    data, fds = receive_request(conn)
                     self.requests.append(data)
+                    if self.answer.startswith(b"A"):
+                        self.claimed.append(take_claim(fds[1]))
+                        time.sleep(self.delay)
+                    for fd in fds:
+                        os.close(fd)
                     conn.sendall(self.answer)
         except OSError:
             pass
@@ -214,7 +245,26 @@ def test_server_that_stops_mid_request_fails_the_create(world, answer):
     assert any(socket_path in msg for level, msg in rh.read_log(runc_log, "text") if level == "error")
     assert bundle.unchanged() and world.state(bundle.id) is None
     request = fake.requests[0]
-    assert request.startswith(b"CDSHIM1\0") and bundle.path.encode() in request
+    assert request.startswith(b"CDSHIM2\0") and bundle.path.encode() in request
+    assert fake.claimed == [True]
+
+
+def test_a_claimed_request_is_waited_for_past_the_short_wait(world):
+    """A worker that claimed the request but answers only after the front end's short wait
+    (RESIDENT_WAIT_MS, 1 s): the front end cannot claim it back, so it waits for the answer
+    and never runs the interpreter too (here the answer is status 1: the create fails)."""
+    socket_path = os.path.join(world.base, "fake", "r.sock")
+    fake = FakeServer(socket_path, b"A1\0", delay=2)
+    world.resident_socket = socket_path
+    log = debug_world(world)
+    bundle = world.bundle(annotations=GPU0)
+    start = time.monotonic()
+    result = world.shim("create", "--bundle", bundle.path, bundle.id)
+    fake.close()
+    assert result.returncode == 1, result.stderr
+    assert time.monotonic() - start >= 2
+    assert fake.claimed == [True] and not os.path.exists(log), "the interpreter ran too"
+    assert bundle.unchanged() and world.state(bundle.id) is None
 
 
 def test_declining_server_means_fallback(world):
@@ -280,10 +330,29 @@ def test_request_of_another_version_is_declined(resident_server):
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(resident_server.socket)
     body = b"\0".join([b"0.0.0-other", b"/", b"22", b"0"]) + b"\0"
+    claim = new_claim()
+    conn.sendmsg([MAGIC + struct.pack("<I", len(body)) + body],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("2i", 2, claim))])
+    conn.settimeout(30)
+    assert conn.recv(16) == b"F"
+    conn.close()
+    assert take_claim(claim), "a declining server must leave the claim to the caller"
+    os.close(claim)
+
+
+def test_request_of_the_previous_protocol_gets_no_answer(resident_server):
+    """A front end of the previous protocol (CDSHIM1: the work started without the caller's
+    "G"): the connection closes with no answer, which makes that front end run the
+    interpreter itself."""
+    from cdi import __version__
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(resident_server.socket)
+    body = b"\0".join([__version__.encode(), b"/", b"22", b"0"]) + b"\0"
     conn.sendmsg([b"CDSHIM1\0" + struct.pack("<I", len(body)) + body],
                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", 2))])
     conn.settimeout(30)
-    assert conn.recv(16) == b"F"
+    assert conn.recv(16) == b""
     conn.close()
 
 
@@ -422,3 +491,261 @@ def test_a_second_container_of_an_image_reads_what_the_first_did_not(world, driv
         server.wait(timeout=30)
         for merged in mounts:
             subprocess.run(["umount", merged], check=False)
+
+
+def open_fds(pid):
+    return sorted(os.listdir(f"/proc/{pid}/fd"), key=int)
+
+
+def _dangling_library_dir(rootfs):
+    """The library directory of the spec's mounts and links is a link to nowhere: making
+    the create-symlinks hook's link there fails with EEXIST (issue 14, finding 5)."""
+    os.makedirs(os.path.join(rootfs, "usr/lib"), exist_ok=True)
+    os.symlink("/nonexistent-library-dir", rootfs + LIBDIR)
+
+
+def _library_dir_is_a_file(rootfs):
+    os.makedirs(os.path.join(rootfs, "usr/lib"), exist_ok=True)
+    with open(rootfs + LIBDIR, "w") as out:
+        out.write("not a directory\n")
+
+
+def _fifo_cache_and_self_include(rootfs):
+    os.makedirs(os.path.join(rootfs, "etc/ld.so.conf.d"), exist_ok=True)
+    os.mkfifo(os.path.join(rootfs, "etc/ld.so.cache"))
+    with open(os.path.join(rootfs, "etc/ld.so.conf"), "w") as out:
+        out.write("include /etc/*.conf\ninclude /etc/ld.so.conf.d/*.conf\n")
+
+
+HOSTILE_IMAGES = (_dangling_library_dir, _library_dir_is_a_file, _fifo_cache_and_self_include)
+
+
+def test_worker_fds_do_not_grow_over_hostile_creates(world, driver):
+    """A resident worker serves many creates of hostile images (a dangling or non-directory
+    library directory under the spec's links, a FIFO as ld.so.cache, an ld.so.conf that
+    includes itself): its open descriptors stay what they were. (A descriptor leaked per
+    create of the first kind; ~1,000 creates later every create on that worker failed with
+    EMFILE.)"""
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    server = start_server(world, socket_path, workers=1)
+    try:
+        wait_for(lambda: len(workers_of(server.pid)) == 1, "one worker")
+        (worker,) = workers_of(server.pid)
+        world.resident_socket = socket_path
+        log = debug_world(world)
+        world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+
+        def create(make_hostile):
+            bundle = world.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"])
+            make_hostile(bundle.rootfs)
+            world.shim("create", "--bundle", bundle.path, bundle.id)   # runc may refuse: not the point
+            world.runc_cmd("delete", "--force", bundle.id)
+
+        for make_hostile in HOSTILE_IMAGES:    # warm: everything a create opens once is open
+            create(make_hostile)
+        before = open_fds(worker)
+        rounds = 8
+        for _ in range(rounds):
+            for make_hostile in HOSTILE_IMAGES:
+                create(make_hostile)
+        assert workers_of(server.pid) == {worker}, "the worker must have served them all"
+        after = open_fds(worker)
+        assert after == before, f"worker {worker} had {len(before)} descriptors, now {len(after)}"
+        served = served_lines(log)
+        assert len(served) == (rounds + 1) * len(HOSTILE_IMAGES), served
+        assert all(f" in resident process {worker}" in line for line in served), served
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+# ---- requests that stall, are too large or malformed; busy workers (issue 14, finding 6) ----
+
+def _send_with_fd(conn, data, *fds):
+    conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
+
+
+def _eof_within(fd, seconds):
+    """Whether the pipe read end FD sees end-of-file (every write end closed) within SECONDS."""
+    import select
+    deadline = time.monotonic() + seconds
+    while True:
+        ready, _, _ = select.select([fd], [], [], max(0, deadline - time.monotonic()))
+        if not ready:
+            return False
+        if os.read(fd, 4096) == b"":
+            return True
+
+
+def _one_worker_server(world):
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    server = start_server(world, socket_path, workers=1)
+    wait_for(lambda: len(workers_of(server.pid)) == 1, "one worker")
+    (worker,) = workers_of(server.pid)
+    return server, socket_path, worker
+
+
+def _create_through(world, socket_path, worker):
+    """A create through the server's worker WORKER succeeds."""
+    world.resident_socket = socket_path
+    log = debug_world(world)
+    bundle = world.bundle(annotations=GPU0)
+    result = world.shim("create", "--bundle", bundle.path, bundle.id, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert f" in resident process {worker};" in served_lines(log)[-1], served_lines(log)
+
+
+@pytest.mark.parametrize("how", ["stalled", "too-large"])
+def test_refused_request_releases_the_callers_descriptors(world, how):
+    """A request that never completes (the whole read has a deadline, not each recv) or is
+    over 4 MiB: the worker closes the descriptors that came with it, so the caller's stderr
+    (here a pipe) sees end-of-file, and the worker serves the next create."""
+    from shim.runtime.resident import MAGIC, MAX_REQUEST, REQUEST_TIMEOUT
+
+    server, socket_path, worker = _one_worker_server(world)
+    try:
+        read_end, write_end = os.pipe()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(socket_path)
+        start = time.monotonic()
+        if how == "stalled":
+            _send_with_fd(conn, MAGIC + struct.pack("<I", 100) + b"x", write_end)
+        else:
+            _send_with_fd(conn, MAGIC + struct.pack("<I", MAX_REQUEST + 65536), write_end)
+            try:
+                conn.sendall(b"x" * (MAX_REQUEST + 65536))
+            except OSError:
+                pass        # the worker stopped reading past the bound and closed
+        os.close(write_end)
+        assert _eof_within(read_end, REQUEST_TIMEOUT + 10), \
+            f"the worker still holds the caller's stderr {time.monotonic() - start:.1f} s later"
+        assert time.monotonic() - start < REQUEST_TIMEOUT + 5
+        try:
+            assert conn.recv(16) == b""
+        except ConnectionResetError:
+            pass            # closed with our bytes unread
+        conn.close()
+        os.close(read_end)
+        _create_through(world, socket_path, worker)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_slow_clients_cannot_hold_the_workers(world):
+    """Two clients sending a byte every half second hold both workers no longer than the
+    request deadline, and a create meanwhile does not wait for them: it is served by the
+    interpreter when no worker takes it up within a short wait."""
+    from shim.runtime.resident import MAGIC, REQUEST_TIMEOUT
+
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    server = start_server(world, socket_path, workers=2)
+    stop = threading.Event()
+    cut_off = []
+
+    def trickle():
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(socket_path)
+        start = time.monotonic()
+        try:
+            _send_with_fd(conn, MAGIC[:1], 2)
+            for byte in (MAGIC[1:] + struct.pack("<I", 1000) + b"x" * 1000):
+                if stop.wait(0.5):
+                    return
+                conn.send(bytes([byte]))
+        except OSError:
+            cut_off.append(time.monotonic() - start)
+        finally:
+            conn.close()
+
+    holders = [threading.Thread(target=trickle) for _ in range(2)]
+    try:
+        wait_for(lambda: len(workers_of(server.pid)) == 2, "two workers")
+        for holder in holders:
+            holder.start()
+        time.sleep(0.3)
+        world.resident_socket = socket_path
+        log = debug_world(world)
+        bundle = world.bundle(annotations=GPU0)
+        start = time.monotonic()
+        result = world.shim("create", "--bundle", bundle.path, bundle.id, timeout=30)
+        took = time.monotonic() - start
+        assert result.returncode == 0, result.stderr
+        assert took < REQUEST_TIMEOUT + 5, took
+        assert "/dev/nvidia0" in [d["path"] for d in bundle.config()["linux"]["devices"]]
+        wait_for(lambda: len(cut_off) == 2, "the server did not cut the slow clients off", timeout=REQUEST_TIMEOUT + 10)
+        assert all(t < REQUEST_TIMEOUT + 3 for t in cut_off), cut_off
+        time.sleep(1)
+        assert len(served_lines(log)) == 1, served_lines(log)     # done once, never twice
+    finally:
+        stop.set()
+        for holder in holders:
+            if holder.is_alive():
+                holder.join(timeout=30)
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_no_worker_free_means_the_interpreter_and_never_a_second_run(world):
+    """A server that does not take the request up (every worker busy: here it never
+    accepts): after a short wait the front end claims its request back and runs the
+    interpreter itself. When the server gets to the request later, the claim is gone:
+    nothing runs twice."""
+    socket_path = os.path.join(world.base, "busy", "r.sock")
+    os.makedirs(os.path.dirname(socket_path))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(8)
+    try:
+        world.resident_socket = socket_path
+        log = debug_world(world)
+        bundle = world.bundle(annotations=GPU0)
+        start = time.monotonic()
+        result = world.shim("create", "--bundle", bundle.path, bundle.id, timeout=30)
+        assert result.returncode == 0, result.stderr
+        assert time.monotonic() - start < 10
+        lines = served_lines(log)
+        assert len(lines) == 1 and "resident" not in lines[0], lines
+        assert world.state(bundle.id)["status"] == "created"
+        # The server takes the request up only now, and offers to do it.
+        listener.settimeout(5)
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(5)
+            data, fds = receive_request(conn)
+            assert bundle.path.encode() in data and len(fds) == 2
+            claimed = take_claim(fds[1])
+            for fd in fds:
+                os.close(fd)
+            assert not claimed, "a caller that ran the interpreter must never leave the claim to a worker"
+    finally:
+        listener.close()
+
+
+def test_out_of_range_umask_is_refused_and_the_worker_lives(world):
+    """A request whose umask field is out of range (it used to kill the worker with
+    OverflowError): refused, and the same worker serves the next create."""
+    from cdi import __version__
+    from shim.runtime.resident import MAGIC
+
+    server, socket_path, worker = _one_worker_server(world)
+    try:
+        for umask in (b"7" * 40, b"1000", b"-1"):
+            body = b"\0".join([__version__.encode(), b"/", umask, b"0"]) + b"\0"
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(socket_path)
+            claim = new_claim()
+            _send_with_fd(conn, MAGIC + struct.pack("<I", len(body)) + body, 2, claim)
+            conn.settimeout(30)
+            assert conn.recv(16) == b"", umask
+            assert take_claim(claim), umask
+            os.close(claim)
+            conn.close()
+        _create_through(world, socket_path, worker)
+        assert workers_of(server.pid) == {worker}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    with open(os.path.join(world.base, "serve.log")) as f:
+        text = f.read()
+    assert "OverflowError" not in text and "umask" in text, text
