@@ -150,7 +150,7 @@ def _bind(config, destination, source):
 
 def _no_place_for(rootfs, destination):
     """Why runc could not bind a file at DESTINATION in the rootfs (a parent that is not a
-    directory, or DESTINATION itself a directory or special file), or "" when it can."""
+    directory, or DESTINATION itself a directory), or "" when it can."""
     import errno
     import stat
 
@@ -169,9 +169,10 @@ def _no_place_for(rootfs, destination):
             while parent != "/" and root.stat(parent) is None and root.errno == errno.ENOTDIR:
                 parent = posixpath.dirname(parent)
             return f"the image's {parent} is not a directory"
-        if not stat.S_ISREG(found[0]):
-            kind = "a directory" if stat.S_ISDIR(found[0]) else "not a regular file"
-            return f"the image's {destination} is {kind}"
+        if stat.S_ISDIR(found[0]):
+            # The kernel binds a file over any non-directory (a FIFO, a device: the image's own
+            # cache is never opened), but never over a directory.
+            return f"the image's {destination} is a directory"
     return ""
 
 
