@@ -59,20 +59,25 @@ def check_runtimeclasses(ctx):
 
 def probe_resident(path, timeout=2.0):
     """Ask the resident process at PATH: a request of an unknown version, which it declines with
-    b"F" before touching anything. Returns (answered, text)."""
+    b"F" before touching anything (its claim byte stays unread). Returns (answered, text)."""
+    from ...runtime.resident import MAGIC
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.settimeout(timeout)
     devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    claim_read, claim_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     try:
+        os.write(claim_write, b"c")
         sock.connect(path)
         body = b"\0".join([b"doctor-probe", b"/", b"022", b"0"]) + b"\0"
-        message = b"CDSHIM1\0" + struct.pack("<I", len(body)) + body
-        sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", devnull))])
+        message = MAGIC + struct.pack("<I", len(body)) + body
+        sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("ii", devnull, claim_read))])
         reply = sock.recv(16)
     except OSError as err:
         return False, err.strerror or str(err)
     finally:
-        os.close(devnull)
+        for fd in (devnull, claim_read, claim_write):
+            os.close(fd)
         sock.close()
     if reply == b"F":
         return True, "answers"

@@ -1,0 +1,384 @@
+"""containerd's config.toml as a document: reading it (versions, runtimes), the runtime entry
+written into it with tomlkit (comments, order and unrelated settings kept), and the drop-in file
+that carries the entry instead."""
+import copy
+import fnmatch
+import os
+import re
+
+import tomlkit
+from tomlkit.items import AoT, InlineTable, KeyType, SingleKey, Table
+
+from .containerd import ContainerdConfigError, pid1_init
+
+RUNTIME_EXECUTABLE = "cdi-shim-runtime"
+RUNC_V2 = "io.containerd.runc.v2"
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+def read_text(path):
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return stream.read()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ContainerdConfigError(f"cannot read {path}: {err}") from None
+
+
+def parse_toml(path, text):
+    try:
+        return tomlkit.parse(text)
+    except Exception as err:  # tomlkit's ParseError and friends
+        raise ContainerdConfigError(f"{path} is not valid TOML ({err}); containerd could not load it either, "
+                                    "fix it first") from None
+
+
+def file_version(doc, path):
+    """The config version a parsed file declares; None for a file with no settings at all."""
+    if "version" not in doc:
+        if not doc:  # empty, or comments only
+            return None
+        raise ContainerdConfigError(
+            f'{path} has no "version" key, so containerd reads it as version 1, which cdi-shim does not '
+            f"edit (and containerd 2.x no longer loads): convert it with `containerd config migrate` "
+            f"(containerd 2.x) or rewrite it from `containerd config default`, then run this again")
+    version = doc["version"]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ContainerdConfigError(f'{path}: "version" must be an integer, not {version!r}')
+    version = int(version)
+    if version == 1:
+        raise ContainerdConfigError(
+            f"{path} is a version 1 config, which cdi-shim does not edit (containerd 2.x no longer loads it): "
+            "convert it with `containerd config migrate` (containerd 2.x) or rewrite it from "
+            "`containerd config default`, then run this again")
+    if version not in CRI_PLUGIN:
+        raise ContainerdConfigError(
+            f"{path} declares config version {version}, which cdi-shim does not know (it writes version 2 "
+            "for containerd 1.x and version 3 for containerd 2.x); refusing to edit it")
+    return version
+
+
+def lookup(container, keys):
+    for key in keys:
+        if container is None or not hasattr(container, "get"):
+            return None
+        container = container.get(key)
+    return container
+
+
+def unwrap(value):
+    return value.unwrap() if hasattr(value, "unwrap") else value
+
+
+def runtimes_of(doc, version):
+    """The `runtimes` table of a parsed document (or None)."""
+    return lookup(doc, ["plugins", CRI_PLUGIN[version], "containerd", "runtimes"])
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+def _key(name):
+    return name if _BARE_KEY.match(name) else tomlkit.string(name).as_string()
+
+
+def _header(version, *names):
+    quote = '"' if version == 2 else "'"
+    return ".".join(["plugins", f"{quote}{CRI_PLUGIN[version]}{quote}"] + [_key(n) for n in names])
+
+
+def _value(version, value):
+    if isinstance(value, str) and version == 3 and "'" not in value and "\n" not in value:
+        return tomlkit.string(value, literal=True).as_string()
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(version, v) for v in value) + "]"
+    return tomlkit.item(value).as_string()
+
+
+def _is_table(item):
+    """A table of any shape containerd accepts: [header] (also split over several headers,
+    tomlkit's out-of-order proxy) or { inline }."""
+    return isinstance(item, (Table, InlineTable)) or type(item).__name__ == "OutOfOrderTableProxy"
+
+
+def _add(container, key, value):
+    """container[key] = value for every shape: an out-of-order proxy has no append, and an
+    inline table can hold no [header] table (so VALUE goes in as an inline table)."""
+    if isinstance(container, InlineTable) and isinstance(value, Table):
+        value = _inline(value)
+    if hasattr(container, "append"):
+        container.append(key, value)
+    else:
+        container[key] = value
+
+
+def _inline(table):
+    """An inline-table copy of a table (its plain values and sub-tables)."""
+    result = tomlkit.inline_table()
+    for key, item in _raw_items(table):
+        result.append(key, _inline(item) if isinstance(item, Table) else tomlkit.item(unwrap(item)))
+    return result
+
+
+def _indent_of(table):
+    return table.trivia.indent if isinstance(table, Table) else ""
+
+
+def _key_indent(table, fallback):
+    """Indentation of the first plain key of a table (its style for new keys)."""
+    if isinstance(table, Table):
+        for key, item in table.value.body:
+            if key is not None and not isinstance(item, (Table, AoT)):
+                return item.trivia.indent
+    return fallback
+
+
+def _raw_items(table):
+    """(key, tomlkit item) pairs of a table, as written (items() converts some values)."""
+    if not isinstance(table, (Table, InlineTable)):  # an out-of-order proxy: its items
+        for key in table:
+            yield key, table[key]
+        return
+    for key, item in table.value.body:
+        if key is not None:
+            yield key.key, item
+
+
+def _new_entry(version, name, runc, binary, patterns, systemd, indent):
+    """The text of a new runtime entry: a copy of the runc entry's plain settings, then ours."""
+    inner = indent + "  "
+    lines = [f"{indent}[{_header(version, 'containerd', 'runtimes', name)}]",
+             f"{inner}runtime_type = {_value(version, RUNC_V2)}"]
+    skip = {"runtime_type", "pod_annotations", "container_annotations", "options"}
+    if _is_table(runc):
+        for key, item in _raw_items(runc):
+            if key not in skip and not isinstance(item, (Table, InlineTable, AoT)):
+                lines.append(f"{inner}{_key(key)} = {item.as_string().strip()}")
+    lines.append(f"{inner}container_annotations = {_value(version, list(patterns))}")
+    lines += ["", f"{inner}[{_header(version, 'containerd', 'runtimes', name, 'options')}]"]
+    options = runc.get("options") if _is_table(runc) else None
+    ours = {"BinaryName": binary, "SystemdCgroup": systemd}
+    if _is_table(options):
+        for key, item in _raw_items(options):
+            if isinstance(item, (Table, InlineTable, AoT)):
+                continue
+            text = _value(version, ours.pop(key)) if key in ours else item.as_string().strip()
+            lines.append(f"{inner}  {_key(key)} = {text}")
+    for key, value in ours.items():
+        lines.append(f"{inner}  {key} = {_value(version, value)}")
+    return "\n".join(lines) + "\n\n"
+
+
+def _ensure_table(container, key, version=2):
+    """container[key] as a table, creating an implicit (super) table when missing."""
+    if key not in container:
+        name = key
+        if not _BARE_KEY.match(key) and version == 3 and "'" not in key:
+            name = SingleKey(key, t=KeyType.Literal)  # containerd 2.x writes 'io.containerd...'
+        _add(container, name, tomlkit.table(is_super_table=True))
+    table = container[key]
+    if not hasattr(table, "get"):
+        raise ContainerdConfigError(f'"{key}" is not a table')
+    return table
+
+
+def _insert_entry(doc, version, name, text, indent):
+    runtimes = doc
+    for key in ("plugins", CRI_PLUGIN[version], "containerd", "runtimes"):
+        runtimes = _ensure_table(runtimes, key, version)
+    parsed = tomlkit.parse(text)
+    entry = runtimes_of(parsed, version)[name]
+    blank = False
+    if isinstance(runtimes, Table) and runtimes.value.body:
+        # a blank line between the previous entry and ours, as `containerd config default` writes
+        blank = not runtimes.as_string().endswith("\n\n")
+    else:
+        blank = bool(doc.body) and not tomlkit.dumps(doc).endswith("\n\n")
+    _add(runtimes, name, entry)
+    if not isinstance(runtimes, InlineTable):
+        runtimes[name].trivia.indent = ("\n" if blank else "") + indent
+
+
+def _set(table, key, value):
+    """table[key] = value, touching nothing when it is already so (keeps the text as it was)."""
+    if key in table and unwrap(table[key]) == value and type(unwrap(table[key])) is type(value):
+        return False
+    table[key] = value
+    return True
+
+
+class Edit:
+    """What `configure` decided, for the report and the tests."""
+
+    def __init__(self):
+        self.notes, self.warnings = [], []
+
+
+def _systemd_choice(runc):
+    options = runc.get("options") if _is_table(runc) else None
+    if hasattr(options, "get") and "SystemdCgroup" in options and isinstance(unwrap(options["SystemdCgroup"]), bool):
+        value = unwrap(options["SystemdCgroup"])
+        return value, f'SystemdCgroup = {str(value).lower()}: copied from the "runc" runtime'
+    systemd, init = pid1_init()
+    why = "PID 1 is systemd" if systemd else f'PID 1 is "{init}", not systemd'
+    return systemd, f'SystemdCgroup = {str(systemd).lower()}: the "runc" runtime sets none and {why}'
+
+
+def _find_runc(doc, version):
+    runtimes = runtimes_of(doc, version)
+    if not hasattr(runtimes, "get"):
+        return None
+    runc = runtimes.get("runc")
+    if runc is None:
+        default = lookup(doc, ["plugins", CRI_PLUGIN[version], "containerd", "default_runtime_name"])
+        candidate = runtimes.get(unwrap(default)) if default is not None else None
+        if hasattr(candidate, "get") and unwrap(candidate.get("runtime_type")) == RUNC_V2:
+            runc = candidate
+    return runc
+
+
+def apply_runtime(doc, version, name, binary, patterns, set_as_default=False, source=None, edit=None):
+    """Add or update runtime `name` in a parsed document; returns the Edit (notes, warnings).
+
+    `source` is the document whose runc entry is copied (the main file for a drop-in)."""
+    edit = edit or Edit()
+    source = doc if source is None else source
+    runc = _find_runc(source, version)
+    systemd, why = _systemd_choice(runc)
+    edit.notes.append(why)
+    runtimes = runtimes_of(doc, version)
+    default_name = unwrap(lookup(source, ["plugins", CRI_PLUGIN[version], "containerd", "default_runtime_name"]))
+    default_name = default_name or "runc"
+    if set_as_default:
+        default_name = name
+    runtime_indent = _indent_of(runc).lstrip("\n") if isinstance(runc, Table) and source is doc else ""
+    if isinstance(runtimes, InlineTable) or isinstance(runc, InlineTable):
+        runtime_indent = ""
+    if not hasattr(runtimes, "get") or name not in runtimes:
+        defined = set(runtimes) if hasattr(runtimes, "keys") else set()
+        if version == 3 and source is not doc:
+            # containerd 2.x merges imported files: the main file's runtimes stay defined
+            source_runtimes = runtimes_of(source, version)
+            defined |= set(source_runtimes) if hasattr(source_runtimes, "keys") else set()
+        if not defined:
+            # the file defines no runtime yet, so containerd uses its built-in "runc"; containerd 1.x
+            # replaces that list with the file's as soon as it defines one: keep runc defined
+            runc_text = (f"[{_header(version, 'containerd', 'runtimes', 'runc')}]\n"
+                         f"  runtime_type = {_value(version, RUNC_V2)}\n\n")
+            _insert_entry(doc, version, "runc", runc_text, runtime_indent)
+            defined.add("runc")
+            edit.notes.append('added a plain "runc" runtime: a file that defines any runtime replaces '
+                              "containerd's built-in list, and runc must stay defined")
+        if default_name not in defined | {name}:
+            raise ContainerdConfigError(
+                f'default_runtime_name is "{default_name}", but no runtime of that name is configured; '
+                "containerd's CRI plugin would not start: fix that first")
+        _insert_entry(doc, version, name, _new_entry(version, name, runc, binary, patterns, systemd, runtime_indent),
+                      runtime_indent)
+        entry = runtimes_of(doc, version)[name]
+    else:
+        entry = runtimes[name]
+        if not hasattr(entry, "get"):
+            raise ContainerdConfigError(f'runtime "{name}" is not a table')
+        previous = unwrap(entry.get("runtime_type"))
+        if _set(entry, "runtime_type", RUNC_V2) and previous:
+            edit.warnings.append(f'runtime "{name}" had runtime_type "{previous}"; now "{RUNC_V2}" '
+                                 f"(cdi-shim-runtime is a runc-compatible binary)")
+        current = unwrap(entry.get("container_annotations", []))
+        if not isinstance(current, list):
+            raise ContainerdConfigError(f'runtime "{name}": container_annotations must be a list')
+        missing = [p for p in patterns if p not in current]
+        if missing:
+            if "container_annotations" in entry:
+                for pattern in missing:
+                    entry["container_annotations"].append(pattern)
+            else:
+                entry["container_annotations"] = list(patterns)
+        if "options" not in entry:
+            _add(entry, "options", tomlkit.inline_table() if isinstance(entry, InlineTable) else tomlkit.table())
+        options = entry["options"]
+        _set(options, "BinaryName", binary)
+        _set(options, "SystemdCgroup", systemd)
+    pod = unwrap(entry.get("pod_annotations", [])) or []
+    leaked = [p for p in pod if any(fnmatch.fnmatchcase(pp.rstrip("*") + "x", p) for pp in patterns)]
+    if leaked:
+        edit.warnings.append(
+            f'runtime "{name}" has pod_annotations {leaked}: any pod could then request any device past the '
+            "device plugin; remove them (cdi-shim only needs container_annotations)")
+    if set_as_default:
+        containerd_table = lookup(doc, ["plugins", CRI_PLUGIN[version], "containerd"])
+        _set(containerd_table, "default_runtime_name", name)
+        edit.warnings.append(f'default_runtime_name = "{name}": every pod without a RuntimeClass now goes '
+                             f"through {RUNTIME_EXECUTABLE}")
+    return edit
+
+
+# --- drop-in --------------------------------------------------------------------------------------
+
+def _imports_cover(imports, path, main_dir):
+    for pattern in imports:
+        if not isinstance(pattern, str):
+            continue
+        full = pattern if os.path.isabs(pattern) else os.path.join(main_dir, pattern)
+        full = os.path.normpath(full)
+        if full == path or (os.path.dirname(full) == os.path.dirname(path)
+                            and fnmatch.fnmatchcase(os.path.basename(path), os.path.basename(full))):
+            return True
+    return False
+
+
+def ensure_import(doc, path, main_dir):
+    """Make the main document import `path`; returns True when it changed."""
+    if "imports" in doc:
+        imports = doc["imports"]
+        if not isinstance(unwrap(imports), list):
+            raise ContainerdConfigError('"imports" must be a list of paths')
+        if _imports_cover(unwrap(imports), path, main_dir):
+            return False
+        imports.append(path)
+        return True
+    doc["imports"] = [path]  # tomlkit puts a new top-level key before the first table
+    return True
+
+
+def dropin_document(main_doc, old_text, version, path):
+    """The starting document of the drop-in file."""
+    header = "# Written by `cdi-shim runtime configure`; imported by the main containerd config.\n"
+    if version == 3:
+        if old_text is not None:
+            doc = parse_toml(path, old_text)
+            if doc and file_version(doc, path) == 3:
+                return doc
+        doc = tomlkit.parse(header + "# Rerunning the command keeps other edits to this file.\n")
+        doc.add("version", 3)
+        return doc
+    # version 2: containerd 1.x would replace the main file's whole CRI section with ours
+    doc = tomlkit.parse(header + "# containerd 1.x replaces a plugin's whole section with an imported one, so this\n"
+                                 "# file carries a copy of the main file's CRI plugin section (refreshed on each run).\n")
+    doc.add("version", 2)
+    cri = lookup(main_doc, ["plugins", CRI_PLUGIN[2]])
+    kept = {}
+    if old_text is not None:
+        old_doc = parse_toml(path, old_text)
+        if old_doc:
+            file_version(old_doc, path)
+            old_runtimes = runtimes_of(old_doc, 2)
+            main_runtimes = runtimes_of(main_doc, 2) or {}
+            if hasattr(old_runtimes, "items"):
+                kept = {k: v for k, v in old_runtimes.items() if k not in main_runtimes}
+    if cri is not None:
+        plugins = tomlkit.table(is_super_table=True)
+        plugins.append(CRI_PLUGIN[2], copy.deepcopy(cri))
+        doc.add(tomlkit.nl())
+        doc.append("plugins", plugins)
+    if kept:
+        runtimes = doc
+        for key in ("plugins", CRI_PLUGIN[2], "containerd", "runtimes"):
+            runtimes = _ensure_table(runtimes, key)
+        for key, value in kept.items():
+            runtimes.append(key, copy.deepcopy(value))
+            runtimes[key].trivia.indent = value.trivia.indent
+    return doc
