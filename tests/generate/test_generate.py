@@ -343,7 +343,7 @@ def test_nvml_session_points_pynvml_at_each_library_in_turn(driver, tmp_path):
 
 
 def _partial_runner(fake, tmp_path, gpus=1):
-    runner = __import__("conftest").Runner(fake, tmp_path)
+    runner = fakedriver.Runner(fake, tmp_path)
     runner.gpus(gpus)
     return runner
 
