@@ -107,8 +107,12 @@ class Plan:
 
 def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary=None,
                    annotation_prefixes=("cdi.k8s.io/",), set_as_default=False, config_version="auto",
-                   drop_in=None, containerd="containerd"):
-    """Decide the new text of the config file(s); reads only."""
+                   drop_in=None, containerd="containerd", import_as=None):
+    """Decide the new text of the config file(s); reads only.
+
+    `import_as` is the text the main file's `imports` names the drop-in by (default: its absolute
+    path); a path relative to the main file's directory stays right when the tree is mounted
+    elsewhere (a node image under --root), since containerd resolves it against the main file."""
     check_runtime_name(runtime_name)
     path = os.path.realpath(path)  # a linked config stays linked: the file it names is edited
     binary = runtime_binary(binary)
@@ -162,7 +166,7 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
             edit.notes.append("the drop-in carries a copy of the main file's CRI plugin section (containerd 1.x "
                               "replaces a plugin's whole section on import); later edits to that section belong "
                               "in the drop-in, or rerun this command")
-        ensure_import(doc, dropin_path, os.path.dirname(path))
+        ensure_import(doc, import_as or dropin_path, os.path.dirname(path))
         plan.changes.append(FileChange(dropin_path, dropin_old, tomlkit.dumps(dropin_doc)))
         plan.changes.append(FileChange(path, old, tomlkit.dumps(doc)))
     else:
