@@ -334,3 +334,49 @@ def test_spec_generated_when_a_gpu_is_present_and_kept_when_current(tmp_path, sh
     finally:
         fake_driver.set_gpus(2)
     assert "(3 GPU(s)" in third.stderr and "containerd need not be restarted" in third.stderr
+
+
+# --- a pod through the installed handler ------------------------------------------------------------
+
+def test_pod_through_the_installed_handler_gets_its_device(tmp_path, monkeypatch):
+    """The CRI lab (shim/cri/lab.py: a private containerd 1.6, real pods) with its runtime registered
+    by `install --node --drop-in` on a node root holding the lab's containerd config, instead of
+    `runtime configure`: a pod of RuntimeClass handler "nvidia" asking for nvidia.com/gpu=0 through
+    the device plugin's annotation gets the device node, the env and the mount of the spec."""
+    for name, package in (("containerd", "containerd"), ("ctr", "containerd"), ("runc", "runc"),
+                          ("busybox", "busybox-static")):
+        need(name, package)
+    if os.geteuid() != 0:
+        pytest.fail("a private containerd runs pods with runc: run as root", pytrace=False)
+    monkeypatch.setenv("CDI_SHIM_CRI_BUILD_DIR", str(tmp_path / "cri-build"))
+    from shim.cri.lab import Lab
+
+    node = tmp_path / "node"
+
+    class InstalledLab(Lab):
+        def configure(self, *args):
+            self.installed = run_cli("install", "--node", "--drop-in", "--root", str(node), "--runtime-binary",
+                                     self.runtime_binary, "--cdi-shim-binary", self.cli, "--containerd-binary",
+                                     self.containerd, env=self.env(), check=True)
+            return self.installed
+
+    lab = InstalledLab(tmp_path / "lab")
+    lab.config = str(node / "etc" / "containerd" / "config.toml")
+    os.makedirs(os.path.dirname(lab.config))
+    try:
+        lab.setup()
+        assert "containerd: changed: registered runtime \"nvidia\"" in lab.installed.stderr
+        assert (node / "etc" / "containerd" / "conf.d" / "99-cdi-shim.toml").is_file()
+        probe = ("echo \"node=$(stat -c '%F %t:%T' /dev/nvidia0 2>&1)\"; echo \"env=$FAKE_GPU_INDEX/$FAKE_DRIVER\"; "
+                 "echo \"mount=$(cat /usr/local/fake-driver/version.txt 2>&1)\"")
+        run = lab.run_pod("nvidia", ["sh", "-c", probe], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+        assert run.status.exit_code == 0, run.output
+        seen = dict(line.split("=", 1) for line in run.output if "=" in line)
+        assert seen == {"node": "character special file c3:0", "env": "0/555.42", "mount": "fake driver 555.42"}
+        plain = lab.run_pod("runc", ["sh", "-c", probe], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+        assert "No such file" in dict(line.split("=", 1) for line in plain.output if "=" in line)["node"]
+        before = snapshot(node)
+        again = lab.configure()  # the next node start, containerd running
+        assert again.stderr.rstrip().endswith("nothing changed") and snapshot(node) == before
+    finally:
+        lab.stop()
