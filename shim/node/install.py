@@ -32,8 +32,8 @@ import shutil
 import subprocess
 import sys
 
-from .containerd import ContainerdConfigError, containerd_dump, pid1_init
-from .containerd_toml import CRI_PLUGIN, RUNC_V2, RUNTIME_EXECUTABLE, file_version, parse_toml, read_text
+from .containerd import ContainerdConfigError, pid1_init
+from .containerd_toml import CRI_PLUGIN, RUNC_V2, file_version, parse_toml, read_text
 
 CDI_SHIM_CONFIG = "/etc/cdi-shim/config.toml"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
@@ -265,14 +265,17 @@ class Installer:
     # --- 3. the resident unit -----------------------------------------------------------------------
 
     def resident_unit(self):
+        path = self.path(os.path.join(UNIT_DIR, UNIT_NAME))
+        if not self.settings().resident_socket:
+            return Step("resident", False, f'resident-socket is "" in {self.path(CDI_SHIM_CONFIG)}: no resident '
+                        f"process (each create starts the interpreter); {path} not installed")
         if not self.cdi_shim:
             raise InstallError("cdi-shim is not installed beside this interpreter: name it with --cdi-shim-binary")
-        path = self.path(os.path.join(UNIT_DIR, UNIT_NAME))
         wanted = unit_text(self.cdi_shim)
-        changed, done, notes = False, [], []
-        if read_text(path) != wanted:
+        written = read_text(path) != wanted
+        changed, done, notes = written, [], []
+        if written:
             _write(path, wanted)
-            changed = True
             done.append(f"wrote {path}")
         if self.systemctl is None:
             link = self.path(os.path.join(UNIT_DIR, "multi-user.target.wants", UNIT_NAME))
@@ -281,13 +284,13 @@ class Installer:
                 os.makedirs(os.path.dirname(link), exist_ok=True)
                 if os.path.lexists(link):
                     os.unlink(link)
-                os.symlink(target, link)
+                os.symlink(target, link)  # what `systemctl enable` makes for WantedBy=multi-user.target
                 changed = True
                 done.append(f"enabled it ({link})")
             notes.append(f"systemctl not run ({self.no_systemctl}): on the node, `systemctl daemon-reload && "
                          f"systemctl enable --now {UNIT_NAME}` (its next boot starts it)")
         else:
-            if changed:
+            if written:
                 self._systemctl("daemon-reload")
             if self._systemctl("is-enabled", "--quiet", UNIT_NAME, check=False) != 0:
                 self._systemctl("enable", UNIT_NAME)
@@ -297,7 +300,7 @@ class Installer:
                 self._systemctl("start", UNIT_NAME)
                 changed = True
                 done.append("started it")
-            elif changed and "wrote" in " ".join(done):
+            elif written:
                 self._systemctl("restart", UNIT_NAME)
                 done.append("restarted it (its unit changed)")
         message = "; ".join(done) if done else f"{path} as configured" + (
@@ -360,11 +363,20 @@ class Installer:
 
 
 def install_node(installer, restart=False, report=print):
-    """Run every step; REPORT gets each line. Returns the steps. Raises InstallError."""
-    steps = []
-    for step in (installer.cdi_shim_config, installer.register_runtime, installer.resident_unit,
-                 installer.cdi_spec):
-        done = step()
+    """Run every step; REPORT gets each line. Returns the steps.
+
+    A step that fails does not stop the others (a driver whose NVML fails must not keep the runtime
+    registration from taking effect): the restart, when one is due and asked for, still happens,
+    and then InstallError names every failure."""
+    steps, failed = [], []
+    for name, step in (("config", installer.cdi_shim_config), ("containerd", installer.register_runtime),
+                       ("resident", installer.resident_unit), ("cdi-spec", installer.cdi_spec)):
+        try:
+            done = step()
+        except InstallError as err:
+            failed.append(f"{name}: {err}")
+            report(f"{name}: failed: {err}")
+            continue
         steps.append(done)
         report(f"{done.name}: {'changed' if done.changed else 'unchanged'}: {done.message}")
         for note in done.notes:
@@ -380,6 +392,8 @@ def install_node(installer, restart=False, report=print):
     else:
         report(f"changed: {', '.join(changed)}; {' / '.join(services)} must be restarted to load the runtime "
                "(rerun with --restart)")
+    if failed:
+        raise InstallError(f"{len(failed)} step(s) failed: " + "; ".join(failed))
     return steps
 
 
@@ -410,4 +424,4 @@ def _toml_key(name):
     return name if re.match(r"^[A-Za-z0-9_-]+$", name) else _toml_string(name)
 
 
-__all__ = ["InstallError", "Installer", "Step", "install_node", "unit_text", "containerd_dump", "RUNTIME_EXECUTABLE"]
+__all__ = ["InstallError", "Installer", "Step", "install_node", "unit_text"]

@@ -380,3 +380,35 @@ def test_pod_through_the_installed_handler_gets_its_device(tmp_path, monkeypatch
         assert again.stderr.rstrip().endswith("nothing changed") and snapshot(node) == before
     finally:
         lab.stop()
+
+
+def test_a_failing_step_does_not_stop_the_others_nor_the_restart(tmp_path, shim_env, fake_binary):
+    """A GPU node whose driver has no NVML: the spec fails, the runtime is registered all the same,
+    containerd restarted (asked), and the command fails naming the step."""
+    root = node_root(tmp_path)
+    dev = tmp_path / "devroot" / "dev"
+    dev.mkdir(parents=True)
+    os.mknod(dev / "nvidiactl", 0o666 | stat.S_IFCHR, os.makedev(195, 255))
+    (tmp_path / "driver").mkdir()
+    log = tmp_path / "systemctl.log"
+    program = tmp_path / "systemctl"
+    program.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\n')
+    program.chmod(0o755)
+    out = install(root, "--drop-in", "--restart", "--systemctl", str(program), "--driver-root",
+                  str(tmp_path / "driver"), "--dev-root", str(tmp_path / "devroot"), env=shim_env, binary=fake_binary,
+                  check=False)
+    assert out.returncode == 1
+    assert "cdi-spec: failed: cannot generate the CDI spec: " in out.stderr
+    assert "Error: 1 step(s) failed: cdi-spec: " in out.stderr
+    assert "restart containerd" in read(log).splitlines()
+    assert "nvidia" in dump(root / "etc" / "containerd" / "config.toml")["plugins"][CRI2]["containerd"]["runtimes"]
+
+
+def test_no_resident_unit_when_the_config_turns_it_off(tmp_path, shim_env, fake_binary):
+    root = node_root(tmp_path)
+    config = root / "etc" / "cdi-shim" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('resident-socket = ""\n')
+    out = install(root, "--drop-in", env=shim_env, binary=fake_binary)
+    assert 'resident: unchanged: resident-socket is "" in' in out.stderr
+    assert not (root / "etc" / "systemd").exists()
