@@ -181,7 +181,7 @@ class Installer:
         from .containerd_config import runtime_binary
 
         try:
-            return runtime_binary(self.runtime_binary)
+            return runtime_binary(self.runtime_binary, root=self.root)
         except ContainerdConfigError as err:
             raise InstallError(str(err)) from None
 
@@ -198,7 +198,7 @@ class Installer:
             with cc.configure_lock(config):
                 plan = cc.plan_configure(config, runtime_name=self.runtime_name, binary=self._binary(),
                                          annotation_prefixes=prefixes, drop_in=drop_in,
-                                         containerd=self.containerd, import_as=import_as)
+                                         containerd=self.containerd, import_as=import_as, binary_root=self.root)
                 where = f"{plan.drop_in} (imported by {config})" if plan.drop_in else config
                 if not plan.changed:
                     return Step("containerd", False, f'{where} has runtime "{self.runtime_name}" as configured')

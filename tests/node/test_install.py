@@ -412,3 +412,23 @@ def test_no_resident_unit_when_the_config_turns_it_off(tmp_path, shim_env, fake_
     out = install(root, "--drop-in", env=shim_env, binary=fake_binary)
     assert 'resident: unchanged: resident-socket is "" in' in out.stderr
     assert not (root / "etc" / "systemd").exists()
+
+
+def test_node_image_names_the_node_s_own_paths(tmp_path, shim_env):
+    """Building a node image: BinaryName and ExecStart are the node's paths, present inside ROOT only."""
+    root = node_root(tmp_path)
+    binary = "/opt/cdi-shim/current/venv/bin/cdi-shim-runtime"
+    missing = run_cli("install", "--node", "--drop-in", "--root", str(root), "--runtime-binary", binary,
+                      "--containerd-binary", containerd(), env=shim_env, check=False)
+    assert missing.returncode == 1 and f"{root}{binary} is not an executable file" in missing.stderr
+    inside = root / binary.lstrip("/")
+    inside.parent.mkdir(parents=True)
+    inside.write_text("#!/bin/sh\n")
+    inside.chmod(0o755)
+    run_cli("install", "--node", "--drop-in", "--root", str(root), "--runtime-binary", binary,
+            "--cdi-shim-binary", "/opt/cdi-shim/current/venv/bin/cdi-shim", "--containerd-binary", containerd(),
+            env=shim_env, check=True)
+    entry = dump(root / "etc" / "containerd" / "config.toml")["plugins"][CRI2]["containerd"]["runtimes"]["nvidia"]
+    assert entry["options"]["BinaryName"] == binary
+    assert "ExecStart=/opt/cdi-shim/current/venv/bin/cdi-shim runtime serve" in read(
+        root / "etc" / "systemd" / "system" / UNIT_NAME)
