@@ -241,8 +241,9 @@ class Installer:
                 f"start, so edit the template, not config.toml. Add these lines at its end (it must extend the "
                 f'base template, {{{{ template "base" . }}}}), then restart {name}:\n' + self.entry_text(version))
         _write(template, wanted)
+        notes = [f"--drop-in does not apply: {name}'s containerd reads only what {name} renders"] if self.drop_in else []
         return Step("containerd", True, f'registered runtime "{self.runtime_name}": wrote {template} ({name} renders '
-                    f"{generated} from it at its next start)", restart=services)
+                    f"{generated} from it at its next start)", restart=services, notes=notes)
 
     def entry_text(self, version):
         """The runtime's tables for a k3s/rke2 template (SystemdCgroup as the distribution sets it for runc)."""
