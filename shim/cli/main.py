@@ -6,6 +6,7 @@ from cdi import __version__
 from .bench import bench
 from .doctor import doctor
 from .hook import hook
+from .install import install
 from .ldcache import ldcache
 from .runtime import runtime
 from .runtimeclass import runtimeclass
@@ -22,7 +23,7 @@ def main():
     """
 
 
-for _group in (cdi, ldcache, hook, runtime, runtimeclass, bench, doctor):
+for _group in (cdi, ldcache, hook, runtime, runtimeclass, bench, doctor, install):
     main.add_command(_group)
 
 if __name__ == "__main__":  # pragma: no cover

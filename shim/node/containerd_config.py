@@ -48,12 +48,16 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 # --- facts about the node ---------------------------------------------------------------------
 
-def runtime_binary(explicit=None):
-    """Absolute path of cdi-shim-runtime: the given one, the one beside this interpreter, or PATH's."""
+def runtime_binary(explicit=None, root=None):
+    """Absolute path of cdi-shim-runtime: the given one, the one beside this interpreter, or PATH's.
+
+    ROOT (a node tree being set up): the given path is the node's, so it may be an executable
+    inside ROOT rather than here."""
     if explicit:
         path = os.path.abspath(explicit)
-        if not os.access(path, os.X_OK):
-            raise ContainerdConfigError(f"{path} is not an executable file")
+        inside = os.path.join(root, path.lstrip("/")) if root and root != "/" else None
+        if not os.access(path, os.X_OK) and not (inside and os.access(inside, os.X_OK)):
+            raise ContainerdConfigError(f"{inside or path} is not an executable file")
         return path
     beside = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), RUNTIME_EXECUTABLE)
     if os.access(beside, os.X_OK):
@@ -107,11 +111,16 @@ class Plan:
 
 def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary=None,
                    annotation_prefixes=("cdi.k8s.io/",), set_as_default=False, config_version="auto",
-                   drop_in=None, containerd="containerd"):
-    """Decide the new text of the config file(s); reads only."""
+                   drop_in=None, containerd="containerd", import_as=None, binary_root=None):
+    """Decide the new text of the config file(s); reads only.
+
+    `import_as` is the text the main file's `imports` names the drop-in by (default: its absolute
+    path); a path relative to the main file's directory stays right when the tree is mounted
+    elsewhere (a node image under --root), since containerd resolves it against the main file.
+    `binary_root`: the tree in which an explicit `binary` must be executable (besides here)."""
     check_runtime_name(runtime_name)
     path = os.path.realpath(path)  # a linked config stays linked: the file it names is edited
-    binary = runtime_binary(binary)
+    binary = runtime_binary(binary, root=binary_root)
     patterns = []
     for prefix in annotation_prefixes:
         pattern = prefix + "*"
@@ -162,7 +171,7 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
             edit.notes.append("the drop-in carries a copy of the main file's CRI plugin section (containerd 1.x "
                               "replaces a plugin's whole section on import); later edits to that section belong "
                               "in the drop-in, or rerun this command")
-        ensure_import(doc, dropin_path, os.path.dirname(path))
+        ensure_import(doc, import_as or dropin_path, os.path.dirname(path))
         plan.changes.append(FileChange(dropin_path, dropin_old, tomlkit.dumps(dropin_doc)))
         plan.changes.append(FileChange(path, old, tomlkit.dumps(doc)))
     else:

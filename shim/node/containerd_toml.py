@@ -336,7 +336,8 @@ def ensure_import(doc, path, main_dir):
         imports = doc["imports"]
         if not isinstance(unwrap(imports), list):
             raise ContainerdConfigError('"imports" must be a list of paths')
-        if _imports_cover(unwrap(imports), path, main_dir):
+        target = os.path.normpath(path if os.path.isabs(path) else os.path.join(main_dir, path))
+        if _imports_cover(unwrap(imports), target, main_dir):
             return False
         imports.append(path)
         return True

@@ -14,7 +14,7 @@ the host's. No GPU, no network, no write.
 """
 
 from .base import FAIL, OK, WARN, Check, Context, Node, Options  # noqa: F401  (the public surface)
-from .containerd import (ContainerdView, check_cgroup_driver, check_containerd_binaries, check_containerd_loads,
+from .containerd import (ContainerdView, check_cgroup_driver, check_config_owner, check_containerd_binaries, check_containerd_loads,
                          check_containerd_version, check_cri_cdi, check_default_runtime, check_ignored_sections,
                          check_runtime_entry)
 from .driver import check_kernel_devices, check_kernel_module, check_libraries, check_nvidia_smi, check_versions
@@ -28,7 +28,8 @@ CHECKS = (
     check_kernel_module, check_kernel_devices,
     check_libraries, check_versions, check_nvidia_smi,
     check_specs, check_spec_conflicts, check_spec_paths,
-    check_containerd_binaries, check_containerd_version, check_ignored_sections, check_containerd_loads,
+    check_containerd_binaries, check_containerd_version, check_config_owner, check_ignored_sections,
+    check_containerd_loads,
     check_runtime_entry, check_cri_cdi, check_cgroup_driver, check_default_runtime,
     check_runtimeclasses,
     check_resident, check_runtime_log,

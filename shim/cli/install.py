@@ -1,0 +1,53 @@
+"""`cdi-shim install --node`: the node's whole set-up, idempotent, for a boot to rerun."""
+import click
+
+from .common import fail as _fail
+
+
+@click.command()
+@click.option("--node", is_flag=True, required=True,
+              help="Install on this node (the only target now; required, so that a later target cannot be "
+                   "taken for it).")
+@click.option("--drop-in", is_flag=True,
+              help="Register the runtime in /etc/containerd/conf.d/99-cdi-shim.toml, imported by the main file, "
+                   "instead of editing the main file's CRI section.")
+@click.option("--restart", is_flag=True,
+              help="Restart containerd (k3s/rke2: their service) when its configuration changed.")
+@click.option("--root", default="/", show_default=True, metavar="DIR",
+              help="Install into the node tree at DIR (a node image, the tests): every path is resolved inside "
+                   "it, and systemctl is not run unless --systemctl is given.")
+@click.option("--runtime-name", default="nvidia", show_default=True,
+              help="The CRI runtime name (the RuntimeClass handler).")
+@click.option("--runtime-binary", metavar="PATH",
+              help="BinaryName to register, as the node sees it (default: cdi-shim-runtime beside this "
+                   "interpreter, else on PATH).")
+@click.option("--cdi-shim-binary", metavar="PATH",
+              help="cdi-shim as the node sees it, for the resident unit's ExecStart (default: beside this "
+                   "interpreter).")
+@click.option("--containerd-binary", default="containerd", show_default=True, metavar="PATH",
+              help="containerd executable that tells the config version and loads the new config.")
+@click.option("--systemctl", "systemctl", metavar="COMMAND",
+              help="How to run systemctl (e.g. `nsenter -t 1 -m -- systemctl`); default: systemctl when ROOT "
+                   "is / and PID 1 is systemd, else none.")
+@click.option("--driver-root", metavar="DIR", help="The driver's root for the CDI spec (default: ROOT).")
+@click.option("--dev-root", metavar="DIR", help="The device nodes' root for the CDI spec (default: the driver root).")
+@click.option("--hook-program", metavar="PATH", hidden=True, help="The hook program the CDI spec names.")
+def install(node, drop_in, restart, root, runtime_name, runtime_binary, cdi_shim_binary, containerd_binary,
+            systemctl, driver_root, dev_root, hook_program):
+    """Set up this node for cdi-shim, idempotently: rerun it at every node start.
+
+    Writes /etc/cdi-shim/config.toml when missing, registers the runtime with containerd (a
+    drop-in with --drop-in; on k3s/rke2 their config.toml.tmpl), installs, enables and starts
+    the resident process's unit, and generates /var/run/cdi/nvidia.yaml when a GPU is present.
+    A second run changes nothing and says so. containerd is restarted only with --restart, and
+    only when its configuration changed.
+    """
+    from ..node.install import Installer, InstallError, install_node
+
+    try:
+        installer = Installer(root=root, drop_in=drop_in, runtime_name=runtime_name, runtime_binary=runtime_binary,
+                              cdi_shim=cdi_shim_binary, containerd=containerd_binary, systemctl=systemctl,
+                              driver_root=driver_root, dev_root=dev_root, hook_program=hook_program)
+        install_node(installer, restart=restart, report=lambda line: click.echo(f"cdi-shim: {line}", err=True))
+    except InstallError as err:
+        _fail(str(err))

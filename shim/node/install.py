@@ -1,0 +1,428 @@
+"""`cdi-shim install --node`: everything a GPU node needs, idempotently, as one step a node's
+boot (a DaemonSet, cloud-init user data) can rerun.
+
+A hand fix on one node is a diagnosis, not a deployment: managed node groups regenerate
+containerd's config.toml when a node boots, and a replaced node has none of it. So the install
+is a command that changes nothing when run again, and is run again at each node start.
+
+The steps, each returning a `Step` that says what it changed:
+
+1. `cdi_shim_config`: /etc/cdi-shim/config.toml with the defaults, when it is missing (an
+   existing file is the admin's, kept as it is).
+2. `register_runtime`: the runtime entry in containerd's config through `runtime configure`'s
+   own plan (the lock, the check by `containerd config dump`, the atomic rename); with
+   `drop_in`, in /etc/containerd/conf.d/99-cdi-shim.toml imported by the main file. On k3s and
+   rke2, whose config.toml is rendered from a template at every start, the template
+   (`config.toml.tmpl`, or `config-v3.toml.tmpl` for their containerd 2.x), extending the
+   distribution's base template (`{{ template "base" . }}`); a template someone else wrote is
+   refused with the lines to add to it.
+3. `resident_unit`: the resident process's systemd unit (contrib/cdi-shim-resident.service,
+   ExecStart naming this cdi-shim), enabled and started.
+4. `cdi_spec`: /var/run/cdi/nvidia.yaml from NVML when a GPU is present (/dev/nvidiactl).
+
+Every path is resolved inside ROOT (a node image's tree, the tests). systemctl is run only when
+ROOT is / and PID 1 is systemd, or when a systemctl command is given (a DaemonSet entering the
+host's namespaces); otherwise the unit is enabled the way `systemctl enable` does it offline (the
+WantedBy link) and the rest is a note. containerd is restarted only when asked and only when its
+configuration changed.
+"""
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from .containerd import ContainerdConfigError, pid1_init
+from .containerd_toml import CRI_PLUGIN, RUNC_V2, file_version, parse_toml, read_text
+
+CDI_SHIM_CONFIG = "/etc/cdi-shim/config.toml"
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+CONTAINERD_DROP_IN_DIR = "/etc/containerd/conf.d"
+UNIT_NAME = "cdi-shim-resident.service"
+UNIT_DIR = "/etc/systemd/system"
+SPEC_PATH = "/var/run/cdi/nvidia.yaml"
+# k3s and rke2 render config.toml from these at every start (the base template since Sept. 2023
+# releases: v1.24.17+k3s1, v1.25.13+k3s1, v1.26.8+k3s1, v1.27.5+k3s1, v1.28.1+k3s1 and later)
+DISTRIBUTIONS = (
+    ("k3s", "/var/lib/rancher/k3s/agent/etc/containerd", ("k3s", "k3s-agent")),
+    ("rke2", "/var/lib/rancher/rke2/agent/etc/containerd", ("rke2-server", "rke2-agent")),
+)
+TEMPLATE_FOR = {2: "config.toml.tmpl", 3: "config-v3.toml.tmpl"}
+TEMPLATE_MARKER = "# Written by `cdi-shim install --node`"
+# k3s and rke2 add their own "nvidia" runtime when they find one of these on the node
+TOOLKIT_RUNTIMES = ("/usr/bin/nvidia-container-runtime", "/usr/local/nvidia/toolkit/nvidia-container-runtime",
+                    "/usr/local/bin/nvidia-container-runtime")
+
+DEFAULT_CONFIG_TEXT = """\
+# cdi-shim's configuration (written by `cdi-shim install --node` with the defaults; yours to edit,
+# it is never rewritten). Every key is optional.
+runtime = "runc"                               # low-level runtime: a name on PATH or an absolute path
+spec-dirs = ["/etc/cdi", "/var/run/cdi"]       # rising priority
+annotation-prefixes = ["cdi.k8s.io/"]
+device-env = "NVIDIA_VISIBLE_DEVICES"          # "" turns env requests off
+default-kind = "nvidia.com/gpu"
+log-file = ""                                  # "" = only runc's --log file and stderr
+log-level = "info"                             # "debug" adds per-phase timings
+resident-socket = "/run/cdi-shim/runtime.sock" # the resident process; "" = always start the interpreter
+"""
+
+UNIT_TEXT = """\
+# The resident process of cdi-shim-runtime: a create that requests devices is prepared by one of
+# its long-lived worker processes (2, pre-forked and already warm; --workers N), not by a fresh
+# interpreter: measured, +2-3 ms over plain runc per create instead of +17-23 ms.
+# Optional: without it cdi-shim-runtime does the same work itself, only slower.
+# Install: `cdi-shim install --node` (or adjust ExecStart to where cdi-shim is installed, copy to
+# /etc/systemd/system/, then systemctl daemon-reload && systemctl enable --now cdi-shim-resident)
+[Unit]
+Description=cdi-shim resident process (prepares CDI devices for cdi-shim-runtime)
+Before=containerd.service
+
+[Service]
+ExecStart=@CDI_SHIM@ runtime serve
+Restart=always
+RestartSec=1
+# The socket lives in /run/cdi-shim (mode 0700); the work needs root as runc does.
+RuntimeDirectory=cdi-shim
+RuntimeDirectoryMode=0700
+RuntimeDirectoryPreserve=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+class InstallError(Exception):
+    """A step cannot be done; the message is one line for the user and says what to do."""
+
+
+def unit_text(cdi_shim):
+    """The resident unit, running CDI_SHIM (contrib/cdi-shim-resident.service is this with
+    /usr/local/bin/cdi-shim)."""
+    return UNIT_TEXT.replace("@CDI_SHIM@", cdi_shim)
+
+
+class Step:
+    """What one step did: changed or not, what it says, whether containerd must reload its config."""
+
+    def __init__(self, name, changed, message, restart=None, notes=()):
+        self.name, self.changed, self.message = name, changed, message
+        self.restart = restart  # the services to restart for it to apply, or None
+        self.notes = list(notes)
+
+    def __repr__(self):
+        return f"Step({self.name}, changed={self.changed}, {self.message!r})"
+
+
+class Installer:
+    """The node's facts and the options; each step a method."""
+
+    def __init__(self, root="/", drop_in=False, runtime_name="nvidia", runtime_binary=None, cdi_shim=None,
+                 containerd="containerd", systemctl=None, driver_root=None, dev_root=None, hook_program=None):
+        self.root = os.path.abspath(root)
+        self.drop_in = drop_in
+        self.runtime_name = runtime_name
+        self.runtime_binary = runtime_binary
+        self.cdi_shim = cdi_shim or _beside_interpreter("cdi-shim")
+        self.containerd = containerd
+        systemd, init = pid1_init()
+        if systemctl:
+            self.systemctl, self.no_systemctl = shlex.split(systemctl), None
+        elif self.root != "/":
+            self.systemctl, self.no_systemctl = None, f"the root is {self.root}, not /"
+        elif not systemd:
+            self.systemctl, self.no_systemctl = None, f'PID 1 is "{init}", not systemd'
+        else:
+            self.systemctl, self.no_systemctl = ["systemctl"], None
+        self.driver_root = driver_root or self.root  # as `cdi generate`: the dev root defaults to it
+        self.dev_root = dev_root or self.driver_root
+        self.hook_program = hook_program
+
+    # --- paths ---------------------------------------------------------------------------------
+
+    def path(self, node_path):
+        """NODE_PATH inside ROOT."""
+        if self.root == "/":
+            return node_path
+        return os.path.join(self.root, node_path.lstrip("/"))
+
+    # --- 1. cdi-shim's config --------------------------------------------------------------------
+
+    def cdi_shim_config(self):
+        path = self.path(CDI_SHIM_CONFIG)
+        if os.path.lexists(path):
+            return Step("config", False, f"{path} exists (kept as it is)")
+        _write(path, DEFAULT_CONFIG_TEXT)
+        return Step("config", True, f"wrote {path} (the defaults)")
+
+    def settings(self):
+        from ..config import ConfigError, load_config
+
+        try:
+            return load_config(self.path(CDI_SHIM_CONFIG))
+        except ConfigError as err:
+            raise InstallError(str(err)) from None
+
+    # --- 2. containerd ----------------------------------------------------------------------------
+
+    def distribution(self):
+        """(name, containerd dir, services) of k3s / rke2 when ROOT is such a node, else None."""
+        for name, directory, services in DISTRIBUTIONS:
+            if os.path.isdir(self.path(directory)):
+                return name, directory, services
+        return None
+
+    def register_runtime(self):
+        distribution = self.distribution()
+        if distribution:
+            return self._register_in_template(*distribution)
+        return self._register_in_containerd()
+
+    def _binary(self):
+        from .containerd_config import runtime_binary
+
+        try:
+            return runtime_binary(self.runtime_binary, root=self.root)
+        except ContainerdConfigError as err:
+            raise InstallError(str(err)) from None
+
+    def _register_in_containerd(self):
+        from . import containerd_config as cc
+
+        config = self.path(CONTAINERD_CONFIG)
+        drop_in = self.path(CONTAINERD_DROP_IN_DIR) if self.drop_in else None
+        # relative to the main file: right on the node and in a tree mounted elsewhere
+        import_as = os.path.join(os.path.relpath(CONTAINERD_DROP_IN_DIR, os.path.dirname(CONTAINERD_CONFIG)),
+                                 cc.DROP_IN_NAME) if self.drop_in else None
+        prefixes = self.settings().annotation_prefixes
+        try:
+            with cc.configure_lock(config):
+                plan = cc.plan_configure(config, runtime_name=self.runtime_name, binary=self._binary(),
+                                         annotation_prefixes=prefixes, drop_in=drop_in,
+                                         containerd=self.containerd, import_as=import_as, binary_root=self.root)
+                where = f"{plan.drop_in} (imported by {config})" if plan.drop_in else config
+                if not plan.changed:
+                    return Step("containerd", False, f'{where} has runtime "{self.runtime_name}" as configured')
+                written, backups, checked = cc.write_plan(plan, containerd=self.containerd)
+        except (ContainerdConfigError, OSError) as err:
+            raise InstallError(str(err)) from None
+        notes = [f"backup: {b}" for b in backups] + plan.warnings
+        how = "loaded and checked by the installed containerd" if checked else \
+            "not checked: containerd is not installed here"
+        return Step("containerd", True, f'registered runtime "{self.runtime_name}": wrote {", ".join(written)} ({how})',
+                    restart=("containerd",), notes=notes)
+
+    def _register_in_template(self, name, directory, services):
+        generated = self.path(os.path.join(directory, "config.toml"))
+        text = read_text(generated)
+        if text is None:
+            raise InstallError(f"{name}: {generated} does not exist yet, so the containerd config version {name} "
+                               f"renders cannot be told: start {name} once, then rerun this command")
+        try:
+            version = file_version(parse_toml(generated, text), generated) or 2
+        except ContainerdConfigError as err:
+            raise InstallError(f"{name}: {err}") from None
+        if version not in TEMPLATE_FOR:
+            raise InstallError(f"{name}: {generated} is a version {version} config; cdi-shim writes templates for "
+                               "versions 2 and 3")
+        if self.runtime_name == "nvidia":
+            toolkit = [p for p in TOOLKIT_RUNTIMES if os.path.exists(self.path(p))]
+            if toolkit:
+                raise InstallError(f'{name} adds its own "nvidia" runtime for {toolkit[0]}, and a second "nvidia" '
+                                   f"table would stop containerd: pass --runtime-name cdi-shim (and use that "
+                                   f"handler in the RuntimeClass)")
+        template = self.path(os.path.join(directory, TEMPLATE_FOR[version]))
+        wanted = self.template_text(version, name)
+        old = read_text(template)
+        if old == wanted:
+            return Step("containerd", False, f'{template} has runtime "{self.runtime_name}" as configured')
+        if old is not None and TEMPLATE_MARKER not in old:
+            raise InstallError(
+                f"{template} exists and was not written by cdi-shim; {name} renders config.toml from it at every "
+                f"start, so edit the template, not config.toml. Add these lines at its end (it must extend the "
+                f'base template, {{{{ template "base" . }}}}), then restart {name}:\n' + self.entry_text(version))
+        _write(template, wanted)
+        notes = [f"--drop-in does not apply: {name}'s containerd reads only what {name} renders"] if self.drop_in else []
+        return Step("containerd", True, f'registered runtime "{self.runtime_name}": wrote {template} ({name} renders '
+                    f"{generated} from it at its next start)", restart=services, notes=notes)
+
+    def entry_text(self, version):
+        """The runtime's tables for a k3s/rke2 template (SystemdCgroup as the distribution sets it for runc)."""
+        plugin = CRI_PLUGIN[version]
+        quote = '"' if version == 2 else "'"
+        header = f'plugins.{quote}{plugin}{quote}.containerd.runtimes.{_toml_key(self.runtime_name)}'
+        patterns = ", ".join(_toml_string(p + "*") for p in self.settings().annotation_prefixes)
+        return (f"[{header}]\n"
+                f"  runtime_type = {_toml_string(RUNC_V2)}\n"
+                f"  container_annotations = [{patterns}]\n"
+                f"[{header}.options]\n"
+                f"  BinaryName = {_toml_string(self._binary())}\n"
+                "  SystemdCgroup = {{ .SystemdCgroup }}\n")
+
+    def template_text(self, version, name):
+        return (f"{TEMPLATE_MARKER} (rerunning it rewrites this file; delete this line to own it).\n"
+                f"# {name} renders config.toml from this template at every start: edit this file, not config.toml.\n"
+                '{{ template "base" . }}\n\n' + self.entry_text(version))
+
+    # --- 3. the resident unit -----------------------------------------------------------------------
+
+    def resident_unit(self):
+        path = self.path(os.path.join(UNIT_DIR, UNIT_NAME))
+        if not self.settings().resident_socket:
+            return Step("resident", False, f'resident-socket is "" in {self.path(CDI_SHIM_CONFIG)}: no resident '
+                        f"process (each create starts the interpreter); {path} not installed")
+        if not self.cdi_shim:
+            raise InstallError("cdi-shim is not installed beside this interpreter: name it with --cdi-shim-binary")
+        wanted = unit_text(self.cdi_shim)
+        written = read_text(path) != wanted
+        changed, done, notes = written, [], []
+        if written:
+            _write(path, wanted)
+            done.append(f"wrote {path}")
+        if self.systemctl is None:
+            link = self.path(os.path.join(UNIT_DIR, "multi-user.target.wants", UNIT_NAME))
+            target = os.path.join(UNIT_DIR, UNIT_NAME)
+            if not (os.path.islink(link) and os.readlink(link) == target):
+                os.makedirs(os.path.dirname(link), exist_ok=True)
+                if os.path.lexists(link):
+                    os.unlink(link)
+                os.symlink(target, link)  # what `systemctl enable` makes for WantedBy=multi-user.target
+                changed = True
+                done.append(f"enabled it ({link})")
+            notes.append(f"systemctl not run ({self.no_systemctl}): on the node, `systemctl daemon-reload && "
+                         f"systemctl enable --now {UNIT_NAME}` (its next boot starts it)")
+        else:
+            if written:
+                self._systemctl("daemon-reload")
+            if self._systemctl("is-enabled", "--quiet", UNIT_NAME, check=False) != 0:
+                self._systemctl("enable", UNIT_NAME)
+                changed = True
+                done.append("enabled it")
+            if self._systemctl("is-active", "--quiet", UNIT_NAME, check=False) != 0:
+                self._systemctl("start", UNIT_NAME)
+                changed = True
+                done.append("started it")
+            elif written:
+                self._systemctl("restart", UNIT_NAME)
+                done.append("restarted it (its unit changed)")
+        message = "; ".join(done) if done else f"{path} as configured" + (
+            ", enabled and running" if self.systemctl else ", enabled")
+        return Step("resident", changed, message, notes=notes)
+
+    def _systemctl(self, *args, check=True):
+        command = self.systemctl + list(args)
+        try:
+            out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise InstallError(f"{shlex.join(command)}: {err}") from None
+        if check and out.returncode != 0:
+            raise InstallError(f"{shlex.join(command)} failed: {(out.stderr or out.stdout).strip()}")
+        return out.returncode
+
+    # --- 4. the CDI spec ----------------------------------------------------------------------------
+
+    def gpu_present(self):
+        return os.path.exists(self._control_node())
+
+    def _control_node(self):
+        return os.path.join(self.dev_root, "dev/nvidiactl")
+
+    def cdi_spec(self, proc="/proc", sysfs="/sys"):
+        output = self.path(SPEC_PATH)
+        if not self.gpu_present():
+            return Step("cdi-spec", False, f"no GPU here (no {self._control_node()}): "
+                        "no CDI spec generated")
+        from ..generate import GenerateError, Options, generate
+
+        options = Options(output=output, driver_root=self.driver_root, dev_root=self.dev_root,
+                          hook_program=self.hook_program, proc=proc, sysfs=sysfs)
+        try:
+            result = generate(options)
+        except GenerateError as err:
+            raise InstallError(f"cannot generate the CDI spec: {err}") from None
+        notes = [f"warning: {w}" for w in result.warnings]
+        what = (f"{len(result.doc['devices'])} devices ({len(result.nvml.gpus)} GPU(s), driver "
+                f"{result.nvml.driver_version})")
+        if read_text(output) == result.text:
+            return Step("cdi-spec", False, f"{output} is current: {what}", notes=notes)
+        _write(output, result.text)
+        return Step("cdi-spec", True, f"wrote {output}: {what}", notes=notes)
+
+    # --- containerd's restart -------------------------------------------------------------------------
+
+    def restart(self, services):
+        """Restart SERVICES; returns a message, raises when this host cannot."""
+        if self.systemctl is None:
+            raise InstallError(f"cannot restart {' / '.join(services)}: systemctl not run ({self.no_systemctl})")
+        if len(services) == 1:
+            self._systemctl("restart", services[0])
+            return f"restarted {services[0]}"
+        for service in services:  # k3s or k3s-agent: the one that runs here
+            if self._systemctl("is-active", "--quiet", service, check=False) == 0:
+                self._systemctl("restart", service)
+                return f"restarted {service}"
+        raise InstallError(f"none of {', '.join(services)} is running here: start it")
+
+
+def install_node(installer, restart=False, report=print):
+    """Run every step; REPORT gets each line. Returns the steps.
+
+    A step that fails does not stop the others (a driver whose NVML fails must not keep the runtime
+    registration from taking effect): the restart, when one is due and asked for, still happens,
+    and then InstallError names every failure."""
+    steps, failed = [], []
+    for name, step in (("config", installer.cdi_shim_config), ("containerd", installer.register_runtime),
+                       ("resident", installer.resident_unit), ("cdi-spec", installer.cdi_spec)):
+        try:
+            done = step()
+        except InstallError as err:
+            failed.append(f"{name}: {err}")
+            report(f"{name}: failed: {err}")
+            continue
+        steps.append(done)
+        report(f"{done.name}: {'changed' if done.changed else 'unchanged'}: {done.message}")
+        for note in done.notes:
+            report(f"{done.name}: {note}")
+    changed = [s.name for s in steps if s.changed]
+    services = next((s.restart for s in steps if s.changed and s.restart), None)
+    if not changed:
+        report("nothing changed")
+    elif services is None:
+        report(f"changed: {', '.join(changed)}; containerd need not be restarted")
+    elif restart:
+        report(f"changed: {', '.join(changed)}; {installer.restart(services)}")
+    else:
+        report(f"changed: {', '.join(changed)}; {' / '.join(services)} must be restarted to load the runtime "
+               "(rerun with --restart)")
+    if failed:
+        raise InstallError(f"{len(failed)} step(s) failed: " + "; ".join(failed))
+    return steps
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+def _beside_interpreter(name):
+    path = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), name)
+    if os.access(path, os.X_OK):
+        return path
+    found = shutil.which(name)
+    return os.path.abspath(found) if found else None
+
+
+def _write(path, text, mode=0o644):
+    from cdi.safeio import write_file_atomic
+
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    write_file_atomic(path, text.encode(), mode, prefix=f".{os.path.basename(path)}.", sync=True)
+
+
+def _toml_string(value):
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _toml_key(name):
+    import re
+
+    return name if re.match(r"^[A-Za-z0-9_-]+$", name) else _toml_string(name)
+
+
+__all__ = ["InstallError", "Installer", "Step", "install_node", "unit_text"]

@@ -1,0 +1,434 @@
+"""`cdi-shim install --node` on prepared node roots (--root): idempotent (a second run leaves every
+file byte-identical and says nothing changed), its containerd result loaded by the real containerd
+1.6 (`containerd --config ROOT/etc/containerd/config.toml config dump`), k3s/rke2 templates, the
+CDI spec from the fake driver of tests/generate (real gcc-built libraries, the fake NVML through
+the real pynvml, mknod device nodes), systemctl through --systemctl (PID 1 is not systemd here).
+"""
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from shim.node.install import UNIT_NAME, unit_text
+from tests.helpers import need, read, run_cli, toml_loads
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+V2_DEFAULT = os.path.join(HERE, "data", "containerd-1.6-default.toml")
+CRI2 = "io.containerd.grpc.v1.cri"
+K3S_DIR = "var/lib/rancher/k3s/agent/etc/containerd"
+
+
+def containerd():
+    return need("containerd", "containerd")
+
+
+def snapshot(root):
+    """{relative path: ("file", bytes, mode) | ("link", target) | ("dir", mode)} of everything under ROOT."""
+    found = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            rel = os.path.relpath(path, root)
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                found[rel] = ("link", os.readlink(path))
+            elif stat.S_ISDIR(info.st_mode):
+                found[rel] = ("dir", stat.S_IMODE(info.st_mode))
+            else:
+                with open(path, "rb") as stream:
+                    found[rel] = ("file", stream.read(), stat.S_IMODE(info.st_mode), info.st_mtime_ns)
+    return found
+
+
+def install(root, *extra, env, binary, check=True):
+    args = ["install", "--node", "--root", str(root), "--runtime-binary", binary,
+            "--cdi-shim-binary", "/usr/local/bin/cdi-shim", "--containerd-binary", containerd()] + list(extra)
+    return run_cli(*args, env=env, check=check)
+
+
+def dump(path):
+    out = subprocess.run([containerd(), "--config", str(path), "config", "dump"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return toml_loads(out.stdout)
+
+
+def node_root(tmp_path, config=V2_DEFAULT):
+    root = tmp_path / "node"
+    (root / "etc" / "containerd").mkdir(parents=True)
+    if config:
+        shutil.copy(config, root / "etc" / "containerd" / "config.toml")
+    return root
+
+
+@pytest.mark.parametrize("drop_in", [True, False], ids=["drop-in", "main-file"])
+def test_second_run_changes_nothing_and_containerd_loads_the_result(tmp_path, shim_env, fake_binary, drop_in):
+    root = node_root(tmp_path)
+    extra = ["--drop-in"] if drop_in else []
+    first = install(root, *extra, env=shim_env, binary=fake_binary)
+    assert "containerd: changed: registered runtime \"nvidia\"" in first.stderr
+    assert "loaded and checked by the installed containerd" in first.stderr
+    assert "containerd must be restarted to load the runtime (rerun with --restart)" in first.stderr
+    before = snapshot(root)
+    second = install(root, *extra, env=shim_env, binary=fake_binary)
+    assert snapshot(root) == before  # byte-identical, not even rewritten (mtimes equal)
+    assert second.stderr.rstrip().endswith("cdi-shim: nothing changed"), second.stderr
+    assert "changed:" not in second.stderr.replace("unchanged:", "").replace("nothing changed", "")
+
+    main = root / "etc" / "containerd" / "config.toml"
+    section = dump(main)["plugins"][CRI2]["containerd"]
+    entry = section["runtimes"]["nvidia"]
+    assert entry["options"]["BinaryName"] == fake_binary
+    assert entry["container_annotations"] == ["cdi.k8s.io/*"]
+    assert entry["runtime_type"] == "io.containerd.runc.v2"
+    assert "runc" in section["runtimes"] and section["default_runtime_name"] == "runc"
+    if drop_in:
+        # the import is relative to the main file: right on the node and under ROOT alike
+        assert toml_loads(read(main))["imports"] == ["conf.d/99-cdi-shim.toml"]
+        assert (root / "etc" / "containerd" / "conf.d" / "99-cdi-shim.toml").is_file()
+    else:
+        assert not toml_loads(read(main)).get("imports")
+
+
+def test_everything_it_puts_in_place(tmp_path, shim_env, fake_binary):
+    root = node_root(tmp_path)
+    out = install(root, "--drop-in", env=shim_env, binary=fake_binary)
+    config = root / "etc" / "cdi-shim" / "config.toml"
+    from shim.config import load_config
+
+    loaded = load_config(str(config))
+    assert loaded.spec_dirs == ("/etc/cdi", "/var/run/cdi") and loaded.annotation_prefixes == ("cdi.k8s.io/",)
+    unit = root / "etc" / "systemd" / "system" / UNIT_NAME
+    assert read(unit) == unit_text("/usr/local/bin/cdi-shim")
+    assert "ExecStart=/usr/local/bin/cdi-shim runtime serve" in read(unit)
+    wants = root / "etc" / "systemd" / "system" / "multi-user.target.wants" / UNIT_NAME
+    assert os.readlink(wants) == f"/etc/systemd/system/{UNIT_NAME}"  # what `systemctl enable` makes
+    assert f"systemctl not run (the root is {root}, not /)" in out.stderr
+    assert "no GPU here" in out.stderr and not (root / "var" / "run" / "cdi").exists()
+    assert not list((root / "etc" / "containerd").glob(".*lock*"))
+
+
+def test_contrib_unit_is_the_installed_one():
+    assert read(os.path.join(REPO, "contrib", UNIT_NAME)) == unit_text("/usr/local/bin/cdi-shim")
+
+
+def test_an_existing_cdi_shim_config_is_kept(tmp_path, shim_env, fake_binary):
+    root = node_root(tmp_path)
+    config = root / "etc" / "cdi-shim" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('annotation-prefixes = ["cdi.k8s.io/", "example.com/"]\n')
+    out = install(root, "--drop-in", env=shim_env, binary=fake_binary)
+    assert read(config) == 'annotation-prefixes = ["cdi.k8s.io/", "example.com/"]\n'
+    assert "exists (kept as it is)" in out.stderr
+    entry = dump(root / "etc" / "containerd" / "config.toml")["plugins"][CRI2]["containerd"]["runtimes"]["nvidia"]
+    assert entry["container_annotations"] == ["cdi.k8s.io/*", "example.com/*"]  # ROOT's config, not the host's
+
+
+def test_a_node_without_containerd_config(tmp_path, shim_env, fake_binary):
+    root = node_root(tmp_path, config=None)
+    install(root, "--drop-in", env=shim_env, binary=fake_binary)
+    main = root / "etc" / "containerd" / "config.toml"
+    assert toml_loads(read(main))["version"] == 2  # from the installed containerd 1.6
+    assert dump(main)["plugins"][CRI2]["containerd"]["runtimes"]["nvidia"]["options"]["BinaryName"] == fake_binary
+    before = snapshot(root)
+    assert install(root, "--drop-in", env=shim_env, binary=fake_binary).stderr.rstrip().endswith("nothing changed")
+    assert snapshot(root) == before
+
+
+def test_a_regenerated_config_is_registered_again(tmp_path, shim_env, fake_binary):
+    """What a managed node's boot does: config.toml comes back as the node image has it."""
+    root = node_root(tmp_path)
+    install(root, "--drop-in", env=shim_env, binary=fake_binary)
+    shutil.copy(V2_DEFAULT, root / "etc" / "containerd" / "config.toml")
+    out = install(root, "--drop-in", env=shim_env, binary=fake_binary)
+    assert "containerd: changed" in out.stderr and "config: unchanged" in out.stderr
+    assert "nvidia" in dump(root / "etc" / "containerd" / "config.toml")["plugins"][CRI2]["containerd"]["runtimes"]
+
+
+def test_restart_in_a_root_without_systemctl_fails_saying_why(tmp_path, shim_env, fake_binary):
+    root = node_root(tmp_path)
+    out = install(root, "--drop-in", "--restart", env=shim_env, binary=fake_binary, check=False)
+    assert out.returncode == 1
+    assert "cannot restart containerd: systemctl not run (the root is" in out.stderr
+    # nothing changed: no restart asked of anyone, exit 0
+    again = install(root, "--drop-in", "--restart", env=shim_env, binary=fake_binary)
+    assert again.stderr.rstrip().endswith("nothing changed")
+
+
+# --- systemctl: a recording stand-in (PID 1 is not systemd here) --------------------------------------
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$*" >> "{log}"
+case "$1" in
+  is-enabled) test -e "{state}/enabled" ;;
+  is-active) test -e "{state}/active-$3" ;;
+  enable) touch "{state}/enabled" ;;
+  start|restart) touch "{state}/active-$2" ;;
+  *) exit 0 ;;
+esac
+"""
+
+
+def test_systemctl_enables_starts_and_restarts_only_on_change(tmp_path, shim_env, fake_binary):
+    root = node_root(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    log = tmp_path / "systemctl.log"
+    program = tmp_path / "systemctl"
+    program.write_text(FAKE_SYSTEMCTL.format(log=log, state=state))
+    program.chmod(0o755)
+    (state / "active-containerd").touch()
+    systemctl = ["--systemctl", str(program)]
+    out = install(root, "--drop-in", "--restart", *systemctl, env=shim_env, binary=fake_binary)
+    assert read(log).splitlines() == [
+        "daemon-reload", f"is-enabled --quiet {UNIT_NAME}", f"enable {UNIT_NAME}",
+        f"is-active --quiet {UNIT_NAME}", f"start {UNIT_NAME}", "restart containerd"]
+    assert "restarted containerd" in out.stderr
+    assert not (root / "etc" / "systemd" / "system" / "multi-user.target.wants").exists()  # systemctl's job
+    log.write_text("")
+    out = install(root, "--drop-in", "--restart", *systemctl, env=shim_env, binary=fake_binary)
+    assert read(log).splitlines() == [f"is-enabled --quiet {UNIT_NAME}", f"is-active --quiet {UNIT_NAME}"]
+    assert out.stderr.rstrip().endswith("nothing changed")
+    # a new cdi-shim location: the unit is rewritten and the running service restarted; containerd is not
+    log.write_text("")
+    out = run_cli("install", "--node", "--drop-in", "--restart", "--root", str(root), "--runtime-binary", fake_binary,
+                  "--cdi-shim-binary", "/opt/cdi-shim/bin/cdi-shim", "--containerd-binary", containerd(), *systemctl,
+                  env=shim_env, check=True)
+    assert read(log).splitlines() == ["daemon-reload", f"is-enabled --quiet {UNIT_NAME}",
+                                      f"is-active --quiet {UNIT_NAME}", f"restart {UNIT_NAME}"]
+    assert "containerd need not be restarted" in out.stderr
+
+
+# --- k3s / rke2 --------------------------------------------------------------------------------------
+
+K3S_GENERATED = """# File generated by k3s. DO NOT EDIT. Use config.toml.tmpl instead.
+version = 2
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "/var/lib/rancher/k3s/agent/containerd"
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "10010"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  SystemdCgroup = {systemd}
+"""
+
+
+def k3s_root(tmp_path, generated=K3S_GENERATED.format(systemd="true"), distribution="k3s"):
+    root = tmp_path / "node"
+    directory = root / K3S_DIR.replace("k3s", distribution)
+    directory.mkdir(parents=True)
+    if generated is not None:
+        (directory / "config.toml").write_text(generated)
+    return root, directory
+
+
+def render(template, base, systemd):
+    """What k3s makes of our template: the base template's text in place of {{ template "base" . }}."""
+    assert template.count('{{ template "base" . }}') == 1
+    return template.replace('{{ template "base" . }}', base).replace("{{ .SystemdCgroup }}", systemd)
+
+
+@pytest.mark.parametrize("distribution", ["k3s", "rke2"])
+def test_k3s_template_extends_the_base_and_renders_to_a_config_containerd_loads(tmp_path, shim_env, fake_binary,
+                                                                                distribution):
+    root, directory = k3s_root(tmp_path, distribution=distribution)
+    out = install(root, env=shim_env, binary=fake_binary)
+    template = directory / "config.toml.tmpl"
+    text = read(template)
+    assert text.splitlines()[2] == '{{ template "base" . }}'
+    assert "edit this file, not config.toml" in text
+    assert not (root / "etc" / "containerd").exists()  # k3s's containerd does not read /etc/containerd
+    services = "k3s / k3s-agent" if distribution == "k3s" else "rke2-server / rke2-agent"
+    assert f"{services} must be restarted" in out.stderr
+    rendered = tmp_path / "rendered.toml"
+    rendered.write_text(render(text, K3S_GENERATED.format(systemd="true"), "true"))
+    entry = dump(rendered)["plugins"][CRI2]["containerd"]["runtimes"]["nvidia"]
+    assert entry["options"] == {**entry["options"], "BinaryName": fake_binary, "SystemdCgroup": True}
+    assert entry["container_annotations"] == ["cdi.k8s.io/*"]
+    before = snapshot(root)
+    again = install(root, env=shim_env, binary=fake_binary)
+    assert snapshot(root) == before and again.stderr.rstrip().endswith("nothing changed")
+
+
+def test_k3s_with_containerd_2_gets_the_v3_template(tmp_path, shim_env, fake_binary):
+    root, directory = k3s_root(tmp_path, generated="# File generated by k3s. DO NOT EDIT.\nversion = 3\n")
+    install(root, env=shim_env, binary=fake_binary)
+    text = read(directory / "config-v3.toml.tmpl")
+    assert "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]" in text
+    assert not (directory / "config.toml.tmpl").exists()
+    toml_loads(render(text, "version = 3\n", "false"))  # parses once rendered
+
+
+def test_k3s_foreign_template_is_refused_with_the_lines_to_add(tmp_path, shim_env, fake_binary):
+    root, directory = k3s_root(tmp_path)
+    template = directory / "config.toml.tmpl"
+    template.write_text('{{ template "base" . }}\n# mine\n')
+    out = install(root, env=shim_env, binary=fake_binary, check=False)
+    assert out.returncode == 1
+    assert "exists and was not written by cdi-shim" in out.stderr
+    assert "edit the template, not config.toml" in out.stderr
+    assert f'BinaryName = "{fake_binary}"' in out.stderr
+    assert read(template) == '{{ template "base" . }}\n# mine\n'
+
+
+def test_k3s_before_its_first_start_is_refused(tmp_path, shim_env, fake_binary):
+    root, directory = k3s_root(tmp_path, generated=None)
+    out = install(root, env=shim_env, binary=fake_binary, check=False)
+    assert out.returncode == 1 and "start k3s once, then rerun this command" in out.stderr
+    assert not (directory / "config.toml.tmpl").exists()
+
+
+def test_k3s_with_the_toolkit_needs_another_runtime_name(tmp_path, shim_env, fake_binary):
+    root, directory = k3s_root(tmp_path)
+    toolkit = root / "usr" / "bin" / "nvidia-container-runtime"
+    toolkit.parent.mkdir(parents=True)
+    toolkit.write_text("#!/bin/sh\n")
+    out = install(root, env=shim_env, binary=fake_binary, check=False)
+    assert out.returncode == 1 and "pass --runtime-name cdi-shim" in out.stderr
+    install(root, "--runtime-name", "cdi-shim", env=shim_env, binary=fake_binary)
+    assert ".containerd.runtimes.cdi-shim]" in read(directory / "config.toml.tmpl")
+
+
+# --- the CDI spec, on a node with a (fake) GPU --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory):
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "generate"))
+    try:
+        import fakedriver
+    finally:
+        sys.path.pop(0)
+    if os.geteuid() != 0:
+        pytest.fail("the fake driver's device nodes need mknod: run as root", pytrace=False)
+    driver = fakedriver.FakeDriver(tmp_path_factory.mktemp("fake-driver"), gpus=2)
+    yield driver
+    driver.close()
+
+
+def test_spec_generated_when_a_gpu_is_present_and_kept_when_current(tmp_path, shim_env, fake_binary, fake_driver):
+    root = node_root(tmp_path)
+    roots = ["--driver-root", fake_driver.root, "--dev-root", fake_driver.dev_root]
+    out = install(root, "--drop-in", *roots, env=shim_env, binary=fake_binary)
+    spec = root / "var" / "run" / "cdi" / "nvidia.yaml"
+    assert f"cdi-spec: changed: wrote {spec}: " in out.stderr and "(2 GPU(s), driver 580.65.06)" in out.stderr
+    listed = run_cli("cdi", "list", "--spec-dir", str(spec.parent), env=shim_env, check=True)
+    assert "nvidia.com/gpu=0" in listed.stdout.split() and "nvidia.com/gpu=all" in listed.stdout.split()
+    before = snapshot(root)
+    again = install(root, "--drop-in", *roots, env=shim_env, binary=fake_binary)
+    assert snapshot(root) == before
+    assert f"cdi-spec: unchanged: {spec} is current" in again.stderr
+    assert again.stderr.rstrip().endswith("nothing changed")
+    fake_driver.set_gpus(3)
+    fake_driver.make_nodes(3)
+    try:
+        third = install(root, "--drop-in", *roots, env=shim_env, binary=fake_binary)
+    finally:
+        fake_driver.set_gpus(2)
+    assert "(3 GPU(s)" in third.stderr and "containerd need not be restarted" in third.stderr
+
+
+# --- a pod through the installed handler ------------------------------------------------------------
+
+def test_pod_through_the_installed_handler_gets_its_device(tmp_path, monkeypatch):
+    """The CRI lab (shim/cri/lab.py: a private containerd 1.6, real pods) with its runtime registered
+    by `install --node --drop-in` on a node root holding the lab's containerd config, instead of
+    `runtime configure`: a pod of RuntimeClass handler "nvidia" asking for nvidia.com/gpu=0 through
+    the device plugin's annotation gets the device node, the env and the mount of the spec."""
+    for name, package in (("containerd", "containerd"), ("ctr", "containerd"), ("runc", "runc"),
+                          ("busybox", "busybox-static")):
+        need(name, package)
+    if os.geteuid() != 0:
+        pytest.fail("a private containerd runs pods with runc: run as root", pytrace=False)
+    monkeypatch.setenv("CDI_SHIM_CRI_BUILD_DIR", str(tmp_path / "cri-build"))
+    from shim.cri.lab import Lab
+
+    node = tmp_path / "node"
+
+    class InstalledLab(Lab):
+        def configure(self, *args):
+            self.installed = run_cli("install", "--node", "--drop-in", "--root", str(node), "--runtime-binary",
+                                     self.runtime_binary, "--cdi-shim-binary", self.cli, "--containerd-binary",
+                                     self.containerd, env=self.env(), check=True)
+            return self.installed
+
+    lab = InstalledLab(tmp_path / "lab")
+    lab.config = str(node / "etc" / "containerd" / "config.toml")
+    os.makedirs(os.path.dirname(lab.config))
+    try:
+        lab.setup()
+        assert "containerd: changed: registered runtime \"nvidia\"" in lab.installed.stderr
+        assert (node / "etc" / "containerd" / "conf.d" / "99-cdi-shim.toml").is_file()
+        probe = ("echo \"node=$(stat -c '%F %t:%T' /dev/nvidia0 2>&1)\"; echo \"env=$FAKE_GPU_INDEX/$FAKE_DRIVER\"; "
+                 "echo \"mount=$(cat /usr/local/fake-driver/version.txt 2>&1)\"")
+        run = lab.run_pod("nvidia", ["sh", "-c", probe], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+        assert run.status.exit_code == 0, run.output
+        seen = dict(line.split("=", 1) for line in run.output if "=" in line)
+        assert seen == {"node": "character special file c3:0", "env": "0/555.42", "mount": "fake driver 555.42"}
+        plain = lab.run_pod("runc", ["sh", "-c", probe], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+        assert "No such file" in dict(line.split("=", 1) for line in plain.output if "=" in line)["node"]
+        before = snapshot(node)
+        again = lab.configure()  # the next node start, containerd running
+        assert again.stderr.rstrip().endswith("nothing changed") and snapshot(node) == before
+    finally:
+        lab.stop()
+
+
+def test_a_failing_step_does_not_stop_the_others_nor_the_restart(tmp_path, shim_env, fake_binary):
+    """A GPU node whose driver has no NVML: the spec fails, the runtime is registered all the same,
+    containerd restarted (asked), and the command fails naming the step."""
+    root = node_root(tmp_path)
+    dev = tmp_path / "devroot" / "dev"
+    dev.mkdir(parents=True)
+    os.mknod(dev / "nvidiactl", 0o666 | stat.S_IFCHR, os.makedev(195, 255))
+    (tmp_path / "driver").mkdir()
+    log = tmp_path / "systemctl.log"
+    program = tmp_path / "systemctl"
+    program.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\n')
+    program.chmod(0o755)
+    out = install(root, "--drop-in", "--restart", "--systemctl", str(program), "--driver-root",
+                  str(tmp_path / "driver"), "--dev-root", str(tmp_path / "devroot"), env=shim_env, binary=fake_binary,
+                  check=False)
+    assert out.returncode == 1
+    assert "cdi-spec: failed: cannot generate the CDI spec: " in out.stderr
+    assert "Error: 1 step(s) failed: cdi-spec: " in out.stderr
+    assert "restart containerd" in read(log).splitlines()
+    assert "nvidia" in dump(root / "etc" / "containerd" / "config.toml")["plugins"][CRI2]["containerd"]["runtimes"]
+
+
+def test_no_resident_unit_when_the_config_turns_it_off(tmp_path, shim_env, fake_binary):
+    root = node_root(tmp_path)
+    config = root / "etc" / "cdi-shim" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('resident-socket = ""\n')
+    out = install(root, "--drop-in", env=shim_env, binary=fake_binary)
+    assert 'resident: unchanged: resident-socket is "" in' in out.stderr
+    assert not (root / "etc" / "systemd").exists()
+
+
+def test_node_image_names_the_node_s_own_paths(tmp_path, shim_env):
+    """Building a node image: BinaryName and ExecStart are the node's paths, present inside ROOT only."""
+    root = node_root(tmp_path)
+    binary = "/opt/cdi-shim/current/venv/bin/cdi-shim-runtime"
+    missing = run_cli("install", "--node", "--drop-in", "--root", str(root), "--runtime-binary", binary,
+                      "--containerd-binary", containerd(), env=shim_env, check=False)
+    assert missing.returncode == 1 and f"{root}{binary} is not an executable file" in missing.stderr
+    inside = root / binary.lstrip("/")
+    inside.parent.mkdir(parents=True)
+    inside.write_text("#!/bin/sh\n")
+    inside.chmod(0o755)
+    run_cli("install", "--node", "--drop-in", "--root", str(root), "--runtime-binary", binary,
+            "--cdi-shim-binary", "/opt/cdi-shim/current/venv/bin/cdi-shim", "--containerd-binary", containerd(),
+            env=shim_env, check=True)
+    entry = dump(root / "etc" / "containerd" / "config.toml")["plugins"][CRI2]["containerd"]["runtimes"]["nvidia"]
+    assert entry["options"]["BinaryName"] == binary
+    assert "ExecStart=/opt/cdi-shim/current/venv/bin/cdi-shim runtime serve" in read(
+        root / "etc" / "systemd" / "system" / UNIT_NAME)
