@@ -43,10 +43,16 @@ def _validate_file(path, spec_dirs, problems, check_placement=True):
         if problem:
             problems.append(("warning", problem))
     try:
-        return read_spec(path)
+        spec = read_spec(path)
     except CDIError as err:
         problems.append(("error", str(err)))
         return None
+    from ..driver_version import check_spec
+
+    stale = check_spec(spec.doc, path)   # made for another driver than the loaded one
+    if stale:
+        problems.append(stale)
+    return spec
 
 
 @cdi.command()
@@ -57,8 +63,10 @@ def validate(paths, spec_dirs):
     """Validate CDI spec files or directories (default: the spec directories).
 
     Prints one line per problem, "error: ..." or "warning: ..." (a warning says why a file
-    will be ignored: wrong extension, sub-directory, outside the spec directories). Exits 1 if
-    there is any error.
+    will be ignored: wrong extension, sub-directory, outside the spec directories). A spec
+    generated for another driver version than the loaded one (/proc/driver/nvidia/version)
+    is stale: an error when a file it mounts is gone, else a warning. Exits 1 if there is any
+    error.
     """
     spec_dirs = spec_dirs_or_configured(spec_dirs)
     problems, checked = [], 0

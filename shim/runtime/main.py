@@ -55,6 +55,32 @@ class _Phases:
                 self.log.debug(f"phase={name} took={ms:.2f}ms")
 
 
+def check_freshness(registry, origins, container, log):
+    """Report a generated spec made for another driver than the loaded one (see
+    shim/driver_version.py): fail the create when a mount source the requested devices need is
+    gone (runc would fail on it, obscurely, inside its own error), else warn.
+
+    Costs nothing more than a lookup per spec unless a spec records a driver version; then one
+    small read of /proc/driver/nvidia/version."""
+    from ..driver_version import check_spec
+
+    names_by_spec = {}
+    for name, path in origins:
+        names_by_spec.setdefault(path, []).append(name)
+    for path, names in names_by_spec.items():
+        found = [registry.lookup(name) for name in names]
+        spec = found[0][0]
+        blocks = [spec.edits] + [device.get("containerEdits") for _, device in found]
+        problem = check_spec(spec.doc, path, blocks)
+        if problem is None:
+            continue
+        level, message = problem
+        if level == "error":
+            raise RuntimeFailure(f"container {container}: cannot inject {', '.join(names)}: {message}")
+        log.warning(f"container {container}: {message} (its files are still there: the container may run "
+                    "with the old driver's libraries)")
+
+
 def prepare(args, settings, log):
     """Do the create/run work for parsed runc args; returns the devices injected.
 
@@ -84,6 +110,8 @@ def prepare(args, settings, log):
     except CDIError as err:
         raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
     phases.done("resolve")
+    check_freshness(registry, origins, args.container_id or "?", log)
+    phases.done("freshness")
     from cdi.container_edits import apply_edits, merge_edits
 
     try:
