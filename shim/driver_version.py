@@ -14,6 +14,7 @@ VERSION_FILE = "/proc/driver/nvidia/version"
 VERSION_FILE_ENV = "CDI_SHIM_DRIVER_VERSION_FILE"   # for tests: another file in place of VERSION_FILE
 ANNOTATION = "cdi-shim.dev/driver-version"
 _MODULE = "Kernel Module"
+_NVML = "/libnvidia-ml.so."
 
 
 def version_file(proc=None):
@@ -55,9 +56,12 @@ def recorded_driver_version(doc):
     if version:
         return version
     for mount in (doc.get("containerEdits") or {}).get("mounts") or ():
-        name = os.path.basename(mount.get("hostPath", ""))
-        if name.startswith("libnvidia-ml.so.") and name.count(".") > 2:
-            return name[len("libnvidia-ml.so."):]
+        host = mount.get("hostPath", "")
+        at = host.rfind(_NVML)          # one search a mount: this runs on the create path
+        if at >= 0:
+            version = host[at + len(_NVML):]
+            if "." in version and "/" not in version:
+                return version
     return None
 
 

@@ -55,23 +55,29 @@ class _Phases:
                 self.log.debug(f"phase={name} took={ms:.2f}ms")
 
 
-def check_freshness(registry, origins, container, log):
+def check_freshness(blocks, origins, container, log):
     """Report a generated spec made for another driver than the loaded one (see
     shim/driver_version.py): fail the create when a mount source the requested devices need is
     gone (runc would fail on it, obscurely, inside its own error), else warn.
 
-    Costs nothing more than a lookup per spec unless a spec records a driver version; then one
-    small read of /proc/driver/nvidia/version."""
+    BLOCKS and ORIGINS are Registry.resolve's: a spec's own edits come just before its first
+    requested device's, so each spec's blocks are known without loading it again. The version
+    a spec records is read from its own edits (the libnvidia-ml.so.<version> mount every
+    generated spec has); /proc/driver/nvidia/version is read (one small read) only when one
+    does."""
     from ..driver_version import check_spec
 
-    names_by_spec = {}
+    per_spec, at = {}, 0
     for name, path in origins:
-        names_by_spec.setdefault(path, []).append(name)
-    for path, names in names_by_spec.items():
-        found = [registry.lookup(name) for name in names]
-        spec = found[0][0]
-        blocks = [spec.edits] + [device.get("containerEdits") for _, device in found]
-        problem = check_spec(spec.doc, path, blocks)
+        if path not in per_spec:
+            per_spec[path] = ([], [blocks[at]])
+            at += 1
+        names, edits = per_spec[path]
+        names.append(name)
+        edits.append(blocks[at])
+        at += 1
+    for path, (names, edits) in per_spec.items():
+        problem = check_spec({"containerEdits": edits[0]}, path, edits)
         if problem is None:
             continue
         level, message = problem
@@ -110,7 +116,7 @@ def prepare(args, settings, log):
     except CDIError as err:
         raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
     phases.done("resolve")
-    check_freshness(registry, origins, args.container_id or "?", log)
+    check_freshness(blocks, origins, args.container_id or "?", log)
     phases.done("freshness")
     from cdi.container_edits import apply_edits, merge_edits
 
