@@ -299,3 +299,26 @@ def test_watch_refuses_a_spec_that_does_not_validate_or_names_missing_files(tmp_
         with pytest.raises(Failure) as raised:
             validate_text(text, str(tmp_path / "nvidia.yaml"))
         assert expected in str(raised.value) and not raised.value.transient
+
+
+CONTRIB = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "contrib")
+UNITS = ("cdi-shim-generate.service", "cdi-shim-generate-once.service", "cdi-shim-generate.timer")
+
+
+def test_generate_units_verify_and_name_options_that_exist(tmp_path):
+    """systemd-analyze verify accepts the units (ExecStart pointed at this cdi-shim), and the
+    command lines they run parse (--help appended: click checks every option first)."""
+    analyze = fakedriver.need("systemd-analyze", "systemd")
+    for name in UNITS:
+        with open(os.path.join(CONTRIB, name)) as stream:
+            text = stream.read()
+        (tmp_path / name).write_text(text.replace("/usr/local/bin/cdi-shim", CLI))
+        for line in text.splitlines():
+            if line.startswith("ExecStart="):
+                argv = line[len("ExecStart="):].split()
+                assert argv[0] == "/usr/local/bin/cdi-shim"
+                done = subprocess.run([CLI, *argv[1:], "--help"], capture_output=True, text=True, timeout=60)
+                assert done.returncode == 0, (line, done.stderr)
+    done = subprocess.run([analyze, "verify", *[str(tmp_path / name) for name in UNITS]], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
