@@ -175,6 +175,13 @@ def test_upgrade_is_reported_then_watch_replaces_the_spec(node):
         assert done.returncode != 0
         assert message in done.stderr and "cannot inject" in done.stderr, done.stderr
         assert bundle.unchanged()
+        # Without the check (no version file: nothing known) the same create fails all the same,
+        # further on and without a word about the driver.
+        node.version_file, real = os.path.join(node.base, "absent"), node.version_file
+        done, out, bundle = node.container("create")
+        node.version_file = real
+        assert done.returncode != 0 and "generated for" not in done.stderr
+        assert "error mounting" in done.stderr and "no such file or directory" in done.stderr, done.stderr
 
         # The watcher cannot make a spec without the libraries: it retries and keeps the old one.
         wait_for(lambda: read_log(log).count("cannot generate") >= 2, 20, "two failed attempts", log)
