@@ -329,3 +329,18 @@ def test_generate_units_verify_and_name_options_that_exist(tmp_path):
     done = subprocess.run([analyze, "verify", *[str(tmp_path / name) for name in UNITS]], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+def test_watch_usage_errors_stop_it_before_it_starts(tmp_path):
+    """What retrying cannot fix is a usage error (exit 2, which the service does not restart)."""
+    def cli(*argv):
+        return subprocess.run([CLI, "cdi", "generate", "--output", str(tmp_path / "nvidia.yaml"), *argv],
+                              capture_output=True, text=True, timeout=60)
+    for argv, expected in ((["--once"], "--once goes with --watch"),
+                           (["--watch", "--dry-run"], "--dry-run does not go with it"),
+                           (["--watch", "--vendor", "nvidia com"], "nvidia com"),
+                           (["--watch", "--spec-version", "9.9"], "not a CDI version"),
+                           (["--watch", "--interval", "0"], "--interval")):
+        done = cli(*argv)
+        assert done.returncode == 2 and expected in done.stderr, (argv, done.stderr)
+    assert not os.path.exists(tmp_path / "nvidia.yaml")
