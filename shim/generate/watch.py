@@ -152,12 +152,14 @@ class Watcher:
         self.log(f"cdi-shim cdi generate --watch: {text}")
 
     def fingerprint(self):
+        """What the cheap poll looks at: {what: its state}."""
         root = self.options.driver_root.rstrip("/")
-        parts = [_read(self.version_path), _stat(f"{root}/etc/ld.so.cache"),
-                 _stat(f"{self.options.proc}/driver/nvidia-caps/mig-minors"), _stat(self.options.output)]
+        parts = {"version": _read(self.version_path), "ld.so.cache": _stat(f"{root}/etc/ld.so.cache"),
+                 "mig-minors": _stat(f"{self.options.proc}/driver/nvidia-caps/mig-minors"),
+                 "spec": _stat(self.options.output)}
         if self.library:
             link = os.path.join(os.path.dirname(self.library), "libnvidia-ml.so.1")
-            parts += [os.path.realpath(link), _stat(link)]
+            parts["nvml"] = (os.path.realpath(link), _stat(link))
         return parts
 
     def attempt(self, reason):
@@ -235,7 +237,10 @@ class Watcher:
                     self.failures, first, self.last_message = 0, False, None
                     next_try = float("inf")
                     next_nvml = self.clock() + self.nvml_interval
-                seen = self.fingerprint()
+                # What changed during the attempt may not be in the spec it made: only our own
+                # write (the spec) and what the attempt first learnt (NVML's path) are taken as seen.
+                after = self.fingerprint()
+                seen = dict(after, **{k: v for k, v in current.items() if k != "spec"})
                 reason = "retry"
             self.sleep(max(0.0, min(self.interval, next_try - self.clock(), next_nvml - self.clock())))
 
