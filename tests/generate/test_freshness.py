@@ -344,3 +344,44 @@ def test_watch_usage_errors_stop_it_before_it_starts(tmp_path):
         done = cli(*argv)
         assert done.returncode == 2 and expected in done.stderr, (argv, done.stderr)
     assert not os.path.exists(tmp_path / "nvidia.yaml")
+
+
+def test_watch_backs_off_and_a_file_change_retries_at_once(tmp_path):
+    """The loop alone (a fake clock; attempts stubbed): failures wait interval x 2, x 4, ...
+    up to --max-backoff, and never end the loop; a change of a polled file retries at the next
+    poll; a success ends the retries until the next change or periodic NVML check."""
+    from shim.generate import Options
+    from shim.generate.watch import Failure, Watcher
+
+    version = tmp_path / "proc" / "driver" / "nvidia" / "version"
+    version.parent.mkdir(parents=True)
+    version.write_text(OPEN.format(v=OLD))
+    now, log, attempts = [0.0], [], []
+    outcomes = iter(["fail"] * 6 + ["ok"])
+
+    def attempt(reason):
+        attempts.append((now[0], reason))
+        if next(outcomes) == "fail":
+            raise Failure("cannot generate: NVML says no")
+        return "current", {"doc": {}, "version": OLD}
+
+    def sleep(seconds):
+        now[0] += seconds
+        if now[0] >= 25 and version.read_text() == OPEN.format(v=OLD):
+            version.write_text(OPEN.format(v=NEW))          # the poll sees it at once
+
+    options = Options(output=str(tmp_path / "nvidia.yaml"), driver_root=str(tmp_path), proc=str(tmp_path / "proc"))
+    env = os.environ.pop(VERSION_FILE_ENV, None)
+    try:
+        watcher = Watcher(options, interval=1, nvml_interval=1000, max_backoff=8, log=log.append,
+                          clock=lambda: now[0], sleep=sleep)
+    finally:
+        if env is not None:
+            os.environ[VERSION_FILE_ENV] = env
+    watcher.attempt = attempt
+    watcher.run(stop=lambda: now[0] > 60)
+    assert attempts == [(0, "start"), (2, "retry"), (6, "retry"), (14, "retry"), (22, "retry"),   # waits 2, 4, 8, 8
+                        (25, "driver files changed"),     # the module changed: at once, not at 30
+                        (33, "retry")], attempts          # 8 (the cap) after the 6th failure; then success
+    assert any("again (2 attempts); retry in 4 s" in line for line in log), log
+    assert sum("is up to date" in line for line in log) == 1 and "up to date" in log[-1]
