@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(runc containerd busybox-static podman gcc libc6-dev libasan8 libubsan1 debootstrap clang libclang-rt-14-dev
+packages=(runc containerd busybox-static podman gcc libc6-dev libasan8 libubsan1 debootstrap clang libclang-rt-14-dev systemd
           python3 python3-venv python3-dev)
 missing=()
 for pkg in "${packages[@]}"; do

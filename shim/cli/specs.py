@@ -43,10 +43,16 @@ def _validate_file(path, spec_dirs, problems, check_placement=True):
         if problem:
             problems.append(("warning", problem))
     try:
-        return read_spec(path)
+        spec = read_spec(path)
     except CDIError as err:
         problems.append(("error", str(err)))
         return None
+    from ..driver_version import check_spec
+
+    stale = check_spec(spec.doc, path)   # made for another driver than the loaded one
+    if stale:
+        problems.append(stale)
+    return spec
 
 
 @cdi.command()
@@ -57,8 +63,10 @@ def validate(paths, spec_dirs):
     """Validate CDI spec files or directories (default: the spec directories).
 
     Prints one line per problem, "error: ..." or "warning: ..." (a warning says why a file
-    will be ignored: wrong extension, sub-directory, outside the spec directories). Exits 1 if
-    there is any error.
+    will be ignored: wrong extension, sub-directory, outside the spec directories). A spec
+    generated for another driver version than the loaded one (/proc/driver/nvidia/version)
+    is stale: an error when a file it mounts is gone, else a warning. Exits 1 if there is any
+    error.
     """
     spec_dirs = spec_dirs_or_configured(spec_dirs)
     problems, checked = [], 0
@@ -178,11 +186,23 @@ def inject(devices, spec_dirs, config_json):
 @click.option("--spec-version", default=None, metavar="V",
               help="cdiVersion to write (default: the minimum the content needs); refused if too old for it.")
 @click.option("--dry-run", is_flag=True, help="Print the spec instead of writing it.")
+@click.option("--watch", is_flag=True,
+              help="Keep running: regenerate on a driver install or upgrade and on MIG changes (validated "
+                   "before it replaces the spec; failures retried with back-off; one line per event on stderr).")
+@click.option("--once", is_flag=True,
+              help="With --watch: one attempt, then exit 0 (written or up to date), 75 (not ready: retry later) "
+                   "or 1 (the spec does not validate).")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=5.0, show_default=True, metavar="S",
+              help="With --watch: seconds between cheap polls of the driver's files.")
+@click.option("--nvml-interval", type=click.FloatRange(min=0.05), default=60.0, show_default=True, metavar="S",
+              help="With --watch: seconds between full generations (NVML: MIG devices).")
+@click.option("--max-backoff", type=click.FloatRange(min=0.05), default=300.0, show_default=True, metavar="S",
+              help="With --watch: the longest wait between retries after failures.")
 @click.option("--timings", is_flag=True, hidden=True, help="Print where the time went, on stderr.")
 @click.option("--proc-root", default="/proc", hidden=True, help="Where /proc is (tests).")
 @click.option("--sysfs-root", default="/sys", hidden=True, help="Where /sys is (tests).")
 def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_program, spec_version, dry_run,
-             timings, proc_root, sysfs_root):
+             watch, once, interval, nvml_interval, max_backoff, timings, proc_root, sysfs_root):
     """Generate a CDI spec for this node's NVIDIA GPUs, from NVML.
 
     NVML is the driver root's own libnvidia-ml.so.1 (found through the root's ld.so.cache);
@@ -196,6 +216,13 @@ def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_p
     options = Options(output=output or DEFAULT_OUTPUT, fmt=fmt, vendor=vendor, cls=cls, strategies=strategies,
                       driver_root=driver_root, dev_root=dev_root, hook_program=hook_program,
                       spec_version=spec_version, proc=proc_root, sysfs=sysfs_root)
+    if once and not watch:
+        raise click.UsageError("--once goes with --watch")
+    if watch:
+        if dry_run:
+            raise click.UsageError("--watch writes the spec; --dry-run does not go with it")
+        _watch(options, once, interval, nvml_interval, max_backoff)
+        return
     try:
         result = make_spec(options)
         for warning in result.warnings:
@@ -213,3 +240,32 @@ def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_p
         raise click.ClickException(f"cannot write {options.output}: {err.strerror}") from None
     if timings:
         click.echo(" ".join(f"{k}={v * 1000:.2f}ms" for k, v in result.timings.items()), err=True)
+
+
+def _watch(options, once, interval, nvml_interval, max_backoff):
+    from ..generate.watch import Watcher
+    from cdi import parser
+    from cdi.spec import spec_path
+    from cdi.version import normalize_version
+
+    # A user's errors stop the watcher before it starts (the rest it retries).
+    try:
+        parser.validate_vendor_name(options.vendor)
+        parser.validate_class_name(options.cls)
+        options.output = spec_path(options.output, options.fmt)
+    except CDIError as err:
+        raise click.UsageError(str(err)) from None
+    if options.spec_version is not None and normalize_version(options.spec_version) is None:
+        raise click.UsageError(f"--spec-version {options.spec_version}: not a CDI version (known: 0.3.0 ... 1.1.0)")
+    watcher = Watcher(options, interval=interval, nvml_interval=nvml_interval, max_backoff=max_backoff)
+    if once:
+        sys.exit(watcher.once())
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # systemd's stop: unwind (no temp file left)
+    watcher.say(f"watching the driver in {options.driver_root} for {options.output} (every {interval:g} s; "
+                f"NVML every {nvml_interval:g} s)")
+    try:
+        watcher.run()
+    except KeyboardInterrupt:
+        pass

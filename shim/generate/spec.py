@@ -26,6 +26,7 @@ import posixpath
 import sys
 import time
 
+from ..driver_version import ANNOTATION, recorded_driver_version  # noqa: F401  (recorded_driver_version: ours to export)
 from . import GenerateError
 from .discover import (IPC_MOUNT_OPTIONS, MOUNT_OPTIONS, DriverRoot, control_nodes, discover_files, gpu_nodes,
                        mig_caps, mig_nodes)
@@ -33,7 +34,6 @@ from .discover import (IPC_MOUNT_OPTIONS, MOUNT_OPTIONS, DriverRoot, control_nod
 DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"
 DEFAULT_STRATEGIES = ("index", "uuid")
 STRATEGIES = ("index", "uuid")
-ANNOTATION = "cdi-shim.dev/driver-version"
 HOOK_PROGRAM = "cdi-shim-hook"
 # Hook programs that implement the toolkit's whole set of hooks, and those that (like ours)
 # implement update-ldcache and create-symlinks only.
@@ -176,19 +176,6 @@ def build_doc(options, info, files, control, entries, hook_program):
     }
     return {"kind": f"{options.vendor}/{options.cls}", "devices": devices,
             "containerEdits": {key: value for key, value in edits.items() if value}}
-
-
-def recorded_driver_version(doc):
-    """The driver version a generated spec was made for: its annotation, else the version
-    suffix of its libnvidia-ml mount; None when neither is there."""
-    version = (doc.get("annotations") or {}).get(ANNOTATION)
-    if version:
-        return version
-    for mount in (doc.get("containerEdits") or {}).get("mounts") or ():
-        name = posixpath.basename(mount.get("hostPath", ""))
-        if name.startswith("libnvidia-ml.so.") and name.count(".") > 2:
-            return name[len("libnvidia-ml.so."):]
-    return None
 
 
 _NEEDS = {

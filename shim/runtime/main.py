@@ -55,6 +55,38 @@ class _Phases:
                 self.log.debug(f"phase={name} took={ms:.2f}ms")
 
 
+def check_freshness(blocks, origins, container, log):
+    """Report a generated spec made for another driver than the loaded one (see
+    shim/driver_version.py): fail the create when a mount source the requested devices need is
+    gone (runc would fail on it, obscurely, inside its own error), else warn.
+
+    BLOCKS and ORIGINS are Registry.resolve's: a spec's own edits come just before its first
+    requested device's, so each spec's blocks are known without loading it again. The version
+    a spec records is read from its own edits (the libnvidia-ml.so.<version> mount every
+    generated spec has); /proc/driver/nvidia/version is read (one small read) only when one
+    does."""
+    from ..driver_version import check_spec
+
+    per_spec, at = {}, 0
+    for name, path in origins:
+        if path not in per_spec:
+            per_spec[path] = ([], [blocks[at]])
+            at += 1
+        names, edits = per_spec[path]
+        names.append(name)
+        edits.append(blocks[at])
+        at += 1
+    for path, (names, edits) in per_spec.items():
+        problem = check_spec({"containerEdits": edits[0]}, path, edits)
+        if problem is None:
+            continue
+        level, message = problem
+        if level == "error":
+            raise RuntimeFailure(f"container {container}: cannot inject {', '.join(names)}: {message}")
+        log.warning(f"container {container}: {message} (its files are still there: the container may run "
+                    "with the old driver's libraries)")
+
+
 def prepare(args, settings, log):
     """Do the create/run work for parsed runc args; returns the devices injected.
 
@@ -84,6 +116,8 @@ def prepare(args, settings, log):
     except CDIError as err:
         raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
     phases.done("resolve")
+    check_freshness(blocks, origins, args.container_id or "?", log)
+    phases.done("freshness")
     from cdi.container_edits import apply_edits, merge_edits
 
     try:

@@ -106,38 +106,9 @@ class FakeDriver:
         if merged_usr:
             os.symlink("usr/lib", self.root + "/lib")
         os.makedirs(self.root + "/etc", exist_ok=True)
-        gcc = need("gcc", "gcc")
-        stub = os.path.join(self.base, "stub.c")
-        with open(stub, "w") as out:
-            out.write("int fake_driver_symbol(void) { return 42; }\n")
-        obj = os.path.join(self.base, "stub.o")
-        _run([gcc, "-c", "-fPIC", "-o", obj, stub])
-        self.libraries = []
-        for stem, kind, dev_link in LIBRARIES:
-            if stem in omit:
-                continue
-            self._library(gcc, obj, self.libdir, stem, _soname(stem, kind, version), dev_link)
-        if "libvdpau_nvidia" not in omit:
-            self._library(gcc, obj, self.libdir + "/vdpau", "libvdpau_nvidia", "libvdpau_nvidia.so.1", False)
-        if "libnvidia-ml" not in omit:
-            self.nvml = f"{self.libdir}/libnvidia-ml.so.{version}"
-            build_nvml(self.nvml)
-            os.symlink(self._target(LIBDIR, f"libnvidia-ml.so.{version}"), f"{self.libdir}/libnvidia-ml.so.1")
-            self.libraries.append(f"{LIBDIR}/libnvidia-ml.so.{version}")
+        self.omit = omit
+        self._install_userspace()
         self.set_gpus(gpus if nvml_lines is None else None, nvml_lines)
-        for name in BINARIES:
-            if name in omit:
-                continue
-            path = f"{self.root}/usr/bin/{name}"
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as out:
-                out.write(f"#!/bin/sh\necho {name} {version}\n")
-            os.chmod(path, 0o755)
-        firmware = f"{self.root}/lib/firmware/nvidia/{version}"
-        os.makedirs(firmware, exist_ok=True)
-        for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
-            with open(f"{firmware}/{name}", "wb") as out:
-                out.write(b"\0" * 64)
         icd = f"{self.root}/usr/share/vulkan/icd.d/nvidia_icd.json"
         os.makedirs(os.path.dirname(icd), exist_ok=True)
         with open(icd, "w") as out:
@@ -156,6 +127,65 @@ class FakeDriver:
             self.ldconfig()
         if nodes:
             self.make_nodes(gpus if isinstance(gpus, int) else 0)
+
+    def _install_userspace(self):
+        """The files of self.version: libraries, NVML, binaries, GSP firmware."""
+        version, omit = self.version, self.omit
+        gcc = need("gcc", "gcc")
+        stub = os.path.join(self.base, "stub.c")
+        with open(stub, "w") as out:
+            out.write("int fake_driver_symbol(void) { return 42; }\n")
+        obj = os.path.join(self.base, "stub.o")
+        _run([gcc, "-c", "-fPIC", "-o", obj, stub])
+        self.libraries = []
+        for stem, kind, dev_link in LIBRARIES:
+            if stem in omit:
+                continue
+            self._library(gcc, obj, self.libdir, stem, _soname(stem, kind, version), dev_link)
+        if "libvdpau_nvidia" not in omit:
+            self._library(gcc, obj, self.libdir + "/vdpau", "libvdpau_nvidia", "libvdpau_nvidia.so.1", False)
+        if "libnvidia-ml" not in omit:
+            self.nvml = f"{self.libdir}/libnvidia-ml.so.{version}"
+            build_nvml(self.nvml)
+            os.symlink(self._target(LIBDIR, f"libnvidia-ml.so.{version}"), f"{self.libdir}/libnvidia-ml.so.1")
+            self.libraries.append(f"{LIBDIR}/libnvidia-ml.so.{version}")
+        for name in BINARIES:
+            if name in omit:
+                continue
+            path = f"{self.root}/usr/bin/{name}"
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".new", "w") as out:
+                out.write(f"#!/bin/sh\necho {name} {version}\n")
+            os.chmod(path + ".new", 0o755)
+            os.replace(path + ".new", path)
+        firmware = f"{self.root}/lib/firmware/nvidia/{version}"
+        os.makedirs(firmware, exist_ok=True)
+        for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+            with open(f"{firmware}/{name}", "wb") as out:
+                out.write(b"\0" * 64)
+
+    def remove_userspace(self):
+        """Uninstall the libraries and firmware of self.version (the package manager's first
+        half of an upgrade); the kernel module and /proc are the test's."""
+        for directory in (self.libdir, self.libdir + "/vdpau"):
+            for name in os.listdir(directory):
+                if name.startswith("lib") and ".so" in name:
+                    os.unlink(os.path.join(directory, name))
+        shutil.rmtree(f"{self.root}/lib/firmware/nvidia/{self.version}", ignore_errors=True)
+        self.libraries = []
+
+    def upgrade(self, version, remove=True):
+        """Replace the user-space driver by VERSION's: new libraries (gcc), NVML reporting
+        VERSION, binaries, firmware, the root's ld.so.cache (ldconfig)."""
+        if remove:
+            self.remove_userspace()
+        conf = f"{self.libdir}/fake-nvml.conf"
+        with open(conf) as stream:
+            lines = stream.read().splitlines()
+        self.version = version
+        self._install_userspace()
+        self.set_gpus(lines=[f"driver {version}" if line.startswith("driver ") else line for line in lines])
+        self.ldconfig()
 
     def _library(self, gcc, obj, directory, stem, soname, dev_link):
         name = f"{stem}.so.{self.version}"

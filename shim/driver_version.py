@@ -1,0 +1,106 @@
+"""Whether a generated CDI spec is stale: the driver version it was made for against the host's.
+
+The host's version is the loaded kernel module's, from /proc/driver/nvidia/version
+("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.10  ..." or "... Open Kernel Module
+for x86_64  570.86.10  ..."); $CDI_SHIM_DRIVER_VERSION_FILE names another file, for tests.
+When the file is absent (no module loaded, or a /proc without it) nothing is reported.
+
+The create path imports this module (only `os`): it reads the file once, and only when a
+resolved device's spec records a version.
+"""
+import os
+
+VERSION_FILE = "/proc/driver/nvidia/version"
+VERSION_FILE_ENV = "CDI_SHIM_DRIVER_VERSION_FILE"   # for tests: another file in place of VERSION_FILE
+ANNOTATION = "cdi-shim.dev/driver-version"
+_MODULE = "Kernel Module"
+_NVML = "/libnvidia-ml.so."
+
+
+def version_file(proc=None):
+    """The file to read: $CDI_SHIM_DRIVER_VERSION_FILE, else PROC/driver/nvidia/version."""
+    given = os.environ.get(VERSION_FILE_ENV)
+    if given:
+        return given
+    return VERSION_FILE if proc in (None, "/proc") else f"{proc}/driver/nvidia/version"
+
+
+def parse_module_version(text):
+    """The version after "Kernel Module" (and "for <arch>") in TEXT, else None."""
+    at = text.find(_MODULE)
+    if at < 0:
+        return None
+    words = text[at + len(_MODULE):].split()
+    if words[:1] == ["for"]:
+        words = words[2:]
+    for word in words[:1]:
+        if "." in word and all(c.isdigit() or c == "." for c in word):
+            return word
+    return None
+
+
+def host_driver_version(path=None):
+    """The loaded module's version, or None when the file is absent, unreadable or says none."""
+    try:
+        with open(path or version_file(), "rb") as stream:
+            text = stream.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return None
+    return parse_module_version(text)
+
+
+def recorded_driver_version(doc):
+    """The driver version a generated spec was made for: its annotation, else the version
+    suffix of its libnvidia-ml mount; None when neither is there."""
+    version = (doc.get("annotations") or {}).get(ANNOTATION)
+    if version:
+        return version
+    for mount in (doc.get("containerEdits") or {}).get("mounts") or ():
+        host = mount.get("hostPath", "")
+        at = host.rfind(_NVML)          # one search a mount: this runs on the create path
+        if at >= 0:
+            version = host[at + len(_NVML):]
+            if "." in version and "/" not in version:
+                return version
+    return None
+
+
+def missing_mount_sources(edit_blocks):
+    """hostPaths of the mounts in EDIT_BLOCKS (containerEdits dicts) that do not exist."""
+    missing = []
+    for edits in edit_blocks:
+        for mount in (edits or {}).get("mounts") or ():
+            source = mount.get("hostPath", "")
+            if source.startswith("/") and not os.path.exists(source) and source not in missing:
+                missing.append(source)
+    return missing
+
+
+def stale_message(path, recorded, host):
+    return (f"the CDI spec {path} was generated for NVIDIA driver {recorded}; the host has {host}; "
+            f"run `cdi-shim cdi generate`")
+
+
+def missing_text(missing):
+    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+    return f"its mount source {missing[0]}{more} no longer exist{'s' if len(missing) == 1 else ''}"
+
+
+def check_spec(doc, path, edit_blocks=None, host=None):
+    """(level, message) for a stale spec, else None. LEVEL is "error" when a mount source of
+    EDIT_BLOCKS (default: every edit block of DOC) is missing, else "warning". HOST: the host's
+    version, read here when not given (and only when DOC records one)."""
+    recorded = recorded_driver_version(doc)
+    if not recorded:
+        return None
+    if host is None:
+        host = host_driver_version()
+    if not host or host == recorded:
+        return None
+    if edit_blocks is None:
+        edit_blocks = [doc.get("containerEdits")] + [d.get("containerEdits") for d in doc.get("devices") or ()]
+    missing = missing_mount_sources(edit_blocks)
+    message = stale_message(path, recorded, host)
+    if missing:
+        return "error", f"{message} ({missing_text(missing)})"
+    return "warning", message
