@@ -8,11 +8,14 @@ import os
 import shutil
 import subprocess
 
+import libtree
+
 CACHE_DIR = os.environ.get("CDI_SHIM_TEST_CACHE", "/var/cache/cdi-shim-tests")
 SUITE = "bookworm"
 MIRROR = os.environ.get("CDI_SHIM_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 DEBOOTSTRAP_TAR = os.path.join(CACHE_DIR, f"debootstrap-{SUITE}-minbase.tar")
 HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+LIBDIR = "/" + libtree.MULTIARCH        # the generated tree's multiarch directory
 
 
 def debootstrap_tarball():
@@ -79,6 +82,23 @@ def host_image(root):
     with open(os.path.join(root, "etc/debian_version"), "w") as out:
         out.write("12.0\n")
     return root
+
+
+def library_tree():
+    """(tarball, manifest) of the generated library-rich root (libtree.py), built once and
+    kept under CACHE_DIR."""
+    return libtree.tarball(CACHE_DIR)
+
+
+def library_image(root):
+    """ROOT made from the generated library tree (no cache yet): ~480 gcc-built libraries
+    and ~430 links in the multiarch directory, its glibc-hwcaps subdirectories, a private
+    directory and a 32-bit one listed in /etc/ld.so.conf.d, the merged-/usr symlinks, a
+    Debian marker -- nothing of this machine's own libraries. Returns the manifest (what the
+    cache of ROOT must list: libtree.cache_names)."""
+    tarball, manifest = library_tree()
+    extract(tarball, root)
+    return manifest
 
 
 def copy_tree(src, dest):
