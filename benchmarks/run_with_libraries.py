@@ -1,7 +1,7 @@
 """Full container runs with a GPU's driver libraries: cdi-shim-runtime against plain runc.
 
 The image is a ~540-library glibc root (the generated library tree of the ldcache tests,
-tests/linker/libtree.py: 480 gcc-built library files and 430 links, 545 cache entries, with its
+tests/linker/libtree.py: 480 gcc-built library files and 417 links, 545 cache entries, with its
 own ld.so.cache made by ldconfig) plus busybox. The device's spec, shaped
 like `nvidia-ctk cdi generate` output, bind-mounts 30 gcc-built driver libraries (versioned
 file names, SONAME .so.1) and carries the toolkit's update-ldcache hook. cdi-shim-runtime

@@ -6,9 +6,9 @@ tree is the same on a minimal Debian root as on a developer's machine with every
 installed. What it holds (counted in the manifest, from which the tests compute what they
 expect):
 
-  usr/lib/x86_64-linux-gnu        ~470 sonames: versioned files (libfooN.so.1.2.3, .so.4.5,
-                                  soname-named files like libc.so.6, libdb-5.3.so), their
-                                  soname links, dev links (libfoo.so) for a third, a second
+  usr/lib/x86_64-linux-gnu        ~400 sonames in 409 files: versioned files (libfoo.so.1.2.3,
+                                  .so.4.5, soname-named files like libc.so.6, libdb-5.3.so),
+                                  their soname links, dev links (libfoo.so) for a sixth, a second
                                   major of some libraries, stale older files with the same
                                   soname, a GNU ld script (libcdtscript.so), libz.so.1.2.13
     glibc-hwcaps/x86-64-v3, -v2   libraries of the parent's sonames linked -z x86-64-v3/v2
@@ -18,6 +18,10 @@ expect):
                                   etc/ld.so.conf.d/i386-linux-gnu.conf
   etc/ld.so.conf(.d), etc/debian_version, lib -> usr/lib, lib64 -> usr/lib64,
   var/cache/ldconfig; no ld.so.cache (the users make theirs)
+
+In all 490 library files (480 in directories ldconfig scans) and 417 links; 545 cache
+entries, as many as the host trees the tests and benchmarks used before. Built cold in 4-10 s
+on two shared cores (the manifest's build_seconds), 7 MB as a tarball.
 
 The tree is built once and kept as a tarball (with its manifest) under CDI_SHIM_TEST_CACHE,
 named by a hash of this file and of gcc's version: a change to the generator builds it anew.

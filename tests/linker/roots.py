@@ -51,8 +51,8 @@ def library_tree():
 
 
 def library_image(root):
-    """ROOT made from the generated library tree (no cache yet): ~480 gcc-built libraries
-    and ~430 links in the multiarch directory, its glibc-hwcaps subdirectories, a private
+    """ROOT made from the generated library tree (no cache yet): 480 gcc-built library files
+    and 417 links: the multiarch directory, its glibc-hwcaps subdirectories, a private
     directory and a 32-bit one listed in /etc/ld.so.conf.d, the merged-/usr symlinks, a
     Debian marker -- nothing of this machine's own libraries. Returns the manifest (what the
     cache of ROOT must list: libtree.cache_names)."""
