@@ -1,8 +1,11 @@
 """The native ld.so.cache engine against glibc's ldconfig, on a ~540-library root.
 
-The root is a hard-linked copy of this machine's multiarch library directory (every *.so*
-file and link, ~545 cache entries) with its own cache made by ldconfig, plus a fake driver
-directory of gcc-built libraries (versioned files, SONAME links) to add as a folder.
+The root is the generated library tree of the ldcache tests (tests/linker/libtree.py: 480
+gcc-built library files with their soname and dev links in the multiarch directory, its
+glibc-hwcaps subdirectories, a private and a 32-bit directory; 545 cache entries, as many as
+the host multiarch directory these figures were first taken on had) with its own cache made
+by ldconfig, plus a fake driver directory of gcc-built libraries (versioned files, SONAME
+links) to add as a folder.
 
 Measured alternately in one run (A B C D, then the same in a shuffled order, ...), so drift on a shared machine hits all
 sides alike; we report each side's median and the median of the paired ratios against
@@ -59,10 +62,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 from shim.linker import ldcache  # noqa: E402
 
 sys.path.insert(0, HERE)
-from common import HOST_LIBDIR, host_image  # noqa: E402
+from common import LIBDIR, library_image  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
-LIBDIR = HOST_LIBDIR                     # the image's library directory (same path)
 FOLDER = "/usr/local/nvidia/lib"
 DRIVER_VERSION = "550.54.15"
 LDCONFIG = shutil.which("ldconfig") or "/usr/sbin/ldconfig"
@@ -70,7 +72,8 @@ LDCONFIG = shutil.which("ldconfig") or "/usr/sbin/ldconfig"
 
 def make_root(base, driver_libs=30):
     """(image root, the same root with the toolkit's drop-ins for ldconfig, host driver dir)."""
-    image = host_image(os.path.join(base, "image"))
+    image = os.path.join(base, "image")
+    manifest = library_image(image)
     subprocess.run([LDCONFIG, "-r", image], check=True)
     # The driver: versioned files with SONAME links, as a driver installation has them.
     _build_driver(os.path.join(image, FOLDER.lstrip("/")), driver_libs, links=True)
@@ -84,6 +87,7 @@ def make_root(base, driver_libs=30):
         out.write("/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n/lib\n/usr/lib\n")
     subprocess.run([LDCONFIG, "-r", theirs], check=True)
     entries = len(ldcache.read_root_cache(theirs).entries)
+    assert entries == manifest["entries"] + driver_libs, (entries, manifest["entries"], driver_libs)
     return image, theirs, entries
 
 

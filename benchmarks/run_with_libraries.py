@@ -1,7 +1,8 @@
 """Full container runs with a GPU's driver libraries: cdi-shim-runtime against plain runc.
 
-The image is a ~540-library glibc root (hard links of this host's multiarch library
-directory, with its own ld.so.cache made by ldconfig) plus busybox. The device's spec, shaped
+The image is a ~540-library glibc root (the generated library tree of the ldcache tests,
+tests/linker/libtree.py: 480 gcc-built library files and 417 links, 545 cache entries, with its
+own ld.so.cache made by ldconfig) plus busybox. The device's spec, shaped
 like `nvidia-ctk cdi generate` output, bind-mounts 30 gcc-built driver libraries (versioned
 file names, SONAME .so.1) and carries the toolkit's update-ldcache hook. cdi-shim-runtime
 computes the container's cache itself and drops the hook; plain runc runs the same image
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import HOST_LIBDIR, link_host_libraries, start_resident, timed
+from common import library_image, start_resident, timed
 
 
 BIN = os.path.dirname(sys.executable)
@@ -29,17 +30,14 @@ VERSION = "550.54.15"
 
 
 def make_image(rootfs):
-    count = link_host_libraries(rootfs + HOST_LIBDIR)
+    """The library tree (its own /etc/ld.so.conf.d) plus busybox; the number of library
+    files and links in it."""
+    library_image(rootfs)
     os.makedirs(rootfs + "/bin")
-    os.makedirs(rootfs + "/etc/ld.so.conf.d")
     shutil.copy("/bin/busybox", rootfs + "/bin/busybox")
     os.symlink("busybox", rootfs + "/bin/true")
-    with open(rootfs + "/etc/ld.so.conf", "w") as out:
-        out.write("include /etc/ld.so.conf.d/*.conf\n")
-    with open(rootfs + "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "w") as out:
-        out.write(HOST_LIBDIR + "\n")
     subprocess.run(["ldconfig", "-r", rootfs], check=True)
-    return count
+    return sum(".so" in name for _, _, names in os.walk(rootfs + "/usr/lib") for name in names)
 
 
 def make_driver(directory, count):

@@ -8,11 +8,13 @@ import os
 import shutil
 import subprocess
 
+import libtree
+
 CACHE_DIR = os.environ.get("CDI_SHIM_TEST_CACHE", "/var/cache/cdi-shim-tests")
 SUITE = "bookworm"
 MIRROR = os.environ.get("CDI_SHIM_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 DEBOOTSTRAP_TAR = os.path.join(CACHE_DIR, f"debootstrap-{SUITE}-minbase.tar")
-HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+LIBDIR = "/" + libtree.MULTIARCH        # the generated tree's multiarch directory
 
 
 def debootstrap_tarball():
@@ -42,43 +44,21 @@ def extract(tarball, dest):
     return dest
 
 
-def link_host_libraries(libdir, source=HOST_LIBDIR):
-    """Fill LIBDIR with this host's shared libraries: hard links for files, copies of links.
-
-    A ~540-library image without copying any data. Returns the number of names made.
-    """
-    os.makedirs(libdir, exist_ok=True)
-    count = 0
-    for name in os.listdir(source):
-        src = os.path.join(source, name)
-        if ".so" not in name:
-            continue
-        if os.path.islink(src):
-            os.symlink(os.readlink(src), os.path.join(libdir, name))
-        elif os.path.isfile(src):
-            os.link(src, os.path.join(libdir, name))
-        else:
-            continue
-        count += 1
-    return count
+def library_tree():
+    """(tarball, manifest) of the generated library-rich root (libtree.py), built once and
+    kept under CACHE_DIR."""
+    return libtree.tarball(CACHE_DIR)
 
 
-def host_image(root):
-    """ROOT made from this machine's library tree (no cache yet): the multiarch directory
-    with its links, /etc/ld.so.conf(.d), the merged-/usr symlinks, a Debian marker."""
-    link_host_libraries(os.path.join(root, HOST_LIBDIR.lstrip("/")))
-    for sub in ("usr/lib64", "etc/ld.so.conf.d", "var/cache/ldconfig"):
-        os.makedirs(os.path.join(root, sub), exist_ok=True)
-    os.symlink("usr/lib", os.path.join(root, "lib"))
-    os.symlink("usr/lib64", os.path.join(root, "lib64"))
-    shutil.copy("/etc/ld.so.conf", os.path.join(root, "etc/ld.so.conf"))
-    for name in ("libc.conf", "x86_64-linux-gnu.conf"):
-        src = os.path.join("/etc/ld.so.conf.d", name)
-        if os.path.exists(src):
-            shutil.copy(src, os.path.join(root, "etc/ld.so.conf.d", name))
-    with open(os.path.join(root, "etc/debian_version"), "w") as out:
-        out.write("12.0\n")
-    return root
+def library_image(root):
+    """ROOT made from the generated library tree (no cache yet): 480 gcc-built library files
+    and 417 links: the multiarch directory, its glibc-hwcaps subdirectories, a private
+    directory and a 32-bit one listed in /etc/ld.so.conf.d, the merged-/usr symlinks, a
+    Debian marker -- nothing of this machine's own libraries. Returns the manifest (what the
+    cache of ROOT must list: libtree.cache_names)."""
+    tarball, manifest = library_tree()
+    extract(tarball, root)
+    return manifest
 
 
 def copy_tree(src, dest):

@@ -2,15 +2,17 @@
 it after the toolkit's update-ldcache, byte for byte (with ldconfig's generator string; with
 ours, only the generator string and its length field differ), and so does `ldconfig -p`.
 
-Corpus: a copy of this machine's library tree, a debootstrap'ed Debian 12, a root with
+Corpus: a generated library-rich tree (libtree.py), a debootstrap'ed Debian 12, a root with
 32-bit, x32 and glibc-hwcaps/legacy hwcap subdirectories, one with duplicate sonames across
 and within directories, one without any cache or ld.so.conf, a non-Debian (lib64) one.
 """
+import collections
 import os
 import subprocess
 
 import pytest
 
+import libtree
 from ldcache_helpers import (elfgen, fake_driver, build_library, generator_of, listing, roots,
                       strip_generator, toolkit_ldconfig)
 from shim.linker import ldcache
@@ -47,7 +49,7 @@ def assert_equivalent(root, folders, workdir, expect_mode=None, extra=None, orac
     return plan
 
 
-# ---- a copy of this machine's library tree ------------------------------------------
+# ---- the generated library tree ---------------------------------------------------
 
 @pytest.fixture(scope="module")
 def host_with_driver(host_tree, workdir):
@@ -56,9 +58,15 @@ def host_with_driver(host_tree, workdir):
     return root
 
 
-def test_host_tree_full(host_tree, workdir):
+def cache_names(plan):
+    return collections.Counter(e.soname for e in ldcache.read_cache(plan.cache).entries)
+
+
+def test_host_tree_full(host_tree, host_tree_manifest, workdir):
     plan = assert_equivalent(host_tree, [], workdir, mode="full")
-    assert plan.entries > 500
+    # every name the tree was built to have, each once per directory, and nothing else
+    assert cache_names(plan) == libtree.cache_names(host_tree_manifest)
+    assert plan.entries == host_tree_manifest["entries"] > 500
 
 
 def test_host_tree_incremental_with_driver_folder(host_with_driver, workdir):
@@ -80,7 +88,7 @@ def test_host_tree_folder_already_configured_is_rescanned(host_with_driver, work
     assert_equivalent(root, [FOLDER], workdir, expect_mode="incremental")
 
 
-def test_host_tree_extra_files_count_as_mounted(host_tree, workdir, scratch):
+def test_host_tree_extra_files_count_as_mounted(host_tree, host_tree_manifest, workdir, scratch):
     """Host files that will be bind-mounted: same cache as with the files in place."""
     host_driver = os.path.join(scratch, "host-driver")
     made = fake_driver(host_driver)
@@ -92,7 +100,8 @@ def test_host_tree_extra_files_count_as_mounted(host_tree, workdir, scratch):
     plan = assert_equivalent(host_tree, [FOLDER], workdir, extra=extra, oracle_root=mounted,
                              expect_mode="incremental")
     assert not os.path.exists(os.path.join(host_tree, FOLDER.lstrip("/")))
-    assert plan.entries > 500
+    assert cache_names(plan) == libtree.cache_names(host_tree_manifest, list(made))
+    assert plan.entries == host_tree_manifest["entries"] + len(made)
 
 
 def test_existing_links_mode_names_the_files(host_tree, workdir, scratch):
@@ -415,7 +424,7 @@ def test_extra_files_in_glibc_hwcaps_subdirectories(host_tree, workdir, scratch)
     cache = ldcache.read_cache(plan.cache)
     assert cache.lookup("libhw.so.1") == [f"{FOLDER}/glibc-hwcaps/x86-64-v3/libhw.so.1",
                                           f"{FOLDER}/libhw.so.1"]
-    assert [e.isa_level for e in cache.entries if e.hwcaps] == [2]
+    assert [e.isa_level for e in cache.entries if e.hwcaps and e.soname == "libhw.so.1"] == [2]
 
 
 def test_musl_image_gets_a_path_file(scratch):
