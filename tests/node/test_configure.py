@@ -91,7 +91,7 @@ def test_v3_golden_from_containerd_2_sample(tmp_path, shim_env, fake_binary):
 def test_v3_config_refused_for_the_installed_containerd_1_x(tmp_path, shim_env, fake_binary):
     path = copy(V3_DEFAULT, tmp_path)
     out = configure(path, fake_binary, env=shim_env, check=False)
-    assert "version 3 needs containerd 2.x" in out.stderr
+    assert "version 3 needs containerd 2.0 or later" in out.stderr
     assert read(path) == read(V3_DEFAULT)
 
 
@@ -209,7 +209,7 @@ def test_missing_file_takes_the_installed_containerds_version(tmp_path, shim_env
 def test_missing_file_without_containerd_needs_a_version(tmp_path, shim_env, fake_binary):
     path = tmp_path / "config.toml"
     out = configure(path, fake_binary, env=shim_env, check=False, containerd_binary="/nonexistent/containerd")
-    assert "pass --config-version 2 (containerd 1.x) or 3 (containerd 2.x)" in out.stderr
+    assert "pass --config-version 2 (containerd 1.x), 3 (containerd 2.0-2.2) or 4 (containerd 2.3+)" in out.stderr
     assert not path.exists()
     configure(path, fake_binary, "--config-version", "3", env=shim_env, containerd_binary="/nonexistent/containerd")
     assert toml_loads(read(path))["plugins"][CRI3]["containerd"]["runtimes"]["nvidia"]
@@ -229,10 +229,10 @@ def test_version_1_refused_with_migrate_hint(tmp_path, shim_env, fake_binary, te
 
 def test_unknown_version_refused(tmp_path, shim_env, fake_binary):
     path = tmp_path / "config.toml"
-    path.write_text("version = 4\n")
+    path.write_text("version = 5\n")
     out = configure(path, fake_binary, env=shim_env, check=False)
-    assert "config version 4, which cdi-shim does not know" in out.stderr
-    assert read(path) == "version = 4\n"
+    assert "config version 5, which cdi-shim does not know" in out.stderr
+    assert read(path) == "version = 5\n"
 
 
 def test_explicit_version_must_match_the_file(tmp_path, shim_env, fake_binary):
