@@ -53,3 +53,37 @@ def lab(tmp_path_factory, cri_build_dir):
         pytest.fail(str(err), pytrace=False)
     yield the_lab
     the_lab.stop()
+
+
+def _release_lab(tmp_path_factory, version, native_cdi):
+    for name, package in (("runc", "runc"), ("busybox", "busybox-static"), ("unshare", "util-linux")):
+        need(name, package)
+    if os.geteuid() != 0:
+        pytest.fail("the CRI tests run a private containerd and pods with runc: run them as root", pytrace=False)
+    from shim.cri.lab import Lab, LabError
+
+    base = tmp_path_factory.mktemp(f"lab-{version}-cdi-{'on' if native_cdi else 'off'}")
+    the_lab = Lab(base, runtime_log=True, log_level="debug", containerd=version, native_cdi=native_cdi)
+    try:
+        the_lab.setup()
+    except LabError as err:
+        the_lab.stop()
+        pytest.fail(str(err), pytrace=False)
+    return the_lab
+
+
+@pytest.fixture(scope="module", params=["1.7", "2.1"])
+def native_lab(request, tmp_path_factory, cri_build_dir):
+    """A real containerd 1.7 / 2.1 (Debian trixie / forky, fetched once) with its own CDI on:
+    `runtime configure --enable-cdi true` makes cdi_spec_dirs the lab's spec dir."""
+    the_lab = _release_lab(tmp_path_factory, request.param, True)
+    yield the_lab
+    the_lab.stop()
+
+
+@pytest.fixture(scope="module", params=["1.7", "2.1"])
+def cdi_off_lab(request, tmp_path_factory, cri_build_dir):
+    """The same containerd with enable_cdi = false (`runtime configure --enable-cdi false`)."""
+    the_lab = _release_lab(tmp_path_factory, request.param, False)
+    yield the_lab
+    the_lab.stop()
