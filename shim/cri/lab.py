@@ -403,9 +403,13 @@ class Lab:
         return out.stdout
 
     def start_resident(self):
+        command = [self.cli, "runtime", "serve", "--socket", self.resident_socket]
+        if self.private_run:
+            # the server declines callers of another mount namespace: join containerd's private one
+            command = [find_tool("nsenter", "util-linux"), f"--mount=/proc/{self.process.pid}/ns/mnt", "--"] + command
         log = open(os.path.join(self.base, "resident.log"), "ab")
         try:
-            self.resident_process = subprocess.Popen([self.cli, "runtime", "serve", "--socket", self.resident_socket],
+            self.resident_process = subprocess.Popen(command,
                                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                      env=self.env(), start_new_session=True)
         finally:
@@ -417,7 +421,7 @@ class Lab:
             time.sleep(0.02)
 
     def start(self):
-        if self.resident and self.resident_process is None:
+        if self.resident and self.resident_process is None and not self.private_run:
             self.start_resident()
         log = open(self.containerd_log, "ab")
         command = [self.containerd, "--config", self.config]
@@ -441,6 +445,8 @@ class Lab:
             self.client.wait_ready(30)
         except CRIError as err:
             raise LabError(f"containerd's CRI plugin is not serving: {err}; {self.containerd_log_tail()}") from None
+        if self.resident and self.resident_process is None:
+            self.start_resident()  # in containerd's mount namespace (once /run is its own)
 
     def containerd_log_tail(self, lines=15):
         try:

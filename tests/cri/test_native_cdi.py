@@ -12,6 +12,8 @@ container's view is the same whoever injected: checked from inside the container
 Toolkit-shaped hooks (nvidia-cdi-hook update-ldcache, absent on this host) done natively by
 the runtime are another change; here only what already holds: plain runc fails such a pod.
 """
+import os
+
 import pytest
 
 from tests.cri.test_pods import PROBE, cdi_annotations
@@ -99,8 +101,6 @@ def test_toolkit_hook_spec_fails_under_plain_runc_handler(native_lab):
     """A toolkit-shaped spec (an nvidia-cdi-hook update-ldcache hook, the binary absent here),
     injected by containerd: plain runc runs the hook and the pod fails. (That cdi-shim-runtime
     does such hooks natively is tested with that change, not here.)"""
-    import os
-
     from shim.cri import CRIError
 
     assert not os.path.exists("/usr/bin/nvidia-cdi-hook")
@@ -108,3 +108,16 @@ def test_toolkit_hook_spec_fails_under_plain_runc_handler(native_lab):
     with pytest.raises(CRIError) as err:
         native_lab.run_pod("runc", ["true"], cdi_devices=["toolkit.example.com/gpu=0"])
     assert "nvidia-cdi-hook" in err.value.details, err.value.details
+
+
+def test_pod_benchmark_on_containerd_2_1_smoke(cri_build_dir, tmp_path):
+    """`cdi-shim bench pods --containerd 2.1`: the lab runs the fetched 2.1 (and the resident
+    process in its private mount namespace, so it prepares the creates)."""
+    from tests.helpers import run_cli
+
+    out = run_cli("bench", "pods", "-n", "1", "--warmup", "0", "--scenario", "one-device", "--containerd", "2.1",
+                  "--workdir", str(tmp_path), check=True)
+    assert "containerd github.com/containerd/containerd/v2 2.1." in out.stdout
+    assert "\none-device: " in out.stdout
+    assert "(median ms per pod, 1 pods, 1 prepared by the resident process)" in out.stdout
+    assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []
