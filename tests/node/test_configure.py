@@ -698,3 +698,17 @@ def test_v4_sample_unchecked_because_no_containerd_2_3_binary_is_fetched(tmp_pat
     fresh = tmp_path / "fresh" / "config.toml"
     configure(fresh, fake_binary, "--config-version", "4", env=shim_env, containerd_binary="/nonexistent/containerd")
     assert toml_loads(read(fresh))["version"] == 4
+
+
+def test_v3_drop_in_carries_cdi_dirs_and_containerd_2_1_merges_it(tmp_path, shim_env, fake_binary, our_dirs,
+                                                                  containerd_release):
+    c21 = containerd_release("2.1")
+    path = live_default(c21, tmp_path)
+    main_before = read(path)
+    out = configure(path, fake_binary, "--drop-in", str(tmp_path / "conf.d"), env=shim_env, containerd_binary=c21)
+    assert "loaded and checked by the installed containerd" in out.stderr
+    dropin = toml_loads(read(tmp_path / "conf.d" / "99-cdi-shim.toml"))
+    assert dropin["plugins"][CRI3]["cdi_spec_dirs"] == our_dirs
+    assert "cdi_spec_dirs" in main_before and f"'{our_dirs[0]}'" not in read(path)  # the main file keeps its own
+    section = release_dump(c21, path)["plugins"][CRI3]
+    assert section["cdi_spec_dirs"] == our_dirs and set(section["containerd"]["runtimes"]) == {"runc", "nvidia"}
