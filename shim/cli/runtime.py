@@ -61,7 +61,11 @@ def configure(engine, config_path, runtime_name, set_as_default, config_version,
     is written beside the old one, loaded by the installed containerd (`containerd --config NEW
     config dump`) and checked, and only then renamed over it, after a backup (FILE.bak-DATE).
     The entry allows the configured CDI annotation prefixes as container_annotations (never
-    pod_annotations, which would let any pod request any device).
+    pod_annotations, which would let any pod request any device). On containerd 1.7+, whose CRI
+    plugin injects CDI devices itself when enable_cdi is on, cdi_spec_dirs is kept equal to
+    cdi-shim's spec-dirs (the output says when they differed) and --enable-cdi sets enable_cdi.
+    Config versions: 2 (containerd 1.x), 3 (2.0-2.2), 4 (2.3+); one the installed containerd
+    cannot load is refused.
     """
     from ..node import containerd_config as cc
     from ..node.containerd import restart_containerd

@@ -480,6 +480,10 @@ def apply_cdi(doc, version, spec_dirs, enable=None, source=None, installed=None,
         edit.notes.append("enable_cdi = false: containerd leaves CDI to cdi-shim-runtime, which injects the devices "
                           "of cdi.k8s.io/ annotations (allowed by container_annotations) and does their hooks; "
                           "the CRI CDIDevices field is dropped (--enable-cdi true lets containerd inject it)")
+        dirs = effective("cdi_spec_dirs")
+        if isinstance(dirs, list) and list(dirs) != spec_dirs:
+            edit.notes.append(f"cdi_spec_dirs = {list(dirs)} differ from cdi-shim's spec-dirs {spec_dirs}; unused while "
+                              "enable_cdi is off (left as they are)")
         if version >= 3:
             edit.warnings.append("enable_cdi = false on containerd 2.x: the device plugin's CDIDevices are dropped "
                                  "silently, and containerd 2.3 deprecates turning CDI off")

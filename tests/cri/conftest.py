@@ -1,4 +1,6 @@
-"""Fixtures of the containerd/CRI tests: a private containerd 1.6 with the cdi-shim runtime.
+"""Fixtures of the containerd/CRI tests: a private containerd 1.6 (the system's) with the cdi-shim
+runtime; real containerd 1.7 and 2.1 (Debian trixie / forky, fetched once into
+$CDI_SHIM_TEST_CACHE) with containerd's own CDI on and off.
 
 Missing host tools FAIL with the apt-get line to install them (never skip): containerd (+ctr),
 runc, busybox-static, gcc; and grpcio/grpcio-tools from the test extra.

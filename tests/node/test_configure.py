@@ -615,6 +615,8 @@ def test_v3_cdi_off_on_containerd_2_1_is_warned(tmp_path, shim_env, fake_binary,
     assert "enable_cdi = false (was true)" in out.stderr
     assert "containerd leaves CDI to cdi-shim-runtime" in out.stderr
     assert "warning: enable_cdi = false on containerd 2.x" in out.stderr
+    assert f"cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi'] differ from cdi-shim's spec-dirs {our_dirs}; unused " \
+        "while enable_cdi is off" in out.stderr
     section = release_dump(c21, path)["plugins"][CRI3]
     assert section["enable_cdi"] is False
     assert section["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]  # unused while off: left as it was
