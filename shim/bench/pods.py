@@ -24,6 +24,11 @@ The runtime's own per-phase times come from its debug log (``log-level = "debug"
 ``phase=<name> took=<ms>ms`` lines). By default the lab runs the runtime's resident process
 (`cdi-shim runtime serve`), as a node would; ``resident=False`` measures the path that starts
 an interpreter per create instead.
+
+``containerd`` picks the lab's containerd: "1.6" (the system's), "1.7" or "2.1" (real releases
+from Debian trixie / forky, fetched once into a cache: shim/cri/releases.py), each with its own
+default for enable_cdi (1.7 off, 2.1 on, with cdi_spec_dirs = the lab's spec dir): on 2.1,
+containerd itself injects the annotated device before the runtime runs.
 """
 import importlib.util
 import json
@@ -86,7 +91,7 @@ def _tool_version(argv):
         return ""
 
 
-def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=True):
+def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=True, containerd=None):
     """Run the benchmark; returns a JSON-able dict of every measurement."""
     scenarios = list(scenarios or DEFAULT_SCENARIOS)
     missing = [name for name in ("grpc", "grpc_tools", "google.protobuf") if importlib.util.find_spec(name) is None]
@@ -95,7 +100,7 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
                          "(pip install 'cdi-shim[bench]')")
     base = tempfile.mkdtemp(prefix="cdi-shim-podbench-", dir=workdir)
     try:
-        lab = Lab(base, runtime_log=True, log_level="debug", resident=resident)
+        lab = Lab(base, runtime_log=True, log_level="debug", resident=resident, containerd=containerd)
     except LabError as err:
         shutil.rmtree(base, ignore_errors=True)
         raise BenchError(str(err)) from None

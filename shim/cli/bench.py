@@ -26,7 +26,12 @@ def bench():
 @click.option("--resident/--no-resident", default=True, show_default=True,
               help="Run the runtime's resident process (cdi-shim runtime serve) as a node would; "
                    "--no-resident measures an interpreter start per create instead.")
-def pods(pairs, warmup, scenarios, plot, json_path, workdir, resident):
+@click.option("--containerd", "containerd", type=click.Choice(["1.6", "1.7", "2.1"]), default="1.6",
+              show_default=True,
+              help="The containerd the lab runs: 1.6 is the system's; 1.7 and 2.1 are Debian's trixie and forky "
+                   "packages, fetched once with apt-get download into $CDI_SHIM_TEST_CACHE "
+                   "(/var/cache/cdi-shim-tests), each with its default enable_cdi (2.1: on).")
+def pods(pairs, warmup, scenarios, plot, json_path, workdir, resident, containerd):
     """Pod start-up through a private containerd: the cdi-shim handler against plain runc.
 
     Each pod: RunPodSandbox, CreateContainer, StartContainer, wait for exit, StopPodSandbox,
@@ -44,7 +49,8 @@ def pods(pairs, warmup, scenarios, plot, json_path, workdir, resident):
         _fail(f"{err}: install the bench extras; in the cdi-shim checkout: {INSTALL_EXTRAS}")
     try:
         result = podbench.run(pairs=pairs, warmup=warmup, scenarios=scenarios or None, workdir=workdir,
-                              log=lambda text: click.echo(text, err=True), resident=resident)
+                              log=lambda text: click.echo(text, err=True), resident=resident,
+                              containerd=containerd)
     except podbench.BenchError as err:
         _fail(str(err))
     click.echo(podbench.report(result))

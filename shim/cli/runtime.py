@@ -38,9 +38,13 @@ def _runtimeclass_hint(config_path, runtime_name):
 @click.option("--set-as-default", type=click.BOOL, is_flag=False, flag_value=True, default="false",
               show_default=True, metavar="[true|false]",
               help="Also make it containerd's default_runtime_name (every pod then goes through it).")
-@click.option("--config-version", type=click.Choice(["auto", "2", "3"]), default="auto", show_default=True,
+@click.option("--config-version", type=click.Choice(["auto", "2", "3", "4"]), default="auto", show_default=True,
               help="Config version to write: auto reads the file's `version` (or, for a missing file, the "
-                   "installed containerd's version).")
+                   "installed containerd's: 2 for 1.x, 3 for 2.0-2.2, 4 for 2.3+).")
+@click.option("--enable-cdi", "enable_cdi", type=click.BOOL, default=None, metavar="[true|false]",
+              help="Set containerd's own CDI injection (1.7+; default: keep the file's). On, containerd injects "
+                   "requested devices from cdi_spec_dirs (kept equal to cdi-shim's spec-dirs) and "
+                   "cdi-shim-runtime does their hooks; off, cdi-shim-runtime does both.")
 @click.option("--drop-in", "drop_in", metavar="DIR",
               help="Write the entry to DIR/99-cdi-shim.toml and make the main file import it.")
 @click.option("--dry-run", is_flag=True, help="Print the diff; change nothing.")
@@ -49,19 +53,24 @@ def _runtimeclass_hint(config_path, runtime_name):
               help="BinaryName to register (default: cdi-shim-runtime beside this interpreter, else on PATH).")
 @click.option("--containerd-binary", default="containerd", show_default=True, metavar="PATH",
               help="containerd executable used to tell the version and to check the new config.")
-def configure(engine, config_path, runtime_name, set_as_default, config_version, drop_in, dry_run, restart,
-              runtime_binary, containerd_binary):
+def configure(engine, config_path, runtime_name, set_as_default, config_version, enable_cdi, drop_in, dry_run,
+              restart, runtime_binary, containerd_binary):
     """Add (or update) the cdi-shim runtime in containerd's config.toml.
 
     Comments, order and unrelated settings are kept; a second run changes nothing. The new file
     is written beside the old one, loaded by the installed containerd (`containerd --config NEW
     config dump`) and checked, and only then renamed over it, after a backup (FILE.bak-DATE).
     The entry allows the configured CDI annotation prefixes as container_annotations (never
-    pod_annotations, which would let any pod request any device).
+    pod_annotations, which would let any pod request any device). On containerd 1.7+, whose CRI
+    plugin injects CDI devices itself when enable_cdi is on, cdi_spec_dirs is kept equal to
+    cdi-shim's spec-dirs (the output says when they differed) and --enable-cdi sets enable_cdi.
+    Config versions: 2 (containerd 1.x), 3 (2.0-2.2), 4 (2.3+); one the installed containerd
+    cannot load is refused.
     """
     from ..node import containerd_config as cc
     from ..node.containerd import restart_containerd
     prefixes = settings().annotation_prefixes
+    spec_dirs = settings().spec_dirs
     lock = cc.configure_lock(config_path, wait_note=lambda note: click.echo(f"cdi-shim: {note}", err=True))
     try:
         lock.__enter__()  # from reading the file to renaming the new one: parallel runs lose nothing
@@ -69,18 +78,20 @@ def configure(engine, config_path, runtime_name, set_as_default, config_version,
         _fail(str(err))
     try:
         _configure_locked(cc, restart_containerd, config_path, runtime_name, set_as_default, config_version,
-                          drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes)
+                          drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes, spec_dirs,
+                          enable_cdi)
     finally:
         lock.__exit__(None, None, None)
 
 
 def _configure_locked(cc, restart_containerd, config_path, runtime_name, set_as_default, config_version,
-                      drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes):
+                      drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes, spec_dirs, enable_cdi):
     """configure's work, under the lock on the config file (read to rename)."""
     try:
         plan = cc.plan_configure(config_path, runtime_name=runtime_name, binary=runtime_binary,
                                  annotation_prefixes=prefixes, set_as_default=set_as_default,
-                                 config_version=config_version, drop_in=drop_in, containerd=containerd_binary)
+                                 config_version=config_version, drop_in=drop_in, containerd=containerd_binary,
+                                 spec_dirs=spec_dirs, enable_cdi=enable_cdi)
     except cc.ContainerdConfigError as err:
         _fail(str(err))
     for note in plan.notes:

@@ -22,6 +22,10 @@ _RPCS = {
     "ListContainers": ("ListContainersRequest", "ListContainersResponse"),
     "ContainerStatus": ("ContainerStatusRequest", "ContainerStatusResponse"),
 }
+_IMAGE_RPCS = {
+    "ImageStatus": ("ImageStatusRequest", "ImageStatusResponse"),
+}
+IMAGE_SERVICE = "/runtime.v1.ImageService/"
 
 
 class CRIClient:
@@ -41,9 +45,9 @@ class CRIClient:
         self.timeout = timeout
         self.channel = grpc.insecure_channel(f"unix://{socket_path}")
         self._calls = {}
-        for name, (request, response) in _RPCS.items():
+        for name, (request, response) in list(_RPCS.items()) + list(_IMAGE_RPCS.items()):
             self._calls[name] = self.channel.unary_unary(
-                SERVICE + name,
+                (IMAGE_SERVICE if name in _IMAGE_RPCS else SERVICE) + name,
                 request_serializer=getattr(self.pb, request).SerializeToString,
                 response_deserializer=getattr(self.pb, response).FromString)
 
@@ -96,7 +100,20 @@ class CRIClient:
     def list_pod_sandboxes(self):
         return list(self.call("ListPodSandbox", self.pb.ListPodSandboxRequest()).items)
 
+    def image_status(self, image):
+        """The CRI plugin's view of an image reference (its `image.id` is "" when unknown)."""
+        return self.call("ImageStatus", self.pb.ImageStatusRequest(image=self.pb.ImageSpec(image=image)))
+
     # -- helpers --
+
+    def wait_images(self, images, timeout=30.0):
+        """Wait until the CRI plugin knows every image (containerd 2.x learns of an import by events)."""
+        deadline = time.monotonic() + timeout
+        for image in images:
+            while not self.image_status(image).image.id:
+                if time.monotonic() > deadline:
+                    raise CRIError("ImageStatus", "DEADLINE_EXCEEDED", f"image {image} unknown after {timeout:.0f}s")
+                time.sleep(0.02)
 
     def wait_ready(self, timeout=30.0):
         """Wait until the CRI service answers Version; returns the response."""
@@ -135,7 +152,7 @@ class CRIClient:
                 namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD))))
 
     def container_config(self, name, image, command=(), args=(), envs=None, annotations=None, log_path="",
-                         labels=None, mounts=(), devices=()):
+                         labels=None, mounts=(), devices=(), cdi_devices=()):
         pb = self.pb
         return pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
@@ -144,6 +161,7 @@ class CRIClient:
             envs=[pb.KeyValue(key=k, value=v) for k, v in (envs or {}).items()],
             mounts=list(mounts),
             devices=list(devices),
+            CDI_devices=[pb.CDIDevice(name=name) for name in cdi_devices],
             labels=labels or {},
             annotations=annotations or {},
             log_path=log_path,

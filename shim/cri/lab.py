@@ -10,7 +10,12 @@ hostname, a local ``sandbox_image``; then the cdi-shim runtime is added by the r
 runtime configure`` command. Images are an OCI-layout tarball made here from busybox-static
 and imported with ``ctr -n k8s.io images import``.
 
-containerd 1.6 has no CDI support of its own: every device a pod gets here is cdi-shim's.
+The containerd is the system's (1.6: no CDI support of its own, so every device a pod gets is
+cdi-shim's) or a real 1.7 / 2.1 fetched from Debian's trixie / forky into a cached prefix
+(releases.py); ``native_cdi`` then sets its enable_cdi through ``runtime configure --enable-cdi``,
+which also makes cdi_spec_dirs the lab's spec dir. containerd 2.x keeps state under
+/run/containerd whatever the config says, so it runs in a private mount namespace with a tmpfs
+of its own at /run (the system's containerd and other labs stay untouched).
 """
 import hashlib
 import io
@@ -29,7 +34,7 @@ import uuid
 
 import tomlkit
 
-from . import hosttools
+from . import hosttools, releases
 from . import CRIClient
 from .client import CRIError, read_container_log
 
@@ -179,14 +184,37 @@ class PodRun:
         self.sandbox_spec = None
 
 
+CRI_RUNTIME = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+
+
 class Lab:
-    def __init__(self, base, runtime_name=RUNTIME_NAME, log_level="info", runtime_log=False, resident=False):
+    def __init__(self, base, runtime_name=RUNTIME_NAME, log_level="info", runtime_log=False, resident=False,
+                 containerd=None, native_cdi=None):
+        """`containerd`: "1.6" (None: the system's), "1.7" or "2.1" (fetched once; see releases.py).
+        `native_cdi`: True / False sets containerd's enable_cdi (1.7+), None keeps its default."""
         if os.geteuid() != 0:
             raise LabError("a private containerd runs pods with runc and needs root")
         self.base = os.path.abspath(str(base))
         self.runtime_name = runtime_name
-        self.containerd = find_tool("containerd", "containerd")
-        self.ctr = find_tool("ctr", "containerd")
+        self.containerd_version = containerd or releases.SYSTEM
+        self.native_cdi = native_cdi
+        self.bin_dir = None
+        if self.containerd_version == releases.SYSTEM:
+            self.containerd = find_tool("containerd", "containerd")
+            self.ctr = find_tool("ctr", "containerd")
+        elif self.containerd_version in releases.SUITES:
+            try:
+                tools = releases.binaries(releases.fetch(self.containerd_version))
+            except releases.ReleaseError as err:
+                raise LabError(f"cannot fetch containerd {self.containerd_version}: {err}") from None
+            self.containerd, self.ctr = tools["containerd"], tools["ctr"]
+            self.bin_dir = os.path.dirname(self.containerd)  # its containerd-shim-runc-v2 first on PATH
+        else:
+            raise LabError(f"containerd {self.containerd_version}: the lab runs {', '.join(releases.VERSIONS)}")
+        if native_cdi and self.containerd_version == "1.6":
+            raise LabError("containerd 1.6 has no CDI support of its own (enable_cdi needs 1.7)")
+        self.private_run = not self.containerd_version.startswith("1.")
+        self.config_version = 3 if self.private_run else 2
         self.runc = find_tool("runc", "runc")
         self.busybox = static_busybox()
         venv_bin = os.path.dirname(os.path.abspath(sys.executable))
@@ -224,6 +252,8 @@ class Lab:
         env["CDI_SHIM_CONFIG"] = self.shim_config
         env["CDI_SHIM_CACHE_DIR"] = self.cache_dir
         path = env.get("PATH", "")
+        if self.bin_dir:
+            path = f"{self.bin_dir}:{path}" if path else self.bin_dir
         for directory in ("/usr/sbin", "/sbin", "/usr/bin", "/bin"):
             if directory not in path.split(":"):
                 path = f"{path}:{directory}" if path else directory
@@ -247,16 +277,21 @@ class Lab:
         if out.returncode != 0:
             raise LabError(f"containerd config default failed: {out.stderr.strip()}")
         doc = tomlkit.parse(out.stdout)
-        if doc.get("version") != 2:
-            raise LabError(f"this lab knows containerd 1.x configs (version 2), not version {doc.get('version')}")
+        if doc.get("version") != self.config_version:
+            raise LabError(f"containerd {self.containerd_version}'s default config is version {doc.get('version')}, "
+                           f"not {self.config_version}")
         doc["root"], doc["state"] = self.root, self.state
         doc["grpc"]["address"] = self.socket
-        cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
+        cri = doc["plugins"][CRI_RUNTIME[self.config_version]]
         cri["disable_apparmor"] = True
         cri["restrict_oom_score_adj"] = True
-        cri["sandbox_image"] = PAUSE_IMAGE
         cri["netns_mounts_under_state_dir"] = True
-        cri["cni"]["bin_dir"] = os.path.join(self.cni, "bin")
+        if self.config_version == 2:
+            cri["sandbox_image"] = PAUSE_IMAGE
+            cri["cni"]["bin_dir"] = os.path.join(self.cni, "bin")
+        else:  # containerd 2.x: images and pinned sandbox image in their own plugin
+            doc["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] = PAUSE_IMAGE
+            cri["cni"]["bin_dirs"] = [os.path.join(self.cni, "bin")]
         cri["cni"]["conf_dir"] = os.path.join(self.cni, "net.d")
         runc = cri["containerd"]["runtimes"]["runc"]["options"]
         runc["Root"] = self.runc_root
@@ -269,6 +304,8 @@ class Lab:
         command = [self.cli] if os.access(self.cli, os.X_OK) else [sys.executable, "-m", "shim.cli.main"]
         command += ["runtime", "configure", "--config", self.config, "--runtime-name", self.runtime_name,
                     "--runtime-binary", self.runtime_binary, "--containerd-binary", self.containerd] + list(args)
+        if self.native_cdi is not None:
+            command += ["--enable-cdi", "true" if self.native_cdi else "false"]
         out = subprocess.run(command, capture_output=True, text=True, env=self.env(), timeout=CMD_TIMEOUT)
         if out.returncode != 0:
             raise LabError(f"cdi-shim runtime configure failed: {out.stderr.strip()}")
@@ -278,7 +315,7 @@ class Lab:
         """Add runtime `name` as a copy of ours without the keys in `drop` (e.g. the allow-list)."""
         with open(self.config) as stream:
             doc = tomlkit.parse(stream.read())
-        runtimes = doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+        runtimes = doc["plugins"][CRI_RUNTIME[self.config_version]]["containerd"]["runtimes"]
         entry = tomlkit.parse(tomlkit.dumps(tomlkit.document().add("x", runtimes[self.runtime_name].copy())))["x"]
         for key in drop:
             entry.pop(key, None)
@@ -352,6 +389,10 @@ class Lab:
             PAUSE_IMAGE: (["/bin/sleep"], ["2147483647"]),
         })
         self.ctr_cmd("images", "import", "--all-platforms", archive)
+        try:
+            self.client.wait_images([PAUSE_IMAGE, IMAGE])
+        except CRIError as err:
+            raise LabError(f"containerd's CRI plugin does not see the imported images: {err}") from None
         return self
 
     def ctr_cmd(self, *args):
@@ -362,9 +403,13 @@ class Lab:
         return out.stdout
 
     def start_resident(self):
+        command = [self.cli, "runtime", "serve", "--socket", self.resident_socket]
+        if self.private_run:
+            # the server declines callers of another mount namespace: join containerd's private one
+            command = [find_tool("nsenter", "util-linux"), f"--mount=/proc/{self.process.pid}/ns/mnt", "--"] + command
         log = open(os.path.join(self.base, "resident.log"), "ab")
         try:
-            self.resident_process = subprocess.Popen([self.cli, "runtime", "serve", "--socket", self.resident_socket],
+            self.resident_process = subprocess.Popen(command,
                                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                      env=self.env(), start_new_session=True)
         finally:
@@ -376,11 +421,16 @@ class Lab:
             time.sleep(0.02)
 
     def start(self):
-        if self.resident and self.resident_process is None:
+        if self.resident and self.resident_process is None and not self.private_run:
             self.start_resident()
         log = open(self.containerd_log, "ab")
+        command = [self.containerd, "--config", self.config]
+        if self.private_run:
+            # containerd 2.x puts state under /run/containerd whatever `state` says: a /run of its own
+            command = [find_tool("unshare", "util-linux"), "--mount", "--propagation", "private", "--", "/bin/sh",
+                       "-c", 'mount -t tmpfs -o mode=0755 cdi-shim-lab-run /run && exec "$@"', "sh"] + command
         try:
-            self.process = subprocess.Popen([self.containerd, "--config", self.config], stdout=log,
+            self.process = subprocess.Popen(command, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),
                                             start_new_session=True)
         finally:
@@ -395,6 +445,8 @@ class Lab:
             self.client.wait_ready(30)
         except CRIError as err:
             raise LabError(f"containerd's CRI plugin is not serving: {err}; {self.containerd_log_tail()}") from None
+        if self.resident and self.resident_process is None:
+            self.start_resident()  # in containerd's mount namespace (once /run is its own)
 
     def containerd_log_tail(self, lines=15):
         try:
@@ -411,7 +463,7 @@ class Lab:
         return json.loads(self.ctr_cmd("containers", "info", container_id)).get("Spec") or {}
 
     def run_pod(self, handler, command, annotations=None, pod_annotations=None, envs=None, name=None,
-                keep_configs=False, remove=True, timeout=60, mounts=(), devices=()):
+                keep_configs=False, remove=True, timeout=60, mounts=(), devices=(), cdi_devices=()):
         """runp -> create -> start -> wait for exit -> stop -> remove; returns a PodRun.
 
         CRI errors propagate as CRIError (after the pod is cleaned up)."""
@@ -423,7 +475,8 @@ class Lab:
         os.makedirs(log_dir, exist_ok=True)
         pod = client.pod_config(name, str(uuid.uuid4()), log_dir, annotations=pod_annotations)
         container = client.container_config("main", IMAGE, command=command, envs=envs, annotations=annotations,
-                                            log_path="main.log", mounts=mounts, devices=devices)
+                                            log_path="main.log", mounts=mounts, devices=devices,
+                                            cdi_devices=cdi_devices)
         clock = time.perf_counter
         t0 = clock()
         try:

@@ -37,12 +37,13 @@ import time
 import tomlkit
 
 from .containerd import ContainerdConfigError, containerd_dump, containerd_version
-from .containerd_toml import (CRI_PLUGIN, RUNTIME_EXECUTABLE, Edit, apply_runtime, dropin_document, ensure_import,
-                              file_version, lookup, parse_toml, read_text, unwrap)
+from .containerd_toml import (CRI_PLUGIN, DEFAULT_CDI_SPEC_DIRS, LOADS_FROM, RUNTIME_EXECUTABLE, Edit, apply_cdi,
+                              apply_runtime, dropin_document, ensure_import, file_version, lookup, parse_toml,
+                              read_text, unwrap)
 
 DEFAULT_CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 DROP_IN_NAME = "99-cdi-shim.toml"
-CONTAINERD_FOR = {2: "containerd 1.x", 3: "containerd 2.x"}
+CONTAINERD_FOR = {2: "containerd 1.x", 3: "containerd 2.x", 4: "containerd 2.3+"}
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -100,6 +101,7 @@ class Plan:
         self.name, self.binary, self.patterns = name, binary, tuple(patterns)
         self.changes, self.notes, self.warnings = [], [], []
         self.drop_in = None
+        self.cdi = None
 
     @property
     def changed(self):
@@ -111,13 +113,16 @@ class Plan:
 
 def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary=None,
                    annotation_prefixes=("cdi.k8s.io/",), set_as_default=False, config_version="auto",
-                   drop_in=None, containerd="containerd", import_as=None, binary_root=None):
+                   drop_in=None, containerd="containerd", import_as=None, binary_root=None,
+                   spec_dirs=DEFAULT_CDI_SPEC_DIRS, enable_cdi=None):
     """Decide the new text of the config file(s); reads only.
 
     `import_as` is the text the main file's `imports` names the drop-in by (default: its absolute
     path); a path relative to the main file's directory stays right when the tree is mounted
     elsewhere (a node image under --root), since containerd resolves it against the main file.
-    `binary_root`: the tree in which an explicit `binary` must be executable (besides here)."""
+    `binary_root`: the tree in which an explicit `binary` must be executable (besides here).
+    On containerd 1.7+ also keeps its enable_cdi / cdi_spec_dirs consistent with `spec_dirs`
+    (cdi-shim's); `enable_cdi` True/False sets enable_cdi, None keeps it."""
     check_runtime_name(runtime_name)
     path = os.path.realpath(path)  # a linked config stays linked: the file it names is edited
     binary = runtime_binary(binary, root=binary_root)
@@ -135,7 +140,7 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
     installed = containerd_version(containerd)
     wanted = None if config_version in (None, "auto") else int(config_version)
     if wanted is not None and wanted not in CRI_PLUGIN:
-        raise ContainerdConfigError(f"config version {wanted} is not one cdi-shim writes (2 or 3)")
+        raise ContainerdConfigError(f"config version {wanted} is not one cdi-shim writes (2, 3 or 4)")
     if declared is not None:
         if wanted is not None and wanted != declared:
             raise ContainerdConfigError(
@@ -145,16 +150,19 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
     elif wanted is not None:
         version, source = wanted, "--config-version"
     elif installed is not None:
-        version = 3 if installed[0] >= 2 else 2
+        # what the installed containerd's `config default` writes
+        version = max(v for v, first in LOADS_FROM.items() if tuple(installed[:2]) >= first)
         source = f"the installed containerd {installed[0]}.{installed[1]} (the file is {'empty' if old else 'missing'})"
     else:
         raise ContainerdConfigError(
             f"{path} is {'empty' if old else 'missing'} and containerd is not installed, so the config version "
-            "cannot be told: pass --config-version 2 (containerd 1.x) or 3 (containerd 2.x)")
-    if installed is not None and installed[0] < 2 and version == 3:
+            "cannot be told: pass --config-version 2 (containerd 1.x), 3 (containerd 2.0-2.2) or 4 (containerd 2.3+)")
+    if installed is not None and tuple(installed[:2]) < LOADS_FROM[version]:
+        first = LOADS_FROM[version]
         raise ContainerdConfigError(
-            f"{path} is a version 3 config, which the installed containerd {installed[0]}.{installed[1]} cannot "
-            "load (version 3 needs containerd 2.x)")
+            f"{path} is a version {version} config, which the installed containerd {installed[0]}.{installed[1]} "
+            f"cannot load (version {version} needs containerd {first[0]}.{first[1]} or later"
+            + (": run `containerd config migrate` on a newer containerd only" if version == 4 else "") + ")")
     plan = Plan(path, version, source, runtime_name, binary, patterns)
     plan.notes.append(f"config version {version} ({CONTAINERD_FOR[version]}), from {source}")
     if declared is None:
@@ -167,6 +175,7 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
         dropin_old = read_text(dropin_path)
         dropin_doc = dropin_document(doc, dropin_old, version, dropin_path)
         apply_runtime(dropin_doc, version, runtime_name, binary, patterns, set_as_default, source=doc, edit=edit)
+        apply_cdi(dropin_doc, version, spec_dirs, enable_cdi, source=doc, installed=installed, edit=edit)
         if version == 2:
             edit.notes.append("the drop-in carries a copy of the main file's CRI plugin section (containerd 1.x "
                               "replaces a plugin's whole section on import); later edits to that section belong "
@@ -176,8 +185,10 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
         plan.changes.append(FileChange(path, old, tomlkit.dumps(doc)))
     else:
         apply_runtime(doc, version, runtime_name, binary, patterns, set_as_default, edit=edit)
+        apply_cdi(doc, version, spec_dirs, enable_cdi, installed=installed, edit=edit)
         plan.changes.append(FileChange(path, old, tomlkit.dumps(doc)))
     plan.notes += edit.notes
+    plan.cdi = edit.cdi
     plan.notes.append(f'runtime "{runtime_name}": BinaryName = {binary}; container_annotations allow '
                       f"{', '.join(patterns)} (never pod_annotations)")
     plan.warnings += edit.warnings
@@ -196,7 +207,7 @@ def _load_toml(text):
     return tomllib.loads(text)
 
 
-def check_dump(dump_text, name, binary, patterns):
+def check_dump(dump_text, name, binary, patterns, cdi=None):
     """Check containerd's view of a config; returns the runtime names, raises on a problem."""
     try:
         dump = _load_toml(dump_text)
@@ -221,6 +232,19 @@ def check_dump(dump_text, name, binary, patterns):
     missing = [p for p in patterns if p not in (entry.get("container_annotations") or [])]
     if missing:
         raise ContainerdConfigError(f'containerd sees runtime "{name}" without container_annotations {missing}')
+    section_parent = None
+    for version in (2, 3):
+        candidate = plugins.get(CRI_PLUGIN[version]) or {}
+        if candidate.get("containerd") is section:
+            section_parent = candidate
+    cri = section_parent or {}
+    if cdi and cri:
+        if bool(cri.get("enable_cdi")) != cdi["enable_cdi"]:
+            raise ContainerdConfigError(f"containerd sees enable_cdi = {str(bool(cri.get('enable_cdi'))).lower()}, "
+                                        f"not {str(cdi['enable_cdi']).lower()} (another imported file may set it)")
+        if cdi["cdi_spec_dirs"] is not None and list(cri.get("cdi_spec_dirs") or []) != list(cdi["cdi_spec_dirs"]):
+            raise ContainerdConfigError(f"containerd sees cdi_spec_dirs = {cri.get('cdi_spec_dirs')}, not "
+                                        f"{list(cdi['cdi_spec_dirs'])} (another imported file may set it)")
     default = section.get("default_runtime_name") or "runc"
     if default not in runtimes:
         raise ContainerdConfigError(f'containerd would have no runtime for default_runtime_name "{default}"; '
@@ -339,7 +363,7 @@ def write_plan(plan, containerd="containerd", validate=True):
             if ok is False:
                 raise ContainerdConfigError(f"containerd refuses the new config ({text}); nothing was changed")
             if ok:
-                check_dump(text, plan.name, plan.binary, plan.patterns)
+                check_dump(text, plan.name, plan.binary, plan.patterns, plan.cdi)
                 checked = True
         written, backups = [], []
         # the drop-in first, so the main file never imports a file that is not there yet

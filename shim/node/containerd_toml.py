@@ -13,7 +13,14 @@ from .containerd import ContainerdConfigError, pid1_init
 
 RUNTIME_EXECUTABLE = "cdi-shim-runtime"
 RUNC_V2 = "io.containerd.runc.v2"
-CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+# config version -> the CRI plugin section holding runtimes and the CDI settings. Version 4
+# (containerd 2.3) moves only server settings ([grpc], [ttrpc], [debug] address, metrics) into
+# io.containerd.server.v1.* plugins (its `serviceMigrate`); the CRI sections are version 3's.
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime", 4: "io.containerd.cri.v1.runtime"}
+# the containerd that first loads each version; 2.0-2.2 refuse 4 ("expected containerd config
+# version equal to or less than `3`"), 1.x refuses 3
+LOADS_FROM = {2: (1, 0), 3: (2, 0), 4: (2, 3)}
+DEFAULT_CDI_SPEC_DIRS = ["/etc/cdi", "/var/run/cdi"]
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -58,7 +65,7 @@ def file_version(doc, path):
     if version not in CRI_PLUGIN:
         raise ContainerdConfigError(
             f"{path} declares config version {version}, which cdi-shim does not know (it writes version 2 "
-            "for containerd 1.x and version 3 for containerd 2.x); refusing to edit it")
+            "for containerd 1.x, 3 for containerd 2.0-2.2 and 4 for containerd 2.3+); refusing to edit it")
     return version
 
 
@@ -86,12 +93,12 @@ def _key(name):
 
 
 def _header(version, *names):
-    quote = '"' if version == 2 else "'"
+    quote = '"' if version == 2 else "'"  # as each version's `containerd config default` writes
     return ".".join(["plugins", f"{quote}{CRI_PLUGIN[version]}{quote}"] + [_key(n) for n in names])
 
 
 def _value(version, value):
-    if isinstance(value, str) and version == 3 and "'" not in value and "\n" not in value:
+    if isinstance(value, str) and version >= 3 and "'" not in value and "\n" not in value:
         return tomlkit.string(value, literal=True).as_string()
     if isinstance(value, list):
         return "[" + ", ".join(_value(version, v) for v in value) + "]"
@@ -176,7 +183,7 @@ def _ensure_table(container, key, version=2):
     """container[key] as a table, creating an implicit (super) table when missing."""
     if key not in container:
         name = key
-        if not _BARE_KEY.match(key) and version == 3 and "'" not in key:
+        if not _BARE_KEY.match(key) and version >= 3 and "'" not in key:
             name = SingleKey(key, t=KeyType.Literal)  # containerd 2.x writes 'io.containerd...'
         _add(container, name, tomlkit.table(is_super_table=True))
     table = container[key]
@@ -215,6 +222,7 @@ class Edit:
 
     def __init__(self):
         self.notes, self.warnings = [], []
+        self.cdi = None  # {"enable_cdi": bool, "cdi_spec_dirs": [...] or None}: what containerd must then see
 
 
 def _systemd_choice(runc):
@@ -259,7 +267,7 @@ def apply_runtime(doc, version, name, binary, patterns, set_as_default=False, so
         runtime_indent = ""
     if not hasattr(runtimes, "get") or name not in runtimes:
         defined = set(runtimes) if hasattr(runtimes, "keys") else set()
-        if version == 3 and source is not doc:
+        if version >= 3 and source is not doc:
             # containerd 2.x merges imported files: the main file's runtimes stay defined
             source_runtimes = runtimes_of(source, version)
             defined |= set(source_runtimes) if hasattr(source_runtimes, "keys") else set()
@@ -348,13 +356,13 @@ def ensure_import(doc, path, main_dir):
 def dropin_document(main_doc, old_text, version, path):
     """The starting document of the drop-in file."""
     header = "# Written by `cdi-shim runtime configure`; imported by the main containerd config.\n"
-    if version == 3:
+    if version >= 3:
         if old_text is not None:
             doc = parse_toml(path, old_text)
-            if doc and file_version(doc, path) == 3:
+            if doc and file_version(doc, path) == version:
                 return doc
         doc = tomlkit.parse(header + "# Rerunning the command keeps other edits to this file.\n")
-        doc.add("version", 3)
+        doc.add("version", version)
         return doc
     # version 2: containerd 1.x would replace the main file's whole CRI section with ours
     doc = tomlkit.parse(header + "# containerd 1.x replaces a plugin's whole section with an imported one, so this\n"
@@ -383,3 +391,101 @@ def dropin_document(main_doc, old_text, version, path):
             runtimes.append(key, copy.deepcopy(value))
             runtimes[key].trivia.indent = value.trivia.indent
     return doc
+
+
+# --- containerd's own CDI (1.7+) -------------------------------------------------------------------
+
+def _put(table, key, value, version):
+    """table[key] = value written as this version's `config default` writes it; a new key takes
+    the indentation of the table's other keys."""
+    item = tomlkit.parse(f"x = {_value(version, value)}\n").item("x")
+    if key in table:
+        old = table.item(key) if hasattr(table, "item") else None
+        if old is not None:
+            item.trivia.indent, item.trivia.comment_ws, item.trivia.comment = \
+                old.trivia.indent, old.trivia.comment_ws, old.trivia.comment
+        table[key] = item
+        return
+    _add(table, key, item)
+    if isinstance(table, Table):
+        table[key].trivia.indent = _key_indent(table, table.trivia.indent + "  " if table.trivia.indent else "")
+
+
+def cdi_capable(version, installed, sections):
+    """Whether the containerd reading this file injects CDI devices itself (1.7 and later).
+
+    `installed`: (major, minor) of the installed containerd, or None; `sections`: the file's CRI
+    sections (a version-2 file naming enable_cdi was written for 1.7+)."""
+    if version >= 3:
+        return True
+    if installed is not None:
+        return tuple(installed[:2]) >= (1, 7)
+    return any(hasattr(s, "get") and ("enable_cdi" in s or "cdi_spec_dirs" in s) for s in sections)
+
+
+def apply_cdi(doc, version, spec_dirs, enable=None, source=None, installed=None, edit=None):
+    """Keep containerd's enable_cdi / cdi_spec_dirs consistent with cdi-shim's spec-dirs.
+
+    With containerd's CDI on, containerd injects the devices a pod asks for (the CRI CDIDevices
+    field, cdi.k8s.io/ annotations) from cdi_spec_dirs, so those must be our spec-dirs: they are
+    set so, with a note naming the old value. `enable` (True/False) sets enable_cdi; None keeps
+    it. Returns the Edit; `source` is the document whose values hold where `doc` sets none (the
+    main file, for a drop-in)."""
+    edit = edit or Edit()
+    source = doc if source is None else source
+    path = ["plugins", CRI_PLUGIN[version]]
+    sections = [lookup(doc, path), lookup(source, path)]
+
+    def effective(key):
+        for section in sections:
+            value = lookup(section, [key])
+            if value is not None:
+                return unwrap(value)
+        return None
+
+    spec_dirs = list(spec_dirs)
+    if not cdi_capable(version, installed, sections):
+        which = f"containerd {installed[0]}.{installed[1]}" if installed else "containerd (version unknown; the file " \
+            "sets no enable_cdi)"
+        if enable:
+            raise ContainerdConfigError(f"{which} has no CDI support of its own (enable_cdi needs 1.7): drop "
+                                        "--enable-cdi; cdi-shim-runtime injects the annotated devices itself")
+        edit.notes.append(f"{which} has no CDI support of its own: cdi-shim-runtime injects the devices "
+                          "(cdi.k8s.io/ annotations, the device env var) and does their hooks")
+        return edit
+    default_on = version >= 3  # 1.7 ships it off, 2.x on
+    current = effective("enable_cdi")
+    enabled = default_on if current is None else bool(current)
+    section = doc
+    for key in path:
+        section = _ensure_table(section, key, version)
+    if enable is not None and enable != enabled:
+        _put(section, "enable_cdi", enable, version)
+        edit.notes.append(f"enable_cdi = {str(enable).lower()} (was {str(enabled).lower()}"
+                          f"{'' if current is not None else ', the default'})")
+        enabled = enable
+    edit.cdi = {"enable_cdi": enabled, "cdi_spec_dirs": spec_dirs if enabled else None}
+    if enabled:
+        dirs = effective("cdi_spec_dirs")
+        dirs = list(dirs) if isinstance(dirs, list) else list(DEFAULT_CDI_SPEC_DIRS)
+        if dirs != spec_dirs:
+            _put(section, "cdi_spec_dirs", spec_dirs, version)
+            edit.notes.append(f"cdi_spec_dirs = {spec_dirs}, cdi-shim's spec-dirs (was {dirs}"
+                              f"{'' if effective('cdi_spec_dirs') is not None else ', the default'}): containerd and "
+                              "cdi-shim-runtime must resolve devices from the same specs")
+        edit.notes.append("enable_cdi = true: containerd injects the CDI devices a pod asks for (the CRI CDIDevices "
+                          f"field, cdi.k8s.io/ annotations) from {spec_dirs}; cdi-shim-runtime then does the hooks of "
+                          "the injected edits natively (linker cache, links) and the requests containerd does not "
+                          "see (the device env var)")
+    else:
+        edit.notes.append("enable_cdi = false: containerd leaves CDI to cdi-shim-runtime, which injects the devices "
+                          "of cdi.k8s.io/ annotations (allowed by container_annotations) and does their hooks; "
+                          "the CRI CDIDevices field is dropped (--enable-cdi true lets containerd inject it)")
+        dirs = effective("cdi_spec_dirs")
+        if isinstance(dirs, list) and list(dirs) != spec_dirs:
+            edit.notes.append(f"cdi_spec_dirs = {list(dirs)} differ from cdi-shim's spec-dirs {spec_dirs}; unused while "
+                              "enable_cdi is off (left as they are)")
+        if version >= 3:
+            edit.warnings.append("enable_cdi = false on containerd 2.x: the device plugin's CDIDevices are dropped "
+                                 "silently, and containerd 2.3 deprecates turning CDI off")
+    return edit

@@ -1,4 +1,6 @@
-"""Fixtures of the containerd/CRI tests: a private containerd 1.6 with the cdi-shim runtime.
+"""Fixtures of the containerd/CRI tests: a private containerd 1.6 (the system's) with the cdi-shim
+runtime; real containerd 1.7 and 2.1 (Debian trixie / forky, fetched once into
+$CDI_SHIM_TEST_CACHE) with containerd's own CDI on and off.
 
 Missing host tools FAIL with the apt-get line to install them (never skip): containerd (+ctr),
 runc, busybox-static, gcc; and grpcio/grpcio-tools from the test extra.
@@ -51,5 +53,39 @@ def lab(tmp_path_factory, cri_build_dir):
     except LabError as err:
         the_lab.stop()
         pytest.fail(str(err), pytrace=False)
+    yield the_lab
+    the_lab.stop()
+
+
+def _release_lab(tmp_path_factory, version, native_cdi):
+    for name, package in (("runc", "runc"), ("busybox", "busybox-static"), ("unshare", "util-linux")):
+        need(name, package)
+    if os.geteuid() != 0:
+        pytest.fail("the CRI tests run a private containerd and pods with runc: run them as root", pytrace=False)
+    from shim.cri.lab import Lab, LabError
+
+    base = tmp_path_factory.mktemp(f"lab-{version}-cdi-{'on' if native_cdi else 'off'}")
+    the_lab = Lab(base, runtime_log=True, log_level="debug", containerd=version, native_cdi=native_cdi)
+    try:
+        the_lab.setup()
+    except LabError as err:
+        the_lab.stop()
+        pytest.fail(str(err), pytrace=False)
+    return the_lab
+
+
+@pytest.fixture(scope="module", params=["1.7", "2.1"])
+def native_lab(request, tmp_path_factory, cri_build_dir):
+    """A real containerd 1.7 / 2.1 (Debian trixie / forky, fetched once) with its own CDI on:
+    `runtime configure --enable-cdi true` makes cdi_spec_dirs the lab's spec dir."""
+    the_lab = _release_lab(tmp_path_factory, request.param, True)
+    yield the_lab
+    the_lab.stop()
+
+
+@pytest.fixture(scope="module", params=["1.7", "2.1"])
+def cdi_off_lab(request, tmp_path_factory, cri_build_dir):
+    """The same containerd with enable_cdi = false (`runtime configure --enable-cdi false`)."""
+    the_lab = _release_lab(tmp_path_factory, request.param, False)
     yield the_lab
     the_lab.stop()

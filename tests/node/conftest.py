@@ -22,3 +22,17 @@ def fake_binary(tmp_path):
     path.write_text("#!/bin/sh\nexec runc \"$@\"\n")
     path.chmod(0o755)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def containerd_release():
+    """containerd_release("1.7" | "2.1") -> path of that real containerd, fetched once from Debian's
+    trixie / forky with apt-get download and kept under $CDI_SHIM_TEST_CACHE (never installed)."""
+    from shim.cri.releases import ReleaseError, binaries, fetch
+
+    def get(version):
+        try:
+            return binaries(fetch(version))["containerd"]
+        except ReleaseError as err:
+            pytest.fail(f"cannot fetch containerd {version}: {err}", pytrace=False)
+    return get

@@ -2,8 +2,11 @@
 
 Golden inputs: tests/node/data/containerd-1.6-default.toml is the output of this machine's
 `containerd config default` (Debian's 1.6.20); containerd-2.x-default.toml is a version-3 sample
-written from containerd 2.x's documented defaults (no containerd 2 here). The version-2 results
-are loaded by the installed containerd (`containerd --config F config dump`).
+written from containerd 2.x's documented defaults. The version-2 results are loaded by the
+installed containerd 1.6 (`containerd --config F config dump`); at the end, real containerd 1.7 and
+2.1 (Debian trixie / forky, fetched once into $CDI_SHIM_TEST_CACHE: shim/cri/releases.py) load
+version 2 and 3 results, and a version-4 sample (containerd 2.3, which no Debian suite serves)
+is checked by reading only.
 """
 import glob
 import os
@@ -91,7 +94,7 @@ def test_v3_golden_from_containerd_2_sample(tmp_path, shim_env, fake_binary):
 def test_v3_config_refused_for_the_installed_containerd_1_x(tmp_path, shim_env, fake_binary):
     path = copy(V3_DEFAULT, tmp_path)
     out = configure(path, fake_binary, env=shim_env, check=False)
-    assert "version 3 needs containerd 2.x" in out.stderr
+    assert "version 3 needs containerd 2.0 or later" in out.stderr
     assert read(path) == read(V3_DEFAULT)
 
 
@@ -209,7 +212,7 @@ def test_missing_file_takes_the_installed_containerds_version(tmp_path, shim_env
 def test_missing_file_without_containerd_needs_a_version(tmp_path, shim_env, fake_binary):
     path = tmp_path / "config.toml"
     out = configure(path, fake_binary, env=shim_env, check=False, containerd_binary="/nonexistent/containerd")
-    assert "pass --config-version 2 (containerd 1.x) or 3 (containerd 2.x)" in out.stderr
+    assert "pass --config-version 2 (containerd 1.x), 3 (containerd 2.0-2.2) or 4 (containerd 2.3+)" in out.stderr
     assert not path.exists()
     configure(path, fake_binary, "--config-version", "3", env=shim_env, containerd_binary="/nonexistent/containerd")
     assert toml_loads(read(path))["plugins"][CRI3]["containerd"]["runtimes"]["nvidia"]
@@ -229,10 +232,10 @@ def test_version_1_refused_with_migrate_hint(tmp_path, shim_env, fake_binary, te
 
 def test_unknown_version_refused(tmp_path, shim_env, fake_binary):
     path = tmp_path / "config.toml"
-    path.write_text("version = 4\n")
+    path.write_text("version = 5\n")
     out = configure(path, fake_binary, env=shim_env, check=False)
-    assert "config version 4, which cdi-shim does not know" in out.stderr
-    assert read(path) == "version = 4\n"
+    assert "config version 5, which cdi-shim does not know" in out.stderr
+    assert read(path) == "version = 5\n"
 
 
 def test_explicit_version_must_match_the_file(tmp_path, shim_env, fake_binary):
@@ -553,3 +556,161 @@ def test_other_valid_shapes_of_the_runtimes_table(tmp_path, shim_env, fake_binar
     shutil.copy(fake_binary, other)
     configure(path, str(other), env=shim_env, check=True)
     assert dumped_runtimes(path)[1]["nvidia"]["options"]["BinaryName"] == str(other)
+
+
+# --- containerd 1.7, 2.1 (real, from Debian trixie / forky) and version 4 ---------------------------
+
+V4_SAMPLE = data("containerd-2.3-sample.toml")
+
+
+def release_dump(binary, path):
+    out = subprocess.run([binary, "--config", str(path), "config", "dump"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return toml_loads(out.stdout)
+
+
+def live_default(binary, tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(subprocess.run([binary, "config", "default"], capture_output=True, text=True, timeout=60,
+                                   check=True).stdout)
+    return path
+
+
+@pytest.fixture
+def our_dirs(tmp_path, shim_env):
+    """cdi-shim spec-dirs other than containerd's default ones."""
+    dirs = [str(tmp_path / "cdi-a"), str(tmp_path / "cdi-b")]
+    with open(shim_env["CDI_SHIM_CONFIG"], "a") as stream:
+        stream.write(f"spec-dirs = {dirs!r}\n".replace("'", '"'))
+    return dirs
+
+
+def test_v3_loaded_by_real_containerd_2_1_with_cdi_dirs_made_ours(tmp_path, shim_env, fake_binary, our_dirs,
+                                                                 containerd_release):
+    c21 = containerd_release("2.1")
+    path = live_default(c21, tmp_path)
+    out = configure(path, fake_binary, env=shim_env, containerd_binary=c21)
+    assert "config version 3 (containerd 2.x), from the file's version key" in out.stderr
+    assert "loaded and checked by the installed containerd" in out.stderr
+    # the default dirs differ from ours: told, and made ours
+    assert f"cdi_spec_dirs = {our_dirs}, cdi-shim's spec-dirs (was ['/etc/cdi', '/var/run/cdi'])" \
+        in out.stderr
+    assert "containerd injects the CDI devices a pod asks for" in out.stderr
+    assert "cdi-shim-runtime then does the hooks of the injected edits" in out.stderr
+    section = release_dump(c21, path)["plugins"][CRI3]
+    assert section["enable_cdi"] is True and section["cdi_spec_dirs"] == our_dirs
+    nvidia = section["containerd"]["runtimes"]["nvidia"]
+    assert nvidia["options"]["BinaryName"] == fake_binary
+    assert nvidia["container_annotations"] == ["cdi.k8s.io/*"]
+    before = read(path)
+    assert "nothing changed" in configure(path, fake_binary, env=shim_env, containerd_binary=c21).stderr
+    assert read(path) == before
+
+
+def test_v3_cdi_off_on_containerd_2_1_is_warned(tmp_path, shim_env, fake_binary, our_dirs, containerd_release):
+    c21 = containerd_release("2.1")
+    path = live_default(c21, tmp_path)
+    out = configure(path, fake_binary, "--enable-cdi", "false", env=shim_env, containerd_binary=c21)
+    assert "enable_cdi = false (was true)" in out.stderr
+    assert "containerd leaves CDI to cdi-shim-runtime" in out.stderr
+    assert "warning: enable_cdi = false on containerd 2.x" in out.stderr
+    assert f"cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi'] differ from cdi-shim's spec-dirs {our_dirs}; unused " \
+        "while enable_cdi is off" in out.stderr
+    section = release_dump(c21, path)["plugins"][CRI3]
+    assert section["enable_cdi"] is False
+    assert section["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]  # unused while off: left as it was
+
+
+def test_v2_loaded_by_real_containerd_1_7_cdi_off_by_default(tmp_path, shim_env, fake_binary, our_dirs,
+                                                             containerd_release):
+    c17 = containerd_release("1.7")
+    path = live_default(c17, tmp_path)
+    default = read(path)
+    out = configure(path, fake_binary, env=shim_env, containerd_binary=c17)
+    assert "config version 2 (containerd 1.x)" in out.stderr
+    assert "loaded and checked by the installed containerd" in out.stderr
+    assert "enable_cdi = false: containerd leaves CDI to cdi-shim-runtime" in out.stderr
+    assert "CDIDevices field is dropped" in out.stderr
+    section = release_dump(c17, path)["plugins"][CRI2]
+    assert section["enable_cdi"] is False
+    assert section["containerd"]["runtimes"]["nvidia"]["options"]["BinaryName"] == fake_binary
+    # turned on: containerd 1.7 then reads our spec dirs
+    out = configure(path, fake_binary, "--enable-cdi", "true", env=shim_env, containerd_binary=c17)
+    assert "enable_cdi = true (was false)" in out.stderr
+    section = release_dump(c17, path)["plugins"][CRI2]
+    assert section["enable_cdi"] is True and section["cdi_spec_dirs"] == our_dirs
+    changed = [line for line in read(path).splitlines() if line not in default.splitlines()]
+    assert [line.strip() for line in changed if line.strip().startswith(("cdi_", "enable_cdi"))] == \
+        [f'cdi_spec_dirs = ["{our_dirs[0]}", "{our_dirs[1]}"]', "enable_cdi = true"]
+
+
+def test_v2_1_6_default_loaded_by_real_containerd_1_7(tmp_path, shim_env, fake_binary, containerd_release):
+    """A node upgraded from 1.6 to 1.7 keeps its version-2 file: 1.7 loads our edit of it."""
+    c17 = containerd_release("1.7")
+    path = copy(V2_DEFAULT, tmp_path)
+    configure(path, fake_binary, env=shim_env, containerd_binary=c17)
+    assert read(path) == read(data("golden-v2.toml")).replace("@BINARY@", fake_binary)  # no CDI key needed
+    runtimes = release_dump(c17, path)["plugins"][CRI2]["containerd"]["runtimes"]
+    assert set(runtimes) == {"runc", "nvidia"}
+
+
+def test_v3_refused_for_real_containerd_1_7(tmp_path, shim_env, fake_binary, containerd_release):
+    path = copy(V3_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, env=shim_env, check=False, containerd_binary=containerd_release("1.7"))
+    assert "the installed containerd 1.7 cannot load (version 3 needs containerd 2.0 or later)" in out.stderr
+    assert read(path) == read(V3_DEFAULT)
+
+
+def test_enable_cdi_refused_on_containerd_1_6(tmp_path, shim_env, fake_binary):
+    path = copy(V2_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, "--enable-cdi", "true", env=shim_env, check=False)
+    assert "containerd 1.6 has no CDI support of its own (enable_cdi needs 1.7)" in out.stderr
+    assert read(path) == read(V2_DEFAULT)
+
+
+def test_v4_refused_for_real_containerd_2_1(tmp_path, shim_env, fake_binary, containerd_release):
+    """containerd 2.0-2.2 refuse version 4 ("expected containerd config version equal to or less than
+    `3`"): so does configure, before writing anything."""
+    c21 = containerd_release("2.1")
+    path = copy(V4_SAMPLE, tmp_path)
+    out = configure(path, fake_binary, env=shim_env, check=False, containerd_binary=c21)
+    assert "the installed containerd 2.1 cannot load (version 4 needs containerd 2.3 or later" in out.stderr
+    assert read(path) == read(V4_SAMPLE) and not backups(path)
+    dumped = subprocess.run([c21, "--config", str(path), "config", "dump"], capture_output=True, text=True, timeout=60)
+    assert "expected containerd config version equal to or less than `3`, got `4`" in dumped.stderr
+
+
+def test_v4_sample_unchecked_because_no_containerd_2_3_binary_is_fetched(tmp_path, shim_env, fake_binary, our_dirs):
+    """Version 4 (containerd 2.3) on a hand-made sample: Debian serves containerd 2.1 at most (forky),
+    and the tests fetch only Debian packages, so no real containerd loads the result here; the CRI
+    sections of version 4 are version 3's (2.3's migration moves only server settings)."""
+    path = copy(V4_SAMPLE, tmp_path)
+    out = configure(path, fake_binary, env=shim_env, containerd_binary="/nonexistent/containerd")
+    assert "config version 4 (containerd 2.3+), from the file's version key" in out.stderr
+    assert "not checked: containerd is not installed here" in out.stderr
+    new = read(path)
+    assert new.startswith(read(V4_SAMPLE).split("version = 4", 1)[0] + "version = 4\n")
+    section = toml_loads(new)["plugins"][CRI3]
+    assert section["cdi_spec_dirs"] == our_dirs and section["enable_cdi"] is True
+    entry = section["containerd"]["runtimes"]["nvidia"]
+    assert entry["options"]["BinaryName"] == fake_binary and entry["container_annotations"] == ["cdi.k8s.io/*"]
+    assert "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]" in new
+    # a missing file on a 2.3 node would be written as version 4 too
+    fresh = tmp_path / "fresh" / "config.toml"
+    configure(fresh, fake_binary, "--config-version", "4", env=shim_env, containerd_binary="/nonexistent/containerd")
+    assert toml_loads(read(fresh))["version"] == 4
+
+
+def test_v3_drop_in_carries_cdi_dirs_and_containerd_2_1_merges_it(tmp_path, shim_env, fake_binary, our_dirs,
+                                                                  containerd_release):
+    c21 = containerd_release("2.1")
+    path = live_default(c21, tmp_path)
+    main_before = read(path)
+    out = configure(path, fake_binary, "--drop-in", str(tmp_path / "conf.d"), env=shim_env, containerd_binary=c21)
+    assert "loaded and checked by the installed containerd" in out.stderr
+    dropin = toml_loads(read(tmp_path / "conf.d" / "99-cdi-shim.toml"))
+    assert dropin["plugins"][CRI3]["cdi_spec_dirs"] == our_dirs
+    assert "cdi_spec_dirs" in main_before and f"'{our_dirs[0]}'" not in read(path)  # the main file keeps its own
+    section = release_dump(c21, path)["plugins"][CRI3]
+    assert section["cdi_spec_dirs"] == our_dirs and set(section["containerd"]["runtimes"]) == {"runc", "nvidia"}

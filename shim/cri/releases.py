@@ -1,0 +1,133 @@
+"""Newer containerd releases beside the system's, for the CRI lab and its tests.
+
+Debian's archive serves containerd 1.7 in trixie and 2.1 in forky; their packages depend only on
+libc6 (>= 2.34) and runc, so on bookworm `apt-get download` with a private sources list (the
+mirror taken from this machine's own apt sources) and `dpkg-deb -x` into a private prefix give
+real binaries (containerd, ctr, containerd-shim-runc-v2) without touching the system's
+containerd. The prefix is kept under ``$CDI_SHIM_TEST_CACHE`` (default
+``/var/cache/cdi-shim-tests``), like the debootstrap tarball of the linker tests: the ~30 MB
+download happens once per machine.
+"""
+import fcntl
+import glob
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+CACHE_DIR = os.environ.get("CDI_SHIM_TEST_CACHE", "/var/cache/cdi-shim-tests")
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+SYSTEM = "1.6"
+# containerd minor version -> the Debian suite that serves it
+SUITES = {"1.7": "trixie", "2.1": "forky"}
+VERSIONS = (SYSTEM,) + tuple(SUITES)
+TIMEOUT = 600
+
+
+class ReleaseError(Exception):
+    pass
+
+
+def apt_mirror():
+    """The Debian mirror this machine's apt uses (``$CDI_SHIM_DEBIAN_MIRROR`` overrides)."""
+    explicit = os.environ.get("CDI_SHIM_DEBIAN_MIRROR")
+    if explicit:
+        return explicit
+    uris = []
+    for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+        try:
+            text = open(path).read()
+        except OSError:
+            continue
+        for stanza in re.split(r"\n\s*\n", text):
+            fields = dict(re.findall(r"^([A-Za-z-]+):\s*(.*)$", stanza, re.M))
+            if "deb" in fields.get("Types", "").split() and fields.get("Enabled", "yes") != "no":
+                uris += [(uri, fields.get("Suites", "")) for uri in fields.get("URIs", "").split()]
+    for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
+        try:
+            lines = open(path).read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            match = re.match(r"^\s*deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+(\S+)", line)
+            if match:
+                uris.append((match.group(1), match.group(2)))
+    for uri, suites in uris:
+        # the main archive, not debian-security (its suites are "<name>-security")
+        if uri.startswith(("http://", "https://")) and not any(s.endswith("-security") for s in suites.split()):
+            return uri.rstrip("/")
+    return DEFAULT_MIRROR
+
+
+def prefix_path(version, cache_dir=None):
+    return os.path.join(cache_dir or CACHE_DIR, f"containerd-{version}-{SUITES[version]}")
+
+
+def binaries(prefix):
+    """{name: path} of the unpacked release."""
+    return {name: os.path.join(prefix, "usr", "bin", name) for name in ("containerd", "ctr", "containerd-shim-runc-v2")}
+
+
+def fetch(version, cache_dir=None, mirror=None, log=None):
+    """The prefix holding containerd `version` ("1.7" or "2.1"), fetched and unpacked once."""
+    if version not in SUITES:
+        raise ReleaseError(f"no Debian suite known for containerd {version} (known: {', '.join(SUITES)})")
+    prefix = prefix_path(version, cache_dir)
+    if all(os.access(path, os.X_OK) for path in binaries(prefix).values()):
+        return prefix
+    for tool in ("apt-get", "dpkg-deb"):
+        if shutil.which(tool) is None:
+            raise ReleaseError(f"{tool} not found: fetching containerd {version} needs Debian's apt")
+    parent = os.path.dirname(prefix)
+    os.makedirs(parent, exist_ok=True)
+    with open(os.path.join(parent, f".containerd-{version}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test sessions fetch it once
+        if all(os.access(path, os.X_OK) for path in binaries(prefix).values()):
+            return prefix
+        work = tempfile.mkdtemp(prefix=f".containerd-{version}.", dir=parent)
+        try:
+            deb = _download(work, SUITES[version], mirror or apt_mirror(), log)
+            root = os.path.join(work, "root")
+            _run(["dpkg-deb", "-x", deb, root])
+            missing = [p for p in binaries(root).values() if not os.access(p, os.X_OK)]
+            if missing:
+                raise ReleaseError(f"{os.path.basename(deb)} has no {', '.join(missing)}")
+            shutil.rmtree(prefix, ignore_errors=True)
+            os.rename(root, prefix)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return prefix
+
+
+def _download(work, suite, mirror, log):
+    lists, cache, dl = (os.path.join(work, d) for d in ("lists", "cache", "dl"))
+    for directory in (os.path.join(lists, "partial"), os.path.join(cache, "archives", "partial"), dl):
+        os.makedirs(directory)
+    sources = os.path.join(work, "sources.list")
+    signed = f"[signed-by={KEYRING}] " if os.path.exists(KEYRING) else ""
+    with open(sources, "w") as stream:
+        stream.write(f"deb {signed}{mirror} {suite} main\n")
+    options = ["-o", f"Dir::Etc::sourcelist={sources}", "-o", "Dir::Etc::sourceparts=-",
+               "-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Cache={cache}",
+               "-o", "Dir::State::status=/dev/null", "-o", "APT::Sandbox::User=root"]
+    if log:
+        log(f"fetching containerd from {mirror} {suite} (apt-get download, once; kept in {os.path.dirname(work)})")
+    _run(["apt-get", "-qq"] + options + ["update"])
+    _run(["apt-get", "-qq"] + options + ["download", "containerd"], cwd=dl)
+    debs = glob.glob(os.path.join(dl, "containerd_*.deb"))
+    if len(debs) != 1:
+        raise ReleaseError(f"apt-get download containerd ({suite}) gave {debs or 'nothing'}")
+    return debs[0]
+
+
+def _run(command, cwd=None):
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ReleaseError(f"{command[0]} failed: {err}") from None
+    if out.returncode != 0:
+        lines = [line for line in (out.stderr or out.stdout).strip().splitlines() if line.strip()]
+        raise ReleaseError(f"{' '.join(command[:2])} ... {command[-1]} failed: {lines[-1] if lines else out.returncode}")
+    return out

@@ -1,0 +1,128 @@
+"""Pods through real containerd 1.7 and 2.1 (Debian trixie / forky: shim/cri/releases.py) with the
+cdi-shim runtime handler, containerd's own CDI on and off.
+
+With enable_cdi on (`runtime configure --enable-cdi true`, cdi_spec_dirs = the lab's spec dir),
+containerd injects the device a container asks for, by the CRI CDIDevices field (what the
+kubelet passes from a device plugin) or by a cdi.k8s.io/ annotation, before the runtime runs:
+the OCI spec containerd made (`ctr containers info`) already holds the device node. With it off,
+containerd ignores both; the annotation (allowed by container_annotations) reaches
+cdi-shim-runtime, which injects it. The spec has no hooks (device node + env + a mount), so the
+container's view is the same whoever injected: checked from inside the container.
+
+Toolkit-shaped hooks (nvidia-cdi-hook update-ldcache, absent on this host) done natively by
+the runtime are another change; here only what already holds: plain runc fails such a pod.
+"""
+import os
+
+import pytest
+
+from tests.cri.test_pods import PROBE, cdi_annotations
+
+pytestmark = pytest.mark.cri
+
+DEVICE = "nvidia.com/gpu=0"
+ANNOTATION = {"cdi.k8s.io/gpu": DEVICE}
+NODE = "character special file c3:0"  # 195:0 in hex
+
+
+def probe(lab, handler="nvidia", **request):
+    run = lab.run_pod(handler, ["sh", "-c", PROBE], keep_configs=True, **request)
+    assert run.status.exit_code == 0, run.output
+    return run, dict(line.split("=", 1) for line in run.output if "=" in line)
+
+
+def injected_by_us(lab, container_id):
+    with open(lab.runtime_log) as stream:
+        return [line for line in stream if f"container {container_id}: injected" in line]
+
+
+def devices_from_containerd(run):
+    """Device nodes in the OCI spec containerd made, before the runtime saw it."""
+    return [d["path"] for d in (run.container_spec.get("linux") or {}).get("devices") or []]
+
+
+def assert_gets_the_device(seen):
+    assert seen["node"] == NODE
+    assert seen["env"] == "0/555.42"
+    assert seen["mount"] == "fake driver 555.42"
+
+
+def test_cdi_devices_field_injected_by_containerd(native_lab):
+    run, seen = probe(native_lab, cdi_devices=[DEVICE])
+    assert_gets_the_device(seen)
+    assert devices_from_containerd(run) == ["/dev/nvidia0"]
+    env = run.container_spec["process"]["env"]
+    assert "FAKE_GPU_INDEX=0" in env and "FAKE_DRIVER=555.42" in env
+    assert not injected_by_us(native_lab, run.container_id)  # nothing left to request
+
+
+def test_annotation_injected_by_containerd_and_again_by_the_runtime(native_lab):
+    """Known: containerd resolves cdi.k8s.io/ annotations itself, and the container_annotations
+    allow-list passes them on, so cdi-shim-runtime requests the device again and applies the same
+    edits a second time. Device nodes, mounts and env replace their own (this spec: the same
+    result); a spec's hooks would be listed twice. When that changes (no allow-list for
+    containerd's own prefix when enable_cdi is on, or a runtime that skips edits already there),
+    this test says so."""
+    run, seen = probe(native_lab, annotations=ANNOTATION)
+    assert_gets_the_device(seen)
+    assert devices_from_containerd(run) == ["/dev/nvidia0"]
+    assert cdi_annotations(run.container_spec) == ANNOTATION
+    assert injected_by_us(native_lab, run.container_id)
+
+
+def test_cdi_off_annotation_done_by_the_runtime(cdi_off_lab):
+    run, seen = probe(cdi_off_lab, annotations=ANNOTATION)
+    assert_gets_the_device(seen)
+    assert devices_from_containerd(run) == []  # containerd ignored the request
+    assert cdi_annotations(run.container_spec) == ANNOTATION
+    assert injected_by_us(cdi_off_lab, run.container_id)
+
+
+def test_cdi_off_cdi_devices_field_dropped(cdi_off_lab):
+    """What `runtime configure` warns of with enable_cdi = false: the CDIDevices field is lost."""
+    run, seen = probe(cdi_off_lab, cdi_devices=[DEVICE])
+    assert "No such file" in seen["node"] and seen["env"] == "/"
+    assert devices_from_containerd(run) == []
+    assert not injected_by_us(cdi_off_lab, run.container_id)
+
+
+TOOLKIT_SPEC = """cdiVersion: "0.5.0"
+kind: toolkit.example.com/gpu
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes:
+        - path: /dev/nvidia0
+          hostPath: {dev}/nvidia0
+containerEdits:
+  hooks:
+    - hookName: createContainer
+      path: /usr/bin/nvidia-cdi-hook
+      args: [nvidia-cdi-hook, update-ldcache, --folder, /usr/lib/x86_64-linux-gnu]
+"""
+
+
+def test_toolkit_hook_spec_fails_under_plain_runc_handler(native_lab):
+    """A toolkit-shaped spec (an nvidia-cdi-hook update-ldcache hook, the binary absent here),
+    injected by containerd: plain runc runs the hook and the pod fails. (That cdi-shim-runtime
+    does such hooks natively is tested with that change, not here.)"""
+    from shim.cri import CRIError
+
+    assert not os.path.exists("/usr/bin/nvidia-cdi-hook")
+    native_lab.write_spec("toolkit-gpu.yaml", TOOLKIT_SPEC.format(dev=native_lab.dev_dir))
+    with pytest.raises(CRIError) as err:
+        native_lab.run_pod("runc", ["true"], cdi_devices=["toolkit.example.com/gpu=0"])
+    assert "nvidia-cdi-hook" in err.value.details, err.value.details
+
+
+def test_pod_benchmark_on_containerd_2_1_smoke(cri_build_dir, tmp_path):
+    """`cdi-shim bench pods --containerd 2.1`: the lab runs the fetched 2.1 (and the resident
+    process in its private mount namespace, so it prepares the creates)."""
+    from tests.helpers import run_cli
+
+    out = run_cli("bench", "pods", "-n", "1", "--warmup", "0", "--scenario", "one-device", "--containerd", "2.1",
+                  "--workdir", str(tmp_path), check=True)
+    assert "containerd github.com/containerd/containerd/v2 2.1." in out.stdout
+    assert "\none-device: " in out.stdout
+    assert "(median ms per pod, 1 pods, 1 prepared by the resident process)" in out.stdout
+    assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []
