@@ -338,7 +338,9 @@ def test_include_glob_over_self_links_is_linear(world, resolver):
     sonames, maxrss = out.splitlines()
     assert "'libx.so.1'" in sonames and "'libinside.so.1'" in sonames
     assert took < 10, took
-    assert int(maxrss) < 200 << 10, f"{maxrss} KiB"
+    # ASan's own start-up holds ~280 MiB; the unbounded glob took 2.4 GB
+    limit = (600 << 10) if "libasan" in os.environ.get("LD_PRELOAD", "") else (200 << 10)
+    assert int(maxrss) < limit, f"{maxrss} KiB"
 
 
 def test_include_glob_over_too_many_directories(world):
