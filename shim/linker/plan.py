@@ -178,9 +178,11 @@ def _plan_musl(root, machine, folders, extras):
 
 
 def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="existing",
-         format="new", generator=None, deadline=None):
+         format="new", generator=None, deadline=None, compat=()):
     """The cache ROOT would have after the toolkit's update-ldcache with FOLDERS (and EXTRA
-    files mounted). See the module docstring. DEADLINE (engine.Deadline) bounds the time."""
+    files mounted). See the module docstring. DEADLINE (engine.Deadline) bounds the time.
+    COMPAT: the folders of enable-cuda-compat's 00-compat-*.conf drop-in (read before the
+    update-ldcache drop-in, whether the image configures them or not); the scan is full."""
     machine = machine_name(machine)
     if mode not in ("auto", "full", "incremental"):
         raise ValueError(f"mode must be auto, full or incremental, not {mode!r}")
@@ -192,13 +194,15 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     result = Plan()
     with Root(root) as tree:
         extras = Extras(tree, extra)
-        config = LdConfig(tree, machine, folders, extras, deadline).build()
+        config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
         target = config.target
         result.warnings = config.warnings
         builder = _Builder(target)
         scanner = _Scanner(tree, config, builder, LINKS[links], result, deadline)
 
         reason = ""
+        if compat and mode == "auto":
+            mode = "full"
         if mode != "full":
             reason = _incremental(tree, config, builder, scanner, folders, extras)
             if reason and mode == "incremental":

@@ -74,6 +74,8 @@ def prepare(args, settings, log):
         raise RuntimeFailure(str(err)) from None
     phases.done("requests")
     if not devices:
+        # Injected by someone else (containerd's own CDI, podman): the hooks' work is ours all the same.
+        _prepare_injected(args, config, info, log, phases)
         phases.report()
         return []
     registry = Registry(settings.spec_dirs).refresh()
@@ -93,23 +95,46 @@ def prepare(args, settings, log):
         raise RuntimeFailure(f"container {args.container_id or '?'}: failed to inject devices "
                              f"{', '.join(devices)} (from {specs}): {err}") from None
     phases.done("apply")
-    from ..linker.container import LinkerLimitError, NoPlaceForCache, isolate_hooks, prepare_linker
-
-    try:
-        edited = isolate_hooks(prepare_linker(edited, args.bundle, log))
-    except NoPlaceForCache as err:
-        raise RuntimeFailure(f"container {args.container_id or '?'}: cannot inject {', '.join(devices)}: {err}") from None
-    except LinkerLimitError as err:
-        raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
+    edited = _linker(args, edited, log, f"cannot inject {', '.join(devices)}: ")
     phases.done("linker")
-    try:
-        write_config(args.bundle, edited, info.st_mode)
-    except OSError as err:
-        raise RuntimeFailure(f"cannot write {args.bundle}/config.json: {err.strerror}") from None
+    _write(args, edited, info)
     phases.done("write")
     phases.report()
     log.info(f"container {args.container_id or '?'}: injected {', '.join(devices)}")
     return devices
+
+
+def _linker(args, config, log, what=""):
+    from ..linker.container import LinkerLimitError, NoPlaceForCache, isolate_hooks, prepare_linker
+    from ..linker.toolkit_hooks import HookFailure
+
+    try:
+        return isolate_hooks(prepare_linker(config, args.bundle, log))
+    except NoPlaceForCache as err:
+        raise RuntimeFailure(f"container {args.container_id or '?'}: {what}{err}") from None
+    except (LinkerLimitError, HookFailure) as err:
+        raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
+
+
+def _write(args, config, info):
+    try:
+        write_config(args.bundle, config, info.st_mode)
+    except OSError as err:
+        raise RuntimeFailure(f"cannot write {args.bundle}/config.json: {err.strerror}") from None
+
+
+def _prepare_injected(args, config, info, log, phases):
+    """A config with no request but with hooks whose work we do: do it, drop them."""
+    from ..linker.container import has_known_hooks
+
+    if not has_known_hooks(config):
+        return
+    edited = _linker(args, config, log)
+    phases.done("linker")
+    if edited is not config:
+        _write(args, edited, info)
+        phases.done("write")
+        log.debug(f"container {args.container_id or '?'}: the work of the injected spec's hooks done natively")
 
 
 def decide(argv, where=""):
