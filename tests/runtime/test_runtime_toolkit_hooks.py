@@ -398,3 +398,38 @@ def test_hostile_read_only_rootfs_fails_clearly(world, driver, tmp_path):
     assert result.returncode != 0
     assert "chmod hook" in result.stderr and "Read-only file system" in result.stderr, result.stderr
     assert bundle.read_bytes() == before
+
+
+# ---- the front end's scan -------------------------------------------------------------
+
+@pytest.mark.parametrize("program, arg0, python", [
+    ("nvidia-cdi-hook", "nvidia-cdi-hook", True),
+    ("nvidia-ctk", "x", True),                     # the path's last component
+    ("wrapper", "cdi-shim-hook", True),            # args[0]
+    ("cdi-shim", "cdi-shim", True),
+    ("nvidia-cdi-hook-wrapper", "my-nvidia-ctk", False),
+    ("wrapper", "nvidia-cdi-hooks", False),
+])
+def test_front_end_sends_configs_with_hook_programs_to_python(world, tmp_path, program, arg0, python):
+    """No request in config.json: a hook of one of our programs sends it to the Python half
+    (which leaves a hook it does not know, here a `noop` subcommand, to run); any other
+    config goes straight to runc (no Python: no phase lines in the debug log)."""
+    world.write_config(log_level="debug")
+    script = tmp_path / "bin" / program
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\ncat > /dev/null\nexit 0\n")
+    script.chmod(0o755)
+
+    def edit(config):
+        config["hooks"] = {"createContainer": [{"path": str(script), "args": [arg0, "noop"],
+                                                "env": ["PATH=/bin", "X=nvidia-cdi-hook"]}]}
+
+    bundle = world.bundle(args=["true"], edit=edit)
+    log = os.path.join(bundle.path, "log.json")
+    result = world.shim("--log", log, "--log-format", "json", "run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0, result.stderr
+    messages = [m for _, m in rh.read_log(log, "json")] if os.path.exists(log) else []
+    assert any("phase=total" in m for m in messages) == python, messages
+    if python:
+        assert any("hook left to run as written" in m for m in messages)
+    assert bundle.unchanged()
