@@ -94,6 +94,7 @@ def prepare(args, settings, log):
         specs = ", ".join(sorted({path for _, path in origins}))
         raise RuntimeFailure(f"container {args.container_id or '?'}: failed to inject devices "
                              f"{', '.join(devices)} (from {specs}): {err}") from None
+    edited = once(config, edited)
     phases.done("apply")
     edited = _linker(args, edited, log, f"cannot inject {', '.join(devices)}: ")
     phases.done("linker")
@@ -102,6 +103,34 @@ def prepare(args, settings, log):
     phases.report()
     log.info(f"container {args.container_id or '?'}: injected {', '.join(devices)}")
     return devices
+
+
+def once(original, edited):
+    """EDITED without the hooks and device cgroup rules that apply_edits appended although
+    ORIGINAL already had them: a device injected before us (containerd's own CDI, podman) and
+    requested again by an annotation we read is injected once. (Device nodes, mounts and env
+    are replaced by path, destination and name already; hooks and rules are appended.)"""
+    def trimmed(before, after):
+        if not isinstance(before, list) or not isinstance(after, list) or len(after) <= len(before):
+            return after
+        kept, seen = list(after[:len(before)]), list(before)
+        for entry in after[len(before):]:
+            if entry in seen:
+                seen.remove(entry)  # as many as ORIGINAL had, no more
+            else:
+                kept.append(entry)
+        return kept
+
+    hooks = edited.get("hooks")
+    if isinstance(hooks, dict) and isinstance(original.get("hooks"), dict):
+        edited = dict(edited, hooks={stage: trimmed(original["hooks"].get(stage), entries)
+                                     for stage, entries in hooks.items()})
+    rules = ((edited.get("linux") or {}).get("resources") or {}).get("devices")
+    before = ((original.get("linux") or {}).get("resources") or {}).get("devices")
+    if rules is not None and before:
+        linux = edited["linux"]
+        edited = dict(edited, linux=dict(linux, resources=dict(linux["resources"], devices=trimmed(before, rules))))
+    return edited
 
 
 def _linker(args, config, log, what=""):

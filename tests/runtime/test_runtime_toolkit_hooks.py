@@ -132,12 +132,13 @@ def toolkit_spec(world, driver, extra_hooks=""):
     )
 
 
-def preinject(world, bundle):
-    """Pre-inject nvidia.com/gpu=0 as containerd's own CDI would: no request left."""
+def preinject(world, bundle, annotated=False):
+    """Pre-inject nvidia.com/gpu=0 as containerd's own CDI would: no request left (but for an
+    annotation the test put there, ANNOTATED)."""
     edited = subprocess.run([os.path.join(rh.VENV_BIN, "cdi-shim"), "cdi", "inject", "--device", "nvidia.com/gpu=0",
                              bundle.config_path], env=world.env(), capture_output=True, text=True, check=True).stdout
     config = json.loads(edited)
-    assert not any(a.startswith("cdi.k8s.io/") for a in config.get("annotations") or {})
+    assert annotated or not any(a.startswith("cdi.k8s.io/") for a in config.get("annotations") or {})
     with open(bundle.config_path, "w") as out:
         json.dump(config, out)
     return config
@@ -433,3 +434,25 @@ def test_front_end_sends_configs_with_hook_programs_to_python(world, tmp_path, p
     if python:
         assert any("hook left to run as written" in m for m in messages)
     assert bundle.unchanged()
+
+
+def test_device_injected_by_containerd_and_named_by_annotation_is_injected_once(world, driver, tmp_path):
+    extra = ("    - hookName: createContainer\n      path: /bin/true\n"
+             "      args: [true, spec-hook]\n      env: [PATH=/bin]\n")
+    world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver, extra))
+    bundle = world.bundle(args=["/prog"], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+    _image(bundle, driver, tmp_path)
+    preinject(world, bundle, annotated=True)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "linked=42 cuda=560\n"
+    config = bundle.config()
+    assert [h["args"] for h in config["hooks"]["createContainer"]] == [["true", "spec-hook"]]
+    paths = [d["path"] for d in config["linux"]["devices"]]
+    assert sorted(paths) == sorted(set(paths)) and "/dev/nvidia0" in paths
+    rules = [json.dumps(r, sort_keys=True) for r in config["linux"]["resources"]["devices"]]
+    assert len(rules) == len(set(rules)), rules
+    destinations = [m["destination"] for m in config["mounts"]]
+    assert len(destinations) == len(set(destinations))
+    env = [e.partition("=")[0] for e in config["process"]["env"]]
+    assert len(env) == len(set(env))
