@@ -207,12 +207,19 @@ def prepare_linker(config, bundle, log):
     config, compat, compat_calls = _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log)
 
     destinations = [m.get("destination", "") for m in mounts]
+    # Links that lead nowhere yet (their target neither in the image nor mounted) are made
+    # once the cache is planned: the cache would not list them either way, and a directory
+    # changed now would be scanned again in full rather than taken from the image's cache.
+    deferred, links_made = [], {link for call in symlinks for _, link in _links(call)}
     for call in symlinks:
         links = list(_links(call))
         pending = [(target, link) for target, link in links if link not in destinations]
         if any(_under_a_mount(link, destinations) for _, link in pending):
             log.warning("keeping a create-symlinks hook: a link lies under a mounted directory")
             continue
+        later = []
+        if updates or libraries or compat:
+            pending, later = _dangling_later(rootfs, pending, libraries, links_made)
         try:
             if pending:
                 make_links(rootfs, pending)
@@ -220,7 +227,10 @@ def prepare_linker(config, bundle, log):
         except OSError as err:
             log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
             continue
-        drop.add(id(call.hook))
+        if later:
+            deferred.append((call, later))
+        else:
+            drop.add(id(call.hook))
 
     if updates or libraries or compat:
         from .ldcache import LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats, plan, write_cache
@@ -239,7 +249,7 @@ def prepare_linker(config, bundle, log):
             # our own idea (no hook asked for it): run as the toolkit would, without a cache
             log.warning(f"linker cache not mounted for {rootfs}: {unfit}; the injected libraries are found "
                         "only in the linker's default directories")
-            return _without_hooks(config, drop) if drop else config
+            return _finish(config, drop, rootfs, deferred, log)
         folders = [folder for call in updates for folder in call.options.get("folder", ())]
         if not folders:
             folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
@@ -253,10 +263,10 @@ def prepare_linker(config, bundle, log):
                                    "inside runc") from None
         except (LdcacheError, OSError) as err:
             log.warning(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
-            return _without_hooks(config, drop) if drop else config
+            return _finish(config, drop, rootfs, deferred, log)
         except Exception as err:  # noqa: BLE001 - a bug here must not fail a container the hooks can serve
             log.error(f"linker cache: unexpected {type(err).__name__}: {err}; the spec's hooks run as written")
-            return _without_hooks(config, drop) if drop else config
+            return _finish(config, drop, rootfs, deferred, log)
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
@@ -281,7 +291,7 @@ def prepare_linker(config, bundle, log):
                 except OSError:
                     pass
             log.warning(f"linker cache not written into the bundle ({err}); the spec's hooks run as written")
-            return _without_hooks(config, drop) if drop else config
+            return _finish(config, drop, rootfs, deferred, log)
         for destination, source in written:
             config = _bind(config, destination, source)
         drop.update(id(call.hook) for call in updates + compat_calls)
@@ -289,8 +299,45 @@ def prepare_linker(config, bundle, log):
             log.debug(f"enable-cuda-compat: {', '.join(compat)} first in the linker cache")
         remembered, read = (now - then for now, then in zip(memo_stats()[:2], (hits, misses)))
         memo = f"; {remembered} files or listings remembered, {read} read" if remembered or read else ""
-        log.debug(f"linker cache: {result.entries} entries ({result.mode}"
+        log.debug(f"linker cache: {result.entries} entries ({result.mode}, {result.scanned} directories scanned"
                   f"{': ' + result.reason if result.reason else ''}){memo}")
+    return _finish(config, drop, rootfs, deferred, log)
+
+
+def _dangling_later(rootfs, pending, libraries, links_made):
+    """(links to make now, links to make after planning): the latter lead nowhere in the root
+    (not to an image file, a mounted library or another link being made)."""
+    import errno
+
+    from .engine import LdcacheError, Root
+
+    now, later = [], []
+    try:
+        root = Root(rootfs)
+    except LdcacheError:
+        return pending, []
+    with root:
+        for target, link in pending:
+            path = posixpath.normpath(target if target.startswith("/") else
+                                      posixpath.join(posixpath.dirname(link), target))
+            if path in libraries or path in links_made or root.stat(path) is not None \
+                    or root.errno not in (errno.ENOENT, errno.ENOTDIR):
+                now.append((target, link))
+            else:
+                later.append((target, link))
+    return now, later
+
+
+def _finish(config, drop, rootfs, deferred, log):
+    """Make the links left for after planning, then drop the hooks whose work is done."""
+    for call, links in deferred:
+        try:
+            make_links(rootfs, links)
+            log.debug(f"created {len(links)} library link(s) in {rootfs}")
+        except OSError as err:
+            log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
+            continue
+        drop.add(id(call.hook))
     return _without_hooks(config, drop) if drop else config
 
 

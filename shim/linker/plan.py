@@ -18,7 +18,7 @@ _MUSL_DEFAULT_PATH = ["/lib", "/usr/local/lib", "/usr/lib"]
 class Plan:
     """What plan() computed."""
 
-    __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs")
+    __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs", "scanned")
 
     def __init__(self):
         self.cache = b""
@@ -29,6 +29,7 @@ class Plan:
         self.warnings = []
         self.skipped = []
         self.dirs = []
+        self.scanned = 0  # directories listed and read (not taken from the image's cache)
 
     @property
     def files(self):
@@ -77,6 +78,8 @@ class _Scanner:
         d = config.dirs[index]
         if self.deadline is not None:
             self.deadline.check("scanning ", d.path)
+        if not extras_only:
+            self.plan.scanned += 1
         packed, count = config.extras.packed(d.ident)
         dirfd = -1
         if d.real:

@@ -456,3 +456,29 @@ def test_device_injected_by_containerd_and_named_by_annotation_is_injected_once(
     assert len(destinations) == len(set(destinations))
     env = [e.partition("=")[0] for e in config["process"]["env"]]
     assert len(env) == len(set(env))
+
+
+def test_links_to_nothing_yet_are_made_after_planning_so_the_image_cache_serves(world, driver, tmp_path):
+    """create-symlinks' links whose target is neither in the image nor mounted (libcuda.so ->
+    libcuda.so.1, a soname link nobody makes) are made after the cache is planned: the library
+    directory is then unchanged while planning, and the image's cache serves it (incremental)."""
+    world.write_config(log_level="debug")
+    world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver).replace(
+        f"libnvidia-ml.so.{VERSION}::{LIBDIR}/libnvidia-ml.so", f"libnvidia-ml.so.1::{LIBDIR}/libnvidia-ml.so"))
+    bundle = world.bundle(args=["/prog"])
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    old = os.stat(rootfs + LIBDIR).st_mtime_ns - 10**9
+    os.utime(rootfs + LIBDIR, ns=(old, old))  # older than the image's cache, as in a real image
+    preinject(world, bundle)
+    log = os.path.join(bundle.path, "log.json")
+    result = world.shim("--log", log, "--log-format", "json", "run", "--bundle", bundle.path, bundle.id,
+                        env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "linked=42 cuda=550\n"
+    messages = [m for _, m in rh.read_log(log, "json")]
+    # LIBDIR taken from the image's cache: one directory the image's cache does not stand for is
+    # scanned, not LIBDIR too (2 when the links are made before planning)
+    assert any("linker cache:" in m and "(incremental, 1 directories scanned" in m for m in messages), messages
+    assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"
+    assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == "libnvidia-ml.so.1"
+    assert not bundle.config().get("hooks", {}).get("createContainer")
