@@ -211,11 +211,13 @@ def prepare_linker(config, bundle, log):
     # once the cache is planned: the cache would not list them either way, and a directory
     # changed now would be scanned again in full rather than taken from the image's cache.
     deferred, links_made = [], {link for call in symlinks for _, link in _links(call)}
+    reasons = {}  # id(hook) -> why its work was left to it
     for call in symlinks:
         links = list(_links(call))
         pending = [(target, link) for target, link in links if link not in destinations]
         if any(_under_a_mount(link, destinations) for _, link in pending):
             log.warning("keeping a create-symlinks hook: a link lies under a mounted directory")
+            reasons[id(call.hook)] = "a link lies under a mounted directory"
             continue
         later = []
         if updates or libraries or compat:
@@ -226,6 +228,7 @@ def prepare_linker(config, bundle, log):
                 log.debug(f"created {len(pending)} library link(s) in {rootfs}")
         except OSError as err:
             log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
+            reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"
             continue
         if later:
             deferred.append((call, later))
@@ -249,7 +252,7 @@ def prepare_linker(config, bundle, log):
             # our own idea (no hook asked for it): run as the toolkit would, without a cache
             log.warning(f"linker cache not mounted for {rootfs}: {unfit}; the injected libraries are found "
                         "only in the linker's default directories")
-            return _finish(config, drop, rootfs, deferred, log)
+            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         folders = [folder for call in updates for folder in call.options.get("folder", ())]
         if not folders:
             folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
@@ -263,10 +266,13 @@ def prepare_linker(config, bundle, log):
                                    "inside runc") from None
         except (LdcacheError, OSError) as err:
             log.warning(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
-            return _finish(config, drop, rootfs, deferred, log)
+            reasons.update((id(c.hook), f"linker cache not prepared: {err}") for c in updates + compat_calls)
+            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         except Exception as err:  # noqa: BLE001 - a bug here must not fail a container the hooks can serve
             log.error(f"linker cache: unexpected {type(err).__name__}: {err}; the spec's hooks run as written")
-            return _finish(config, drop, rootfs, deferred, log)
+            reasons.update((id(c.hook), f"linker cache: unexpected {type(err).__name__}: {err}")
+                           for c in updates + compat_calls)
+            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
@@ -291,7 +297,9 @@ def prepare_linker(config, bundle, log):
                 except OSError:
                     pass
             log.warning(f"linker cache not written into the bundle ({err}); the spec's hooks run as written")
-            return _finish(config, drop, rootfs, deferred, log)
+            reasons.update((id(c.hook), f"linker cache not written into the bundle: {err}")
+                           for c in updates + compat_calls)
+            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         for destination, source in written:
             config = _bind(config, destination, source)
         drop.update(id(call.hook) for call in updates + compat_calls)
@@ -301,7 +309,7 @@ def prepare_linker(config, bundle, log):
         memo = f"; {remembered} files or listings remembered, {read} read" if remembered or read else ""
         log.debug(f"linker cache: {result.entries} entries ({result.mode}, {result.scanned} directories scanned"
                   f"{': ' + result.reason if result.reason else ''}){memo}")
-    return _finish(config, drop, rootfs, deferred, log)
+    return _finish(config, drop, rootfs, deferred, log, calls, reasons)
 
 
 def _dangling_later(rootfs, pending, libraries, links_made):
@@ -328,16 +336,25 @@ def _dangling_later(rootfs, pending, libraries, links_made):
     return now, later
 
 
-def _finish(config, drop, rootfs, deferred, log):
-    """Make the links left for after planning, then drop the hooks whose work is done."""
+def _finish(config, drop, rootfs, deferred, log, calls, reasons):
+    """Make the links left for after planning, then drop the hooks whose work is done. A hook
+    whose work we could not do stays for runc to run; when its program is not on this host
+    either, the create fails here with the reason (runc would only say the program is missing)."""
+    from .toolkit_hooks import HookFailure
+
     for call, links in deferred:
         try:
             make_links(rootfs, links)
             log.debug(f"created {len(links)} library link(s) in {rootfs}")
         except OSError as err:
             log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
+            reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"
             continue
         drop.add(id(call.hook))
+    for call in calls:
+        path = call.hook.get("path", "")
+        if id(call.hook) not in drop and id(call.hook) in reasons and not os.access(path, os.X_OK):
+            raise HookFailure(call.command, f"{reasons[id(call.hook)]}; and its program {path} is not on this host")
     return _without_hooks(config, drop) if drop else config
 
 
