@@ -11,6 +11,12 @@ shim once with the interpreter started per create and once through its resident 
 (`cdi-shim runtime serve`): runc, shim, runc, resident, ...
 
     .venv/bin/python benchmarks/run_with_libraries.py [--runs 30] [--libs 30]
+
+--preinjected measures instead the `create` of a config someone else injected (containerd's own
+CDI, podman; here `cdi-shim cdi inject`): no request, the 30 libraries, /dev/nvidia0 and the six
+hooks of a toolkit-generated spec (program /usr/bin/nvidia-cdi-hook, absent), through the
+resident process, against runc `create` of the same config without the hooks (runc pays the
+mounts either way): runc, resident, runc, resident, ...
 """
 import argparse
 import json
@@ -65,6 +71,77 @@ def write_spec(spec_dir, libraries, node):
                   f'devices:\n  - name: "0"\n    containerEdits:\n      deviceNodes: [{{path: /dev/nvidia0, hostPath: {node}}}]\n')
 
 
+def toolkit_hooks():
+    """The six createContainer hooks of a spec written by `nvidia-ctk cdi generate` (1.20)."""
+    def hook(*args):
+        return ("    - hookName: createContainer\n      path: /usr/bin/nvidia-cdi-hook\n"
+                f"      args: [nvidia-cdi-hook, {', '.join(args)}]\n      env: [NVIDIA_CTK_DEBUG=false]\n")
+    return (hook("create-symlinks", "--link", f"'libnvidia-bench0.so.1::{FOLDER}/libnvidia-bench0.so'")
+            + hook("create-symlinks", "--link", f"'libnvidia-bench1.so.1::{FOLDER}/libnvidia-bench1.so'")
+            + hook("enable-cuda-compat", f"--host-driver-version={VERSION}")
+            + hook("update-ldcache", "--folder", FOLDER, "--folder", f"{FOLDER}/vdpau")
+            + hook("disable-device-node-modification")
+            + hook("update-application-profile"))
+
+
+def preinjected(root, rootfs, libraries, node, runs):
+    """create of a pre-injected toolkit-shaped config, resident, against runc create without its hooks."""
+    spec_dir = os.path.join(root, "specs-toolkit")
+    os.makedirs(spec_dir)
+    write_spec(spec_dir, libraries, node)
+    path = os.path.join(spec_dir, "nvidia.yaml")
+    text = open(path).read()
+    start = text.index("  hooks:\n")
+    end = text.index("devices:\n")
+    with open(path, "w") as out:
+        out.write(text[:start] + "  hooks:\n" + toolkit_hooks() + text[end:])
+    settings = os.path.join(root, "toolkit.toml")
+    with open(settings, "w") as out:
+        out.write(f'spec-dirs = ["{spec_dir}"]\nresident-socket = "{root}/run-toolkit/runtime.sock"\n')
+    env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache-toolkit"))
+    server = start_resident(f"{root}/run-toolkit/runtime.sock", env)
+    plain_rootfs, gpu_rootfs = os.path.join(root, "rootfs-plain"), os.path.join(root, "rootfs-gpu")
+    plain = bundle(root, "pre-plain", plain_rootfs)
+    gpu = bundle(root, "pre-gpu", gpu_rootfs)
+    injected = json.loads(subprocess.run([os.path.join(BIN, "cdi-shim"), "cdi", "inject", "--spec-dir", spec_dir,
+                                          "--device", "nvidia.com/gpu=0", os.path.join(gpu, "config.json")],
+                                         env=env, check=True, capture_output=True).stdout)
+    assert len(injected["hooks"]["createContainer"]) == 6
+    pristine = json.dumps(injected).encode()
+    injected["root"]["path"] = plain_rootfs
+    injected.pop("hooks")
+    with open(os.path.join(plain, "config.json"), "w") as out:
+        json.dump(injected, out)
+    shim = os.path.join(BIN, "cdi-shim-runtime")
+    state = os.path.join(root, "state-toolkit")
+    base, ours = [], []
+    try:
+        for index in range(runs + 1):
+            for copy in (plain_rootfs, gpu_rootfs):
+                shutil.rmtree(copy, ignore_errors=True)
+                subprocess.run(["cp", "-al", rootfs, copy], check=True)
+            with open(os.path.join(gpu, "config.json"), "wb") as out:
+                out.write(pristine)
+            b = timed(["runc", "--root", state, "create", "--bundle", plain, f"p{index}"], env)
+            subprocess.run(["runc", "--root", state, "delete", "--force", f"p{index}"], env=env, check=True)
+            o = timed([shim, "--root", state, "create", "--bundle", gpu, f"g{index}"], env)
+            subprocess.run(["runc", "--root", state, "delete", "--force", f"g{index}"], env=env, check=True)
+            if index:
+                base.append(b)
+                ours.append(o)
+        left = json.load(open(os.path.join(gpu, "config.json"))).get("hooks", {}).get("createContainer")
+        assert not left, left
+    finally:
+        server.terminate()
+        server.wait()
+    med = statistics.median
+    return {"case": "create, pre-injected toolkit spec (30 libraries, six hooks), resident",
+            "runs": runs, "runc_create_without_hooks_ms": round(med(base), 2),
+            "shim_create_ms": round(med(ours), 2),
+            "median_paired_diff_ms": round(med(o - b for o, b in zip(ours, base)), 2),
+            "median_paired_ratio": round(med(o / b for o, b in zip(ours, base)), 3)}
+
+
 def bundle(root, name, rootfs, annotations=None):
     path = os.path.join(root, name)
     os.makedirs(path)
@@ -88,6 +165,8 @@ def main():
     parser.add_argument("--libs", type=int, default=30)
     parser.add_argument("--dir", default="/run",
                         help="where bundles live; containerd keeps them on tmpfs under /run (default)")
+    parser.add_argument("--preinjected", action="store_true",
+                        help="measure create of a pre-injected toolkit-shaped config instead (see above)")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="cdi-shim-run-bench.", dir=args.dir)
     try:
@@ -96,6 +175,11 @@ def main():
         libraries = make_driver(os.path.join(root, "driver"), args.libs)
         node = os.path.join(root, "nvidia0")
         os.mknod(node, 0o666 | 0o020000, os.makedev(195, 0))
+        if args.preinjected:
+            result = preinjected(root, rootfs, libraries, node, args.runs)
+            result.update(image_library_files=image_libs, driver_libraries=args.libs)
+            print(json.dumps(result, indent=2))
+            return
         spec_dir = os.path.join(root, "specs")
         os.makedirs(spec_dir)
         write_spec(spec_dir, libraries, node)

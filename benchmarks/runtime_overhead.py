@@ -11,7 +11,12 @@ paired ratio.
                once with the interpreter started per create, once through the resident process
                (`cdi-shim runtime serve`)
 
-    .venv/bin/python benchmarks/runtime_overhead.py [--runs 30]
+    .venv/bin/python benchmarks/runtime_overhead.py [--runs 30] [--versus OTHER-cdi-shim-runtime]
+
+--versus adds, in the same run, the front end's own paths (passthrough `state`, `create` of a
+bundle without request, `create` of a larger config (~25 KB, 200 env entries) without request)
+with another build of cdi-shim-runtime (e.g. the previous commit's) against this one, interleaved:
+a change to the front end's scan shows there.
 """
 import argparse
 import json
@@ -53,11 +58,42 @@ def summary(name, base, ours):
             "median_paired_ratio": round(med(o / b for o, b in zip(ours, base)), 3)}
 
 
+def versus(args, g, plain, root, env):
+    """The front end's paths: ARGS.versus (before) against this build (after), interleaved."""
+    shim = os.path.join(BIN, "cdi-shim-runtime")
+    big = make_bundle(root, "big")
+    with open(os.path.join(big, "config.json")) as src:
+        config = json.load(src)
+    config["process"]["env"] += [f"VARIABLE_{i}=" + "v" * 100 for i in range(200)]
+    config["annotations"] = {f"example.com/key-{i}": "value" for i in range(20)}
+    with open(os.path.join(big, "config.json"), "w") as out:
+        json.dump(config, out)
+    results = []
+    subprocess.run(g("runc") + ["create", "--bundle", plain, "vs-state"], env=env, check=True)
+    before, after = [], []
+    for _ in range(args.runs):
+        before.append(timed(g(args.versus) + ["state", "vs-state"], env))
+        after.append(timed(g(shim) + ["state", "vs-state"], env))
+    subprocess.run(g("runc") + ["delete", "--force", "vs-state"], env=env, check=True)
+    results.append(dict(summary("passthrough (state): before vs after", before, after)))
+    for name, bundle in (("create, no device", plain), (f"create, no device, {os.path.getsize(os.path.join(big, 'config.json'))} B config", big)):
+        before, after = [], []
+        for index in range(args.runs):
+            for side, binary in ((before, args.versus), (after, shim)):
+                side.append(timed(g(binary) + ["create", "--bundle", bundle, f"vs{index}"], env))
+                subprocess.run(g("runc") + ["delete", "--force", f"vs{index}"], env=env, check=True)
+        results.append(summary(f"{name}: before vs after", before, after))
+    for result in results:
+        result["before_ms"], result["after_ms"] = result.pop("runc_ms"), result.pop("shim_ms")
+    return results
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--dir", default="/run",
                         help="where bundles live; containerd keeps them on tmpfs under /run (default)")
+    parser.add_argument("--versus", help="another cdi-shim-runtime binary to compare the front end's paths with")
     args = parser.parse_args()
     runc = shutil.which("runc")
     shim = os.path.join(BIN, "cdi-shim-runtime")
@@ -124,6 +160,8 @@ def main():
         results.append(summary("create, 1 CDI device", *create_pair(injected, requesting, restore=pristine)))
         results.append(summary("create, 1 CDI device, resident process",
                                *create_pair(injected, requesting, restore=pristine, env=resident_env)))
+        if args.versus:
+            results += versus(args, g, plain, root, env)
         print(json.dumps(results, indent=2))
     finally:
         if server:

@@ -292,10 +292,22 @@ static struct create_line scan_create(char **args, int n)
     return line;
 }
 
-/* 1 when config.json may request a device (or we cannot tell), 0 when it cannot. */
+/* The programs of the hooks whose work the Python half does (shim/linker/container.py's
+ * HOOK_PROGRAMS): a config injected by someone else (containerd's own CDI, podman) carries them
+ * with no request left in it. Matched as a whole JSON string or its last path component. */
+static const char *const hook_programs[] = {"nvidia-cdi-hook", "nvidia-ctk", "cdi-shim", "cdi-shim-hook"};
+
+static int starts_with(const char *at, const char *end, const char *text, size_t len)
+{
+    return (size_t)(end - at) >= len && memcmp(at, text, len) == 0;
+}
+
+/* 1 when config.json may request a device or carry a hook whose work we do (or we cannot
+ * tell), 0 when it cannot. One pass: it stops only at quotes and backslashes, where every
+ * pattern begins (a request: an opening quote) or ends (a hook program: a closing quote). */
 static int may_request(const char *bundle, const struct settings *set)
 {
-    char path[8192], pattern[300];
+    char path[8192], env_pattern[300];
     __attribute__((cleanup(free_buf))) char *json = NULL;
 
     if (snprintf(path, sizeof(path), "%s/config.json", bundle) >= (int)sizeof(path))
@@ -303,23 +315,39 @@ static int may_request(const char *bundle, const struct settings *set)
     long len = read_file(path, MAX_CONFIG_JSON, &json);
     if (len < 0)
         return 1; /* Python reports the problem with the file */
-    if (memmem(json, (size_t)len, "\\u", 2) || memmem(json, (size_t)len, "\\/", 2))
-        return 1; /* an escape could spell a pattern differently */
-    if (memchr(json, '\0', (size_t)len))
-        return 1;
-    if (strstr(json, DEVICE_MOUNT_PATTERN))
-        return 1;
-    for (int i = 0; i < set->n_prefixes; i++) {
-        snprintf(pattern, sizeof(pattern), "\"%s", set->prefixes[i]);
-        if (strstr(json, pattern))
+    size_t prefix_len[MAX_PREFIXES], env_len = 0, mount_len = strlen(DEVICE_MOUNT_PATTERN), hook_len[4];
+    for (int i = 0; i < set->n_prefixes; i++)
+        prefix_len[i] = strlen(set->prefixes[i]);
+    if (set->device_env[0])
+        env_len = (size_t)snprintf(env_pattern, sizeof(env_pattern), "%s=", set->device_env);
+    for (size_t h = 0; h < sizeof(hook_programs) / sizeof(hook_programs[0]); h++)
+        hook_len[h] = strlen(hook_programs[h]);
+    const char *end = json + len;
+    for (const char *p = json; ; p++) {
+        p += strcspn(p, "\\\""); /* stops at a quote, a backslash or a NUL */
+        if (*p == '\0')
+            return p < end; /* a NUL inside the text: Python says what is wrong */
+        if (*p == '\\') {
+            if (p[1] == 'u' || p[1] == '/' || p[1] == '\0')
+                return 1; /* an escape could spell a pattern differently */
+            p++; /* the escaped character is no pattern's edge */
+            continue;
+        }
+        /* a quote: a request begins here, or a hook program ends here */
+        if (starts_with(p, end, DEVICE_MOUNT_PATTERN, mount_len))
             return 1;
-    }
-    if (set->device_env[0]) {
-        snprintf(pattern, sizeof(pattern), "\"%s=", set->device_env);
-        if (strstr(json, pattern))
+        for (int i = 0; i < set->n_prefixes; i++)
+            if (starts_with(p + 1, end, set->prefixes[i], prefix_len[i]))
+                return 1;
+        if (env_len && starts_with(p + 1, end, env_pattern, env_len))
             return 1;
+        for (size_t h = 0; h < sizeof(hook_programs) / sizeof(hook_programs[0]); h++) {
+            const char *name = p - hook_len[h];
+            if ((size_t)(p - json) > hook_len[h] && memcmp(name, hook_programs[h], hook_len[h]) == 0
+                && (name[-1] == '/' || name[-1] == '"'))
+                return 1;
+        }
     }
-    return 0;
 }
 
 /* runc's --log file and format, so our own failures reach containerd like runc's do. */

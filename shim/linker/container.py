@@ -22,6 +22,7 @@ with a warning.
 """
 import os
 import posixpath
+import sys
 import time
 
 from ..bundle import rootfs_path
@@ -78,6 +79,11 @@ def _hook_calls(config):
                 call = HookCall(entry)
                 if call.command:
                     yield stage, call
+
+
+def has_known_hooks(config):
+    """True when config.json holds a hook of one of HOOK_PROGRAMS."""
+    return any(True for _ in _hook_calls(config))
 
 
 def _without_hooks(config, drop):
@@ -178,36 +184,58 @@ def _no_place_for(rootfs, destination):
 
 def prepare_linker(config, bundle, log):
     """Return `config` with the linker cache prepared and the hooks we replaced removed."""
+    from . import toolkit_hooks as toolkit
+
     start = time.monotonic()
-    calls = list(_hook_calls(config))
-    updates = [call for _, call in calls if call.command == "update-ldcache"]
-    symlinks = [call for _, call in calls if call.command == "create-symlinks"]
+    calls = []
+    for _, call in _hook_calls(config):
+        if toolkit.understood(call):
+            calls.append(call)
+        else:
+            log.debug(f"hook left to run as written: {' '.join(call.hook.get('args') or [call.hook.get('path', '')])}"
+                      " (not one whose work this runtime does, or options it does not know)")
+    updates = [call for call in calls if call.command == "update-ldcache"]
+    symlinks = [call for call in calls if call.command == "create-symlinks"]
     mounts = [m for m in config.get("mounts") or () if isinstance(m, dict)]
     libraries = {m["destination"]: m["source"] for m in mounts
                  if isinstance(m.get("destination"), str) and isinstance(m.get("source"), str)
                  and _is_library(m["destination"]) and os.path.isfile(m["source"])}
-    if not updates and not symlinks and not libraries:
+    if not calls and not libraries:
         return config
     rootfs = rootfs_path(config, bundle) or os.path.join(bundle, "rootfs")
     drop = set()
+    config, compat, compat_calls = _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log)
 
     destinations = [m.get("destination", "") for m in mounts]
+    # Links that lead nowhere yet (their target neither in the image nor mounted) are made
+    # once the cache is planned: the cache would not list them either way, and a directory
+    # changed now would be scanned again in full rather than taken from the image's cache.
+    deferred, links_made = [], {link for call in symlinks for _, link in _links(call)}
+    reasons = {}  # id(hook) -> why its work was left to it
     for call in symlinks:
         links = list(_links(call))
         pending = [(target, link) for target, link in links if link not in destinations]
         if any(_under_a_mount(link, destinations) for _, link in pending):
             log.warning("keeping a create-symlinks hook: a link lies under a mounted directory")
+            reasons[id(call.hook)] = "a link lies under a mounted directory"
             continue
+        later = []
+        if updates or libraries or compat:
+            pending, later = _dangling_later(rootfs, pending, libraries, links_made)
         try:
             if pending:
                 make_links(rootfs, pending)
                 log.debug(f"created {len(pending)} library link(s) in {rootfs}")
         except OSError as err:
             log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
+            reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"
             continue
-        drop.add(id(call.hook))
+        if later:
+            deferred.append((call, later))
+        else:
+            drop.add(id(call.hook))
 
-    if updates or libraries:
+    if updates or libraries or compat:
         from .ldcache import LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats, plan, write_cache
 
         unfit = _no_place_for(rootfs, "/etc/ld.so.cache")
@@ -217,28 +245,34 @@ def prepare_linker(config, bundle, log):
                 f"the spec's update-ldcache hook needs a linker cache at /etc/ld.so.cache, but {unfit}: "
                 "runc cannot mount one there (nor could the hook write one), and without it the injected "
                 "libraries cannot be found by soname; the image needs an /etc directory")
+        if unfit and compat:
+            raise toolkit.HookFailure("enable-cuda-compat", f"the image's CUDA compat libraries need a linker "
+                                      f"cache at /etc/ld.so.cache, but {unfit}")
         if unfit:
             # our own idea (no hook asked for it): run as the toolkit would, without a cache
             log.warning(f"linker cache not mounted for {rootfs}: {unfit}; the injected libraries are found "
                         "only in the linker's default directories")
-            return _without_hooks(config, drop) if drop else config
+            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         folders = [folder for call in updates for folder in call.options.get("folder", ())]
         if not folders:
             folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
         hits, misses, _ = memo_stats()
         try:
             result = plan(rootfs, list(dict.fromkeys(folders)), extra=libraries,
-                          deadline=Deadline(LINKER_TIME_LIMIT, start))
+                          deadline=Deadline(LINKER_TIME_LIMIT, start), compat=compat)
         except LdcacheLimitError as err:
             raise LinkerLimitError(f"the linker cache of {rootfs} is refused: {err}; the container is not "
                                    "created rather than its update-ldcache hook left to repeat this "
                                    "inside runc") from None
         except (LdcacheError, OSError) as err:
             log.warning(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
-            return _without_hooks(config, drop) if drop else config
+            reasons.update((id(c.hook), f"linker cache not prepared: {err}") for c in updates + compat_calls)
+            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         except Exception as err:  # noqa: BLE001 - a bug here must not fail a container the hooks can serve
             log.error(f"linker cache: unexpected {type(err).__name__}: {err}; the spec's hooks run as written")
-            return _without_hooks(config, drop) if drop else config
+            reasons.update((id(c.hook), f"linker cache: unexpected {type(err).__name__}: {err}")
+                           for c in updates + compat_calls)
+            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
@@ -263,15 +297,135 @@ def prepare_linker(config, bundle, log):
                 except OSError:
                     pass
             log.warning(f"linker cache not written into the bundle ({err}); the spec's hooks run as written")
-            return _without_hooks(config, drop) if drop else config
+            reasons.update((id(c.hook), f"linker cache not written into the bundle: {err}")
+                           for c in updates + compat_calls)
+            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         for destination, source in written:
             config = _bind(config, destination, source)
-        drop.update(id(call.hook) for call in updates)
+        drop.update(id(call.hook) for call in updates + compat_calls)
+        if compat:
+            log.debug(f"enable-cuda-compat: {', '.join(compat)} first in the linker cache")
         remembered, read = (now - then for now, then in zip(memo_stats()[:2], (hits, misses)))
         memo = f"; {remembered} files or listings remembered, {read} read" if remembered or read else ""
-        log.debug(f"linker cache: {result.entries} entries ({result.mode}"
+        log.debug(f"linker cache: {result.entries} entries ({result.mode}, {result.scanned} directories scanned"
                   f"{': ' + result.reason if result.reason else ''}){memo}")
+    return _finish(config, drop, rootfs, deferred, log, calls, reasons)
+
+
+def _dangling_later(rootfs, pending, libraries, links_made):
+    """(links to make now, links to make after planning): the latter lead nowhere in the root
+    (not to an image file, a mounted library or another link being made)."""
+    import errno
+
+    from .engine import LdcacheError, Root
+
+    now, later = [], []
+    try:
+        root = Root(rootfs)
+    except LdcacheError:
+        return pending, []
+    with root:
+        for target, link in pending:
+            path = posixpath.normpath(target if target.startswith("/") else
+                                      posixpath.join(posixpath.dirname(link), target))
+            if path in libraries or path in links_made or root.stat(path) is not None \
+                    or root.errno not in (errno.ENOENT, errno.ENOTDIR):
+                now.append((target, link))
+            else:
+                later.append((target, link))
+    return now, later
+
+
+def _finish(config, drop, rootfs, deferred, log, calls, reasons):
+    """Make the links left for after planning, then drop the hooks whose work is done. A hook
+    whose work we could not do stays for runc to run; when its program is not on this host
+    either, the create fails here with the reason (runc would only say the program is missing)."""
+    from .toolkit_hooks import HookFailure
+
+    for call, links in deferred:
+        try:
+            make_links(rootfs, links)
+            log.debug(f"created {len(links)} library link(s) in {rootfs}")
+        except OSError as err:
+            log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
+            reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"
+            continue
+        drop.add(id(call.hook))
+    for call in calls:
+        path = call.hook.get("path", "")
+        if id(call.hook) not in drop and id(call.hook) in reasons and not os.access(path, os.X_OK):
+            raise HookFailure(call.command, f"{reasons[id(call.hook)]}; and its program {path} is not on this host")
     return _without_hooks(config, drop) if drop else config
+
+
+def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
+    """The native work of the toolkit's hooks other than update-ldcache and create-symlinks
+    (toolkit_hooks.py). Returns (config, compat folders, the enable-cuda-compat calls whose
+    folders the cache must take: dropped once the cache is in place)."""
+    from . import toolkit_hooks as toolkit
+
+    compat, compat_calls, destinations = [], [], [m.get("destination", "") for m in mounts]
+    for call in calls:
+        if call.command == "enable-cuda-compat":
+            folder = toolkit.cuda_compat_folder(rootfs, call)
+            if folder:
+                compat.append(folder)
+                compat_calls.append(call)
+            else:
+                drop.add(id(call.hook))
+                log.debug("enable-cuda-compat: no newer CUDA compat libraries in the image: nothing to do")
+        elif call.command == "chmod":
+            config = toolkit.chmod(config, rootfs, call, destinations)
+            drop.add(id(call.hook))
+        elif call.command == "update-application-profile":
+            data = toolkit.application_profile(config)
+            if data is not None:
+                source = _write_bundle_file(bundle, toolkit.PROFILE_FILE, data, 0o444, call.command)
+                config = _bind(config, toolkit.PROFILE_PATH, source)
+            drop.add(id(call.hook))
+        elif call.command == "disable-device-node-modification":
+            data = toolkit.params_contents()
+            if data is None:
+                drop.add(id(call.hook))
+                continue
+            source = _write_bundle_file(bundle, toolkit.PARAMS_FILE, data, 0o444, call.command)
+            program = our_hook_program()
+            if not os.access(program, os.X_OK):
+                raise toolkit.HookFailure(call.command, f"our hook program {program} is missing (runc refuses "
+                                          "mounts under /proc from config.json, so a hook makes this one)")
+            # runc refuses config.json mounts under /proc: our own hook binds the file in the
+            # container's mount namespace, in place of the spec's.
+            call.hook.clear()
+            call.hook.update(path=program, args=["cdi-shim-hook", "bind-params", "--source", source],
+                             env=list(SAFE_HOOK_ENV))
+            config = dict(config)  # changed (the hook, in place): to be written
+            log.debug(f"disable-device-node-modification: {source} bound over {toolkit.PARAMS_PATH} by {program}")
+    return config, list(dict.fromkeys(compat)), compat_calls
+
+
+def our_hook_program():
+    """`cdi-shim-hook`: beside the interpreter (a venv, the build's scripts), else on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "cdi-shim-hook")
+    if os.access(beside, os.X_OK):
+        return beside
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", "cdi-shim-hook")
+        if os.path.isabs(candidate) and os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return beside
+
+
+def _write_bundle_file(bundle, name, data, mode, command):
+    from . import toolkit_hooks as toolkit
+    from .ldcache import LdcacheError, write_cache
+
+    source = os.path.abspath(os.path.join(bundle, name))
+    try:
+        write_cache(source, data)
+        os.chmod(source, mode)
+    except (LdcacheError, OSError) as err:
+        raise toolkit.HookFailure(command, f"cannot write {source}: {err}") from None
+    return source
 
 
 SAFE_HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)

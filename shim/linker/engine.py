@@ -29,6 +29,7 @@ LINKER_TIME_LIMIT = 10
 GENERATOR = "cdi-shim native ld.so.cache engine (glibc 2.36 layout)"
 
 # The toolkit's drop-in names (it adds a random part; ours is fixed, so reruns replace).
+DROPIN_COMPAT = "00-compat-cdi-shim.conf"   # enable-cuda-compat's 00-compat-<random>.conf
 DROPIN_FIRST = "00-nvcr-cdi-shim.conf"
 DROPIN_LAST = "zz-nvcr-cdi-shim.conf"
 

@@ -5,7 +5,7 @@ import os
 import stat
 from errno import ENOENT
 
-from .engine import (CONF_DIR, CONF_PATH, DROPIN_FIRST, DROPIN_LAST, MACHINES, MAX_CONF_FILES,
+from .engine import (CONF_DIR, CONF_PATH, DROPIN_COMPAT, DROPIN_FIRST, DROPIN_LAST, MACHINES, MAX_CONF_FILES,
                      MAX_CONF_SIZE, MAX_GLOB_DIRS, MAX_GLOB_NAMES, MAX_INCLUDE_DEPTH, LdcacheError,
                      LdcacheLimitError)
 from .globbing import fnmatch, has_meta, join_path
@@ -139,7 +139,7 @@ class LdConfig:
     """ldconfig's directory list for a root: its conf files with the toolkit's drop-ins,
     then the host ldconfig's built-in directories."""
 
-    def __init__(self, root, machine, folders, extras, deadline=None):
+    def __init__(self, root, machine, folders, extras, deadline=None, compat=()):
         self.root = root
         self.deadline = deadline    # engine.Deadline or None
         self.machine = machine
@@ -174,13 +174,14 @@ class LdConfig:
         for folder in folders:
             if folder not in configured and folder not in first:
                 first.append(folder)
-        self.dropins = {DROPIN_FIRST: first, DROPIN_LAST: system}
+        # enable-cuda-compat's drop-in names its folders whether configured or not.
+        self.dropins = {DROPIN_COMPAT: list(dict.fromkeys(compat)), DROPIN_FIRST: first, DROPIN_LAST: system}
 
     def build(self):
         items = self._items
         if not any(kind == "dropin" for kind, _ in items):
             # The image never reads ld.so.conf.d: the folders go first all the same.
-            items = [("dropin", DROPIN_FIRST)] + items + [("dropin", DROPIN_LAST)]
+            items = [("dropin", DROPIN_COMPAT), ("dropin", DROPIN_FIRST)] + items + [("dropin", DROPIN_LAST)]
         for kind, value in items:
             if kind == "dir":
                 self._add_dir(value)
@@ -319,7 +320,7 @@ class LdConfig:
                 os.path.normpath("/" + directory) == CONF_DIR
         if not is_conf_d:
             return names, ()
-        virtual = (DROPIN_FIRST, DROPIN_LAST)
+        virtual = (DROPIN_COMPAT, DROPIN_FIRST, DROPIN_LAST)
         return [n for n in names if n not in virtual] + list(virtual), virtual
 
     def _add_dir(self, line):

@@ -18,7 +18,7 @@ _MUSL_DEFAULT_PATH = ["/lib", "/usr/local/lib", "/usr/lib"]
 class Plan:
     """What plan() computed."""
 
-    __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs")
+    __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs", "scanned")
 
     def __init__(self):
         self.cache = b""
@@ -29,6 +29,7 @@ class Plan:
         self.warnings = []
         self.skipped = []
         self.dirs = []
+        self.scanned = 0  # directories listed and read (not taken from the image's cache)
 
     @property
     def files(self):
@@ -77,6 +78,8 @@ class _Scanner:
         d = config.dirs[index]
         if self.deadline is not None:
             self.deadline.check("scanning ", d.path)
+        if not extras_only:
+            self.plan.scanned += 1
         packed, count = config.extras.packed(d.ident)
         dirfd = -1
         if d.real:
@@ -178,9 +181,11 @@ def _plan_musl(root, machine, folders, extras):
 
 
 def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="existing",
-         format="new", generator=None, deadline=None):
+         format="new", generator=None, deadline=None, compat=()):
     """The cache ROOT would have after the toolkit's update-ldcache with FOLDERS (and EXTRA
-    files mounted). See the module docstring. DEADLINE (engine.Deadline) bounds the time."""
+    files mounted). See the module docstring. DEADLINE (engine.Deadline) bounds the time.
+    COMPAT: the folders of enable-cuda-compat's 00-compat-*.conf drop-in (read before the
+    update-ldcache drop-in, whether the image configures them or not); the scan is full."""
     machine = machine_name(machine)
     if mode not in ("auto", "full", "incremental"):
         raise ValueError(f"mode must be auto, full or incremental, not {mode!r}")
@@ -192,13 +197,15 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     result = Plan()
     with Root(root) as tree:
         extras = Extras(tree, extra)
-        config = LdConfig(tree, machine, folders, extras, deadline).build()
+        config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
         target = config.target
         result.warnings = config.warnings
         builder = _Builder(target)
         scanner = _Scanner(tree, config, builder, LINKS[links], result, deadline)
 
         reason = ""
+        if compat and mode == "auto":
+            mode = "full"
         if mode != "full":
             reason = _incremental(tree, config, builder, scanner, folders, extras)
             if reason and mode == "incremental":

@@ -106,6 +106,8 @@ def prepare(args, settings, log):
         raise RuntimeFailure(str(err)) from None
     phases.done("requests")
     if not devices:
+        # Injected by someone else (containerd's own CDI, podman): the hooks' work is ours all the same.
+        _prepare_injected(args, config, info, log, phases)
         phases.report()
         return []
     registry = Registry(settings.spec_dirs).refresh()
@@ -126,24 +128,76 @@ def prepare(args, settings, log):
         specs = ", ".join(sorted({path for _, path in origins}))
         raise RuntimeFailure(f"container {args.container_id or '?'}: failed to inject devices "
                              f"{', '.join(devices)} (from {specs}): {err}") from None
+    edited = once(config, edited)
     phases.done("apply")
-    from ..linker.container import LinkerLimitError, NoPlaceForCache, isolate_hooks, prepare_linker
-
-    try:
-        edited = isolate_hooks(prepare_linker(edited, args.bundle, log))
-    except NoPlaceForCache as err:
-        raise RuntimeFailure(f"container {args.container_id or '?'}: cannot inject {', '.join(devices)}: {err}") from None
-    except LinkerLimitError as err:
-        raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
+    edited = _linker(args, edited, log, f"cannot inject {', '.join(devices)}: ")
     phases.done("linker")
-    try:
-        write_config(args.bundle, edited, info.st_mode)
-    except OSError as err:
-        raise RuntimeFailure(f"cannot write {args.bundle}/config.json: {err.strerror}") from None
+    _write(args, edited, info)
     phases.done("write")
     phases.report()
     log.info(f"container {args.container_id or '?'}: injected {', '.join(devices)}")
     return devices
+
+
+def once(original, edited):
+    """EDITED without the hooks and device cgroup rules that apply_edits appended although
+    ORIGINAL already had them: a device injected before us (containerd's own CDI, podman) and
+    requested again by an annotation we read is injected once. (Device nodes, mounts and env
+    are replaced by path, destination and name already; hooks and rules are appended.)"""
+    def trimmed(before, after):
+        if not isinstance(before, list) or not isinstance(after, list) or len(after) <= len(before):
+            return after
+        kept, seen = list(after[:len(before)]), list(before)
+        for entry in after[len(before):]:
+            if entry in seen:
+                seen.remove(entry)  # as many as ORIGINAL had, no more
+            else:
+                kept.append(entry)
+        return kept
+
+    hooks = edited.get("hooks")
+    if isinstance(hooks, dict) and isinstance(original.get("hooks"), dict):
+        edited = dict(edited, hooks={stage: trimmed(original["hooks"].get(stage), entries)
+                                     for stage, entries in hooks.items()})
+    rules = ((edited.get("linux") or {}).get("resources") or {}).get("devices")
+    before = ((original.get("linux") or {}).get("resources") or {}).get("devices")
+    if rules is not None and before:
+        linux = edited["linux"]
+        edited = dict(edited, linux=dict(linux, resources=dict(linux["resources"], devices=trimmed(before, rules))))
+    return edited
+
+
+def _linker(args, config, log, what=""):
+    from ..linker.container import LinkerLimitError, NoPlaceForCache, isolate_hooks, prepare_linker
+    from ..linker.toolkit_hooks import HookFailure
+
+    try:
+        return isolate_hooks(prepare_linker(config, args.bundle, log))
+    except NoPlaceForCache as err:
+        raise RuntimeFailure(f"container {args.container_id or '?'}: {what}{err}") from None
+    except (LinkerLimitError, HookFailure) as err:
+        raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
+
+
+def _write(args, config, info):
+    try:
+        write_config(args.bundle, config, info.st_mode)
+    except OSError as err:
+        raise RuntimeFailure(f"cannot write {args.bundle}/config.json: {err.strerror}") from None
+
+
+def _prepare_injected(args, config, info, log, phases):
+    """A config with no request but with hooks whose work we do: do it, drop them."""
+    from ..linker.container import has_known_hooks
+
+    if not has_known_hooks(config):
+        return
+    edited = _linker(args, config, log)
+    phases.done("linker")
+    if edited is not config:
+        _write(args, edited, info)
+        phases.done("write")
+        log.debug(f"container {args.container_id or '?'}: the work of the injected spec's hooks done natively")
 
 
 def decide(argv, where=""):

@@ -38,9 +38,10 @@ def require(binary, package):
 
 # ---- the oracle -------------------------------------------------------------------
 
-def toolkit_ldconfig(root, folders=(), workdir=None, extra_args=()):
+def toolkit_ldconfig(root, folders=(), workdir=None, extra_args=(), compat=()):
     """The cache glibc's ldconfig gives ROOT the toolkit's way, as bytes. ROOT itself is
-    not changed (ldconfig runs on a hard-linked copy with -X: it creates no links)."""
+    not changed (ldconfig runs on a hard-linked copy with -X: it creates no links). COMPAT:
+    the folders enable-cuda-compat's /etc/ld.so.conf.d/00-compat-<random>.conf names."""
     tmp = tempfile.mkdtemp(prefix="oracle.", dir=workdir)
     try:
         copy = roots.copy_tree(root, os.path.join(tmp, "root"))
@@ -55,7 +56,8 @@ def toolkit_ldconfig(root, folders=(), workdir=None, extra_args=()):
         system = DEBIAN_SYSTEM if debian else OTHER_SYSTEM
         configured = configured_dirs(copy) | set(system)
         first = [f for f in dict.fromkeys(folders) if f not in configured]
-        for name, lines in ((ldcache.DROPIN_FIRST, first), (ldcache.DROPIN_LAST, system)):
+        for name, lines in (("00-compat-1876430922.conf", list(dict.fromkeys(compat))),
+                            (ldcache.DROPIN_FIRST, first), (ldcache.DROPIN_LAST, system)):
             path = os.path.join(conf_d, name)
             if os.path.lexists(path):
                 os.unlink(path)

@@ -137,6 +137,27 @@ def test_debian_rootfs_with_driver(debian_root, workdir, scratch):
     assert_equivalent(root, [FOLDER], workdir, expect_mode="full", mode="full")
 
 
+@pytest.mark.parametrize("configured", [False, True], ids=["compat-unconfigured", "compat-also-in-image-conf"])
+def test_cuda_compat_dropin_goes_first(debian_root, workdir, scratch, configured):
+    """enable-cuda-compat's 00-compat-*.conf (before the update-ldcache drop-in, whether the
+    image configures the folder too or not): plan(compat=...) is glibc's cache byte for byte."""
+    compat = "/usr/local/cuda/compat"
+    root = roots.copy_tree(debian_root, os.path.join(scratch, "debian"))
+    fake_driver(os.path.join(root, FOLDER.lstrip("/")), links=True)
+    fake_driver(os.path.join(root, compat.lstrip("/")), version="560.28.03", names=("cuda",), links=True)
+    if configured:
+        with open(os.path.join(root, "etc/ld.so.conf.d/zz-cuda.conf"), "w") as out:
+            out.write(compat + "\n")
+    expected = toolkit_ldconfig(root, [FOLDER], workdir, compat=[compat])
+    plan = ldcache.plan(root, [FOLDER], links="ldconfig", generator=generator_of(expected), compat=[compat])
+    assert plan.mode == "full"
+    assert listing(plan.cache) == listing(expected)
+    assert plan.cache == expected
+    cuda = [line for line in listing(plan.cache).splitlines() if line.strip().startswith(b"libcuda.so.1 ")]
+    assert len(cuda) == 2 and compat.encode() in cuda[0], cuda  # the loader takes the first
+    assert ldcache.plan(root, [FOLDER], links="ldconfig").cache != plan.cache
+
+
 def test_stale_and_unconfigured_directories(host_with_driver, workdir, scratch):
     """The cache is a memo per directory: a directory changed since (a library added) is
     scanned again; entries of a directory no longer configured are left out."""

@@ -389,7 +389,9 @@ def test_cache_write_errors_keep_the_hooks(driver, tmp_path, failure):
                     pass
         else:
             subprocess.run([require, "-o", "remount,ro", str(bundle)], check=True)
-        hook = {"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR]}
+        # a hook program present on this host: the hook is kept for runc to run
+        program = os.path.join(rh.VENV_BIN, "cdi-shim-hook")
+        hook = {"path": program, "args": ["cdi-shim-hook", "update-ldcache", "--folder", LIBDIR]}
         config = {"root": {"path": str(rootfs)}, "hooks": {"createContainer": [hook]},
                   "mounts": [{"destination": f"{LIBDIR}/{driver.name}", "source": str(driver), "type": "bind",
                               "options": ["ro", "bind"]}]}
@@ -401,6 +403,13 @@ def test_cache_write_errors_keep_the_hooks(driver, tmp_path, failure):
         assert log.lines == [("warning", f"linker cache not written into the bundle (cannot write "
                                          f"{bundle}/cdi-shim.ld.so.cache: {why}); the spec's hooks run as written")]
         assert not [n for n in os.listdir(bundle) if n.endswith("~")]
+        # the toolkit's program, absent on this host: the create fails, naming the hook and why
+        from shim.linker.toolkit_hooks import HookFailure
+
+        absent = dict(hook, path="/usr/bin/nvidia-cdi-hook", args=["nvidia-cdi-hook", *hook["args"][1:]])
+        with pytest.raises(HookFailure, match=f"update-ldcache hook cannot be done: linker cache not written "
+                                              f"into the bundle: cannot write .*{why}.*/usr/bin/nvidia-cdi-hook is not"):
+            prepare_linker(dict(config, hooks={"createContainer": [absent]}), str(bundle), _Recorder())
     finally:
         subprocess.run(["umount", str(bundle)], check=False)
 

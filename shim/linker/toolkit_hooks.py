@@ -1,0 +1,245 @@
+"""The native work of the toolkit's other createContainer hooks (nvidia-cdi-hook 1.20).
+
+prepare_linker (container.py) does update-ldcache and create-symlinks; this module does the
+rest of what `nvidia-ctk cdi generate` puts in a spec, from the hooks' documented behaviour:
+
+- enable-cuda-compat [--host-driver-version=V]: when the image has exactly one
+  /usr/local/cuda/compat/libcuda.so.X.Y (and an /etc/ld.so.cache and an /etc/ld.so.conf.d)
+  and X is a newer driver major than V's, the hook writes /etc/ld.so.conf.d/00-compat-*.conf
+  naming /usr/local/cuda/compat; here that folder goes to the cache planner as that drop-in
+  (ldconf.LdConfig's DROPIN_COMPAT). Majors compare as numbers (the hook compares strings,
+  so "99" is newer than "100" there; a number is what it means).
+- disable-device-node-modification: the host's /proc/driver/nvidia/params with
+  "ModifyDeviceFiles: 1" changed to 0 (nothing when the host has no such file, or it says 0
+  already, or says neither). The copy is written into the bundle. runc refuses any mount under
+  /proc from config.json ("cannot be mounted because it is inside /proc"), so the bind mount
+  itself is done by our own hook program, `cdi-shim-hook bind-params --source FILE`, in the
+  container's mount namespace (as the toolkit's hook does): that program is ours, installed
+  with the runtime, so a spec's missing nvidia-cdi-hook does not matter.
+  CDI_SHIM_NVIDIA_PARAMS names another host file instead of /proc/driver/nvidia/params: for
+  tests only (hosts without an NVIDIA driver).
+- update-application-profile: for the /dev/nvidiaN character devices the container gets
+  (config.json's linux.devices: what runc will create in its /dev), the file
+  /etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf restricting
+  EGLVisibleDGPUDevices to them (mask of the minors 0..63), mode 0444. Written into the bundle
+  and bind-mounted read-only there (runc makes the mount point inside the root), so nothing is
+  written into the image.
+- chmod --mode M --path P...: a path runc creates as a device node (linux.devices) gets its
+  fileMode; a path of the image is changed in place, resolved inside the rootfs; a missing path
+  is skipped (as the hook does); EPERM is ignored (as the hook does); any other path (under a
+  mount, where the change would not be seen) or error fails the create with the reason.
+
+Each function returns what to do, or raises HookFailure naming the hook and the reason. A hook
+whose options are not all understood is left alone by the caller (KNOWN_OPTIONS).
+"""
+import os
+import posixpath
+import re
+import stat
+
+PARAMS_PATH = "/proc/driver/nvidia/params"
+PARAMS_ENV = "CDI_SHIM_NVIDIA_PARAMS"   # testing only: the host file read instead of PARAMS_PATH
+PARAMS_FILE = "cdi-shim.nvidia-params"
+COMPAT_FOLDER = "/usr/local/cuda/compat"
+PROFILE_PATH = "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf"
+PROFILE_FILE = "cdi-shim.application-profile.conf"
+MAX_PARAMS = 1 << 20
+
+KNOWN_OPTIONS = {
+    "update-ldcache": {"folder", "ldconfig-path"},
+    "create-symlinks": {"link"},
+    "enable-cuda-compat": {"host-driver-version"},
+    "disable-device-node-modification": set(),
+    "update-application-profile": set(),
+    "chmod": {"mode", "path"},
+}
+
+
+class HookFailure(Exception):
+    """A hook we do the work of could not be done: the create fails with this reason."""
+
+    def __init__(self, command, reason):
+        super().__init__(f"the spec's {command} hook cannot be done: {reason}")
+
+
+def understood(call):
+    """True when we know CALL's subcommand and every option it gives."""
+    known = KNOWN_OPTIONS.get(call.command)
+    return known is not None and set(call.options) <= known
+
+
+def _root(rootfs):
+    from .engine import LdcacheError, Root
+
+    try:
+        return Root(rootfs)
+    except LdcacheError as err:
+        raise OSError(str(err)) from None
+
+
+def _major(version):
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def cuda_compat_folder(rootfs, call):
+    """The folder enable-cuda-compat's drop-in would name, or None (the hook does nothing)."""
+    host = (call.options.get("host-driver-version") or [""])[-1]
+    try:
+        with _root(rootfs) as root:
+            for path in (COMPAT_FOLDER, "/etc/ld.so.cache", "/etc/ld.so.conf.d"):
+                if root.stat(path) is None:
+                    return None
+            listing = root.listdir(COMPAT_FOLDER)
+    except OSError as err:
+        raise HookFailure("enable-cuda-compat", f"cannot read {COMPAT_FOLDER} in {rootfs}: {err}") from None
+    libs = [name for name, _ in listing or () if re.fullmatch(r"libcuda\.so\..*\..*", name, re.S)]
+    if len(libs) != 1:
+        return None  # none, or several (the hook warns and does nothing)
+    compat = _major(libs[0][len("libcuda.so."):])
+    driver = _major(host) if host else 0
+    if compat is None or driver is None:
+        raise HookFailure("enable-cuda-compat", f"cannot compare driver majors: compat {libs[0]!r}, "
+                          f"--host-driver-version={host!r}")
+    return COMPAT_FOLDER if driver < compat else None
+
+
+def params_contents():
+    """The modified params file's bytes, or None when nothing is to be done."""
+    path = os.environ.get(PARAMS_ENV) or PARAMS_PATH
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise HookFailure("disable-device-node-modification", f"cannot read {path}: {err.strerror}") from None
+    try:
+        data = os.read(fd, MAX_PARAMS)
+    except OSError as err:
+        raise HookFailure("disable-device-node-modification", f"cannot read {path}: {err.strerror}") from None
+    finally:
+        os.close(fd)
+    out, modified = [], False
+    for line in data.decode("utf-8", "replace").splitlines():
+        if line.startswith("ModifyDeviceFiles: "):
+            if line == "ModifyDeviceFiles: 0":
+                return None
+            if line == "ModifyDeviceFiles: 1":
+                line, modified = "ModifyDeviceFiles: 0", True
+        out.append(line + "\n")
+    return "".join(out).encode() if modified else None
+
+
+def application_profile(config):
+    """The application profile's bytes for the container's /dev/nvidiaN devices, or None."""
+    mask = 0
+    for device in ((config.get("linux") or {}).get("devices") or ()):
+        if not isinstance(device, dict) or device.get("type") != "c":
+            continue
+        path = device.get("path")
+        minor = device.get("minor")
+        if isinstance(path, str) and re.fullmatch(r"/dev/nvidia[0-9]+", path) \
+                and isinstance(minor, int) and 0 <= minor < 64:
+            mask |= 1 << minor
+    if not mask:
+        return None
+    return ('{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",0x%x]}],'
+            '"rules":[{"pattern":[],"profile":"_container_"}]}' % mask).encode()
+
+
+def chmod(config, rootfs, call, mount_destinations):
+    """Do chmod --mode M --path P...; returns the config (device fileModes set)."""
+    modes = call.options.get("mode") or [""]
+    try:
+        mode = int(modes[-1].strip(), 8)
+    except ValueError:
+        raise HookFailure("chmod", f"--mode {modes[-1]!r} is not an octal mode") from None
+    if mode & ~0o7777:
+        raise HookFailure("chmod", f"--mode {modes[-1]!r} is not a file mode")
+    paths = call.options.get("path") or []
+    devices = (config.get("linux") or {}).get("devices") or []
+    by_path = {d.get("path"): i for i, d in enumerate(devices) if isinstance(d, dict)}
+    from .._native import ffi, lib
+
+    new_devices = None
+    rootfd = None
+    try:
+        for path in paths:
+            if not path.strip():
+                raise HookFailure("chmod", "an empty --path")
+            norm = posixpath.normpath("/" + path.lstrip("/"))
+            if norm in by_path:
+                new_devices = new_devices or [dict(d) if isinstance(d, dict) else d for d in devices]
+                new_devices[by_path[norm]]["fileMode"] = mode
+                continue
+            under = [d for d in mount_destinations if norm == d or norm.startswith(d.rstrip("/") + "/")]
+            if under:
+                if norm.startswith("/dev/") and mode == 0o755 and any(
+                        p.startswith(norm + "/") for p in by_path if isinstance(p, str)):
+                    continue  # a directory runc makes (0755) for the device nodes under it
+                raise HookFailure("chmod", f"{norm} lies under the mount at {under[-1]}, which is "
+                                  "made by runc after this runtime has run")
+            if rootfd is None:
+                rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = lib.cds_inroot_open(rootfd, os.fsencode(norm), os.O_PATH)
+            if fd < 0:
+                if ffi.errno == 2:
+                    continue  # missing: the hook skips it too
+                raise HookFailure("chmod", f"cannot open {norm} in {rootfs}: {os.strerror(ffi.errno)}")
+            try:
+                current = os.fstat(fd).st_mode
+                if stat.S_IMODE(current) == mode or stat.S_ISLNK(current):
+                    continue
+                try:
+                    os.chmod(f"/proc/self/fd/{fd}", mode)
+                except PermissionError:
+                    pass  # as the hook does
+                except OSError as err:
+                    raise HookFailure("chmod", f"cannot change the mode of {norm} in {rootfs}: "
+                                      f"{err.strerror}") from None
+            finally:
+                os.close(fd)
+    finally:
+        if rootfd is not None:
+            os.close(rootfd)
+    if new_devices is not None:
+        config = dict(config, linux=dict(config["linux"], devices=new_devices))
+    return config
+
+
+def bind_params(rootfs, source):
+    """In the container's mount namespace (a createContainer hook): bind SOURCE read-only over
+    the container's /proc/driver/nvidia/params, resolved inside the rootfs."""
+    import ctypes
+
+    from .._native import ffi, lib
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ms_rdonly, ms_nosuid, ms_nodev, ms_remount, ms_bind, ms_private = 1, 2, 4, 32, 4096, 1 << 18
+    def target():
+        rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = lib.cds_inroot_open(rootfd, os.fsencode(PARAMS_PATH), os.O_PATH | os.O_NOFOLLOW)
+            if fd < 0:
+                raise OSError(ffi.errno, f"cannot open {PARAMS_PATH} in {rootfs}: {os.strerror(ffi.errno)}")
+        finally:
+            os.close(rootfd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(22, f"{PARAMS_PATH} in {rootfs} is not a regular file")
+        return fd
+
+    # The bind, then (on the path opened again: it now names the mount, not the file under it)
+    # read-only, and private.
+    steps = ((os.fsencode(source), ms_bind),
+             (None, ms_remount | ms_bind | ms_rdonly | ms_nosuid | ms_nodev),
+             (None, ms_private))
+    for index, (src, flags) in enumerate(steps):
+        fd = target()
+        try:
+            if libc.mount(src, f"/proc/self/fd/{fd}".encode(), None, flags, None) != 0:
+                err = ctypes.get_errno()
+                what = ("mount", "remount read-only", "make private")[index]
+                raise OSError(err, f"cannot {what} {source} over {PARAMS_PATH}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
