@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import fakedriver
-from conftest import CLI
+from fakedriver import CLI
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime"))
 import runtime_helpers as rh  # noqa: E402
