@@ -175,8 +175,10 @@ def inject(devices, spec_dirs, config_json):
               help="Spec format (default: the output's extension, else yaml).")
 @click.option("--vendor", default="nvidia.com", show_default=True, help="The vendor part of the kind.")
 @click.option("--class", "cls", default="gpu", show_default=True, help="The class part of the kind.")
-@click.option("--device-name-strategy", "strategies", multiple=True, type=click.Choice(["index", "uuid"]),
-              help="How devices are named (repeatable; default: index and uuid). \"all\" is always there.")
+@click.option("--device-name-strategy", "strategies", multiple=True,
+              type=click.Choice(["index", "uuid", "type-index"]),
+              help="How devices are named (repeatable; default: index and uuid): index 0 and 0:1 (MIG), "
+                   "uuid GPU-… and MIG-…, type-index gpu0 and mig0:1. \"all\" is always there.")
 @click.option("--driver-root", default="/", show_default=True, metavar="DIR",
               help="The root of the driver's files (a driver container's root, e.g. /run/nvidia/driver).")
 @click.option("--dev-root", default=None, metavar="DIR", help="The root of the device nodes (default: the driver root).")

@@ -33,7 +33,7 @@ from .discover import (IPC_MOUNT_OPTIONS, MOUNT_OPTIONS, DriverRoot, control_nod
 
 DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"
 DEFAULT_STRATEGIES = ("index", "uuid")
-STRATEGIES = ("index", "uuid")
+STRATEGIES = ("index", "uuid", "type-index")
 HOOK_PROGRAM = "cdi-shim-hook"
 # Hook programs that implement the toolkit's whole set of hooks, and those that (like ours)
 # implement update-ldcache and create-symlinks only.
@@ -138,7 +138,7 @@ def device_entries(options, info, warnings):
     entries, caps = [], None
     for gpu in info.gpus:
         if not gpu.mig_enabled:
-            names = [str(gpu.index) if s == "index" else gpu.uuid for s in options.strategies]
+            names = [_gpu_name(s, gpu) for s in options.strategies]
             entries.append((names, gpu_nodes(options.dev_root, gpu, options.sysfs)))
             continue
         if not gpu.migs:
@@ -148,9 +148,19 @@ def device_entries(options, info, warnings):
         if caps is None:
             caps = mig_caps(options.proc)
         for mig in gpu.migs:
-            names = [f"{gpu.index}:{mig.index}" if s == "index" else mig.uuid for s in options.strategies]
+            names = [_mig_name(s, gpu, mig) for s in options.strategies]
             entries.append((names, mig_nodes(options.dev_root, gpu, mig, caps, options.proc)))
     return entries
+
+
+def _gpu_name(strategy, gpu):
+    """A GPU's device name: "0" (index), "gpu0" (type-index), or its UUID."""
+    return {"index": str(gpu.index), "type-index": f"gpu{gpu.index}"}.get(strategy, gpu.uuid)
+
+
+def _mig_name(strategy, gpu, mig):
+    """A MIG device's name: "0:1" (index), "mig0:1" (type-index), or its UUID."""
+    return {"index": f"{gpu.index}:{mig.index}", "type-index": f"mig{gpu.index}:{mig.index}"}.get(strategy, mig.uuid)
 
 
 def build_doc(options, info, files, control, entries, hook_program):

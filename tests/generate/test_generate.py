@@ -266,6 +266,17 @@ def test_uuid_naming_only(run):
     assert names == run.driver.uuids(2) + ["all"]
 
 
+def test_type_index_naming(run, tmp_path):
+    """The toolkit's type-index strategy: gpu<i> for a GPU, mig<i>:<j> for a MIG device."""
+    proc = _mig_setup(run, tmp_path)
+    run.generate("--proc-root", proc, "--device-name-strategy", "type-index")
+    doc = load(run.output)
+    assert [d["name"] for d in doc["devices"]] == ["mig0:0", "mig0:2", "mig0:3", "gpu1", "all"]
+    run.cli("cdi", "validate", run.output, check=0)
+    listed = run.cli("cdi", "list", "--spec-dir", os.path.dirname(run.output), check=0).stdout.split()
+    assert "nvidia.com/gpu=gpu1" in listed and "nvidia.com/gpu=mig0:2" in listed
+
+
 def test_vendor_and_class(run):
     run.generate("--vendor", "example.com", "--class", "accel")
     assert load(run.output)["kind"] == "example.com/accel"
