@@ -232,6 +232,7 @@ def decide(argv, where=""):
             log.warning(f"--device is ignored for the {args.command} command")
     except RuntimeFailure as err:
         log.error(str(err))
+        log.debug(f"phase=total took={(time.perf_counter() - start) * 1000:.2f}ms{where}; failed")
         return 1, None
     except Exception as err:  # noqa: BLE001 - containerd must see why, not a bare exit status
         log.error(f"internal error while preparing {args.command}: {type(err).__name__}: {err} "
