@@ -114,9 +114,10 @@ copy_host_config() {
         [ -e "/etc/apt/$dir" ] && cp -a "/etc/apt/$dir" "$root/etc/apt/"
     done
     # Keyrings a source names (Signed-By) that the root does not have.
-    grep -rhoE '(Signed-By:|signed-by=)[[:space:]]*/[^] ]+' /etc/apt/sources.list /etc/apt/sources.list.d 2>/dev/null |
+    { cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null || true; } |
+        { grep -oE '(Signed-By:|signed-by=)[[:space:]]*/[^] ]+' || true; } |
         sed -E 's/^(Signed-By:|signed-by=)[[:space:]]*//' | sort -u | while IFS= read -r key; do
-            [ -e "$key" ] && [ ! -e "$root$key" ] && { mkdir -p "$(dirname "$root$key")"; cp -a "$key" "$root$key"; }
+            if [ -e "$key" ] && [ ! -e "$root$key" ]; then mkdir -p "$(dirname "$root$key")"; cp -a "$key" "$root$key"; fi
         done
     mkdir -p "$root/etc/ssl" "$root/usr/local/share"
     [ -d /etc/ssl/certs ] && cp -a /etc/ssl/certs "$root/etc/ssl/"
