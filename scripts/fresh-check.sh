@@ -102,7 +102,18 @@ enter() {   # enter ROOT COMMAND...: COMMAND run by bash as root, ROOT being /
         umount -l /.old-root
         rmdir /.old-root
         exec env -i "$@"
-    ' enter "$root" "${#binds[@]}" "${binds[@]}" "${guest_env[@]}" /bin/bash -c "$@"
+    ' enter "$root" "${#binds[@]}" "${binds[@]}" "${guest_env[@]}" /bin/bash -c "$init" init "$@"
+}
+# PID 1 of the namespace: runs the command as its child and reaps every orphan meanwhile (bash's
+# wait reaps any child), as init does on a real machine. The command itself must not be PID 1:
+# bash -c execs its last command, and pytest as PID 1 leaves killed containers' processes
+# unreaped (runc then never sees them stop), and its pid (1) names the tests' containers.
+init='/bin/bash -c "$1" & wait $!'
+
+
+enter_check() {   # enter_check ROOT: fail, saying so, if ROOT cannot be entered as the mount namespace's /
+    enter "$1" 'awk "\$5 == \"/\"" /proc/self/mountinfo | grep -q . && [ -e /proc/self/exe ] && [ -c /dev/null ]' ||
+        fail "cannot make $1 the root of a mount namespace with pivot_root (proc, sys, dev mounted): see the error above"
 }
 
 # The machine's apt sources and configuration, CA certificates and pip configuration, so apt
@@ -143,9 +154,12 @@ if [ ! -e "$base_tar" ] || [ -n "${CDI_SHIM_FRESH_REBUILD:-}" ]; then
     step "base root: $test_tar plus git, python3 (apt-get inside the root)"
     tar -C "$work" --numeric-owner -xf "$test_tar"
     copy_host_config "$work"
+    enter_check "$work"
     enter "$work" 'export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq && apt-get install -y -qq --no-install-recommends git python3 >/dev/null &&
-        apt-get clean && rm -rf /var/lib/apt/lists/*' || fail "apt-get install git python3 in the base root"
+        { apt-get update && apt-get install -y --no-install-recommends git python3; } >/apt.log 2>&1 ||
+            { tail -n 40 /apt.log | sed "s/^/    /"; exit 1; }
+        apt-get clean; rm -rf /var/lib/apt/lists/* /apt.log' ||
+        fail "apt-get install git python3 in the base root (the tail of its output above)"
     # The root as debootstrap --include=git,python3 leaves it: the Debian's own apt configuration.
     rm -rf "$work/etc/ssl/certs" "$work/etc/pip.conf" "$work/etc/xdg/pip" "$work/root/.config/pip" "$work/root/.pip"
     tar -C "$work" --numeric-owner -cf "$base_tar.tmp" .
@@ -160,6 +174,7 @@ root=$(mktemp -d /var/tmp/cdi-shim-fresh.XXXXXX)
 step "fresh root $root from $base_tar"
 tar -C "$root" --numeric-owner -xf "$base_tar"
 copy_host_config "$root"
+enter_check "$root"
 # The checkout, as a user gets it (git clone), with this working tree's uncommitted changes.
 step "the checkout: git clone into $guest_repo, plus uncommitted changes"
 git clone -q --no-hardlinks "$repo" "$root$guest_repo"
