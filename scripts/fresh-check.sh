@@ -143,6 +143,8 @@ copy_host_config() {
 
 # ---- the base: debootstrap minbase (the tests' tarball), then git and python3 --------------
 mkdir -p "$cache"
+exec 9>"$cache/.fresh-check.lock"
+flock 9                      # one builder at a time; the other waits and then finds the cache
 if [ ! -e "$test_tar" ]; then
     step "debootstrap --variant=minbase bookworm $mirror -> $test_tar"
     CDI_SHIM_TEST_CACHE=$cache python3 -c 'import sys; sys.path.insert(0, "tests/linker"); import roots; roots.debootstrap_tarball()' ||
@@ -167,6 +169,7 @@ if [ ! -e "$base_tar" ] || [ -n "${CDI_SHIM_FRESH_REBUILD:-}" ]; then
     rm -rf "$work"
     trap - EXIT
 fi
+exec 9>&-
 
 # ---- this run's root --------------------------------------------------------------------------
 root=$(mktemp -d /var/tmp/cdi-shim-fresh.XXXXXX)
