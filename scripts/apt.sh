@@ -7,11 +7,12 @@ fail() { printf '%s: FAILED: %s\n' "${0##*/}" "$*" >&2; exit 1; }
 
 _apt_updated=
 _apt_run() {   # _apt_run WHAT COMMAND...: COMMAND's output to a log, its tail shown if it fails
-    local what=$1 log; shift
+    local what=$1 log rc=0; shift
     log=$(mktemp /tmp/cdi-shim-apt.XXXXXX.log)
-    if ! "$@" >"$log" 2>&1; then
+    "$@" >"$log" 2>&1 || rc=$?
+    if ((rc != 0)); then
         printf '%s: FAILED: %s (exit %s). Last 40 lines of its output (all of it in %s):\n' \
-            "${0##*/}" "$what" "$?" "$log" >&2
+            "${0##*/}" "$what" "$rc" "$log" >&2
         tail -n 40 "$log" | sed 's/^/    /' >&2
         exit 1
     fi
