@@ -162,7 +162,8 @@ if [ ! -e "$base_tar" ] || [ -n "${CDI_SHIM_FRESH_REBUILD:-}" ]; then
             { tail -n 40 /apt.log | sed "s/^/    /"; exit 1; }
         apt-get clean; rm -rf /var/lib/apt/lists/* /apt.log' ||
         fail "apt-get install git python3 in the base root (the tail of its output above)"
-    # The root as debootstrap --include=git,python3 leaves it: the Debian's own apt configuration.
+    # Certificates and pip configuration are not cached with it: every run copies this machine's
+    # (and its apt configuration) in afresh.
     rm -rf "$work/etc/ssl/certs" "$work/etc/pip.conf" "$work/etc/xdg/pip" "$work/root/.config/pip" "$work/root/.pip"
     tar -C "$work" --numeric-owner -cf "$base_tar.tmp" .
     mv "$base_tar.tmp" "$base_tar"
