@@ -3,6 +3,10 @@
 # number, an env variable and a bind-mounted "driver" file, injected by cdi-shim and run by runc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/apt.sh
+[ -x .venv/bin/cdi-shim ] || fail "no .venv/bin/cdi-shim: run scripts/setup.sh first"
+# The container's root is one static busybox: the demo's only need beyond scripts/setup.sh.
+apt_install "the demo container's rootfs" busybox-static
 work=$(mktemp -d /tmp/cdi-shim-demo.XXXXXX)
 trap 'runc delete -f cdi-shim-demo >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
