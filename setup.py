@@ -1,11 +1,13 @@
-"""Build glue: the cffi extension (shim._native), the native runtime front end and the hook
-script.
+"""Build glue: the cffi extension (shim._native), the native runtime front end, the params
+hook and the hook script.
 
 pyproject.toml holds the metadata. The front end `cdi-shim-runtime` is a small C program
 installed as a script; it needs to know which interpreter and which import directories run
-the Python half, so those are compiled in here. `cdi-shim-hook` (the OCI hooks, started for
-every container) is a Python script written here the same way: `python -IS` in its first
-line, the import directories in its text.
+the Python half, so those are compiled in here. `cdi-shim-bind-params` (csrc/hooks), the one
+hook the runtime leaves in config.json on a GPU node (runc refuses mounts under /proc), is C
+for the same reason: it starts for every container. `cdi-shim-hook` (the OCI hooks podman or
+containerd with plain runc run as processes) is a Python script written here the same way:
+`python -IS` in its first line, the import directories in its text.
 """
 import os
 import shlex
@@ -20,6 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FRONT_END_SOURCE = os.path.join("csrc", "frontend", "runtime_main.c")
 FRONT_END = os.path.join("build", "native", "cdi-shim-runtime")
 HOOK_SCRIPT = os.path.join("build", "native", "cdi-shim-hook")
+PARAMS_HOOK_SOURCES = [os.path.join("csrc", "hooks", "bind_params.c"), os.path.join("csrc", "engine", "inroot.c")]
+PARAMS_HOOK = os.path.join("build", "native", "cdi-shim-bind-params")
 
 
 def _version():
@@ -44,21 +48,25 @@ def _import_dirs():
     return "[" + ", ".join(f"'{path}'" for path in dirs) + "]"
 
 
-def build_front_end():
-    os.makedirs(os.path.dirname(os.path.join(HERE, FRONT_END)), exist_ok=True)
+def build_program(output, sources, defines=()):
+    """Compile SOURCES into the program OUTPUT (both relative to this directory)."""
+    os.makedirs(os.path.dirname(os.path.join(HERE, output)), exist_ok=True)
     compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[:1] or ["cc"]
-    command = compiler + [
-        "-O2", "-Wall", "-Wextra", "-std=gnu11",
-        f'-DCDS_PYTHON="{sys.executable}"',
-        f'-DCDS_PYPATH="{_import_dirs()}"',
-        f'-DCDS_VERSION="{_version()}"',
-        "-o", os.path.join(HERE, FRONT_END), os.path.join(HERE, FRONT_END_SOURCE),
-    ]
+    command = compiler + ["-O2", "-Wall", "-Wextra", "-std=gnu11", *defines, "-o", os.path.join(HERE, output)]
+    command += [os.path.join(HERE, source) for source in sources]
     # Static when the C library allows it: no dynamic loading on every exec probe.
     # Stripped, with unused sections dropped: fewer pages to fault in on every exec.
     static = ["-static", "-s", "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections"]
     if subprocess.run(command + static, stderr=subprocess.DEVNULL).returncode != 0:
         subprocess.run(command, check=True)
+
+
+def build_front_end():
+    build_program(FRONT_END, [FRONT_END_SOURCE], [
+        f'-DCDS_PYTHON="{sys.executable}"',
+        f'-DCDS_PYPATH="{_import_dirs()}"',
+        f'-DCDS_VERSION="{_version()}"',
+    ])
 
 
 def write_hook_script():
@@ -94,9 +102,10 @@ class CopyNativeScripts(build_scripts):
 
 
 build_front_end()
+build_program(PARAMS_HOOK, PARAMS_HOOK_SOURCES)
 write_hook_script()
 setup(
     cffi_modules=["csrc/engine/build_native.py:ffibuilder"],
-    scripts=[FRONT_END, HOOK_SCRIPT],
+    scripts=[FRONT_END, PARAMS_HOOK, HOOK_SCRIPT],
     cmdclass={"build_scripts": CopyNativeScripts},
 )

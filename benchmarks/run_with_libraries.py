@@ -17,6 +17,10 @@ CDI, podman; here `cdi-shim cdi inject`): no request, the 30 libraries, /dev/nvi
 hooks of a toolkit-generated spec (program /usr/bin/nvidia-cdi-hook, absent), through the
 resident process, against runc `create` of the same config without the hooks (runc pays the
 mounts either way): runc, resident, runc, resident, ...
+
+The bundles (config.json and the files the runtime writes beside it) are on a tmpfs of their
+own, as containerd's are (/run/containerd/io.containerd.runtime.v2.task/<ns>/<id>); the
+rootfs copies stay on disk, as a snapshot's upper directory does.
 """
 import argparse
 import json
@@ -101,8 +105,9 @@ def preinjected(root, rootfs, libraries, node, runs):
     env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache-toolkit"))
     server = start_resident(f"{root}/run-toolkit/runtime.sock", env)
     plain_rootfs, gpu_rootfs = os.path.join(root, "rootfs-plain"), os.path.join(root, "rootfs-gpu")
-    plain = bundle(root, "pre-plain", plain_rootfs)
-    gpu = bundle(root, "pre-gpu", gpu_rootfs)
+    bundles = bundle_dir(root)
+    plain = bundle(bundles, "pre-plain", plain_rootfs)
+    gpu = bundle(bundles, "pre-gpu", gpu_rootfs)
     injected = json.loads(subprocess.run([os.path.join(BIN, "cdi-shim"), "cdi", "inject", "--spec-dir", spec_dir,
                                           "--device", "nvidia.com/gpu=0", os.path.join(gpu, "config.json")],
                                          env=env, check=True, capture_output=True).stdout)
@@ -142,6 +147,19 @@ def preinjected(root, rootfs, libraries, node, runs):
             "median_paired_ratio": round(med(o / b for o, b in zip(ours, base)), 3)}
 
 
+def bundle_dir(root):
+    """ROOT/bundles on a tmpfs of its own (unmounted by cleanup)."""
+    path = os.path.join(root, "bundles")
+    os.makedirs(path)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700,size=256m", "cdi-shim-bench", path], check=True)
+    return path
+
+
+def cleanup(root):
+    subprocess.run(["umount", os.path.join(root, "bundles")], stderr=subprocess.DEVNULL)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def bundle(root, name, rootfs, annotations=None):
     path = os.path.join(root, name)
     os.makedirs(path)
@@ -164,7 +182,7 @@ def main():
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--libs", type=int, default=30)
     parser.add_argument("--dir", default="/run",
-                        help="where bundles live; containerd keeps them on tmpfs under /run (default)")
+                        help="where the image and its copies live (the bundles get a tmpfs of their own)")
     parser.add_argument("--preinjected", action="store_true",
                         help="measure create of a pre-injected toolkit-shaped config instead (see above)")
     args = parser.parse_args()
@@ -194,8 +212,9 @@ def main():
         # Each container gets its own copy of the image (hard links, timestamps kept), as a
         # containerd snapshot would give it: runc creates mount points inside the rootfs.
         plain_rootfs, gpu_rootfs = os.path.join(root, "rootfs-plain"), os.path.join(root, "rootfs-gpu")
-        plain = bundle(root, "plain", plain_rootfs)
-        gpu = bundle(root, "gpu", gpu_rootfs, {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+        bundles = bundle_dir(root)
+        plain = bundle(bundles, "plain", plain_rootfs)
+        gpu = bundle(bundles, "gpu", gpu_rootfs, {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
         pristine = open(os.path.join(gpu, "config.json"), "rb").read()
         shim = os.path.join(BIN, "cdi-shim-runtime")
         times = {"exec": ([], []), "resident": ([], [])}
@@ -223,7 +242,7 @@ def main():
                             "median_paired_ratio": round(med(o / b for o, b in zip(ours, base)), 3)}
         print(json.dumps(result, indent=2))
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        cleanup(root)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ no site), and parses its few options itself:
 
     cdi-shim-hook update-ldcache [--folder DIR]... [--ldconfig-path PATH]
     cdi-shim-hook create-symlinks [--link TARGET::LINK]...
-    cdi-shim-hook bind-params --source FILE   (the runtime's own: binds FILE read-only over the
-        container's /proc/driver/nvidia/params, which runc refuses to mount from config.json)
 
 Anything else (-h/--help, an unknown option) goes to the click group behind `cdi-shim hook`,
 which explains; --version is answered here, as `cdi-shim --version` words it. click is imported
@@ -23,7 +21,6 @@ import sys
 _COMMANDS = {
     "update-ldcache": {"--folder": "folders", "--ldconfig-path": None},
     "create-symlinks": {"--link": "links"},
-    "bind-params": {"--source": "source"},
 }
 
 

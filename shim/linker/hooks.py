@@ -71,12 +71,6 @@ def run(command, values, state_text):
         rootfs = container_rootfs(state_text)
         if command == "update-ldcache":
             update_ldcache(rootfs, values["folders"])
-        elif command == "bind-params":
-            from .toolkit_hooks import bind_params
-
-            if len(values["source"]) != 1 or not os.path.isabs(values["source"][0]):
-                raise HookError("bind-params needs one absolute --source")
-            bind_params(rootfs, values["source"][0])
         else:
             create_symlinks(rootfs, values["links"])
     except HookError as err:

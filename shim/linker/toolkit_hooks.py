@@ -13,9 +13,10 @@ rest of what `nvidia-ctk cdi generate` puts in a spec, from the hooks' documente
   "ModifyDeviceFiles: 1" changed to 0 (nothing when the host has no such file, or it says 0
   already, or says neither). The copy is written into the bundle. runc refuses any mount under
   /proc from config.json ("cannot be mounted because it is inside /proc"), so the bind mount
-  itself is done by our own hook program, `cdi-shim-hook bind-params --source FILE`, in the
-  container's mount namespace (as the toolkit's hook does): that program is ours, installed
-  with the runtime, so a spec's missing nvidia-cdi-hook does not matter.
+  itself is done by our own hook program, `cdi-shim-bind-params --source FILE --rootfs DIR`
+  (C: csrc/hooks/bind_params.c), in the container's mount namespace (as the toolkit's hook
+  does): that program is ours, installed with the runtime, so a spec's missing
+  nvidia-cdi-hook does not matter.
   CDI_SHIM_NVIDIA_PARAMS names another host file instead of /proc/driver/nvidia/params: for
   tests only (hosts without an NVIDIA driver).
 - update-application-profile: for the /dev/nvidiaN character devices the container gets
@@ -205,41 +206,3 @@ def chmod(config, rootfs, call, mount_destinations):
     if new_devices is not None:
         config = dict(config, linux=dict(config["linux"], devices=new_devices))
     return config
-
-
-def bind_params(rootfs, source):
-    """In the container's mount namespace (a createContainer hook): bind SOURCE read-only over
-    the container's /proc/driver/nvidia/params, resolved inside the rootfs."""
-    import ctypes
-
-    from .._native import ffi, lib
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    ms_rdonly, ms_nosuid, ms_nodev, ms_remount, ms_bind, ms_private = 1, 2, 4, 32, 4096, 1 << 18
-    def target():
-        rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            fd = lib.cds_inroot_open(rootfd, os.fsencode(PARAMS_PATH), os.O_PATH | os.O_NOFOLLOW)
-            if fd < 0:
-                raise OSError(ffi.errno, f"cannot open {PARAMS_PATH} in {rootfs}: {os.strerror(ffi.errno)}")
-        finally:
-            os.close(rootfd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OSError(22, f"{PARAMS_PATH} in {rootfs} is not a regular file")
-        return fd
-
-    # The bind, then (on the path opened again: it now names the mount, not the file under it)
-    # read-only, and private.
-    steps = ((os.fsencode(source), ms_bind),
-             (None, ms_remount | ms_bind | ms_rdonly | ms_nosuid | ms_nodev),
-             (None, ms_private))
-    for index, (src, flags) in enumerate(steps):
-        fd = target()
-        try:
-            if libc.mount(src, f"/proc/self/fd/{fd}".encode(), None, flags, None) != 0:
-                err = ctypes.get_errno()
-                what = ("mount", "remount read-only", "make private")[index]
-                raise OSError(err, f"cannot {what} {source} over {PARAMS_PATH}: {os.strerror(err)}")
-        finally:
-            os.close(fd)

@@ -42,3 +42,19 @@ def test_lone_surrogate_in_env_is_written_back_escaped(tmp_path):
     assert (tmp_path / "config.json").read_bytes() == \
         b'{"process":{"env":["X=\\ud800","Y=caf\xc3\xa9","Z=1"]},"u":1e400}'
     assert sorted(os.listdir(tmp_path)) == ["config.json"]
+
+
+def test_the_c_encoder_is_used_only_while_no_exact_number_is_alive():
+    """dumps hands a value to CPython's C encoder only while no number that must be written as
+    it was read (1.50, -0, 1e400) exists in the process: the C encoder would write 1.5, 0, inf."""
+    from shim import fastjson
+
+    plain = {"a": [1, "é", None, True, {"b": -3}], "c": 2.5}
+    assert fastjson._live[0] == 0
+    assert fastjson.dumps(plain) == '{"a":[1,"é",null,true,{"b":-3}],"c":2.5}'
+    exact = fastjson.loads('{"n": 1.50, "z": -0, "big": 1e400, "nan": NaN}')
+    assert fastjson._live[0] == 4
+    assert fastjson.dumps(exact) == '{"n":1.50,"z":-0,"big":1e400,"nan":NaN}'
+    assert fastjson.dumps(dict(plain, inner=exact)).endswith('"inner":{"n":1.50,"z":-0,"big":1e400,"nan":NaN}}')
+    del exact
+    assert fastjson._live[0] == 0

@@ -247,7 +247,7 @@ def test_compat_libraries_for_an_older_or_same_driver_are_left_out(world, driver
 def test_params_file_modified_and_our_hook_binds_it(world, driver, tmp_path):
     """The host's params (a test file here) with ModifyDeviceFiles: 0 is written into the
     bundle; runc refuses config.json mounts under /proc, so the spec's hook becomes ours
-    (cdi-shim-hook bind-params, present with the runtime), which binds it in the container's
+    (cdi-shim-bind-params, present with the runtime), which binds it in the container's
     mount namespace as the toolkit's does. This host has no /proc/driver/nvidia, so inside a
     real container that bind has no file to cover: the create fails, naming our hook and why
     (the toolkit's hook, present, would fail the same way); the bind itself is checked below,
@@ -261,12 +261,13 @@ def test_params_file_modified_and_our_hook_binds_it(world, driver, tmp_path):
     result = world.shim("create", "--bundle", bundle.path, bundle.id, env=world.env(CDI_SHIM_NVIDIA_PARAMS=str(params)))
     assert result.returncode != 0
     assert "bind-params" in result.stderr and "/proc/driver/nvidia/params" in result.stderr, result.stderr
+    assert "no such file" in result.stderr.lower(), result.stderr
     written = os.path.join(bundle.path, "cdi-shim.nvidia-params")
     assert open(written).read() == PARAMS.replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0")
     assert os.stat(written).st_mode & 0o777 == 0o444
     hooks = bundle.config()["hooks"]["createContainer"]
-    assert [h["args"] for h in hooks] == [["cdi-shim-hook", "bind-params", "--source", written]]
-    assert os.path.isabs(hooks[0]["path"]) and os.access(hooks[0]["path"], os.X_OK)
+    assert [h["args"] for h in hooks] == [["cdi-shim-bind-params", "--source", written, "--rootfs", bundle.rootfs]]
+    assert hooks[0]["path"] == os.path.join(rh.VENV_BIN, "cdi-shim-bind-params")
 
     # The hook, as runc runs it (state on stdin), in a private mount namespace.
     rootfs = bundle.rootfs
@@ -275,7 +276,7 @@ def test_params_file_modified_and_our_hook_binds_it(world, driver, tmp_path):
         out.write("the image's\n")
     state = json.dumps({"ociVersion": "1.0.2", "id": bundle.id, "status": "creating", "pid": 1, "bundle": bundle.path})
     target = rootfs + "/proc/driver/nvidia/params"
-    script = (f"{hooks[0]['path']} bind-params --source {written} < {tmp_path}/state.json || exit 9; "
+    script = (f"{hooks[0]['path']} {' '.join(hooks[0]['args'][1:])} < {tmp_path}/state.json || exit 9; "
               f"cat {target}; echo x > {target} 2>/dev/null && echo writable; true")
     (tmp_path / "state.json").write_text(state)
     run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
@@ -285,22 +286,54 @@ def test_params_file_modified_and_our_hook_binds_it(world, driver, tmp_path):
     assert open(target).read() == "the image's\n"  # only bound over, in that namespace
 
 
-def test_params_bind_refuses_a_link_out_of_the_root(world, tmp_path):
-    """The image's /proc/driver/nvidia/params a link to a host file: our hook refuses it."""
+def _bind_params(rootfs, source, state):
+    """Our params hook as runc runs it (state on stdin), in a private mount namespace; then
+    what the namespace's host file and the image's params read."""
+    hook = os.path.join(rh.VENV_BIN, "cdi-shim-bind-params")
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                           f'{hook} --source {source} --rootfs {rootfs} < {state}; echo "rc=$?"'],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("kind", ["link out of the root", "fifo", "directory", "missing"])
+def test_params_bind_refuses_anything_but_the_image_s_own_file(world, tmp_path, kind):
+    """The image's /proc/driver/nvidia/params a link to a host file, a FIFO (never opened for
+    reading: no hang), a directory, or absent: our hook binds nothing and says why."""
     host_file = tmp_path / "host-secret"
     host_file.write_text("host\n")
     source = tmp_path / "source"
     source.write_text("ModifyDeviceFiles: 0\n")
     bundle = world.bundle(args=["true"])
-    os.makedirs(bundle.rootfs + "/proc/driver/nvidia", exist_ok=True)
-    os.symlink(str(host_file), bundle.rootfs + "/proc/driver/nvidia/params")
+    target = bundle.rootfs + "/proc/driver/nvidia/params"
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if kind == "link out of the root":
+        os.symlink(str(host_file), target)
+    elif kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "directory":
+        os.mkdir(target)
     (tmp_path / "state.json").write_text(json.dumps({"bundle": bundle.path, "id": bundle.id}))
-    hook = os.path.join(rh.VENV_BIN, "cdi-shim-hook")
-    run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                          f"{hook} bind-params --source {source} < {tmp_path}/state.json && cat {host_file}"],
-                         capture_output=True, text=True, timeout=60)
-    assert run.returncode != 0 and "params" in run.stderr
+    run = _bind_params(bundle.rootfs, source, tmp_path / "state.json")
+    assert run.stdout.strip() == "rc=1", (run.stdout, run.stderr)
+    assert "Error: bind-params:" in run.stderr and "/proc/driver/nvidia/params" in run.stderr, run.stderr
     assert host_file.read_text() == "host\n"
+
+
+def test_params_hook_usage():
+    hook = os.path.join(rh.VENV_BIN, "cdi-shim-bind-params")
+    for args in ([], ["--source", "relative", "--rootfs", "/"], ["--source", "/x"], ["--what"]):
+        run = subprocess.run([hook, *args], capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+        assert run.returncode == 2 and "usage: cdi-shim-bind-params --source FILE --rootfs DIR" in run.stderr
+
+
+def test_params_hook_is_a_static_program_that_starts_fast(world, tmp_path):
+    """It runs for every container start on a GPU node: a static binary, no interpreter."""
+    hook = os.path.join(rh.VENV_BIN, "cdi-shim-bind-params")
+    with open(hook, "rb") as stream:
+        head = stream.read(4)
+    assert head == b"\x7fELF"
+    dynamic = subprocess.run([rh.need("readelf", "binutils"), "-d", hook], capture_output=True, text=True).stdout
+    assert "NEEDED" not in dynamic, dynamic
 
 
 @pytest.mark.parametrize("text", ["ModifyDeviceFiles: 0\n", "NoSuchLine: 1\n"])
