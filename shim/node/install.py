@@ -193,11 +193,13 @@ class Installer:
         # relative to the main file: right on the node and in a tree mounted elsewhere
         import_as = os.path.join(os.path.relpath(CONTAINERD_DROP_IN_DIR, os.path.dirname(CONTAINERD_CONFIG)),
                                  cc.DROP_IN_NAME) if self.drop_in else None
-        prefixes = self.settings().annotation_prefixes
+        settings = self.settings()
         try:
             with cc.configure_lock(config):
+                # containerd 1.7+'s own CDI resolves devices from cdi_spec_dirs: the node's spec-dirs
                 plan = cc.plan_configure(config, runtime_name=self.runtime_name, binary=self._binary(),
-                                         annotation_prefixes=prefixes, drop_in=drop_in,
+                                         annotation_prefixes=settings.annotation_prefixes,
+                                         spec_dirs=settings.spec_dirs, drop_in=drop_in,
                                          containerd=self.containerd, import_as=import_as, binary_root=self.root)
                 where = f"{plan.drop_in} (imported by {config})" if plan.drop_in else config
                 if not plan.changed:

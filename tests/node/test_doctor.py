@@ -7,12 +7,17 @@ root's own files (what `cdi generate` would write), a containerd config, a kubel
 
 A healthy node passes; each broken variant fails exactly the check it should, with its fix.
 
-containerd: the version-2 (1.x) roots are checked against this machine's real containerd 1.6
-(`--containerd-binary`, so its `config dump` loads the file). No containerd 2.x binary is on
-this machine yet (the 1.7/2.1 downloads are a later issue), so the version-3 roots carry a
-small fake `containerd` in ROOT/usr/bin that prints a 2.1 version string and, for `config
-dump`, the file itself: it is how the 2.x rules (version 3, enable_cdi on by default, old
-headers ignored) are reached through the same path a node's own binary takes.
+containerd: every containerd rule runs against a real containerd of each major version, asked
+the way doctor asks a node's own: `containerd --version` and `containerd --config F config dump`.
+The version-2 (1.6) roots name this machine's containerd 1.6 (Debian bookworm's) with
+`--containerd-binary`; the 1.7 (version 2) and 2.1 (version 3) roots carry the real containerd
+1.7.24 / 2.1.9 of Debian's trixie / forky (shim/cri/releases.py: fetched once with apt-get
+download into $CDI_SHIM_TEST_CACHE) hard-linked as ROOT/usr/bin/containerd, found on ROOT's
+PATH like a node's own. What the rules say is measured on those binaries: 1.6 reads a version-3
+file as version 2, 1.7 refuses it, 2.1 refuses version 4 and warns of each old CRI table it
+ignores in a version-3 file; enable_cdi is off by default in 1.7 and on in 2.x (their `config
+dump`). No containerd 2.3 is packaged anywhere Debian serves, so its rules (version 4) alone are
+reached through a stand-in that only answers `--version`.
 """
 import json
 import os
@@ -147,19 +152,32 @@ version = 3
             SystemdCgroup = true
 """
 
-FAKE_CONTAINERD_21 = """\
+def v2_cri(*lines):
+    """CONFIG_V2 with LINES (keys) in its [plugins."io.containerd.grpc.v1.cri"] table."""
+    header = '  [plugins."io.containerd.grpc.v1.cri"]\n'
+    return CONFIG_V2.replace(header, header + "".join(f"    {line}\n" for line in lines))
+
+# containerd 2.3 (version 4) is packaged nowhere Debian serves: a stand-in that answers --version only
+STAND_IN_23 = """\
 #!/bin/sh
-# Stands in for containerd 2.1 (no 2.x binary on this machine yet): its version string, and for
-# `--config F config dump` the file itself (2.x prints the version-3 file it loaded).
 if [ "$1" = --version ]; then
-    echo "containerd github.com/containerd/containerd/v2 v2.1.4 75cb2b7193e4e490e9fbdc236c0e811ccaba3376"
+    echo "containerd github.com/containerd/containerd/v2 v2.3.0 0000000000000000000000000000000000000000"
     exit 0
 fi
-if [ "$1" = --config ] && [ "$3" = config ] && [ "$4" = dump ]; then
-    exec cat "$2"
-fi
+echo "a stand-in for containerd 2.3: only --version" >&2
 exit 2
 """
+
+
+def put_binary(source, target):
+    """The real binary SOURCE at TARGET in a node root: a hard link (same file system), else a copy."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+    return target
+
 
 RUNTIMECLASS = """\
 apiVersion: node.k8s.io/v1
@@ -189,7 +207,7 @@ class FakeNode:
 
     def options(self, **extra):
         extra.setdefault("runtimeclasses", [self.runtimeclass("nvidia")])
-        if self.containerd == "1.6":
+        if self.containerd == "1.6":  # the system's; 1.7 and 2.1 are ROOT's own /usr/bin/containerd
             extra.setdefault("containerd_binary", need("containerd", "containerd"))
         return Options(root=self.root, **extra)
 
@@ -203,7 +221,9 @@ class FakeNode:
         return {i: c for i, c in self.checks(**extra).items() if c.status == FAIL}
 
 
-def make_node(root, driver_files, containerd="1.6"):
+def make_node(root, driver_files, containerd="1.6", binary=None):
+    """A healthy node; containerd "1.6" (the system's, named with --containerd-binary) or "1.7" /
+    "2.1" (BINARY, the real release, put in ROOT/usr/bin)."""
     root = str(root)
     node = FakeNode(root, containerd)
     node.write("/proc/modules", "nvidia_uvm 1892352 0 - Live 0x0000000000000000 (PO)\n"
@@ -222,11 +242,9 @@ def make_node(root, driver_files, containerd="1.6"):
     os.makedirs(node.path("/var/run/cdi"))
     node.write("/var/lib/kubelet/config.yaml", "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
                                                "cgroupDriver: systemd\n")
-    if containerd == "1.6":
-        node.write("/etc/containerd/config.toml", CONFIG_V2)
-    else:
-        node.write("/etc/containerd/config.toml", CONFIG_V3)
-        node.write("/usr/bin/containerd", FAKE_CONTAINERD_21, 0o755)
+    node.write("/etc/containerd/config.toml", CONFIG_V3 if containerd.startswith("2.") else CONFIG_V2)
+    if containerd != "1.6":
+        put_binary(binary, node.path("/usr/bin/containerd"))
     return node
 
 
@@ -236,8 +254,23 @@ def node(tmp_path, driver_files):
 
 
 @pytest.fixture
-def node2(tmp_path, driver_files):
-    return make_node(tmp_path / "root", driver_files, containerd="2.1")
+def node17(tmp_path, driver_files, containerd_release):
+    """A containerd 1.7 node: a version-2 config, the real 1.7.24 as ROOT/usr/bin/containerd."""
+    return make_node(tmp_path / "root", driver_files, "1.7", containerd_release("1.7"))
+
+
+@pytest.fixture
+def node2(tmp_path, driver_files, containerd_release):
+    """A containerd 2.1 node: a version-3 config, the real 2.1.9 as ROOT/usr/bin/containerd."""
+    return make_node(tmp_path / "root", driver_files, "2.1", containerd_release("2.1"))
+
+
+@pytest.fixture(params=["1.6", "1.7", "2.1"])
+def any_node(request, tmp_path, driver_files, containerd_release):
+    """The same healthy node on each major containerd, as it ships (1.x: version 2; 2.1: version 3)."""
+    version = request.param
+    binary = None if version == "1.6" else containerd_release(version)
+    return make_node(tmp_path / "root", driver_files, version, binary)
 
 
 @pytest.fixture
@@ -286,12 +319,28 @@ def test_healthy_node_json(node, doctor_env):
     assert f"{LIBDIR}/libcuda.so.1" in libs["saw"]
 
 
-def test_healthy_containerd_2_node_passes(node2):
-    checks = node2.checks()
+def test_healthy_node_on_each_containerd_passes(any_node):
+    """The real containerd of each major version loads the node's config, and its `config dump`
+    decides enable_cdi: absent from the file, 1.7 has it off (a warning: only annotations reach
+    the runtime), 2.1 on; 1.6 has no CDI of its own."""
+    node = any_node
+    checks = node.checks()
     assert not [c for c in checks.values() if c.status == FAIL], checks
-    assert "containerd 2.1" in checks["containerd.config"].saw
-    assert checks["containerd.cdi"].status == OK
-    assert checks["containerd.binaries"].saw.startswith(node2.path("/usr/bin/containerd"))
+    assert f"containerd {node.containerd}" in checks["containerd.config"].saw
+    assert checks["containerd.loads"].status == OK
+    answer = checks["containerd.binaries"].saw
+    assert f" {node.containerd}." in answer  # its own version string, e.g. 1.7.24~ds1 / 2.1.9+unknown
+    cdi = checks["containerd.cdi"]
+    if node.containerd == "1.6":
+        assert cdi.status == OK and "no CDI support of its own" in cdi.saw
+        return
+    assert answer.startswith(node.path("/usr/bin/containerd"))  # found on ROOT's PATH
+    assert "(`containerd config dump`)" in cdi.saw
+    if node.containerd == "1.7":
+        assert cdi.status == "warn" and "enable_cdi is off" in cdi.saw
+        node.write("/etc/containerd/config.toml", v2_cri("enable_cdi = true"))
+        cdi = node.checks()["containerd.cdi"]
+    assert cdi.status == OK and "cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']" in cdi.saw, cdi
 
 
 # --- broken variants: each fails exactly its check ---------------------------------------------------
@@ -386,6 +435,22 @@ def test_v2_headers_in_v3_file(node2):
     check = only_failure(node2, "containerd.ignored-sections")
     assert 'plugins."io.containerd.grpc.v1.cri"' in check.saw and "containerd" in check.saw
     assert "io.containerd.cri.v1.runtime" in check.fix
+    # the real 2.1 says so itself, as a warning of `config dump` (and of each start)
+    assert ("containerd 2.1's `config dump` warns it ignores containerd.runtimes.nvidia.options of plugin "
+            "io.containerd.grpc.v1.cri") in check.saw
+
+
+def test_enable_cdi_under_old_headers_of_a_v3_file_is_ignored(node2):
+    """enable_cdi = false where containerd 2.1 does not read it: the check of the CDI settings goes
+    by what the real binary loaded (on), the ignored section is the failure."""
+    node2.write("/etc/containerd/config.toml", CONFIG_V3.replace("    enable_cdi = true\n", "") + textwrap.dedent("""
+        [plugins."io.containerd.grpc.v1.cri"]
+          enable_cdi = false
+        """))
+    check = only_failure(node2, "containerd.ignored-sections")
+    assert "enable_cdi of plugin io.containerd.grpc.v1.cri" in check.saw
+    cdi = node2.checks()["containerd.cdi"]
+    assert cdi.status == OK and "(`containerd config dump`)" in cdi.saw
 
 
 def test_v3_file_for_containerd_1_6(node):
@@ -397,6 +462,15 @@ def test_v3_file_for_containerd_1_6(node):
     assert "io.containerd.cri.v1.runtime" in failed["containerd.ignored-sections"].saw
     assert "no runtime in [plugins.\"io.containerd.grpc.v1.cri\"]" in failed["containerd.runtime"].saw
     assert node.checks()["containerd.loads"].status == OK
+
+
+def test_v3_file_for_containerd_1_7(node17):
+    """Unlike 1.6, the real 1.7 refuses a version-3 file: containerd does not start at all."""
+    node17.write("/etc/containerd/config.toml", CONFIG_V3)
+    failed = node17.failed()
+    assert set(failed) == {"containerd.config", "containerd.loads"}, failed
+    assert "containerd 1.7 knows versions 1 and 2 only and refuses a version 3 file" in failed["containerd.config"].saw
+    assert "unsupported config version" in failed["containerd.loads"].saw  # the binary's own words
 
 
 def test_relative_binary_name(node):
@@ -436,21 +510,42 @@ def test_enable_cdi_false_on_containerd_2(node2):
     node2.edit("/etc/containerd/config.toml", "enable_cdi = true", "enable_cdi = false")
     check = only_failure(node2, "containerd.cdi")
     assert "silently" in check.saw and "enable_cdi = true" in check.fix
+    assert "(`containerd config dump`)" in check.saw
 
 
-def test_cdi_spec_dirs_differ_on_containerd_2(node2):
-    node2.edit("/etc/containerd/config.toml", "cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']",
-               "cdi_spec_dirs = ['/etc/cdi-other']")
+def test_enable_cdi_false_in_a_migrated_version_2_file_on_containerd_2(node2):
+    """A version-2 file keeps working on 2.1 (migrated in memory), enable_cdi = false with it."""
+    node2.write("/etc/containerd/config.toml", v2_cri("enable_cdi = false"))
     check = only_failure(node2, "containerd.cdi")
-    assert "/etc/cdi-other" in check.saw
+    assert 'enable_cdi = false in [plugins."io.containerd.grpc.v1.cri"] (`containerd config dump`)' in check.saw
 
 
-def test_several_containerd_binaries(node2):
-    node2.write("/usr/local/bin/containerd", FAKE_CONTAINERD_21, 0o755)
+@pytest.mark.parametrize("containerd", ["1.7", "2.1"])
+def test_cdi_spec_dirs_differ(tmp_path, driver_files, containerd_release, containerd):
+    node = make_node(tmp_path / "root", driver_files, containerd, containerd_release(containerd))
+    if containerd == "1.7":
+        node.write("/etc/containerd/config.toml", v2_cri("enable_cdi = true", 'cdi_spec_dirs = ["/etc/cdi-other"]'))
+    else:
+        node.edit("/etc/containerd/config.toml", "cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']",
+                  "cdi_spec_dirs = ['/etc/cdi-other']")
+    check = only_failure(node, "containerd.cdi")
+    assert "containerd resolves CDI devices from ['/etc/cdi-other']" in check.saw
+    assert "cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']" in check.fix
+
+
+def test_several_containerd_binaries(node2, containerd_release):
+    """A 1.7 left in /usr/local/bin (first on PATH) beside the 2.1 in /usr/bin: the 1.7 answers,
+    and the real 1.7 refuses the node's version-3 file: the reason to remove the stray one."""
+    put_binary(containerd_release("1.7"), node2.path("/usr/local/bin/containerd"))
     checks = node2.checks()
-    assert checks["containerd.binaries"].status == "warn"
-    assert "/usr/local/bin/containerd" in checks["containerd.binaries"].saw
-    assert not [c for c in checks.values() if c.status == FAIL]
+    binaries = checks["containerd.binaries"]
+    assert binaries.status == "warn"
+    assert "several containerd executables on PATH: /usr/local/bin/containerd, /usr/bin/containerd" in binaries.saw
+    assert f"{node2.path('/usr/local/bin/containerd')} answers containerd github.com/containerd/containerd 1.7." \
+        in binaries.saw
+    assert checks["containerd.config"].status == FAIL and "containerd 1.7" in checks["containerd.config"].saw
+    os.unlink(node2.path("/usr/local/bin/containerd"))
+    assert not node2.failed()
 
 
 # --- ROOT stays ROOT ----------------------------------------------------------------------------------
@@ -471,12 +566,16 @@ def test_absolute_links_resolve_inside_root(node, tmp_path):
     assert node.failed() == {}
 
 
-def test_cri_v1_section_in_a_version_2_file_on_containerd_1_6(node):
-    # measured: containerd 1.6's `config dump` drops a plugin section it does not know, silently
+@pytest.mark.parametrize("containerd", ["1.6", "1.7"])
+def test_cri_v1_section_in_a_version_2_file_on_containerd_1(tmp_path, driver_files, containerd_release, containerd):
+    # measured: containerd 1.6's and 1.7's `config dump` drop a plugin section they do not know, silently
+    node = make_node(tmp_path / "root", driver_files, containerd,
+                     None if containerd == "1.6" else containerd_release(containerd))
     node.write("/etc/containerd/config.toml", CONFIG_V2 + "\n[plugins.'io.containerd.cri.v1.runtime']\n"
                                                           "  enable_cdi = true\n")
     check = only_failure(node, "containerd.ignored-sections")
     assert "[plugins.'io.containerd.cri.v1.runtime'] (containerd 1.x has no such plugin)" in check.saw
+    assert node.checks()["containerd.loads"].status == OK
 
 
 def test_version_2_file_on_containerd_2_is_migrated(node2):
@@ -546,24 +645,34 @@ def test_cdi_shim_config_is_read_in_root(node, doctor_env):
 
 
 @pytest.mark.parametrize("containerd, file_version, status", [
-    ("1.6", 2, OK), ("1.6", 1, "warn"), ("1.6", 3, FAIL),
-    ("2.1", 3, OK), ("2.1", 2, "warn"), ("2.1", 1, FAIL), ("2.1", 4, FAIL),
+    ("1.6", 1, "warn"), ("1.6", 2, OK), ("1.6", 3, FAIL), ("1.6", 4, FAIL),
+    ("1.7", 1, "warn"), ("1.7", 2, OK), ("1.7", 3, FAIL), ("1.7", 4, FAIL),
+    ("2.1", 1, FAIL), ("2.1", 2, "warn"), ("2.1", 3, OK), ("2.1", 4, FAIL),
     ("2.3", 4, OK), ("2.3", 3, "warn"),
 ])
-def test_config_version_rules(node, containerd, file_version, status):
-    """1.x reads 2; 2.0-2.2 read 3; 2.3 writes 4 and migrates 3. 1.6 is the real binary; 2.1 and
-    2.3 are the fake script with that version string (no 2.x binary on this machine yet)."""
+def test_config_version_rules(node, containerd_release, containerd, file_version, status):
+    """1.x reads 2; 2.0-2.2 read 3; 2.3 writes 4 and migrates 3. 1.6, 1.7 and 2.1 are the real
+    binaries, and what each does with the file (`config dump`) must agree with what the rule says:
+    a file the rule says containerd refuses is one the binary refuses, every other it loads.
+    2.3 is the stand-in (no 2.3 package exists), checked against the rule only."""
     text = CONFIG_V2 if file_version <= 2 else CONFIG_V3
     text = text.replace("version = 2\n" if file_version <= 2 else "version = 3\n",
                         "" if file_version == 1 else f"version = {file_version}\n")
     node.write("/etc/containerd/config.toml", text)
     extra = {}
-    if containerd != "1.6":
-        fake = FAKE_CONTAINERD_21.replace("v2.1.4", f"v{containerd}.0")
-        extra["containerd_binary"] = node.write("/opt/containerd", fake, 0o755)
-    check = node.checks(**extra)["containerd.config"]
+    if containerd == "2.3":
+        extra["containerd_binary"] = node.write("/opt/containerd", STAND_IN_23, 0o755)
+    elif containerd != "1.6":
+        extra["containerd_binary"] = put_binary(containerd_release(containerd), node.path("/opt/containerd"))
+    checks = node.checks(**extra)
+    check = checks["containerd.config"]
     assert check.status == status, check
     assert f"version = {file_version}" in check.saw or file_version == 1
+    assert f"containerd {containerd}" in check.saw
+    if containerd == "2.3":
+        return
+    refused = "refuses" in check.saw or "reads at most" in check.saw
+    assert (checks["containerd.loads"].status == FAIL) == refused, (check, checks["containerd.loads"])
 
 
 def test_imports_are_read_inside_root(node2):

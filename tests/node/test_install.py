@@ -1,8 +1,11 @@
 """`cdi-shim install --node` on prepared node roots (--root): idempotent (a second run leaves every
-file byte-identical and says nothing changed), its containerd result loaded by the real containerd
-1.6 (`containerd --config ROOT/etc/containerd/config.toml config dump`), k3s/rke2 templates, the
-CDI spec from the fake driver of tests/generate (real gcc-built libraries, the fake NVML through
-the real pynvml, mknod device nodes), systemctl through --systemctl (PID 1 is not systemd here).
+file byte-identical and says nothing changed), its containerd result loaded by a real containerd
+(`containerd --config ROOT/etc/containerd/config.toml config dump`): the system's 1.6 (version 2)
+and Debian forky's 2.1.9 (version 3; shim/cri/releases.py fetches it once into
+$CDI_SHIM_TEST_CACHE), each starting from its own `containerd config default`; a pod through the
+installed handler on both (the CRI lab of shim/cri/lab.py), k3s/rke2 templates, the CDI spec from
+the fake driver of tests/generate (real gcc-built libraries, the fake NVML through the real
+pynvml, mknod device nodes), systemctl through --systemctl (PID 1 is not systemd here).
 """
 import os
 import shutil
@@ -19,11 +22,46 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 V2_DEFAULT = os.path.join(HERE, "data", "containerd-1.6-default.toml")
 CRI2 = "io.containerd.grpc.v1.cri"
+CRI3 = "io.containerd.cri.v1.runtime"
 K3S_DIR = "var/lib/rancher/k3s/agent/etc/containerd"
 
 
 def containerd():
     return need("containerd", "containerd")
+
+
+class Containerd:
+    """A real containerd a node may run: VERSION, its BINARY, the config version and CRI plugin
+    table it reads, and its `containerd config default` (what a node image ships)."""
+
+    def __init__(self, version, binary, directory):
+        self.version, self.binary = version, binary
+        self.config_version = 2 if version.startswith("1.") else 3
+        self.cri = CRI2 if self.config_version == 2 else CRI3
+        out = subprocess.run([binary, "config", "default"], capture_output=True, text=True, timeout=60, check=True)
+        self.default = os.path.join(str(directory), f"containerd-{version}-default.toml")
+        with open(self.default, "w") as stream:
+            stream.write(out.stdout)
+
+    def dump(self, path):
+        out = subprocess.run([self.binary, "--config", str(path), "config", "dump"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "Ignoring unknown key" not in out.stderr, out.stderr  # containerd 2.x: a table it does not read
+        return toml_loads(out.stdout)
+
+    def runtimes(self, path):
+        return self.dump(path)["plugins"][self.cri]["containerd"]["runtimes"]
+
+    def __repr__(self):
+        return f"containerd {self.version}"
+
+
+@pytest.fixture(scope="module", params=["1.6", "2.1"])
+def node_containerd(request, tmp_path_factory, containerd_release):
+    """The system's containerd 1.6, then the real 2.1 of Debian forky."""
+    binary = containerd() if request.param == "1.6" else containerd_release(request.param)
+    return Containerd(request.param, binary, tmp_path_factory.mktemp(f"containerd-{request.param}"))
 
 
 def snapshot(root):
@@ -44,9 +82,10 @@ def snapshot(root):
     return found
 
 
-def install(root, *extra, env, binary, check=True):
+def install(root, *extra, env, binary, check=True, containerd_binary=None):
     args = ["install", "--node", "--root", str(root), "--runtime-binary", binary,
-            "--cdi-shim-binary", "/usr/local/bin/cdi-shim", "--containerd-binary", containerd()] + list(extra)
+            "--cdi-shim-binary", "/usr/local/bin/cdi-shim", "--containerd-binary",
+            containerd_binary or containerd()] + list(extra)
     return run_cli(*args, env=env, check=check)
 
 
@@ -66,32 +105,43 @@ def node_root(tmp_path, config=V2_DEFAULT):
 
 
 @pytest.mark.parametrize("drop_in", [True, False], ids=["drop-in", "main-file"])
-def test_second_run_changes_nothing_and_containerd_loads_the_result(tmp_path, shim_env, fake_binary, drop_in):
-    root = node_root(tmp_path)
+def test_second_run_changes_nothing_and_containerd_loads_the_result(tmp_path, shim_env, fake_binary, drop_in,
+                                                                     node_containerd):
+    """On a node shipping containerd's own default config: 1.6 (version 2), 2.1 (version 3)."""
+    real = node_containerd
+    root = node_root(tmp_path, config=real.default)
     extra = ["--drop-in"] if drop_in else []
-    first = install(root, *extra, env=shim_env, binary=fake_binary)
+    first = install(root, *extra, env=shim_env, binary=fake_binary, containerd_binary=real.binary)
     assert "containerd: changed: registered runtime \"nvidia\"" in first.stderr
     assert "loaded and checked by the installed containerd" in first.stderr
     assert "containerd must be restarted to load the runtime (rerun with --restart)" in first.stderr
     before = snapshot(root)
-    second = install(root, *extra, env=shim_env, binary=fake_binary)
+    second = install(root, *extra, env=shim_env, binary=fake_binary, containerd_binary=real.binary)
     assert snapshot(root) == before  # byte-identical, not even rewritten (mtimes equal)
     assert second.stderr.rstrip().endswith("cdi-shim: nothing changed"), second.stderr
     assert "changed:" not in second.stderr.replace("unchanged:", "").replace("nothing changed", "")
 
     main = root / "etc" / "containerd" / "config.toml"
-    section = dump(main)["plugins"][CRI2]["containerd"]
+    loaded = real.dump(main)
+    assert loaded["version"] == real.config_version
+    cri = loaded["plugins"][real.cri]
+    section = cri["containerd"]
     entry = section["runtimes"]["nvidia"]
     assert entry["options"]["BinaryName"] == fake_binary
     assert entry["container_annotations"] == ["cdi.k8s.io/*"]
     assert entry["runtime_type"] == "io.containerd.runc.v2"
     assert "runc" in section["runtimes"] and section["default_runtime_name"] == "runc"
+    if real.version != "1.6":  # containerd's own CDI resolves from the node's spec-dirs
+        assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    written = toml_loads(read(main))
+    assert written["version"] == real.config_version
     if drop_in:
         # the import is relative to the main file: right on the node and under ROOT alike
-        assert toml_loads(read(main))["imports"] == ["conf.d/99-cdi-shim.toml"]
-        assert (root / "etc" / "containerd" / "conf.d" / "99-cdi-shim.toml").is_file()
+        assert written["imports"] == ["conf.d/99-cdi-shim.toml"]
+        assert toml_loads(read(root / "etc" / "containerd" / "conf.d" / "99-cdi-shim.toml"))["version"] == \
+            real.config_version
     else:
-        assert not toml_loads(read(main)).get("imports")
+        assert not written.get("imports")
 
 
 def test_everything_it_puts_in_place(tmp_path, shim_env, fake_binary):
@@ -128,15 +178,31 @@ def test_an_existing_cdi_shim_config_is_kept(tmp_path, shim_env, fake_binary):
     assert entry["container_annotations"] == ["cdi.k8s.io/*", "example.com/*"]  # ROOT's config, not the host's
 
 
-def test_a_node_without_containerd_config(tmp_path, shim_env, fake_binary):
+def test_a_node_without_containerd_config(tmp_path, shim_env, fake_binary, node_containerd):
+    """No config.toml: the version is the installed containerd's (2 for 1.6, 3 for 2.1)."""
+    real = node_containerd
     root = node_root(tmp_path, config=None)
-    install(root, "--drop-in", env=shim_env, binary=fake_binary)
+    install(root, "--drop-in", env=shim_env, binary=fake_binary, containerd_binary=real.binary)
     main = root / "etc" / "containerd" / "config.toml"
-    assert toml_loads(read(main))["version"] == 2  # from the installed containerd 1.6
-    assert dump(main)["plugins"][CRI2]["containerd"]["runtimes"]["nvidia"]["options"]["BinaryName"] == fake_binary
+    assert toml_loads(read(main))["version"] == real.config_version
+    assert real.runtimes(main)["nvidia"]["options"]["BinaryName"] == fake_binary
     before = snapshot(root)
-    assert install(root, "--drop-in", env=shim_env, binary=fake_binary).stderr.rstrip().endswith("nothing changed")
+    assert install(root, "--drop-in", env=shim_env, binary=fake_binary,
+                   containerd_binary=real.binary).stderr.rstrip().endswith("nothing changed")
     assert snapshot(root) == before
+
+
+def test_containerd_cdi_follows_the_node_s_spec_dirs(tmp_path, shim_env, fake_binary, containerd_release):
+    """containerd 2.1 resolves CDI devices itself (enable_cdi is on by default): install makes its
+    cdi_spec_dirs the spec-dirs of the node's cdi-shim config, so both read the same specs."""
+    real = Containerd("2.1", containerd_release("2.1"), tmp_path)
+    root = node_root(tmp_path, config=real.default)
+    config = root / "etc" / "cdi-shim" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('spec-dirs = ["/opt/cdi", "/var/run/cdi"]\n')
+    install(root, "--drop-in", env=shim_env, binary=fake_binary, containerd_binary=real.binary)
+    cri = real.dump(root / "etc" / "containerd" / "config.toml")["plugins"][CRI3]
+    assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == ["/opt/cdi", "/var/run/cdi"]
 
 
 def test_a_regenerated_config_is_registered_again(tmp_path, shim_env, fake_binary):
@@ -338,43 +404,64 @@ def test_spec_generated_when_a_gpu_is_present_and_kept_when_current(tmp_path, sh
 
 # --- a pod through the installed handler ------------------------------------------------------------
 
-def test_pod_through_the_installed_handler_gets_its_device(tmp_path, monkeypatch):
-    """The CRI lab (shim/cri/lab.py: a private containerd 1.6, real pods) with its runtime registered
-    by `install --node --drop-in` on a node root holding the lab's containerd config, instead of
-    `runtime configure`: a pod of RuntimeClass handler "nvidia" asking for nvidia.com/gpu=0 through
-    the device plugin's annotation gets the device node, the env and the mount of the spec."""
-    for name, package in (("containerd", "containerd"), ("ctr", "containerd"), ("runc", "runc"),
-                          ("busybox", "busybox-static")):
+@pytest.mark.parametrize("version", ["1.6", "2.1"])
+def test_pod_through_the_installed_handler_gets_its_device(tmp_path, monkeypatch, version):
+    """The CRI lab (shim/cri/lab.py: a private containerd, real pods; 2.1 in a private mount
+    namespace with its own /run) with its runtime registered by `install --node --drop-in` on a
+    node root holding the lab's containerd config and cdi-shim config, instead of `runtime
+    configure`: a pod of RuntimeClass handler "nvidia" asking for nvidia.com/gpu=0 through the
+    device plugin's annotation gets the device node, the env and the mount of the spec. On 2.1
+    containerd's own CDI is on (its default), its cdi_spec_dirs made the node's spec-dirs by the
+    install, so the device resolves whoever injects it first."""
+    for name, package in (("runc", "runc"), ("busybox", "busybox-static"), ("unshare", "util-linux")):
         need(name, package)
+    if version == "1.6":
+        need("containerd", "containerd")
+        need("ctr", "containerd")
     if os.geteuid() != 0:
         pytest.fail("a private containerd runs pods with runc: run as root", pytrace=False)
     monkeypatch.setenv("CDI_SHIM_CRI_BUILD_DIR", str(tmp_path / "cri-build"))
-    from shim.cri.lab import Lab
+    from shim.cri.lab import Lab, LabError
 
     node = tmp_path / "node"
 
     class InstalledLab(Lab):
         def configure(self, *args):
+            shim_config = node / "etc" / "cdi-shim" / "config.toml"
+            if not shim_config.exists():  # the node's cdi-shim config: the lab's (its spec dir)
+                shim_config.parent.mkdir(parents=True)
+                shutil.copy(self.shim_config, shim_config)
             self.installed = run_cli("install", "--node", "--drop-in", "--root", str(node), "--runtime-binary",
                                      self.runtime_binary, "--cdi-shim-binary", self.cli, "--containerd-binary",
                                      self.containerd, env=self.env(), check=True)
             return self.installed
 
-    lab = InstalledLab(tmp_path / "lab")
+    try:
+        lab = InstalledLab(tmp_path / "lab", containerd=version)
+    except LabError as err:
+        pytest.fail(str(err), pytrace=False)
     lab.config = str(node / "etc" / "containerd" / "config.toml")
     os.makedirs(os.path.dirname(lab.config))
     try:
-        lab.setup()
+        try:
+            lab.setup()
+        except LabError as err:
+            pytest.fail(str(err), pytrace=False)
         assert "containerd: changed: registered runtime \"nvidia\"" in lab.installed.stderr
-        assert (node / "etc" / "containerd" / "conf.d" / "99-cdi-shim.toml").is_file()
+        drop_in = node / "etc" / "containerd" / "conf.d" / "99-cdi-shim.toml"
+        assert toml_loads(read(drop_in))["version"] == lab.config_version == (2 if version == "1.6" else 3)
+        if version != "1.6":
+            cri = toml_loads(read(drop_in))["plugins"][CRI3]
+            assert cri["cdi_spec_dirs"] == [lab.spec_dir]
         probe = ("echo \"node=$(stat -c '%F %t:%T' /dev/nvidia0 2>&1)\"; echo \"env=$FAKE_GPU_INDEX/$FAKE_DRIVER\"; "
                  "echo \"mount=$(cat /usr/local/fake-driver/version.txt 2>&1)\"")
         run = lab.run_pod("nvidia", ["sh", "-c", probe], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
         assert run.status.exit_code == 0, run.output
         seen = dict(line.split("=", 1) for line in run.output if "=" in line)
         assert seen == {"node": "character special file c3:0", "env": "0/555.42", "mount": "fake driver 555.42"}
-        plain = lab.run_pod("runc", ["sh", "-c", probe], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
-        assert "No such file" in dict(line.split("=", 1) for line in plain.output if "=" in line)["node"]
+        if version == "1.6":  # no CDI of its own: plain runc ignores the annotation
+            plain = lab.run_pod("runc", ["sh", "-c", probe], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+            assert "No such file" in dict(line.split("=", 1) for line in plain.output if "=" in line)["node"]
         before = snapshot(node)
         again = lab.configure()  # the next node start, containerd running
         assert again.stderr.rstrip().endswith("nothing changed") and snapshot(node) == before

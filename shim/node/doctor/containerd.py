@@ -55,10 +55,13 @@ class ContainerdView:
         self.installed_text = ""
         self.binary = None       # host path of the containerd asked
         self.binaries = []       # [(node path, host path)] on PATH
+        self.node = None
+        self._dump = False       # Dump, or None when it cannot be asked; False: not asked yet
 
     @classmethod
     def load(cls, ctx):
         view, node, options = cls(), ctx.node, ctx.options
+        view.node = node
         view.path = options.containerd_config
         view.binaries = node.which_all("containerd")
         if options.containerd_binary:
@@ -113,6 +116,51 @@ class ContainerdView:
         return view
 
     @property
+    def minor(self):
+        return self.installed[1] if self.installed else None
+
+    @property
+    def refuses_version(self):
+        """containerd 1.7 refuses a file of version 3 or more (measured: "unsupported config version
+        `3`", exit 1); 1.6 reads it as version 2; 2.0-2.2 refuse 4 and above."""
+        if not self.installed or self.version is None:
+            return False
+        major, minor = self.installed
+        if major == 1:
+            return minor >= 7 and self.version > 2
+        return self.version > (4 if (major, minor) >= (2, 3) else 3)
+
+    def dump(self):
+        """The installed containerd's `containerd --config F config dump` (a Dump), or None when it
+        cannot be asked: no binary, the file not loaded here, or imports that under --root name
+        the host's files rather than ROOT's."""
+        if self._dump is not False:
+            return self._dump
+        self._dump = None
+        if self.error or not self.binary or not self.installed:
+            return None
+        if self.node.root != "/" and self.doc.get("imports"):
+            return None
+        try:
+            out = subprocess.run([self.binary, "--config", self.node.host(self.path), "config", "dump"],
+                                 capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            self._dump = Dump(None, "", str(err))
+        else:
+            self._dump = Dump(out.returncode, out.stdout, out.stderr)
+        return self._dump
+
+    def effective_cri(self):
+        """The CRI runtime plugin's section as the installed containerd loaded it (its `config
+        dump`: defaults filled in, a version-2 file migrated by 2.x), or None."""
+        dump = self.dump()
+        if dump is None or dump.doc is None:
+            return None
+        version = dump.doc.get("version", 1)
+        section = _get(dump.doc, "plugins", CRI_RUNTIME.get(version, OLD_CRI))
+        return section if isinstance(section, dict) else None
+
+    @property
     def major(self):
         """containerd's major version: the installed one, else what the file's version implies."""
         if self.installed:
@@ -121,9 +169,10 @@ class ContainerdView:
 
     @property
     def read_as(self):
-        """The config version containerd reads the file as: containerd 1.x reads any version above
-        2 as 2 (measured: 1.6's `config dump` of a version-3 file says version = 2)."""
-        if self.major == 1 and self.version and self.version > 2:
+        """The config version containerd reads the file as: containerd 1.6 reads any version above
+        2 as 2 (measured: 1.6's `config dump` of a version-3 file says version = 2); 1.7 refuses
+        such a file (`refuses_version`)."""
+        if self.major == 1 and self.version and self.version > 2 and not (self.minor is not None and self.minor >= 7):
             return 2
         return self.version
 
@@ -156,6 +205,48 @@ class ContainerdView:
     def where(self):
         version = self.read_as
         return f"[plugins.{_quote(version)}{CRI_RUNTIME.get(version, OLD_CRI)}{_quote(version)}]"
+
+
+class Dump:
+    """What `containerd --config F config dump` said: its exit status, the loaded config (parsed)
+    and the keys containerd 2.x reported ignoring."""
+
+    IGNORED = "Ignoring unknown key in TOML for plugin"
+
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+        self.doc = None
+        if returncode == 0:
+            try:
+                self.doc = _toml(stdout)
+            except Exception:  # noqa: BLE001
+                self.doc = None
+
+    @property
+    def error(self):
+        if self.returncode == 0:
+            return None
+        lines = [line for line in (self.stderr or self.stdout).splitlines() if line.strip()]
+        return lines[-1] if lines else f"exit status {self.returncode}"
+
+    def ignored(self):
+        """[(plugin, "a.b.c")] of the keys containerd says it ignores (containerd 2.x warns
+        `msg="Ignoring unknown key in TOML for plugin" key="containerd runtimes nvidia"
+        plugin=io.containerd.grpc.v1.cri` for each table it does not know, and for the tables
+        around it or not, as it happens), the innermost only: the tables the file names."""
+        found = []
+        for line in self.stderr.splitlines():
+            fields = {k: (v[1:-1].replace('\\"', '"') if v.startswith('"') else v)
+                      for k, v in re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', line)}
+            if fields.get("msg") == self.IGNORED and fields.get("key"):
+                found.append((fields.get("plugin", "?"), tuple(fields["key"].split())))
+        inner = [(p, k) for p, k in found if not any(p == q and j[:len(k)] == k and k != j for q, j in found)]
+        seen, out = set(), []
+        for plugin, key in inner:
+            if (plugin, key) not in seen:
+                seen.add((plugin, key))
+                out.append((plugin, ".".join(key)))
+        return out
 
 
 def _quote(version):
@@ -201,16 +292,21 @@ def check_containerd_version(ctx):
     major, minor = installed
     migrate = "`containerd config migrate > NEW` and install NEW as the config"
     if major < 2:
+        if version >= 3 and view.refuses_version:
+            return Check("containerd", "config", FAIL, f"{saw}: containerd {major}.{minor} knows versions 1 and 2 "
+                         f"only and refuses a version {version} file: it will not start",
+                         "write a version 2 config (`containerd config default`), then " + CONFIGURE)
         if version >= 3:
-            return Check("containerd", "config", FAIL, f"{saw}: containerd 1.x knows versions 1 and 2 only and "
-                         "reads this file as version 2, ignoring every section of the version-3 plugins",
+            return Check("containerd", "config", FAIL, f"{saw}: containerd {major}.{minor} knows versions 1 and 2 "
+                         "only and reads this file as version 2, ignoring every section of the version-3 plugins",
                          "write a version 2 config (`containerd config default`), then " + CONFIGURE)
         if version == 1:
             return Check("containerd", "config", WARN, f"{saw}: version 1 is deprecated", migrate)
         return _ok("containerd", "config", saw)
     newest = 4 if (major, minor) >= (2, 3) else 3
     if version == 1:
-        return Check("containerd", "config", FAIL, f"{saw}: containerd 2.x no longer reads version 1", migrate)
+        return Check("containerd", "config", FAIL, f"{saw}: containerd 2.x no longer migrates version 1: it "
+                     "starts, but ignores the CRI plugin's sections, the runtimes among them", migrate)
     if version > newest:
         return Check("containerd", "config", FAIL, f"{saw}: containerd {major}.{minor} reads at most version "
                      f"{newest}", f"write a version {newest} config, or upgrade containerd")
@@ -225,8 +321,8 @@ def check_ignored_sections(ctx):
     ignores them silently: measured), the cri.v1 plugins' sections under containerd 1.x (it knows
     no such plugins; measured: 1.6's `config dump` drops them without a word)."""
     view = ctx.containerd
-    if view.error or view.version is None:
-        return None
+    if view.error or view.version is None or view.refuses_version:
+        return None  # a file containerd refuses is the config check's failure, not a silent one
     ignored, old_reader = [], view.major == 1
     for path, doc in view.files:
         version = doc.get("version", view.version)
@@ -241,6 +337,13 @@ def check_ignored_sections(ctx):
             for name in NEW_CRI_PLUGINS:
                 if name in plugins:
                     ignored.append(f"{path}: [plugins.'{name}'] (containerd 1.x has no such plugin)")
+    dump = view.dump()
+    said = dump.ignored() if dump is not None and dump.returncode == 0 else []
+    if said:
+        # containerd 2.x names what it drops, as warnings of `config dump` (and of every start)
+        installed = f"{view.installed[0]}.{view.installed[1]}"
+        ignored.append(f"containerd {installed}'s `config dump` warns it ignores "
+                       + ", ".join(f"{key} of plugin {plugin}" for plugin, key in said))
     if ignored:
         return Check("containerd", "ignored-sections", FAIL, "containerd ignores, silently: " + "; ".join(ignored),
                      "move the settings under the headers of the file's version (version 3: "
@@ -251,21 +354,15 @@ def check_ignored_sections(ctx):
 
 def check_containerd_loads(ctx):
     """The installed containerd loads the file (`containerd --config F config dump`)."""
-    view, node = ctx.containerd, ctx.node
-    if view.error or not view.binary or not view.installed:
+    view = ctx.containerd
+    dump = view.dump()
+    if dump is None:
         return None
-    if node.root != "/" and view.doc.get("imports"):
-        return None  # its imports name the host's files, not ROOT's
-    try:
-        out = subprocess.run([view.binary, "--config", node.host(view.path), "config", "dump"],
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return Check("containerd", "loads", WARN, f"cannot run {view.binary}: {err}", "")
-    if out.returncode != 0:
-        lines = [line for line in (out.stderr or out.stdout).splitlines() if line.strip()]
-        return Check("containerd", "loads", FAIL, f"{view.binary} refuses {view.path}: "
-                     f"{lines[-1] if lines else out.returncode}", "fix the file; `containerd config dump` "
-                     "shows the error")
+    if dump.returncode is None:
+        return Check("containerd", "loads", WARN, f"cannot run {view.binary}: {dump.stderr}", "")
+    if dump.returncode != 0:
+        return Check("containerd", "loads", FAIL, f"{view.binary} refuses {view.path}: {dump.error}",
+                     "fix the file; `containerd config dump` shows the error")
     return _ok("containerd", "loads", f"`containerd --config {view.path} config dump` succeeds")
 
 
@@ -314,8 +411,7 @@ def check_cri_cdi(ctx):
     view = ctx.containerd
     if view.error or view.version is None:
         return None
-    major = view.major
-    minor = view.installed[1] if view.installed else None
+    major, minor = view.major, view.minor
     enabled = view.cri.get("enable_cdi")
     dirs = view.cdi_spec_dirs
     ours = list(ctx.options.spec_dirs)
@@ -323,22 +419,29 @@ def check_cri_cdi(ctx):
     if major == 1 and minor is not None and minor < 7:
         return _ok("containerd", "cdi", f"containerd 1.{minor} has no CDI support of its own; CDI annotations "
                    f"reach {RUNTIME_EXECUTABLE} through container_annotations")
-    default = major is not None and major >= 2
+    default = major is not None and major >= 2  # containerd 1.7 ships enable_cdi off, 2.x on
     effective = default if enabled is None else bool(enabled)
+    source = "the file" if enabled is not None else f"containerd {major}.x's default"
+    loaded = view.effective_cri()
+    if loaded is not None and isinstance(loaded.get("enable_cdi"), bool):
+        # what the installed containerd made of the file: its defaults, migration, ignored sections
+        effective, source = loaded["enable_cdi"], "`containerd config dump`"
+        if isinstance(loaded.get("cdi_spec_dirs"), list):
+            dirs = loaded["cdi_spec_dirs"]
     if not effective:
         if major is not None and major >= 2:
-            return Check("containerd", "cdi", FAIL, f"enable_cdi = false in {where}: containerd 2.x then drops the "
-                         "CDI devices the device plugin asks for (the CRI CDIDevices field), silently",
+            return Check("containerd", "cdi", FAIL, f"enable_cdi = false in {where} ({source}): containerd 2.x then "
+                         "drops the CDI devices the device plugin asks for (the CRI CDIDevices field), silently",
                          f"set enable_cdi = true in {where} (the default in 2.x) and restart containerd")
-        return Check("containerd", "cdi", WARN, f"enable_cdi is off in {where}: CDI devices in the CRI CDIDevices "
-                     f"field are dropped; only annotations reach {RUNTIME_EXECUTABLE}",
+        return Check("containerd", "cdi", WARN, f"enable_cdi is off in {where} ({source}): CDI devices in the "
+                     f"CRI CDIDevices field are dropped; only annotations reach {RUNTIME_EXECUTABLE}",
                      f"set enable_cdi = true and cdi_spec_dirs = {ours} in {where}")
     effective_dirs = dirs if dirs is not None else ["/etc/cdi", "/var/run/cdi"]
     if [ctx.node.host(d) for d in effective_dirs] != [ctx.node.host(d) for d in ours]:
         return Check("containerd", "cdi", FAIL, f"containerd resolves CDI devices from {effective_dirs}, "
                      f"cdi-shim from {ours}: the same request gets other edits, or fails in one of them",
                      f"set cdi_spec_dirs = {ours} in {where} (or spec-dirs in /etc/cdi-shim/config.toml)")
-    return _ok("containerd", "cdi", f"enable_cdi on, cdi_spec_dirs = {effective_dirs}")
+    return _ok("containerd", "cdi", f"enable_cdi on, cdi_spec_dirs = {effective_dirs} ({source})")
 
 
 def _init_is_systemd(node):
