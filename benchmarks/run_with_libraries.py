@@ -18,9 +18,10 @@ hooks of a toolkit-generated spec (program /usr/bin/nvidia-cdi-hook, absent), th
 resident process, against runc `create` of the same config without the hooks (runc pays the
 mounts either way): runc, resident, runc, resident, ...
 
+Each container's rootfs is what containerd's overlayfs snapshotter gives: an overlay mount
+with the image as its lower layer and a fresh, empty upper directory (on disk, under --dir).
 The bundles (config.json and the files the runtime writes beside it) are on a tmpfs of their
-own, as containerd's are (/run/containerd/io.containerd.runtime.v2.task/<ns>/<id>); the
-rootfs copies stay on disk, as a snapshot's upper directory does.
+own, as containerd's are (/run/containerd/io.containerd.runtime.v2.task/<ns>/<id>).
 """
 import argparse
 import json
@@ -123,8 +124,7 @@ def preinjected(root, rootfs, libraries, node, runs):
     try:
         for index in range(runs + 1):
             for copy in (plain_rootfs, gpu_rootfs):
-                shutil.rmtree(copy, ignore_errors=True)
-                subprocess.run(["cp", "-al", rootfs, copy], check=True)
+                fresh_rootfs(rootfs, copy)
             with open(os.path.join(gpu, "config.json"), "wb") as out:
                 out.write(pristine)
             b = timed(["runc", "--root", state, "create", "--bundle", plain, f"p{index}"], env)
@@ -155,7 +155,20 @@ def bundle_dir(root):
     return path
 
 
+def fresh_rootfs(image, path):
+    """PATH: a new overlay of IMAGE with an empty upper layer (PATH.upper, PATH.work)."""
+    subprocess.run(["umount", path], stderr=subprocess.DEVNULL)
+    for layer in (path, path + ".upper", path + ".work"):
+        shutil.rmtree(layer, ignore_errors=True)
+        os.makedirs(layer)
+    subprocess.run(["mount", "-t", "overlay", "cdi-shim-bench", "-o",
+                    f"lowerdir={image},upperdir={path}.upper,workdir={path}.work", path], check=True)
+
+
 def cleanup(root):
+    for name in os.listdir(root):
+        if name.startswith("rootfs-") and "." not in name:
+            subprocess.run(["umount", os.path.join(root, name)], stderr=subprocess.DEVNULL)
     subprocess.run(["umount", os.path.join(root, "bundles")], stderr=subprocess.DEVNULL)
     shutil.rmtree(root, ignore_errors=True)
 
@@ -209,8 +222,8 @@ def main():
             envs[mode] = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
         server = start_resident(f"{root}/run/runtime.sock", envs["resident"])
         state = os.path.join(root, "state")
-        # Each container gets its own copy of the image (hard links, timestamps kept), as a
-        # containerd snapshot would give it: runc creates mount points inside the rootfs.
+        # Each container gets its own overlay of the image, as a containerd snapshot would
+        # give it: runc creates mount points inside the rootfs.
         plain_rootfs, gpu_rootfs = os.path.join(root, "rootfs-plain"), os.path.join(root, "rootfs-gpu")
         bundles = bundle_dir(root)
         plain = bundle(bundles, "plain", plain_rootfs)
@@ -222,8 +235,7 @@ def main():
             for index in range(args.runs + 1):
                 for mode, (base, ours) in times.items():
                     for copy in (plain_rootfs, gpu_rootfs):
-                        shutil.rmtree(copy, ignore_errors=True)
-                        subprocess.run(["cp", "-al", rootfs, copy], check=True)
+                        fresh_rootfs(rootfs, copy)
                     with open(os.path.join(gpu, "config.json"), "wb") as out:
                         out.write(pristine)
                     env = envs[mode]
