@@ -499,3 +499,34 @@ def kill_quietly(proc):
         except ProcessLookupError:
             pass
         proc.wait()
+
+
+GLIBC_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+
+def gcc(*args):
+    subprocess.run([need("gcc", "gcc"), *args], check=True, capture_output=True, timeout=120)
+
+
+def glibc_image(rootfs, program, library, workdir, link_args=()):
+    """ROOTFS made a small glibc image: /prog built from the C source PROGRAM against LIBRARY
+    (a file whose SONAME is libnvidia-ml.so.1), and this host's libc, libm and loader, with an
+    ld.so.conf naming GLIBC_LIBDIR. The caller adds what else it needs, then runs ldconfig."""
+    program_src = os.path.join(workdir, "prog.c")
+    with open(program_src, "w") as out:
+        out.write(program)
+    link_dir = os.path.join(workdir, "link")
+    os.makedirs(link_dir, exist_ok=True)
+    if not os.path.lexists(os.path.join(link_dir, "libnvidia-ml.so")):
+        os.symlink(library, os.path.join(link_dir, "libnvidia-ml.so"))
+    gcc("-o", os.path.join(rootfs, "prog"), program_src, f"-L{link_dir}", "-lnvidia-ml", *link_args)
+    os.makedirs(rootfs + GLIBC_LIBDIR, exist_ok=True)
+    os.makedirs(rootfs + "/lib64", exist_ok=True)
+    for name in ("libc.so.6", "libm.so.6"):
+        shutil.copy2(os.path.realpath(f"/lib/x86_64-linux-gnu/{name}"), rootfs + f"{GLIBC_LIBDIR}/{name}")
+    shutil.copy2(os.path.realpath("/lib64/ld-linux-x86-64.so.2"), rootfs + "/lib64/ld-linux-x86-64.so.2")
+    os.makedirs(rootfs + "/etc/ld.so.conf.d", exist_ok=True)
+    with open(rootfs + "/etc/ld.so.conf", "w") as out:
+        out.write("include /etc/ld.so.conf.d/*.conf\n")
+    with open(rootfs + "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "w") as out:
+        out.write(GLIBC_LIBDIR + "\n")

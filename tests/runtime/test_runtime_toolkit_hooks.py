@@ -73,23 +73,7 @@ def _image(bundle, driver, tmp_path, compat=True):
     """The bundle's busybox rootfs made a small glibc image with its own ld.so.cache and, with
     COMPAT, CUDA forward-compatibility libraries for a newer driver (560) in /usr/local/cuda/compat."""
     rootfs = bundle.rootfs
-    program_src = tmp_path / "prog.c"
-    program_src.write_text(PROGRAM)
-    link_dir = tmp_path / "link"
-    link_dir.mkdir(exist_ok=True)
-    if not (link_dir / "libnvidia-ml.so").exists():
-        os.symlink(driver / f"libnvidia-ml.so.{VERSION}", link_dir / "libnvidia-ml.so")
-    _gcc("-o", os.path.join(rootfs, "prog"), str(program_src), f"-L{link_dir}", "-lnvidia-ml", "-ldl")
-    os.makedirs(rootfs + LIBDIR, exist_ok=True)
-    os.makedirs(rootfs + "/lib64", exist_ok=True)
-    for name in ("libc.so.6", "libm.so.6"):
-        shutil.copy2(os.path.realpath(f"/lib/x86_64-linux-gnu/{name}"), rootfs + f"{LIBDIR}/{name}")
-    shutil.copy2(os.path.realpath("/lib64/ld-linux-x86-64.so.2"), rootfs + "/lib64/ld-linux-x86-64.so.2")
-    os.makedirs(rootfs + "/etc/ld.so.conf.d", exist_ok=True)
-    with open(rootfs + "/etc/ld.so.conf", "w") as out:
-        out.write("include /etc/ld.so.conf.d/*.conf\n")
-    with open(rootfs + "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "w") as out:
-        out.write(LIBDIR + "\n")
+    rh.glibc_image(rootfs, PROGRAM, str(driver / f"libnvidia-ml.so.{VERSION}"), str(tmp_path), ["-ldl"])
     if compat:
         os.makedirs(rootfs + COMPAT)
         _library(rootfs + f"{COMPAT}/libcuda.so.{COMPAT_VERSION}", "libcuda.so.1",
