@@ -10,9 +10,12 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime"))
 import runtime_helpers as rh  # noqa: E402
 
-from fakedriver import LIBDIR, VERSION  # noqa: E402
+from fakedriver import LIBDIR, VERSION, bus_id  # noqa: E402
 
 SCRIPT = ("echo '== dev'; ls /dev; "
+          "echo '== dri'; ls /dev/dri; "
+          "echo '== by-path'; for l in /dev/dri/by-path/*; do echo $l $(readlink $l); done; "
+          "echo '== xorg'; ls /usr/lib/xorg/modules/drivers /etc/vulkan/icd.d; "
           "echo '== smi'; /usr/bin/nvidia-smi; "
           f"echo '== links'; ls {LIBDIR}; "
           "echo '== cache'; grep -c libcuda.so.1 /etc/ld.so.cache; "
@@ -61,6 +64,11 @@ def test_container_with_a_generated_spec_gets_the_gpu(driver, run, tmp_path, mod
     assert "nvidia1" in dev and "nvidia0" not in dev
     for node in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
         assert node in dev
+    assert report["dri"] == ["by-path", "card2", "renderD129"]      # GPU 1's DRM nodes, no other GPU's
+    assert report["by-path"] == [f"/dev/dri/by-path/pci-{bus_id(1)}-card ../card2",
+                                 f"/dev/dri/by-path/pci-{bus_id(1)}-render ../renderD129"]
+    assert report["xorg"] == ["/etc/vulkan/icd.d:", "nvidia_icd.json", "", "/usr/lib/xorg/modules/drivers:",
+                              "nvidia_drv.so"]
     assert report["smi"] == [f"nvidia-smi {VERSION}"]
     links = report["links"]
     for name in (f"libcuda.so.{VERSION}", "libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "vdpau"):
