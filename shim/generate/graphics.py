@@ -19,8 +19,9 @@ internal/lookup/root, internal/platform-support/dgpu, internal/edits/device.go):
 - the Vulkan ICD and layer files: the first found in those directories or in the driver
   root itself (a GKE driver root has vulkan/icd.d/ at its top), always mounted under
   /etc/vulkan/... in the container;
-- a GPU's DRM nodes: the entries of /sys/bus/pci/devices/<bus id>/drm named card* or
-  renderD*, as /dev/dri/<name> when a character device under the dev root; the links
+- a GPU's DRM nodes: each entry of /sys/bus/pci/devices/<bus id>/drm (card1, renderD128;
+  controlD64 on old kernels) as /dev/dri/<name> when that is a character device under the
+  dev root; the links
   /dev/dri/by-path/pci-<bus id>-card and -render, with the dev root's own targets, when they
   lead to those nodes (a create-symlinks hook of the device);
 - a node neither world-readable nor world-writable whose group is not root's: that group in
@@ -79,7 +80,6 @@ XORG_ROOTS = ("/usr/lib/xorg", "/usr/lib64/xorg", "/usr/X11R6/lib", "/usr/X11R6/
 XORG_SUBDIRS = ("modules/drivers", "modules/extensions", "modules/updates/drivers", "modules/updates/extensions")
 
 DRM_DIR = "/dev/dri"
-DRM_PREFIXES = ("card", "renderD")
 BY_PATH_KINDS = ("card", "render")
 
 
@@ -181,16 +181,14 @@ def _host(dev_root, path):
 
 
 def drm_nodes(dev_root, bus_id, sysfs="/sys"):
-    """[(path, host path)] of the DRM nodes of the PCI device BUS_ID (kernel form) that are
-    character devices under DEV_ROOT."""
+    """[(path, host path)] of the DRM nodes of the PCI device BUS_ID (kernel form): the names
+    in its sysfs drm directory that are character devices in DEV_ROOT's /dev/dri."""
     try:
         names = os.listdir(f"{sysfs}/bus/pci/devices/{bus_id}/drm")
     except OSError:
         return []
     nodes = []
     for name in sorted(names):
-        if not name.startswith(DRM_PREFIXES) or "/" in name:
-            continue
         path = f"{DRM_DIR}/{name}"
         host = _host(dev_root, path)
         try:

@@ -479,8 +479,9 @@ def test_drm_nodes_only_a_group_may_use_give_additional_gids_and_cdi_0_7_0(run, 
 
 
 def test_by_path_links_only_to_the_gpus_own_nodes(run, tmp_path):
-    """A by-path link that leads elsewhere than the GPU's DRM nodes is left out; a GPU whose
-    sysfs entry has no drm directory gets no DRM node and no hook."""
+    """A by-path link that leads elsewhere than the GPU's DRM nodes is left out; a sysfs drm
+    entry that is no node in /dev/dri is left out; a GPU without a sysfs entry gets no DRM
+    node and no hook."""
     run.gpus(2)
     dev_root = _drm_dev_root(run, tmp_path, 0o666, 0)
     link = f"{dev_root}/dev/dri/by-path/pci-{fakedriver.bus_id(0)}-card"
@@ -489,8 +490,15 @@ def test_by_path_links_only_to_the_gpus_own_nodes(run, tmp_path):
     lines = fakedriver.gpu_lines(2)
     lines[1] = lines[1].replace("bus=00000000:11:00.0", "bus=00000000:42:00.0")   # no such PCI device in sysfs
     run.gpus(lines=[f"driver {VERSION}"] + lines)
-    _generate_with_dev_root(run, dev_root)
+    # a sysfs drm entry without a character device in /dev/dri (an old kernel's controlD64)
+    control = f"{run.driver.sysfs}/bus/pci/devices/{fakedriver.bus_id(0)}/drm/controlD64"
+    os.mkdir(control)
+    try:
+        _generate_with_dev_root(run, dev_root)
+    finally:
+        os.rmdir(control)
     devices = {d["name"]: d["containerEdits"] for d in load(run.output)["devices"]}
+    assert [n["path"] for n in devices["0"]["deviceNodes"]] == ["/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128"]
     assert devices["0"]["hooks"][0]["args"][2:] == ["--link", f"../renderD128::/dev/dri/by-path/pci-{fakedriver.bus_id(0)}-render"]
     assert devices["1"] == {"deviceNodes": [{"path": "/dev/nvidia1", "hostPath": f"{dev_root}/dev/nvidia1"}]}
 
