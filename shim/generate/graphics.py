@@ -14,8 +14,9 @@ internal/lookup/root, internal/platform-support/dgpu, internal/edits/device.go):
 - links for libnvidia-allocator (gbm/nvidia-drm_gbm.so -> ../libnvidia-allocator.so.1) and
   libnvidia-vulkan-producer (the .so link) when the driver has them;
 - configuration files (EGL vendor and platform JSON, OptiX's nvoptix.bin, Xorg
-  configuration, the OpenCL vendor file) in /etc, /usr/local/share and /usr/share, every
-  one found mounted at its own path;
+  configuration, the OpenCL vendor file) in /etc and the XDG data directories
+  ($XDG_DATA_DIRS, default /usr/local/share and /usr/share), every one found mounted at its
+  own path;
 - the Vulkan ICD and layer files: the first found in those directories or in the driver
   root itself (a GKE driver root has vulkan/icd.d/ at its top), always mounted under
   /etc/vulkan/... in the container;
@@ -36,8 +37,8 @@ import os
 import posixpath
 import stat
 
-# Configuration files: every one found (in CONFIG_DIRS) mounted at its own path.
-CONFIG_DIRS = ("/etc", "/usr/local/share", "/usr/share")
+# Configuration files: every one found (in config_dirs()) mounted at its own path.
+CONFIG_DIRS = ("/etc", "/usr/local/share", "/usr/share")   # /etc, then $XDG_DATA_DIRS or its default
 CONFIG_FILES = (
     "glvnd/egl_vendor.d/10_nvidia.json",
     "egl/egl_external_platform.d/15_nvidia_gbm.json",
@@ -50,7 +51,7 @@ CONFIG_FILES = (
     "X11/xorg.conf.d/nvidia-drm-outputclass.conf",
     "OpenCL/vendors/nvidia.icd",
 )
-# Vulkan files: the first found in CONFIG_DIRS or at the driver root's top, mounted at /etc/NAME.
+# Vulkan files: the first found in config_dirs() or at the driver root's top, mounted at /etc/NAME.
 VULKAN_FILES = (
     "vulkan/icd.d/nvidia_icd.json",
     "vulkan/icd.d/nvidia_layers.json",
@@ -81,6 +82,14 @@ XORG_SUBDIRS = ("modules/drivers", "modules/extensions", "modules/updates/driver
 
 DRM_DIR = "/dev/dri"
 BY_PATH_KINDS = ("card", "render")
+
+
+def config_dirs(environ=os.environ):
+    """Where configuration files are looked for in the driver root: /etc, then the
+    directories of XDG_DATA_DIRS when it is set and not empty (as the toolkit reads it from
+    its own environment), else its default /usr/local/share and /usr/share."""
+    xdg = [d.rstrip("/") or "/" for d in environ.get("XDG_DATA_DIRS", "").split(":") if d.startswith("/")]
+    return tuple(dict.fromkeys(["/etc"] + (xdg or list(CONFIG_DIRS[1:]))))
 
 
 def xorg_search_paths(lib_dirs):
@@ -126,9 +135,10 @@ def discover_graphics(root, version, found):
             links.append(f"{name}::{directory}/libnvidia-vulkan-producer.so")
     found.links = links + [link for link in found.links if link not in links]
 
+    dirs = config_dirs()
     for name in CONFIG_FILES:
-        for directory in CONFIG_DIRS:
-            path = f"{directory}/{name}"
+        for directory in dirs:
+            path = posixpath.join(directory, name)
             resolved = root.resolve(path, stat.S_IFREG)
             if resolved is not None:
                 mount(resolved, path, found.configs)
@@ -136,8 +146,8 @@ def discover_graphics(root, version, found):
     if root.machine in ("x86_64", "aarch64"):
         vulkan.append(VULKAN_MACHINE_FILE.format(machine=root.machine))
     for name in vulkan:
-        for directory in CONFIG_DIRS + ("",):
-            resolved = root.resolve(f"{directory}/{name}", stat.S_IFREG)
+        for directory in dirs + ("",):
+            resolved = root.resolve(posixpath.join(directory or "/", name), stat.S_IFREG)
             if resolved is not None:
                 mount(resolved, f"{VULKAN_CONTAINER_DIR}/{name}", found.configs)
                 break

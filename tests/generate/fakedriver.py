@@ -320,7 +320,9 @@ class Runner:
             out.write("\n".join(lines) + "\n")
 
     def env(self):
-        return dict(os.environ, FAKE_NVML_CONFIG=self.config, FAKE_NVML_LOG=self.log)
+        env = dict(os.environ, FAKE_NVML_CONFIG=self.config, FAKE_NVML_LOG=self.log)
+        env.pop("XDG_DATA_DIRS", None)   # (where the generator looks for config files: its default here)
+        return env
 
     def cli(self, *argv, check=None):
         done = subprocess.run([CLI, *argv], capture_output=True, text=True, env=self.env(), timeout=120)

@@ -503,7 +503,7 @@ def test_by_path_links_only_to_the_gpus_own_nodes(run, tmp_path):
     assert devices["1"] == {"deviceNodes": [{"path": "/dev/nvidia1", "hostPath": f"{dev_root}/dev/nvidia1"}]}
 
 
-def test_vulkan_files_at_the_driver_roots_top_and_every_config_found(tmp_path):
+def test_vulkan_files_at_the_driver_roots_top_and_every_config_found(tmp_path, monkeypatch):
     """A GKE-style driver root has vulkan/icd.d/ at its top: mounted at /etc/vulkan/...; a
     configuration file in both /etc and /usr/share is mounted from both, each at its path;
     the first Xorg module found in the search order is the one mounted."""
@@ -530,6 +530,22 @@ def test_vulkan_files_at_the_driver_roots_top_and_every_config_found(tmp_path):
                              (f"{root}/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/icd.d/nvidia_icd.json")]
     assert found.graphics == [(f"{root}/usr/lib64/nvidia/xorg/nvidia_drv.so", "/usr/lib64/nvidia/xorg/nvidia_drv.so")]
     assert found.links == []
+
+    # XDG_DATA_DIRS, when set, replaces /usr/local/share and /usr/share (relative entries ignored)
+    from shim.generate.graphics import config_dirs
+
+    monkeypatch.setenv("XDG_DATA_DIRS", "/opt/share:relative:/usr/share/")
+    assert config_dirs() == ("/etc", "/opt/share", "/usr/share")
+    (root / "opt/share/nvidia").mkdir(parents=True)
+    (root / "opt/share/nvidia/nvoptix.bin").write_text("")
+    (root / "usr/local/share/nvidia").mkdir(parents=True)
+    (root / "usr/local/share/nvidia/nvoptix.bin").write_text("")
+    found = DriverFiles()
+    with DriverRoot(str(root), "x86_64") as driver_root:
+        discover_graphics(driver_root, VERSION, found)
+    assert [p for _h, p in found.configs if p.endswith("nvoptix.bin")] == ["/opt/share/nvidia/nvoptix.bin"]
+    monkeypatch.setenv("XDG_DATA_DIRS", "")
+    assert config_dirs() == ("/etc", "/usr/local/share", "/usr/share")
 
 
 @pytest.mark.parametrize("nvml, kernel", [("00000000:3B:00.0", "0000:3b:00.0"), ("0000:3b:00.0", "0000:3b:00.0"),
