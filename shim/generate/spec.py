@@ -2,15 +2,21 @@
 
 Its shape is the toolkit 1.20's (`nvidia-ctk cdi generate`): kind nvidia.com/gpu; one
 device per GPU and naming strategy (index "0", UUID "GPU-..."), holding only the GPU's own
-device nodes; for a GPU in MIG mode, one per MIG device instead ("0:1", "MIG-..."), with the
+device nodes (/dev/nvidiaN and its DRM nodes, with a create-symlinks hook for their
+/dev/dri/by-path links); for a GPU in MIG mode, one per MIG device instead ("0:1", "MIG-..."), with the
 GPU's node and its GPU- and compute-instance capability nodes; "all" with every node; the rest in the spec-level edits: env
 NVIDIA_CTK_LIBCUDA_DIR and NVIDIA_VISIBLE_DEVICES=void, the control device nodes, the hooks
 (create-symlinks, update-ldcache, and the toolkit's others when its hook program is named),
-and the mounts (graphics configs, libraries, IPC sockets, GSP firmware, binaries).
+and the mounts (EGL platform libraries and Xorg modules, configuration and ICD files,
+libraries, IPC sockets, GSP firmware, binaries).
 
 Device nodes carry their path and, when it differs (a --dev-root), their hostPath; major,
 minor and mode are left to injection time, which reads them from the host node, so the spec
-does not go stale when nvidia-uvm gets another major number after a module reload.
+does not go stale when nvidia-uvm gets another major number after a module reload. A node
+that only its group may use (not world-readable and -writable, a group other than root's:
+DRM nodes, typically) carries that gid, and its device's edits name the group in
+additionalGids, as the toolkit's do (internal/edits/device.go); that alone needs cdiVersion
+0.7.0.
 
 cdiVersion is the minimum the content needs (0.5.0 with index names: they start with a
 digit), or --spec-version when that is enough. The driver version the spec was made for is
