@@ -79,6 +79,11 @@ missing = [m["hostPath"] for m in edits.get("mounts", []) if not os.path.exists(
 print(f"cdiVersion {doc['cdiVersion']}, kind {doc['kind']}, {len(doc['devices'])} devices, "
       f"{len(nodes)} device nodes, hooks: {', '.join(h['args'][1] for h in edits.get('hooks', []))}")
 print("mounts: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + f" ({len(missing)} sources missing)")
+gids = sorted({g for d in doc["devices"] for g in d["containerEdits"].get("additionalGids", [])})
+links = {a for d in doc["devices"] for h in d["containerEdits"].get("hooks", [])
+         for a in h["args"] if "::/dev/dri/by-path/" in a}
+print(f"DRM nodes: {', '.join(sorted(n for n in nodes if n.startswith('/dev/dri/'))) or 'none'}; "
+      f"by-path links: {len(links)}; additionalGids: {gids or 'none'}")
 print(f"driver: the spec records {recorded_driver_version(doc)}, the loaded module is {host_driver_version() or 'unknown'}")
 sys.exit(1 if missing else 0)
 EOF

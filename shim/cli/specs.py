@@ -208,8 +208,9 @@ def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_p
     """Generate a CDI spec for this node's NVIDIA GPUs, from NVML.
 
     NVML is the driver root's own libnvidia-ml.so.1 (found through the root's ld.so.cache);
-    the driver's libraries, binaries, GSP firmware and IPC sockets are found in the driver
-    root, the device nodes under the dev root. The spec is validated before it replaces the
+    the driver's libraries, binaries, GSP firmware, IPC sockets and graphics files (Xorg
+    modules, ICD and configuration files) are found in the driver root, the device nodes
+    (each GPU's DRM nodes too) under the dev root. The spec is validated before it replaces the
     old one. Warnings (an expected library missing, ...) go to stderr.
     """
     from ..generate import GenerateError, Options, generate as make_spec

@@ -5,6 +5,8 @@
     discover.py  the driver's files in the driver root (libraries through the root's own
                  ld.so.cache, binaries, GSP firmware, IPC sockets, config files) and the
                  device nodes under the dev root
+    graphics.py  the graphics files (Xorg modules, EGL platform libraries, ICD and config
+                 files), each GPU's DRM nodes and /dev/dri/by-path links, additionalGids
     spec.py      the spec document (a dict) built from both
 
 `generate(options)` runs the three in order and returns a `Result`: the document, the

@@ -11,7 +11,8 @@ NVML has said the driver version, the cache's entries of this machine's type tha
 to a file named lib*.so.<version> give the driver's library directories; every
 lib*.so.<version> in those directories and in their vdpau/ subdirectories is mounted (plus
 the legacy libnvidia-nvvm70.so.*). A library a driver of this version ships and that is not
-there is a warning naming it (EXPECTED_LIBRARIES).
+there is a warning naming it (EXPECTED_LIBRARIES). Graphics files (Xorg modules, ICD and
+configuration files) and the GPUs' DRM nodes are graphics.py's.
 """
 import fnmatch
 import os
@@ -20,6 +21,7 @@ import posixpath
 import stat
 
 from . import GenerateError
+from .graphics import by_path_links, discover_graphics, drm_nodes, pci_bus_id
 from .nvml import LIBRARY as NVML_LIBRARY
 
 MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
@@ -76,20 +78,6 @@ IPC_SOCKETS = ("/nvidia-persistenced/socket", "/nvidia-fabricmanager/socket")
 IPC_SOCKET_DIRS = ("/run", "/var/run")
 MPS_DIR = "/tmp/nvidia-mps"
 
-# Graphics configuration files, mounted where present (toolkit: internal/discover/graphics.go).
-CONFIG_DIRS = ("/etc", "/usr/share")
-CONFIG_FILES = (
-    "glvnd/egl_vendor.d/10_nvidia.json",
-    "egl/egl_external_platform.d/15_nvidia_gbm.json",
-    "egl/egl_external_platform.d/10_nvidia_wayland.json",
-    "egl/egl_external_platform.d/09_nvidia_wayland2.json",
-    "egl/egl_external_platform.d/20_nvidia_xcb.json",
-    "egl/egl_external_platform.d/20_nvidia_xlib.json",
-    "vulkan/icd.d/nvidia_icd.json",
-    "vulkan/icd.d/nvidia_layers.json",
-    "vulkan/implicit_layer.d/nvidia_layers.json",
-)
-
 CONTROL_NODES = (("/dev/nvidiactl", True), ("/dev/nvidia-uvm", False), ("/dev/nvidia-uvm-tools", False),
                  ("/dev/nvidia-modeset", False))
 
@@ -121,7 +109,8 @@ class DriverFiles:
         self.binaries = []      # [(host, path)]
         self.firmware = []      # [(host, path)]
         self.ipc = []           # [(host, path)]
-        self.configs = []       # [(host, path)]
+        self.configs = []       # [(host, path)]: configuration and ICD files (graphics.py)
+        self.graphics = []      # [(host, path)]: EGL platform libraries, Xorg modules (graphics.py)
         self.links = []         # ["TARGET::LINK"] for create-symlinks
         self.warnings = []
 
@@ -241,7 +230,7 @@ def discover_files(root, version):
     _binaries(root, found)
     _firmware(root, version, found)
     _ipc(root, found)
-    _configs(root, found)
+    discover_graphics(root, version, found)
     return found
 
 
@@ -358,19 +347,6 @@ def _ipc(root, found):
         found.ipc.append((root.host(MPS_DIR), MPS_DIR))
 
 
-def _configs(root, found):
-    names = list(CONFIG_FILES)
-    if root.machine in ("x86_64", "aarch64"):
-        names.append(f"vulkan/icd.d/nvidia_icd.{root.machine}.json")
-    for name in names:
-        for directory in CONFIG_DIRS:
-            path = f"{directory}/{name}"
-            resolved = root.resolve(path, stat.S_IFREG)
-            if resolved is not None:
-                found.configs.append((root.host(resolved), path))
-                break
-
-
 # -- device nodes -------------------------------------------------------------------------
 
 def _char_device(dev_root, path):
@@ -395,18 +371,17 @@ def control_nodes(dev_root, warnings):
 
 
 def gpu_nodes(dev_root, gpu, sysfs="/sys"):
-    """[(path, host path)] of GPU's device nodes: /dev/nvidiaN (required), and its DRM nodes."""
+    """([(path, host path)], [create-symlinks link]) of GPU: its /dev/nvidiaN (required) and
+    its DRM nodes (graphics.py), and the /dev/dri/by-path links to those."""
     path = f"/dev/nvidia{gpu.minor}"
     host = _char_device(dev_root, path)
     if host is None:
         raise GenerateError(_missing_node(dev_root, path, f"GPU {gpu.index} ({gpu.uuid}, minor number {gpu.minor})"))
-    nodes = [(path, host)]
-    for name in _drm_names(gpu.bus_id, sysfs):
-        drm = f"/dev/dri/{name}"
-        host = _char_device(dev_root, drm)
-        if host is not None:
-            nodes.append((drm, host))
-    return nodes
+    bus_id = pci_bus_id(gpu.bus_id)
+    if bus_id is None:
+        return [(path, host)], []
+    drm = drm_nodes(dev_root, bus_id, sysfs)
+    return [(path, host)] + drm, by_path_links(dev_root, bus_id, drm)
 
 
 def mig_caps(proc="/proc"):
@@ -448,19 +423,6 @@ def mig_nodes(dev_root, gpu, mig, caps, proc="/proc"):
                 f"Run `nvidia-modprobe -f /proc/driver/nvidia/capabilities/{cap.replace('/', '/mig/', 1)}`"))
         nodes.append((path, host))
     return nodes
-
-
-def _drm_names(bus_id, sysfs):
-    """card*/renderD* names the kernel's DRM gives the PCI device BUS_ID (NVML's form)."""
-    domain, _, rest = bus_id.lower().partition(":")
-    if not rest:
-        return []
-    address = f"{domain[-4:]:0>4}:{rest}"
-    try:
-        names = os.listdir(f"{sysfs}/bus/pci/devices/{address}/drm")
-    except OSError:
-        return []
-    return sorted(n for n in names if n.startswith(("card", "renderD")))
 
 
 def _missing_node(dev_root, path, what):

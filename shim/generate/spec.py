@@ -2,15 +2,21 @@
 
 Its shape is the toolkit 1.20's (`nvidia-ctk cdi generate`): kind nvidia.com/gpu; one
 device per GPU and naming strategy (index "0", UUID "GPU-..."), holding only the GPU's own
-device nodes; for a GPU in MIG mode, one per MIG device instead ("0:1", "MIG-..."), with the
+device nodes (/dev/nvidiaN and its DRM nodes, with a create-symlinks hook for their
+/dev/dri/by-path links); for a GPU in MIG mode, one per MIG device instead ("0:1", "MIG-..."), with the
 GPU's node and its GPU- and compute-instance capability nodes; "all" with every node; the rest in the spec-level edits: env
 NVIDIA_CTK_LIBCUDA_DIR and NVIDIA_VISIBLE_DEVICES=void, the control device nodes, the hooks
 (create-symlinks, update-ldcache, and the toolkit's others when its hook program is named),
-and the mounts (graphics configs, libraries, IPC sockets, GSP firmware, binaries).
+and the mounts (EGL platform libraries and Xorg modules, configuration and ICD files,
+libraries, IPC sockets, GSP firmware, binaries).
 
 Device nodes carry their path and, when it differs (a --dev-root), their hostPath; major,
 minor and mode are left to injection time, which reads them from the host node, so the spec
-does not go stale when nvidia-uvm gets another major number after a module reload.
+does not go stale when nvidia-uvm gets another major number after a module reload. A node
+that only its group may use (not world-readable and -writable, a group other than root's:
+DRM nodes, typically) carries that gid, and its device's edits name the group in
+additionalGids, as the toolkit's do (internal/edits/device.go); that alone needs cdiVersion
+0.7.0.
 
 cdiVersion is the minimum the content needs (0.5.0 with index names: they start with a
 digit), or --spec-version when that is enough. The driver version the spec was made for is
@@ -21,6 +27,7 @@ the version for it by default, because readers of CDI 0.5 (Debian's podman 4.3: 
 refuse specs newer than 0.5.0. The YAML file also says it in its first line,
 a comment for the reader.
 """
+import copy
 import os
 import posixpath
 import sys
@@ -28,6 +35,7 @@ import time
 
 from ..driver_version import ANNOTATION, recorded_driver_version  # noqa: F401  (recorded_driver_version: ours to export)
 from . import GenerateError
+from .graphics import additional_gid
 from .discover import (IPC_MOUNT_OPTIONS, MOUNT_OPTIONS, DriverRoot, control_nodes, discover_files, gpu_nodes,
                        mig_caps, mig_nodes)
 
@@ -93,11 +101,11 @@ def _hook_program(given, warnings):
     return given
 
 
-def _hooks(program, files, version):
+def _hook_factory(program):
+    """hook(name, *args) -> a createContainer hook of PROGRAM, in the toolkit's form."""
     base = posixpath.basename(program)
     fixed = [base, "hook"] if base in ("nvidia-ctk", "cdi-shim") else [base]
-    toolkit = base in TOOLKIT_HOOK_PROGRAMS
-    env = ["NVIDIA_CTK_DEBUG=false"] if toolkit else []
+    env = ["NVIDIA_CTK_DEBUG=false"] if base in TOOLKIT_HOOK_PROGRAMS else []
 
     def hook(*args):
         entry = {"hookName": "createContainer", "path": program, "args": fixed + list(args)}
@@ -105,9 +113,19 @@ def _hooks(program, files, version):
             entry["env"] = list(env)
         return entry
 
+    return hook
+
+
+def _symlinks_hook(program, links):
+    return _hook_factory(program)("create-symlinks", *[arg for link in links for arg in ("--link", link)])
+
+
+def _hooks(program, files, version):
+    hook = _hook_factory(program)
+    toolkit = posixpath.basename(program) in TOOLKIT_HOOK_PROGRAMS
     hooks = []
     if files.links:
-        hooks.append(hook("create-symlinks", *[arg for link in files.links for arg in ("--link", link)]))
+        hooks.append(_symlinks_hook(program, files.links))
     if toolkit:
         hooks.append(hook("enable-cuda-compat", f"--host-driver-version={version}"))
     folders = []
@@ -124,7 +142,23 @@ def _hooks(program, files, version):
 
 
 def _node(path, host):
-    return {"path": path, "hostPath": host} if host != path else {"path": path}
+    node = {"path": path, "hostPath": host} if host != path else {"path": path}
+    gid = additional_gid(host)
+    if gid is not None:
+        node["gid"] = gid
+    return node
+
+
+def _node_edits(nodes, links, program):
+    """Container edits of device NODES ([(path, host path)]) and create-symlinks LINKS: the
+    nodes, the groups a process needs to use them (additionalGids), the links' hook."""
+    edits = {"deviceNodes": [_node(path, host) for path, host in nodes]}
+    gids = sorted({gid for gid in (additional_gid(host) for _path, host in nodes) if gid is not None})
+    if gids:
+        edits["additionalGids"] = gids
+    if links:
+        edits["hooks"] = [_symlinks_hook(program, links)]
+    return edits
 
 
 def _mount(host, path, options):
@@ -132,14 +166,14 @@ def _mount(host, path, options):
 
 
 def device_entries(options, info, warnings):
-    """[(names, nodes)]: a GPU's names and device nodes, or, for a GPU in MIG mode, each of its
-    MIG devices' (names "<gpu>:<slot>" and the MIG UUID; the toolkit gives such a GPU no
-    device of its own)."""
+    """[(names, nodes, links)]: a GPU's names, device nodes and /dev/dri/by-path links, or, for
+    a GPU in MIG mode, each of its MIG devices' (names "<gpu>:<slot>" and the MIG UUID; the
+    toolkit gives such a GPU no device of its own)."""
     entries, caps = [], None
     for gpu in info.gpus:
         if not gpu.mig_enabled:
             names = [_gpu_name(s, gpu) for s in options.strategies]
-            entries.append((names, gpu_nodes(options.dev_root, gpu, options.sysfs)))
+            entries.append((names, *gpu_nodes(options.dev_root, gpu, options.sysfs)))
             continue
         if not gpu.migs:
             warnings.append(f"GPU {gpu.index} ({gpu.uuid}) is in MIG mode and has no MIG device: "
@@ -149,7 +183,7 @@ def device_entries(options, info, warnings):
             caps = mig_caps(options.proc)
         for mig in gpu.migs:
             names = [_mig_name(s, gpu, mig) for s in options.strategies]
-            entries.append((names, mig_nodes(options.dev_root, gpu, mig, caps, options.proc)))
+            entries.append((names, mig_nodes(options.dev_root, gpu, mig, caps, options.proc), []))
     return entries
 
 
@@ -165,22 +199,22 @@ def _mig_name(strategy, gpu, mig):
 
 def build_doc(options, info, files, control, entries, hook_program):
     """The spec document (without cdiVersion)."""
-    devices, everything, seen = [], [], set()
-    for names, nodes in entries:
+    devices, everything, every_link, seen = [], [], [], set()
+    for names, nodes, links in entries:
+        edits = _node_edits(nodes, links, hook_program)
         for name in names:
-            devices.append({"name": name, "containerEdits": {"deviceNodes": [_node(p, h) for p, h in nodes]}})
-        for path, host in nodes:
-            if path not in seen:
-                seen.add(path)
-                everything.append(_node(path, host))
-    devices.append({"name": "all", "containerEdits": {"deviceNodes": everything}})
-    mounts = [_mount(h, p, MOUNT_OPTIONS) for h, p in files.configs]
+            devices.append({"name": name, "containerEdits": copy.deepcopy(edits)})  # no YAML aliases
+        everything += [(path, host) for path, host in nodes if path not in seen]
+        seen.update(path for path, _host in nodes)
+        every_link += [link for link in links if link not in every_link]
+    devices.append({"name": "all", "containerEdits": _node_edits(everything, every_link, hook_program)})
+    mounts = [_mount(h, p, MOUNT_OPTIONS) for h, p in files.graphics + files.configs]
     mounts += [_mount(lib.host, lib.path, MOUNT_OPTIONS) for lib in files.libraries]
     mounts += [_mount(h, p, IPC_MOUNT_OPTIONS) for h, p in files.ipc]
     mounts += [_mount(h, p, MOUNT_OPTIONS) for h, p in files.firmware + files.binaries]
     edits = {
         "env": ["NVIDIA_CTK_LIBCUDA_DIR=" + ":".join(files.lib_dirs), "NVIDIA_VISIBLE_DEVICES=void"],
-        "deviceNodes": [_node(path, host) for path, host in control],
+        **_node_edits(control, [], hook_program),
         "hooks": _hooks(hook_program, files, info.driver_version),
         "mounts": mounts,
     }
@@ -192,6 +226,8 @@ _NEEDS = {
     "0.4.0": "mount types",
     "0.5.0": "device names that start with a digit (the index naming) or device nodes with a hostPath (--dev-root)",
     "0.6.0": "annotations, or a dot in the class",
+    "0.7.0": "additionalGids: device nodes only their group may use (e.g. /dev/dri/card*, mode 0660); "
+             "readers of older CDI versions (podman before 4.9) refuse such a spec",
 }
 
 

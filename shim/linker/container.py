@@ -8,7 +8,9 @@ update-ldcache hook is then dropped, so no hook process runs at all and nothing 
 the image's rootfs for the cache. A create-symlinks hook is dropped when every link already
 exists by other means (a mount at the link's path) or after its links were made here, inside
 the rootfs and without following anything out of it; when that cannot be done safely (the link
-lies under a directory a mount will cover) the hook stays.
+lies under a directory a mount will cover, as the toolkit's /dev/dri/by-path links under runc's
+/dev) the hook stays, and runs as our own `cdi-shim-hook create-symlinks` when the spec's
+program is not on this host.
 
 `prepare_linker(config, bundle, log)` returns the new config. A cache that cannot be
 computed or written leaves the hooks as the spec wrote them, with a warning. Two exceptions fail
@@ -28,6 +30,7 @@ import time
 from ..bundle import rootfs_path
 
 CACHE_FILE = "cdi-shim.ld.so.cache"
+UNDER_A_MOUNT = "a link lies under a mounted directory"
 HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk", "cdi-shim", "cdi-shim-hook")
 LIBRARY_MARKER = ".so"
 
@@ -216,8 +219,10 @@ def prepare_linker(config, bundle, log):
         links = list(_links(call))
         pending = [(target, link) for target, link in links if link not in destinations]
         if any(_under_a_mount(link, destinations) for _, link in pending):
-            log.warning("keeping a create-symlinks hook: a link lies under a mounted directory")
-            reasons[id(call.hook)] = "a link lies under a mounted directory"
+            # (the toolkit's /dev/dri/by-path links: /dev is runc's mount) made in the
+            # container's mount namespace by the hook: expected, so not a warning
+            log.debug("keeping a create-symlinks hook: a link lies under a mounted directory")
+            reasons[id(call.hook)] = UNDER_A_MOUNT
             continue
         later = []
         if updates or libraries or compat:
@@ -351,11 +356,25 @@ def _finish(config, drop, rootfs, deferred, log, calls, reasons):
             reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"
             continue
         drop.add(id(call.hook))
+    changed = False
     for call in calls:
         path = call.hook.get("path", "")
         if id(call.hook) not in drop and id(call.hook) in reasons and not os.access(path, os.X_OK):
+            program = our_hook_program()
+            if reasons[id(call.hook)] == UNDER_A_MOUNT and os.access(program, os.X_OK):
+                # Links under a mount (the toolkit's /dev/dri/by-path ones) can only be made in
+                # the container's mount namespace: our own program does what the missing one would.
+                links = [arg for target, link in _links(call) for arg in ("--link", f"{target}::{link}")]
+                call.hook.clear()
+                call.hook.update(path=program, args=["cdi-shim-hook", "create-symlinks", *links],
+                                 env=list(SAFE_HOOK_ENV))
+                changed = True
+                log.debug(f"create-symlinks: {path} is not on this host; {program} makes the links under mounts")
+                continue
             raise HookFailure(call.command, f"{reasons[id(call.hook)]}; and its program {path} is not on this host")
-    return _without_hooks(config, drop) if drop else config
+    if drop:
+        return _without_hooks(config, drop)
+    return dict(config) if changed else config  # (a hook changed in place: a new dict to be written)
 
 
 def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):

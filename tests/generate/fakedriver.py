@@ -4,9 +4,15 @@
   and file names (lib*.so.<version>, the SONAME links, the .so links the driver makes),
   libnvidia-ml.so.<version> being the fake NVML of fake_nvml.c (read by the real pynvml),
   vdpau/libvdpau_nvidia.so.<version>, the binaries, the GSP firmware, the persistenced
-  socket, a Vulkan ICD file, and the root's own ld.so.cache made by the real `ldconfig -r`;
+  socket, the root's own ld.so.cache made by the real `ldconfig -r`, and the graphics files
+  where the driver's .run installer puts them: the Xorg modules (gcc-built), the EGL platform
+  libraries (versioned on their own), the ICD and configuration files (GRAPHICS_FILES);
 * a dev root: /dev/nvidiaN, /dev/nvidiactl, /dev/nvidia-uvm, ... made with mknod (char 195,
-  as NVIDIA's; the tests run as root);
+  as NVIDIA's; the tests run as root), and each GPU's DRM nodes /dev/dri/card<N+1> and
+  /dev/dri/renderD<128+N> (char 226) with the udev links /dev/dri/by-path/pci-<bus id>-card
+  and -render;
+* a sysfs root: /sys/bus/pci/devices/<bus id> (a link into /sys/devices, as the kernel's)
+  with the GPU's drm/card* and drm/renderD* entries;
 * the NVML description (fake-nvml.conf beside the library): the driver version and the GPUs.
 
 Missing tools FAIL the test with the package to install (never skip).
@@ -54,6 +60,36 @@ LIBRARIES = (
     ("libnvidia-ngx", "1", False),
     ("libnvidia-sandboxutils", "1", False),
 )
+# Graphics files: (path in the driver root, content); the Vulkan ICD under /usr/share, as the
+# .run installer puts it (the toolkit mounts it at /etc/vulkan/... in the container).
+GRAPHICS_FILES = (
+    ("/usr/share/glvnd/egl_vendor.d/10_nvidia.json", '{"ICD": {"library_path": "libEGL_nvidia.so.0"}}\n'),
+    ("/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json", '{"ICD": {"library_path": "libnvidia-egl-gbm.so.1"}}\n'),
+    ("/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+     '{"ICD": {"library_path": "libnvidia-egl-wayland.so.1"}}\n'),
+    ("/usr/share/vulkan/icd.d/nvidia_icd.json", '{"ICD": {"library_path": "libGLX_nvidia.so.0"}}\n'),
+    ("/usr/share/vulkan/implicit_layer.d/nvidia_layers.json", '{"layer": {"name": "VK_LAYER_NV_optimus"}}\n'),
+    ("/usr/share/nvidia/nvoptix.bin", "optix\n"),
+    ("/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf", 'Section "OutputClass"\nEndSection\n'),
+    ("/etc/OpenCL/vendors/nvidia.icd", "libnvidia-opencl.so.1\n"),
+)
+# EGL platform libraries: (file name, SONAME), in LIBDIR.
+EGL_PLATFORM_LIBRARIES = (("libnvidia-egl-gbm.so.1.1.2", "libnvidia-egl-gbm.so.1"),
+                          ("libnvidia-egl-wayland.so.1.1.19", "libnvidia-egl-wayland.so.1"))
+XORG_DRIVER = "/usr/lib/xorg/modules/drivers/nvidia_drv.so"
+XORG_GLX_DIR = "/usr/lib/xorg/modules/extensions"
+DRM_MAJOR = 226
+
+
+def bus_id(index):
+    """The kernel's PCI bus id of fake GPU INDEX (gpu_lines gives NVML's form of it)."""
+    return f"0000:{0x10 + index:02x}:00.0"
+
+
+def drm_names(index):
+    return f"card{index + 1}", f"renderD{128 + index}"
+
+
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
             "nvidia-cuda-mps-server")
 
@@ -109,10 +145,11 @@ class FakeDriver:
         self.omit = omit
         self._install_userspace()
         self.set_gpus(gpus if nvml_lines is None else None, nvml_lines)
-        icd = f"{self.root}/usr/share/vulkan/icd.d/nvidia_icd.json"
-        os.makedirs(os.path.dirname(icd), exist_ok=True)
-        with open(icd, "w") as out:
-            out.write('{"ICD": {"library_path": "libGLX_nvidia.so.0"}}\n')
+        for path, text in GRAPHICS_FILES:
+            os.makedirs(os.path.dirname(self.root + path), exist_ok=True)
+            with open(self.root + path, "w") as out:
+                out.write(text)
+        self.sysfs = os.path.join(self.base, "sysfs")
         os.makedirs(f"{self.root}/run/nvidia-persistenced", exist_ok=True)
         self._socket = socket.socket(socket.AF_UNIX)
         cwd = os.getcwd()
@@ -144,6 +181,20 @@ class FakeDriver:
             self._library(gcc, obj, self.libdir, stem, _soname(stem, kind, version), dev_link)
         if "libvdpau_nvidia" not in omit:
             self._library(gcc, obj, self.libdir + "/vdpau", "libvdpau_nvidia", "libvdpau_nvidia.so.1", False)
+        self.graphics = []   # the Xorg modules and EGL platform libraries (paths in the root)
+        for name, soname in EGL_PLATFORM_LIBRARIES:
+            _run([gcc, "-shared", f"-Wl,-soname,{soname}", "-o", f"{self.libdir}/{name}", obj])
+            if not os.path.lexists(f"{self.libdir}/{soname}"):
+                os.symlink(name, f"{self.libdir}/{soname}")
+            self.graphics.append(f"{LIBDIR}/{name}")
+        os.makedirs(self.root + XORG_GLX_DIR, exist_ok=True)
+        os.makedirs(os.path.dirname(self.root + XORG_DRIVER), exist_ok=True)
+        glx = f"{XORG_GLX_DIR}/libglxserver_nvidia.so.{version}"
+        for path in (XORG_DRIVER, glx):
+            _run([gcc, "-shared", "-o", self.root + path, obj])
+            self.graphics.append(path)
+        if not os.path.lexists(f"{self.root}{XORG_GLX_DIR}/libglxserver_nvidia.so"):
+            os.symlink(f"libglxserver_nvidia.so.{version}", f"{self.root}{XORG_GLX_DIR}/libglxserver_nvidia.so")
         if "libnvidia-ml" not in omit:
             self.nvml = f"{self.libdir}/libnvidia-ml.so.{version}"
             build_nvml(self.nvml)
@@ -172,6 +223,8 @@ class FakeDriver:
                 if name.startswith("lib") and ".so" in name:
                     os.unlink(os.path.join(directory, name))
         shutil.rmtree(f"{self.root}/lib/firmware/nvidia/{self.version}", ignore_errors=True)
+        for name in os.listdir(self.root + XORG_GLX_DIR):
+            os.unlink(f"{self.root}{XORG_GLX_DIR}/{name}")
         self.libraries = []
 
     def upgrade(self, version, remove=True):
@@ -213,15 +266,34 @@ class FakeDriver:
         # -X: the links are the driver's own (made above); ldconfig only writes the cache.
         _run([need("ldconfig", "libc-bin"), "-X", "-r", self.root])
 
-    def make_nodes(self, gpus):
-        dev = os.path.join(self.dev_root, "dev")
-        os.makedirs(dev, exist_ok=True)
-        nodes = [("nvidiactl", 195, 255), ("nvidia-modeset", 195, 254), ("nvidia-uvm", 511, 0),
-                 ("nvidia-uvm-tools", 511, 1)] + [(f"nvidia{i}", 195, i) for i in range(gpus)]
-        for name, major, minor in nodes:
+    def make_nodes(self, gpus, dev_root=None, drm_mode=0o666, drm_gid=0):
+        """The device nodes of GPUS GPUs under DEV_ROOT (default: self.dev_root), their DRM
+        nodes (mode DRM_MODE, group DRM_GID) with the by-path links, and their sysfs entries."""
+        dev = os.path.join(dev_root or self.dev_root, "dev")
+        os.makedirs(dev + "/dri/by-path", exist_ok=True)
+        nodes = [("nvidiactl", 195, 255, 0o666, 0), ("nvidia-modeset", 195, 254, 0o666, 0),
+                 ("nvidia-uvm", 511, 0, 0o666, 0), ("nvidia-uvm-tools", 511, 1, 0o666, 0)]
+        nodes += [(f"nvidia{i}", 195, i, 0o666, 0) for i in range(gpus)]
+        for i in range(gpus):
+            card, render = drm_names(i)
+            nodes += [(f"dri/{card}", DRM_MAJOR, i + 1, drm_mode, drm_gid),
+                      (f"dri/{render}", DRM_MAJOR, 128 + i, drm_mode, drm_gid)]
+            for kind, name in (("card", card), ("render", render)):
+                link = f"{dev}/dri/by-path/pci-{bus_id(i)}-{kind}"
+                if not os.path.lexists(link):
+                    os.symlink(f"../{name}", link)
+            device = f"{self.sysfs}/devices/pci0000:00/{bus_id(i)}"
+            for name in (card, render):
+                os.makedirs(f"{device}/drm/{name}", exist_ok=True)
+            os.makedirs(f"{self.sysfs}/bus/pci/devices", exist_ok=True)
+            if not os.path.lexists(f"{self.sysfs}/bus/pci/devices/{bus_id(i)}"):
+                os.symlink(f"../../../devices/pci0000:00/{bus_id(i)}", f"{self.sysfs}/bus/pci/devices/{bus_id(i)}")
+        for name, major, minor, mode, gid in nodes:
             path = os.path.join(dev, name)
             if not os.path.exists(path):
-                os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))
+                os.mknod(path, mode | 0o020000, os.makedev(major, minor))
+                os.chmod(path, mode)   # (mknod's mode is masked by the umask)
+                os.chown(path, 0, gid)
 
     def close(self):
         self._socket.close()
@@ -248,7 +320,9 @@ class Runner:
             out.write("\n".join(lines) + "\n")
 
     def env(self):
-        return dict(os.environ, FAKE_NVML_CONFIG=self.config, FAKE_NVML_LOG=self.log)
+        env = dict(os.environ, FAKE_NVML_CONFIG=self.config, FAKE_NVML_LOG=self.log)
+        env.pop("XDG_DATA_DIRS", None)   # (where the generator looks for config files: its default here)
+        return env
 
     def cli(self, *argv, check=None):
         done = subprocess.run([CLI, *argv], capture_output=True, text=True, env=self.env(), timeout=120)
@@ -259,7 +333,8 @@ class Runner:
     def generate(self, *extra, check=0, roots=True, output=True):
         argv = ["cdi", "generate"]
         if roots:
-            argv += ["--driver-root", self.driver.root, "--dev-root", self.driver.dev_root]
+            argv += ["--driver-root", self.driver.root, "--dev-root", self.driver.dev_root,
+                     "--sysfs-root", self.driver.sysfs]
         if output:
             argv += ["--output", self.output]
         return self.cli(*argv, *extra, check=check)

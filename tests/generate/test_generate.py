@@ -27,6 +27,10 @@ def mounts_by_path(doc):
     return {m["containerPath"]: m for m in doc["containerEdits"]["mounts"]}
 
 
+def edits_hook_path(doc):
+    return doc["containerEdits"]["hooks"][0]["path"]
+
+
 def hook_args(doc, command):
     found = [h for h in doc["containerEdits"]["hooks"] if h["args"][1:2] == [command]]
     assert len(found) == 1, doc["containerEdits"]["hooks"]
@@ -53,11 +57,25 @@ def test_spec_for_the_gpus_validates_and_lists_them(run, count):
     assert doc["cdiVersion"] == "0.5.0" and doc["kind"] == "nvidia.com/gpu"
     devices = {d["name"]: d["containerEdits"] for d in doc["devices"]}
     dev = run.driver.dev_root + "/dev"
+    every = []
     for index, uuid in enumerate(uuids):
-        node = [{"path": f"/dev/nvidia{index}", "hostPath": f"{dev}/nvidia{index}"}]
-        assert devices[str(index)] == {"deviceNodes": node}
-        assert devices[uuid] == {"deviceNodes": node}
-    assert [n["path"] for n in devices["all"]["deviceNodes"]] == [f"/dev/nvidia{i}" for i in range(count)]
+        # the GPU's node and its DRM nodes (found through /sys/bus/pci/devices/<bus id>/drm),
+        # and the udev links /dev/dri/by-path/pci-<bus id>-{card,render} to them, made by a
+        # create-symlinks hook of the device: the toolkit's dgpu discoverer
+        card, render = fakedriver.drm_names(index)
+        paths = [f"/dev/nvidia{index}", f"/dev/dri/{card}", f"/dev/dri/{render}"]
+        bus = fakedriver.bus_id(index)
+        expected = {"deviceNodes": [{"path": p, "hostPath": dev + p[4:]} for p in paths],
+                    "hooks": [{"hookName": "createContainer", "path": edits_hook_path(doc),
+                               "args": ["cdi-shim-hook", "create-symlinks",
+                                        "--link", f"../{card}::/dev/dri/by-path/pci-{bus}-card",
+                                        "--link", f"../{render}::/dev/dri/by-path/pci-{bus}-render"]}]}
+        assert devices[str(index)] == expected      # world-accessible nodes (0666): no additionalGids
+        assert devices[uuid] == expected
+        every.append(expected)
+    assert devices["all"] == {"deviceNodes": [n for e in every for n in e["deviceNodes"]],
+                              "hooks": [{**every[0]["hooks"][0], "args": every[0]["hooks"][0]["args"][:2] + [
+                                  arg for e in every for arg in e["hooks"][0]["args"][2:]]}]}
 
     edits = doc["containerEdits"]
     assert edits["env"] == [f"NVIDIA_CTK_LIBCUDA_DIR={LIBDIR}", "NVIDIA_VISIBLE_DEVICES=void"]
@@ -68,13 +86,13 @@ def test_spec_for_the_gpus_validates_and_lists_them(run, count):
     for library in run.driver.libraries:      # every lib*.so.<version> of the driver, vdpau's too
         assert mounts[library] == {"hostPath": root + library, "containerPath": library, "options": OPTIONS}
     libraries = [p for p in mounts if ".so." in p]
-    assert sorted(libraries) == sorted(run.driver.libraries)
+    assert sorted(libraries) == sorted(run.driver.libraries + [p for p in run.driver.graphics if ".so." in p])
     for binary in fakedriver.BINARIES:
         assert mounts[f"/usr/bin/{binary}"]["options"] == OPTIONS
     for firmware in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
         assert f"/lib/firmware/nvidia/{VERSION}/{firmware}" in mounts
     assert mounts["/run/nvidia-persistenced/socket"]["options"] == ["nosuid", "nodev", "rbind", "rprivate", "noexec"]
-    assert "/usr/share/vulkan/icd.d/nvidia_icd.json" in mounts
+    assert mounts["/etc/vulkan/icd.d/nvidia_icd.json"]["hostPath"] == root + "/usr/share/vulkan/icd.d/nvidia_icd.json"
 
     assert all(h["path"].endswith("/cdi-shim-hook") and os.access(h["path"], os.X_OK) and h["hookName"] ==
                "createContainer" and "env" not in h for h in edits["hooks"]), edits["hooks"]
@@ -180,7 +198,8 @@ def test_mig_devices(run, tmp_path):
     assert devices["0:2"] == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"]
     assert devices["all"] == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13",
                               "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31",
-                              "/dev/nvidia-caps/nvidia-cap39", "/dev/nvidia-caps/nvidia-cap40", "/dev/nvidia1"]
+                              "/dev/nvidia-caps/nvidia-cap39", "/dev/nvidia-caps/nvidia-cap40", "/dev/nvidia1",
+                              "/dev/dri/card2", "/dev/dri/renderD129"]   # GPU 1's DRM nodes; MIG devices get none
     run.cli("cdi", "validate", run.output, check=0)
     calls = run.calls()
     assert calls.count("nvmlDeviceGetMigDeviceHandleByIndex") == 7        # every slot, empty ones skipped
@@ -371,7 +390,7 @@ def test_merged_usr_root_gives_the_real_directories(tmp_path):
     assert "warning" not in done.stderr, done.stderr
     doc = load(runner.output)
     mounts = mounts_by_path(doc)
-    assert sorted(p for p in mounts if ".so." in p) == sorted(fake.libraries)
+    assert sorted(p for p in mounts if ".so." in p) == sorted(fake.libraries + [p for p in fake.graphics if ".so." in p])
     assert doc["containerEdits"]["env"][0] == f"NVIDIA_CTK_LIBCUDA_DIR={LIBDIR}"
     gsp = mounts[f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"]
     assert gsp["hostPath"] == f"{fake.root}/usr/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"
@@ -392,3 +411,146 @@ def test_absolute_links_in_the_driver_root_stay_inside_it(tmp_path):
     assert runner.calls()[0] == "nvmlInitWithFlags"     # the root's fake NVML was the one loaded
     links = hook_args(doc, "create-symlinks")[3::2]
     assert f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in links
+
+
+def test_graphics_files_are_mounted_as_the_toolkit_does(run):
+    """Xorg modules and EGL platform libraries where they are; configuration and ICD files at
+    their own paths, the Vulkan ones under /etc/vulkan; the graphics links in the spec's
+    create-symlinks hook (toolkit 1.20: internal/discover/graphics.go)."""
+    run.gpus(1)
+    run.generate()
+    doc = load(run.output)
+    mounts = mounts_by_path(doc)
+    root = run.driver.root
+    for path in run.driver.graphics:            # nvidia_drv.so, libglxserver_nvidia.so.<v>, libnvidia-egl-*.so.X.Y.Z
+        assert mounts[path] == {"hostPath": root + path, "containerPath": path, "options": OPTIONS}
+    assert "/usr/lib/xorg/modules/drivers/nvidia_drv.so" in run.driver.graphics
+    for path, _text in fakedriver.GRAPHICS_FILES:
+        where = "/etc" + path[len("/usr/share"):] if path.startswith("/usr/share/vulkan/") else path
+        assert mounts[where] == {"hostPath": root + path, "containerPath": where, "options": OPTIONS}
+    graphics = [p for p, _ in fakedriver.GRAPHICS_FILES] + run.driver.graphics
+    assert not [p for p in mounts if p.startswith("/usr/share/vulkan/")]
+    # the graphics mounts come first, as in the toolkit's spec
+    first = [m["hostPath"][len(root):] for m in doc["containerEdits"]["mounts"][:len(graphics)]]
+    assert sorted(first) == sorted(graphics)
+    links = hook_args(doc, "create-symlinks")[3::2]
+    assert links[:2] == [f"libglxserver_nvidia.so.{VERSION}::/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so",
+                         f"../libnvidia-allocator.so.1::{LIBDIR}/gbm/nvidia-drm_gbm.so"]
+    # the gbm link's target is made by the driver-library links of the same hook
+    assert f"libnvidia-allocator.so.{VERSION}::{LIBDIR}/libnvidia-allocator.so.1" in links
+    assert "additionalGids" not in doc["containerEdits"]
+
+
+def _drm_dev_root(run, tmp_path, mode, gid, gpus=2):
+    dev_root = str(tmp_path / "devroot")
+    run.driver.make_nodes(gpus, dev_root=dev_root, drm_mode=mode, drm_gid=gid)
+    return dev_root
+
+
+def _generate_with_dev_root(run, dev_root, *extra, check=0):
+    return run.generate("--driver-root", run.driver.root, "--dev-root", dev_root, "--sysfs-root", run.driver.sysfs,
+                        "--output", run.output, *extra, roots=False, output=False, check=check)
+
+
+def test_drm_nodes_only_a_group_may_use_give_additional_gids_and_cdi_0_7_0(run, tmp_path):
+    """/dev/dri nodes of mode 0660, group 44 (video): the device's additionalGids name the group
+    and the node carries it (the toolkit's edits/device.go); that needs cdiVersion 0.7.0, and
+    only that: the same spec with world-accessible nodes is 0.5.0 (the other tests)."""
+    run.gpus(2)
+    dev_root = _drm_dev_root(run, tmp_path, 0o660, 44)
+    done = _generate_with_dev_root(run, dev_root)
+    assert "cdiVersion 0.7.0" in done.stderr and "warning" not in done.stderr, done.stderr
+    assert run.cli("cdi", "validate", run.output, check=0)
+    doc = load(run.output)
+    assert doc["cdiVersion"] == "0.7.0"
+    devices = {d["name"]: d["containerEdits"] for d in doc["devices"]}
+    for name in ("1", run.driver.uuids(2)[1], "all"):
+        assert devices[name]["additionalGids"] == [44]
+        for node in devices[name]["deviceNodes"]:
+            assert node.get("gid") == (44 if node["path"].startswith("/dev/dri/") else None), node
+    assert "additionalGids" not in doc["containerEdits"]     # the control nodes are 0666
+    # asked for an older version: refused, saying why
+    done = _generate_with_dev_root(run, dev_root, "--spec-version", "0.6.0", check=1)
+    assert "--spec-version 0.6.0: this spec needs at least 0.7.0 (additionalGids" in done.stderr
+    # a group-only node of root's group needs nothing (the process is root's or gets nothing)
+    root_group = _drm_dev_root(run, tmp_path / "root-group", 0o660, 0)
+    done = _generate_with_dev_root(run, root_group)
+    assert "cdiVersion 0.5.0" in done.stderr, done.stderr
+
+
+def test_by_path_links_only_to_the_gpus_own_nodes(run, tmp_path):
+    """A by-path link that leads elsewhere than the GPU's DRM nodes is left out; a sysfs drm
+    entry that is no node in /dev/dri is left out; a GPU without a sysfs entry gets no DRM
+    node and no hook."""
+    run.gpus(2)
+    dev_root = _drm_dev_root(run, tmp_path, 0o666, 0)
+    link = f"{dev_root}/dev/dri/by-path/pci-{fakedriver.bus_id(0)}-card"
+    os.unlink(link)
+    os.symlink("../card9", link)
+    lines = fakedriver.gpu_lines(2)
+    lines[1] = lines[1].replace("bus=00000000:11:00.0", "bus=00000000:42:00.0")   # no such PCI device in sysfs
+    run.gpus(lines=[f"driver {VERSION}"] + lines)
+    # a sysfs drm entry without a character device in /dev/dri (an old kernel's controlD64)
+    control = f"{run.driver.sysfs}/bus/pci/devices/{fakedriver.bus_id(0)}/drm/controlD64"
+    os.mkdir(control)
+    try:
+        _generate_with_dev_root(run, dev_root)
+    finally:
+        os.rmdir(control)
+    devices = {d["name"]: d["containerEdits"] for d in load(run.output)["devices"]}
+    assert [n["path"] for n in devices["0"]["deviceNodes"]] == ["/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128"]
+    assert devices["0"]["hooks"][0]["args"][2:] == ["--link", f"../renderD128::/dev/dri/by-path/pci-{fakedriver.bus_id(0)}-render"]
+    assert devices["1"] == {"deviceNodes": [{"path": "/dev/nvidia1", "hostPath": f"{dev_root}/dev/nvidia1"}]}
+
+
+def test_vulkan_files_at_the_driver_roots_top_and_every_config_found(tmp_path, monkeypatch):
+    """A GKE-style driver root has vulkan/icd.d/ at its top: mounted at /etc/vulkan/...; a
+    configuration file in both /etc and /usr/share is mounted from both, each at its path;
+    the first Xorg module found in the search order is the one mounted."""
+    from shim.generate.discover import DriverFiles, DriverRoot
+    from shim.generate.graphics import discover_graphics, xorg_search_paths
+
+    root = tmp_path / "root"
+    files = {"vulkan/icd.d/nvidia_icd.json": "{}", "etc/glvnd/egl_vendor.d/10_nvidia.json": "{}",
+             "usr/share/glvnd/egl_vendor.d/10_nvidia.json": "{}",
+             "usr/lib64/nvidia/xorg/nvidia_drv.so": "", "usr/lib/xorg/modules/drivers/nvidia_drv.so": ""}
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    (root / "etc").mkdir(exist_ok=True)
+    subprocess.run([fakedriver.need("ldconfig", "libc-bin"), "-r", str(root)], check=True)
+    found = DriverFiles()
+    found.lib_dirs = ["/usr/lib64"]
+    assert xorg_search_paths(["/usr/lib64"])[:2] == ["/usr/lib64/nvidia/xorg", "/usr/lib64/xorg/modules/drivers"]
+    with DriverRoot(str(root), "x86_64") as driver_root:
+        discover_graphics(driver_root, VERSION, found)
+    assert found.configs == [(f"{root}/etc/glvnd/egl_vendor.d/10_nvidia.json", "/etc/glvnd/egl_vendor.d/10_nvidia.json"),
+                             (f"{root}/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+                              "/usr/share/glvnd/egl_vendor.d/10_nvidia.json"),
+                             (f"{root}/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/icd.d/nvidia_icd.json")]
+    assert found.graphics == [(f"{root}/usr/lib64/nvidia/xorg/nvidia_drv.so", "/usr/lib64/nvidia/xorg/nvidia_drv.so")]
+    assert found.links == []
+
+    # XDG_DATA_DIRS, when set, replaces /usr/local/share and /usr/share (relative entries ignored)
+    from shim.generate.graphics import config_dirs
+
+    monkeypatch.setenv("XDG_DATA_DIRS", "/opt/share:relative:/usr/share/")
+    assert config_dirs() == ("/etc", "/opt/share", "/usr/share")
+    (root / "opt/share/nvidia").mkdir(parents=True)
+    (root / "opt/share/nvidia/nvoptix.bin").write_text("")
+    (root / "usr/local/share/nvidia").mkdir(parents=True)
+    (root / "usr/local/share/nvidia/nvoptix.bin").write_text("")
+    found = DriverFiles()
+    with DriverRoot(str(root), "x86_64") as driver_root:
+        discover_graphics(driver_root, VERSION, found)
+    assert [p for _h, p in found.configs if p.endswith("nvoptix.bin")] == ["/opt/share/nvidia/nvoptix.bin"]
+    monkeypatch.setenv("XDG_DATA_DIRS", "")
+    assert config_dirs() == ("/etc", "/usr/local/share", "/usr/share")
+
+
+@pytest.mark.parametrize("nvml, kernel", [("00000000:3B:00.0", "0000:3b:00.0"), ("0000:3b:00.0", "0000:3b:00.0"),
+                                          ("00010000:01:00.0", "00010000:01:00.0"), ("nonsense", None)])
+def test_pci_bus_id_in_the_kernels_form(nvml, kernel):
+    from shim.generate.graphics import pci_bus_id
+
+    assert pci_bus_id(nvml) == kernel

@@ -352,6 +352,29 @@ def test_unknown_hook_options_stay_and_run(world, driver, tmp_path):
     assert any("hook left to run as written" in m and "--container-spec" in m for m in messages)
 
 
+def test_drm_by_path_links_of_a_toolkit_spec_without_the_toolkit(world, driver, tmp_path):
+    """The toolkit's per-GPU hook for /dev/dri/by-path links (nvidia-ctk cdi generate 1.20,
+    dgpu/by-path-hooks.go): the links lie under /dev, which runc mounts after we run, so they
+    cannot be made in the rootfs beforehand; with the toolkit's program missing on this host, our
+    own cdi-shim-hook makes them in the container's mount namespace in its place. The library
+    links of the other create-symlinks hook are still made natively."""
+    bus = "0000:3b:00.0"
+    links = ["--link", f"../card1::/dev/dri/by-path/pci-{bus}-card",
+             "--link", f"../renderD128::/dev/dri/by-path/pci-{bus}-render"]
+    world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver, _hook("create-symlinks", *links)))
+    bundle = world.bundle(args=["sh", "-c", "for l in /dev/dri/by-path/*; do echo $l $(readlink $l); done"])
+    _image(bundle, driver, tmp_path)
+    preinject(world, bundle)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"/dev/dri/by-path/pci-{bus}-card ../card1",
+                                          f"/dev/dri/by-path/pci-{bus}-render ../renderD128"]
+    hooks = bundle.config()["hooks"]["createContainer"]
+    assert len(hooks) == 1 and hooks[0]["path"].endswith("/cdi-shim-hook"), hooks
+    assert hooks[0]["args"] == ["cdi-shim-hook", "create-symlinks", *links]
+    assert os.readlink(bundle.rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"   # made natively
+
+
 # ---- hostile images ----------------------------------------------------------------
 
 def test_hostile_links_out_of_the_root(world, driver, tmp_path):
