@@ -360,7 +360,7 @@ def _finish(config, drop, rootfs, deferred, log, calls, reasons):
     for call in calls:
         path = call.hook.get("path", "")
         if id(call.hook) not in drop and id(call.hook) in reasons and not os.access(path, os.X_OK):
-            program = our_hook_program()
+            program = our_program("cdi-shim-hook")
             if reasons[id(call.hook)] == UNDER_A_MOUNT and os.access(program, os.X_OK):
                 # Links under a mount (the toolkit's /dev/dri/by-path ones) can only be made in
                 # the container's mount namespace: our own program does what the missing one would.
