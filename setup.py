@@ -3,8 +3,8 @@ hook and the hook script.
 
 pyproject.toml holds the metadata. The front end `cdi-shim-runtime` is a small C program
 installed as a script; it needs to know which interpreter and which import directories run
-the Python half, so those are compiled in here. `cdi-shim-bind-params` (csrc/hooks), the one
-hook the runtime leaves in config.json on a GPU node (runc refuses mounts under /proc), is C
+the Python half, so those are compiled in here. `cdi-shim-nshook` (csrc/hooks), the hooks the
+runtime leaves in config.json on a GPU node (work under a mount runc makes: /proc, /dev), is C
 for the same reason: it starts for every container. `cdi-shim-hook` (the OCI hooks podman or
 containerd with plain runc run as processes) is a Python script written here the same way:
 `python -IS` in its first line, the import directories in its text.
@@ -22,8 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FRONT_END_SOURCE = os.path.join("csrc", "frontend", "runtime_main.c")
 FRONT_END = os.path.join("build", "native", "cdi-shim-runtime")
 HOOK_SCRIPT = os.path.join("build", "native", "cdi-shim-hook")
-PARAMS_HOOK_SOURCES = [os.path.join("csrc", "hooks", "bind_params.c"), os.path.join("csrc", "engine", "inroot.c")]
-PARAMS_HOOK = os.path.join("build", "native", "cdi-shim-bind-params")
+NS_HOOK_SOURCES = [os.path.join("csrc", "hooks", "nshook.c"), os.path.join("csrc", "engine", "inroot.c")]
+NS_HOOK = os.path.join("build", "native", "cdi-shim-nshook")
 
 
 def _version():
@@ -102,10 +102,10 @@ class CopyNativeScripts(build_scripts):
 
 
 build_front_end()
-build_program(PARAMS_HOOK, PARAMS_HOOK_SOURCES)
+build_program(NS_HOOK, NS_HOOK_SOURCES)
 write_hook_script()
 setup(
     cffi_modules=["csrc/engine/build_native.py:ffibuilder"],
-    scripts=[FRONT_END, PARAMS_HOOK, HOOK_SCRIPT],
+    scripts=[FRONT_END, NS_HOOK, HOOK_SCRIPT],
     cmdclass={"build_scripts": CopyNativeScripts},
 )

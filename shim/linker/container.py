@@ -9,8 +9,8 @@ the image's rootfs for the cache. A create-symlinks hook is dropped when every l
 exists by other means (a mount at the link's path) or after its links were made here, inside
 the rootfs and without following anything out of it; when that cannot be done safely (the link
 lies under a directory a mount will cover, as the toolkit's /dev/dri/by-path links under runc's
-/dev) the hook stays, and runs as our own `cdi-shim-hook create-symlinks` when the spec's
-program is not on this host.
+/dev) the hook becomes our own `cdi-shim-nshook symlinks` (C, csrc/hooks/nshook.c), which makes
+them in the container's mount namespace, resolved inside the rootfs.
 
 `prepare_linker(config, bundle, log)` returns the new config. A cache that cannot be
 computed or written leaves the hooks as the spec wrote them, with a warning. Two exceptions fail
@@ -357,20 +357,25 @@ def _finish(config, drop, rootfs, deferred, log, calls, reasons):
             continue
         drop.add(id(call.hook))
     changed = False
+    nshook = None
     for call in calls:
+        if id(call.hook) in drop or id(call.hook) not in reasons:
+            continue
         path = call.hook.get("path", "")
-        if id(call.hook) not in drop and id(call.hook) in reasons and not os.access(path, os.X_OK):
-            program = our_program("cdi-shim-hook")
-            if reasons[id(call.hook)] == UNDER_A_MOUNT and os.access(program, os.X_OK):
-                # Links under a mount (the toolkit's /dev/dri/by-path ones) can only be made in
-                # the container's mount namespace: our own program does what the missing one would.
+        if reasons[id(call.hook)] == UNDER_A_MOUNT:
+            nshook = nshook or our_program("cdi-shim-nshook")
+            if os.access(nshook, os.X_OK):
+                # Links under a mount (the toolkit's /dev/dri/by-path ones, in runc's /dev) can only
+                # be made in the container's mount namespace: our C program does it, in ~1 ms,
+                # whatever program the spec named (its own start would cost more).
                 links = [arg for target, link in _links(call) for arg in ("--link", f"{target}::{link}")]
                 call.hook.clear()
-                call.hook.update(path=program, args=["cdi-shim-hook", "create-symlinks", *links],
+                call.hook.update(path=nshook, args=["cdi-shim-nshook", "symlinks", "--rootfs", rootfs, *links],
                                  env=list(SAFE_HOOK_ENV))
                 changed = True
-                log.debug(f"create-symlinks: {path} is not on this host; {program} makes the links under mounts")
+                log.debug(f"create-symlinks: links under a mount made by {nshook} in the container's mount namespace")
                 continue
+        if not os.access(path, os.X_OK):
             raise HookFailure(call.command, f"{reasons[id(call.hook)]}; and its program {path} is not on this host")
     if drop:
         return _without_hooks(config, drop)
@@ -408,14 +413,14 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
                 drop.add(id(call.hook))
                 continue
             source = _write_bundle_file(bundle, toolkit.PARAMS_FILE, data, 0o444, call.command)
-            program = our_program("cdi-shim-bind-params")
+            program = our_program("cdi-shim-nshook")
             if not os.access(program, os.X_OK):
                 raise toolkit.HookFailure(call.command, f"our hook program {program} is missing (runc refuses "
                                           "mounts under /proc from config.json, so a hook makes this one)")
             # runc refuses config.json mounts under /proc: our own hook (C, ~1 ms) binds the
             # file in the container's mount namespace, in place of the spec's.
             call.hook.clear()
-            call.hook.update(path=program, args=["cdi-shim-bind-params", "--source", source, "--rootfs", rootfs],
+            call.hook.update(path=program, args=["cdi-shim-nshook", "bind-params", "--rootfs", rootfs, "--source", source],
                              env=list(SAFE_HOOK_ENV))
             config = dict(config)  # changed (the hook, in place): to be written
             log.debug(f"disable-device-node-modification: {source} bound over {toolkit.PARAMS_PATH} by {program}")

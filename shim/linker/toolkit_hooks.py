@@ -13,8 +13,8 @@ rest of what `nvidia-ctk cdi generate` puts in a spec, from the hooks' documente
   "ModifyDeviceFiles: 1" changed to 0 (nothing when the host has no such file, or it says 0
   already, or says neither). The copy is written into the bundle. runc refuses any mount under
   /proc from config.json ("cannot be mounted because it is inside /proc"), so the bind mount
-  itself is done by our own hook program, `cdi-shim-bind-params --source FILE --rootfs DIR`
-  (C: csrc/hooks/bind_params.c), in the container's mount namespace (as the toolkit's hook
+  itself is done by our own hook program, `cdi-shim-nshook bind-params --rootfs DIR --source
+  FILE` (C: csrc/hooks/nshook.c), in the container's mount namespace (as the toolkit's hook
   does): that program is ours, installed with the runtime, so a spec's missing
   nvidia-cdi-hook does not matter.
   CDI_SHIM_NVIDIA_PARAMS names another host file instead of /proc/driver/nvidia/params: for

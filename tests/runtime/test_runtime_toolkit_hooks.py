@@ -231,7 +231,7 @@ def test_compat_libraries_for_an_older_or_same_driver_are_left_out(world, driver
 def test_params_file_modified_and_our_hook_binds_it(world, driver, tmp_path):
     """The host's params (a test file here) with ModifyDeviceFiles: 0 is written into the
     bundle; runc refuses config.json mounts under /proc, so the spec's hook becomes ours
-    (cdi-shim-bind-params, present with the runtime), which binds it in the container's
+    (cdi-shim-nshook bind-params, present with the runtime), which binds it in the container's
     mount namespace as the toolkit's does. This host has no /proc/driver/nvidia, so inside a
     real container that bind has no file to cover: the create fails, naming our hook and why
     (the toolkit's hook, present, would fail the same way); the bind itself is checked below,
@@ -250,8 +250,8 @@ def test_params_file_modified_and_our_hook_binds_it(world, driver, tmp_path):
     assert open(written).read() == PARAMS.replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0")
     assert os.stat(written).st_mode & 0o777 == 0o444
     hooks = bundle.config()["hooks"]["createContainer"]
-    assert [h["args"] for h in hooks] == [["cdi-shim-bind-params", "--source", written, "--rootfs", bundle.rootfs]]
-    assert hooks[0]["path"] == os.path.join(rh.VENV_BIN, "cdi-shim-bind-params")
+    assert [h["args"] for h in hooks] == [["cdi-shim-nshook", "bind-params", "--rootfs", bundle.rootfs, "--source", written]]
+    assert hooks[0]["path"] == os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
 
     # The hook, as runc runs it (state on stdin), in a private mount namespace.
     rootfs = bundle.rootfs
@@ -273,9 +273,9 @@ def test_params_file_modified_and_our_hook_binds_it(world, driver, tmp_path):
 def _bind_params(rootfs, source, state):
     """Our params hook as runc runs it (state on stdin), in a private mount namespace; then
     what the namespace's host file and the image's params read."""
-    hook = os.path.join(rh.VENV_BIN, "cdi-shim-bind-params")
+    hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
     return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                           f'{hook} --source {source} --rootfs {rootfs} < {state}; echo "rc=$?"'],
+                           f'{hook} bind-params --rootfs {rootfs} --source {source} < {state}; echo "rc=$?"'],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -303,21 +303,53 @@ def test_params_bind_refuses_anything_but_the_image_s_own_file(world, tmp_path, 
     assert host_file.read_text() == "host\n"
 
 
-def test_params_hook_usage():
-    hook = os.path.join(rh.VENV_BIN, "cdi-shim-bind-params")
-    for args in ([], ["--source", "relative", "--rootfs", "/"], ["--source", "/x"], ["--what"]):
+def test_nshook_usage():
+    hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
+    for args in ([], ["bind-params"], ["bind-params", "--source", "relative", "--rootfs", "/"],
+                 ["bind-params", "--source", "/x"], ["symlinks", "--rootfs", "/"],
+                 ["symlinks", "--rootfs", "/", "--source", "/x"], ["other", "--rootfs", "/"]):
         run = subprocess.run([hook, *args], capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
-        assert run.returncode == 2 and "usage: cdi-shim-bind-params --source FILE --rootfs DIR" in run.stderr
+        assert run.returncode == 2 and "usage: cdi-shim-nshook bind-params --rootfs DIR --source FILE" in run.stderr
 
 
-def test_params_hook_is_a_static_program_that_starts_fast(world, tmp_path):
+def test_nshook_is_a_static_program(world, tmp_path):
     """It runs for every container start on a GPU node: a static binary, no interpreter."""
-    hook = os.path.join(rh.VENV_BIN, "cdi-shim-bind-params")
+    hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
     with open(hook, "rb") as stream:
-        head = stream.read(4)
-    assert head == b"\x7fELF"
+        assert stream.read(4) == b"\x7fELF"
     dynamic = subprocess.run([rh.need("readelf", "binutils"), "-d", hook], capture_output=True, text=True).stdout
     assert "NEEDED" not in dynamic, dynamic
+
+
+def _nshook_links(rootfs, *links):
+    hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
+    args = [a for link in links for a in ("--link", link)]
+    return subprocess.run([hook, "symlinks", "--rootfs", rootfs, *args], capture_output=True, text=True,
+                          timeout=30, input='{"ociVersion": "1.0.2"}')
+
+
+def test_nshook_symlinks_made_inside_the_root(tmp_path):
+    """Parents made as needed; an existing link left as it is; a link in the image's path
+    followed inside the root only; a ".." in the link path refused."""
+    rootfs, host = tmp_path / "rootfs", tmp_path / "host"
+    (rootfs / "dev").mkdir(parents=True)
+    host.mkdir()
+    os.symlink("/dev", rootfs / "devlink")          # absolute: means the root's /dev
+    os.symlink(str(host), rootfs / "dev" / "out")   # to the host: must resolve inside the root
+    os.symlink("keep", rootfs / "dev" / "kept")
+    run = _nshook_links(str(rootfs), "../card1::/dev/dri/by-path/pci-0000:3b:00.0-card",
+                        "new::/dev/kept", "x::/devlink/via-link")
+    assert run.returncode == 0, run.stderr
+    assert os.readlink(rootfs / "dev/dri/by-path/pci-0000:3b:00.0-card") == "../card1"
+    assert os.readlink(rootfs / "dev/kept") == "keep"
+    assert os.readlink(rootfs / "dev/via-link") == "x"
+    # /dev/out leads to the host's directory: resolved inside the root, where it names nothing
+    run = _nshook_links(str(rootfs), "y::/dev/out/escape")
+    assert run.returncode == 1 and "cannot open the directory of /dev/out/escape" in run.stderr, run.stderr
+    assert os.listdir(host) == []
+    for bad in ("z::/dev/../etc/x", "z::relative", "::/dev/x", "z::/dev/"):
+        run = _nshook_links(str(rootfs), bad)
+        assert run.returncode == 1 and "Error: symlinks: malformed" in run.stderr, (bad, run.stderr)
 
 
 @pytest.mark.parametrize("text", ["ModifyDeviceFiles: 0\n", "NoSuchLine: 1\n"])
@@ -355,9 +387,10 @@ def test_unknown_hook_options_stay_and_run(world, driver, tmp_path):
 def test_drm_by_path_links_of_a_toolkit_spec_without_the_toolkit(world, driver, tmp_path):
     """The toolkit's per-GPU hook for /dev/dri/by-path links (nvidia-ctk cdi generate 1.20,
     dgpu/by-path-hooks.go): the links lie under /dev, which runc mounts after we run, so they
-    cannot be made in the rootfs beforehand; with the toolkit's program missing on this host, our
-    own cdi-shim-hook makes them in the container's mount namespace in its place. The library
-    links of the other create-symlinks hook are still made natively."""
+    cannot be made in the rootfs beforehand; our own C program (cdi-shim-nshook symlinks) makes
+    them in the container's mount namespace in its place (the toolkit's program is missing on
+    this host; it would not matter if it were there). The library links of the other
+    create-symlinks hook are still made natively."""
     bus = "0000:3b:00.0"
     links = ["--link", f"../card1::/dev/dri/by-path/pci-{bus}-card",
              "--link", f"../renderD128::/dev/dri/by-path/pci-{bus}-render"]
@@ -370,8 +403,8 @@ def test_drm_by_path_links_of_a_toolkit_spec_without_the_toolkit(world, driver, 
     assert result.stdout.splitlines() == [f"/dev/dri/by-path/pci-{bus}-card ../card1",
                                           f"/dev/dri/by-path/pci-{bus}-render ../renderD128"]
     hooks = bundle.config()["hooks"]["createContainer"]
-    assert len(hooks) == 1 and hooks[0]["path"].endswith("/cdi-shim-hook"), hooks
-    assert hooks[0]["args"] == ["cdi-shim-hook", "create-symlinks", *links]
+    assert len(hooks) == 1 and hooks[0]["path"] == os.path.join(rh.VENV_BIN, "cdi-shim-nshook"), hooks
+    assert hooks[0]["args"] == ["cdi-shim-nshook", "symlinks", "--rootfs", bundle.rootfs, *links]
     assert os.readlink(bundle.rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"   # made natively
 
 

@@ -1,0 +1,207 @@
+/* cdi-shim-nshook: the createContainer hooks the runtime cannot do before runc, because their
+ * work lies under a mount runc makes itself; runc runs them in the container's mount namespace
+ * after its mounts and before pivot_root.
+ *
+ *   cdi-shim-nshook bind-params --rootfs DIR --source FILE
+ *       binds FILE (the runtime's copy of the host's /proc/driver/nvidia/params with
+ *       ModifyDeviceFiles: 0) read-only over DIR's /proc/driver/nvidia/params: the native form
+ *       of the toolkit's disable-device-node-modification (runc refuses config.json mounts
+ *       under /proc);
+ *   cdi-shim-nshook symlinks --rootfs DIR --link TARGET::LINK...
+ *       makes the links of a create-symlinks hook that lie under a mount (the toolkit's
+ *       /dev/dri/by-path links, in the /dev runc mounts), parents made as needed; a LINK that
+ *       exists is left as it is.
+ *
+ * They run for every container start on a GPU node, so this is C: an exec and a few syscalls
+ * (~1 ms; the Python hook it replaces took ~40). The runtime writes the args when it prepares
+ * config.json: DIR is the rootfs (root.path), where it still is at that point.
+ *
+ * The image is hostile: every path is resolved inside DIR (csrc/engine/inroot.c: no link leads
+ * out of it). The params target must be a regular file; the mount names the resolved file
+ * through /proc/self/fd, never the path again.
+ * Errors: "Error: ..." on stderr, exit 1 (runc then fails the create, naming the hook). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../engine/inroot.h"
+
+#define PARAMS_PATH "/proc/driver/nvidia/params"
+#define MAX_STATE (1 << 20)
+#define MAX_LINKS 1024
+
+static int usage(void)
+{
+    fputs("usage: cdi-shim-nshook bind-params --rootfs DIR --source FILE\n"
+          "       cdi-shim-nshook symlinks --rootfs DIR --link TARGET::LINK...\n"
+          "  (OCI createContainer hooks written by cdi-shim-runtime, run by runc in the container's\n"
+          "   mount namespace: bind FILE read-only over " PARAMS_PATH ", or make links\n"
+          "   under a mount; every path resolved inside DIR)\n", stderr);
+    return 2;
+}
+
+/* runc writes the container's state to our stdin: read it (bounded) so its write never
+ * meets a closed pipe. We need nothing from it. */
+static void drain_stdin(void)
+{
+    char buf[4096];
+    size_t total = 0;
+    ssize_t n;
+    while (total < MAX_STATE && ((n = read(0, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)))
+        if (n > 0)
+            total += (size_t)n;
+}
+
+/* An O_PATH descriptor of the rootfs's params file, resolved inside it; -1 (reported). */
+static int open_params(int rootfd, const char *rootfs)
+{
+    int fd = cds_inroot_open(rootfd, PARAMS_PATH, O_PATH | O_NOFOLLOW);
+    if (fd < 0) {
+        fprintf(stderr, "Error: bind-params: cannot open " PARAMS_PATH " in %s: %s\n", rootfs, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        fprintf(stderr, "Error: bind-params: " PARAMS_PATH " in %s is not a regular file\n", rootfs);
+        return -1;
+    }
+    return fd;
+}
+
+static int bind_params(int rootfd, const char *rootfs, const char *source)
+{
+    /* The bind; then, on the path opened again (it now names the mount, not the file under
+     * it), read-only and private. */
+    static const struct { unsigned long flags; const char *what; } steps[] = {
+        {MS_BIND, "cannot bind"},
+        {MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, "cannot remount read-only"},
+        {MS_PRIVATE, "cannot make private"},
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        int fd = open_params(rootfd, rootfs);
+        if (fd < 0)
+            return 1;
+        char where[64];
+        snprintf(where, sizeof where, "/proc/self/fd/%d", fd);
+        int rc = mount(i == 0 ? source : NULL, where, NULL, steps[i].flags, NULL);
+        int err = errno;
+        close(fd);
+        if (rc != 0) {
+            fprintf(stderr, "Error: bind-params: %s %s over " PARAMS_PATH " in %s: %s\n",
+                    steps[i].what, source, rootfs, strerror(err));
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A descriptor of directory PATH (absolute, no "." or ".." parts) inside the root, made
+ * (0755) where missing; -1 with errno. PATH is changed while walked, and restored. */
+static int open_dir_made(int rootfd, char *path)
+{
+    int fd = dup(rootfd);
+    char *part = path;
+    while (fd >= 0 && *part) {
+        while (*part == '/')
+            part++;
+        if (!*part)
+            break;
+        char *end = strchr(part, '/');
+        if (end)
+            *end = '\0';
+        int child = openat(fd, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (child < 0 && errno == ENOENT && mkdirat(fd, part, 0755) == 0)
+            child = openat(fd, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (child < 0 && errno == ENOTDIR) {
+            /* a link in the image: follow it, inside the root only */
+            char sofar[4096];
+            snprintf(sofar, sizeof sofar, "%.*s", (int)(end ? end - path : (long)strlen(path)), path);
+            child = cds_inroot_open(rootfd, sofar, O_PATH | O_DIRECTORY);
+        }
+        int err = errno;
+        close(fd);
+        fd = child;
+        errno = err;
+        if (end)
+            *end = '/';
+        part = end ? end + 1 : part + strlen(part);
+    }
+    return fd;
+}
+
+static int make_links(int rootfd, const char *rootfs, char **links, int count)
+{
+    for (int i = 0; i < count; i++) {
+        char *sep = strstr(links[i], "::");
+        if (sep == NULL || sep == links[i] || sep[2] != '/') {
+            fprintf(stderr, "Error: symlinks: malformed --link \"%s\": expected TARGET::/ABSOLUTE/LINK\n", links[i]);
+            return 1;
+        }
+        *sep = '\0';
+        const char *target = links[i];
+        char *link = sep + 2;
+        char *slash = strrchr(link, '/');
+        const char *name = slash + 1;
+        if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || strstr(link, "/../") || strstr(link, "/./")) {
+            fprintf(stderr, "Error: symlinks: malformed link path \"%s\"\n", link);
+            return 1;
+        }
+        *slash = '\0';
+        int dirfd = open_dir_made(rootfd, link);
+        int err = errno;
+        *slash = '/';
+        if (dirfd < 0) {
+            fprintf(stderr, "Error: symlinks: cannot open the directory of %s in %s: %s\n", link, rootfs, strerror(err));
+            return 1;
+        }
+        int rc = symlinkat(target, dirfd, name);
+        err = errno;
+        close(dirfd);
+        if (rc != 0 && err != EEXIST) {  /* one there already (the image's): left as it is */
+            fprintf(stderr, "Error: symlinks: cannot make %s -> %s in %s: %s\n", link, target, rootfs, strerror(err));
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return usage();
+    const char *command = argv[1], *rootfs = NULL, *source = NULL;
+    char *links[MAX_LINKS];
+    int count = 0;
+    int params = strcmp(command, "bind-params") == 0;
+    if (!params && strcmp(command, "symlinks") != 0)
+        return usage();
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--rootfs") == 0 && i + 1 < argc)
+            rootfs = argv[++i];
+        else if (params && strcmp(argv[i], "--source") == 0 && i + 1 < argc)
+            source = argv[++i];
+        else if (!params && strcmp(argv[i], "--link") == 0 && i + 1 < argc && count < MAX_LINKS)
+            links[count++] = argv[++i];
+        else
+            return usage();
+    }
+    if (rootfs == NULL || rootfs[0] != '/' || (params && (source == NULL || source[0] != '/')) || (!params && !count))
+        return usage();
+    drain_stdin();
+
+    int rootfd = open(rootfs, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (rootfd < 0) {
+        fprintf(stderr, "Error: %s: cannot open the rootfs %s: %s\n", command, rootfs, strerror(errno));
+        return 1;
+    }
+    int rc = params ? bind_params(rootfd, rootfs, source) : make_links(rootfd, rootfs, links, count);
+    close(rootfd);
+    return rc;
+}
