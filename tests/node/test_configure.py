@@ -78,8 +78,10 @@ def test_v2_golden_from_containerd_1_6_default(tmp_path, shim_env, fake_binary):
 
 
 def test_v3_golden_from_containerd_2_sample(tmp_path, shim_env, fake_binary):
+    """Our edit of a fixed 2.x sample, byte for byte (a node without containerd installed: the
+    result is written, and said to be unchecked). The real 2.1's own `config default`, edited
+    and loaded by that 2.1, is test_v3_loaded_by_real_containerd_2_1_with_cdi_dirs_made_ours."""
     path = copy(V3_DEFAULT, tmp_path)
-    # no containerd 2.x here: --containerd-binary names none, so the result cannot be loaded
     out = configure(path, fake_binary, env=shim_env, containerd_binary="/nonexistent/containerd")
     assert read(path) == read(data("golden-v3.toml")).replace("@BINARY@", fake_binary)
     assert "config version 3 (containerd 2.x)" in out.stderr
