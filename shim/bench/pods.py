@@ -20,6 +20,21 @@ Scenarios (A = the cdi-shim runtime's handler, B = the runc handler):
   through CRI fields: what runc itself costs for the device is then on both sides, and the ratio
   is cdi-shim's own cost.
 
+On containerd 2.1 (enable_cdi on), native-cdi-30-libs (``--native-cdi``) asks for the device through the CRI
+``CDIDevices`` field, so containerd injects its spec before any runtime runs: /dev/nvidia0, 30 gcc-built
+driver libraries (versioned file names, SONAME .so.1) and the six createContainer hooks of a spec
+written by ``nvidia-ctk cdi generate``. Every round runs four pods, in an order rotated round by
+round, on an image of busybox plus the ldcache tests' library tree (545 cache entries, its own
+ld.so.cache): no device on runc; no device on the cdi-shim handler; (a) on runc, the hooks' program
+a lab-private script (``lab-cdi-hook``, a name cdi-shim does not know) doing the toolkit's work, run
+by runc as six processes (update-ldcache: a conf.d drop-in and the host's ``ldconfig -r`` on the
+rootfs; create-symlinks; the application profile); (b) the same spec with the program installed as
+``nvidia-cdi-hook``, on the cdi-shim handler, which does the hooks' work natively and drops them.
+The hook program logs a line per process: a pod of (a) that shows other than 6, or of (b) other
+than 0, fails the run; one more pod of each device side then checks from inside that the work is
+there (30 driver libraries in its ld.so.cache, the link, the profile). Reported: medians per side,
+(b) / no device (target <= 1.05x) and (a) / (b), paired per round.
+
 The runtime's own per-phase times come from its debug log (``log-level = "debug"``,
 ``phase=<name> took=<ms>ms`` lines). By default the lab runs the runtime's resident process
 (`cdi-shim runtime serve`), as a node would; ``resident=False`` measures the path that starts

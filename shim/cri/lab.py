@@ -8,7 +8,8 @@ true`` (root lacks CAP_SYS_RESOURCE, so runc fails "can't get final child's PID 
 otherwise), ``SystemdCgroup = false`` (PID 1 is not systemd), host-network pods without a
 hostname, a local ``sandbox_image``; then the cdi-shim runtime is added by the real ``cdi-shim
 runtime configure`` command. Images are an OCI-layout tarball made here from busybox-static
-and imported with ``ctr -n k8s.io images import``.
+and imported with ``ctr -n k8s.io images import``; ``setup(library_image=True)`` adds LIB_IMAGE,
+busybox plus the ldcache tests' library tree with its own ld.so.cache (library_layer).
 
 The containerd is the system's (1.6: no CDI support of its own, so every device a pod gets is
 cdi-shim's) or a real 1.7 / 2.1 fetched from Debian's trixie / forky into a cached prefix
@@ -209,7 +210,8 @@ DRIVER_FOLDER = "/usr/lib/x86_64-linux-gnu"
 DRIVER_VERSION = "550.54.15"
 
 # A hook program doing what nvidia-cdi-hook does for the subcommands of a generated spec
-# (/work/shared/reference/nvidia-toolkit.md), run by runc as a createContainer hook: it reads the
+# (NVIDIA Container Toolkit 1.17+),
+# run by runc as a createContainer hook: it reads the
 # OCI state on stdin, finds the rootfs from the bundle's config.json and works on it (runc runs
 # createContainer hooks in the container's mount namespace before pivot_root, so the rootfs
 # holds the spec's bind mounts). It appends "<subcommand> <rootfs>" to LOG first: the evidence
