@@ -23,9 +23,10 @@ Scenarios (A = the cdi-shim runtime's handler, B = the runc handler):
 On containerd 2.1 (enable_cdi on), native-cdi-30-libs (``--native-cdi``) asks for the device through the CRI
 ``CDIDevices`` field, so containerd injects its spec before any runtime runs: /dev/nvidia0, 30 gcc-built
 driver libraries (versioned file names, SONAME .so.1) and the six createContainer hooks of a spec
-written by ``nvidia-ctk cdi generate``. Every round runs four pods, in an order rotated round by
+written by ``nvidia-ctk cdi generate``. Every round runs five pods, in an order rotated round by
 round, on an image of busybox plus the ldcache tests' library tree (545 cache entries, its own
-ld.so.cache): no device on runc; no device on the cdi-shim handler; (a) on runc, the hooks' program
+ld.so.cache): no device on runc; no device on the cdi-shim handler; the device without its hooks on
+runc (what the node and the mounts cost runc and containerd); (a) on runc, the hooks' program
 a lab-private script (``lab-cdi-hook``, a name cdi-shim does not know) doing the toolkit's work, run
 by runc as six processes (update-ldcache: a conf.d drop-in and the host's ``ldconfig -r`` on the
 rootfs; create-symlinks; the application profile); (b) the same spec with the program installed as
@@ -80,12 +81,15 @@ NATIVE_SCENARIOS = {
         "containerd 2.1's own CDI: one device + 30 driver libraries + the toolkit's six hooks through CDIDevices",
         {"no-device-runc": ("no device, runc handler", "runc", None, 0),
          "no-device-shim": ("no device, cdi-shim handler", None, None, 0),
+         "device-no-hooks-runc": ("the same device without its hooks, runc handler (what the node and the 30 "
+                                  "mounts cost runc and containerd)", "runc", "mounts", 0),
          "hooks-runc": ("(a) the hooks run by runc (hook program lab-cdi-hook: ldconfig -r on the rootfs)",
                         "runc", "hooked", 6),
          "native-shim": ("(b) hook program named nvidia-cdi-hook, cdi-shim handler (resident): the hooks' work "
                          "done natively, the hooks dropped", None, "toolkit", 0)},
         # (numerator, denominator, target of the paired start-up ratio)
         (("native-shim", "no-device-runc", 1.05), ("native-shim", "no-device-shim", None),
+         ("native-shim", "device-no-hooks-runc", None), ("device-no-hooks-runc", "no-device-runc", None),
          ("hooks-runc", "native-shim", None), ("hooks-runc", "no-device-runc", None))),
 }
 ALL_SCENARIOS = DEFAULT_SCENARIOS + tuple(NATIVE_SCENARIOS)
@@ -158,7 +162,7 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
         native_devices = lab.write_native_cdi_specs(30) if native else None
         if native:
             result["meta"]["native_cdi"] = {"image": LIB_IMAGE, "driver_libraries": len(native_devices["libraries"]),
-                                            "devices": {k: native_devices[k] for k in ("hooked", "toolkit")}}
+                                            "devices": {k: native_devices[k] for k in ("hooked", "toolkit", "mounts")}}
         result["meta"]["python_path_ms"] = python_path_cost()
         result["meta"]["passthrough_ms"] = passthrough_cost(lab)
         result["meta"]["load_before"] = os.getloadavg()
@@ -233,7 +237,8 @@ def _run_sides(lab, name, devices, rounds, warmup, result, offset, log):
                 sample["phases"] = phases
                 sample["hook_processes"] = hook_processes
                 samples[key].append(sample)
-    check = {key: _check_side(lab, name, key, devices, sides[key]) for key in keys if sides[key][2]}
+    check = {key: _check_side(lab, name, key, devices, sides[key]) for key in keys
+             if sides[key][2] in ("hooked", "toolkit")}
     result["scenarios"][name] = {
         "title": title, "kind": "sides", "rounds": rounds, "check": check,
         "sides": {key: {"label": label, "handler": handler or lab.runtime_name, "device": devices[device] if device

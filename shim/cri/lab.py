@@ -526,7 +526,9 @@ class Lab:
         name the cdi-shim runtime does not know (runc runs its hooks); bench.cdi-shim.dev/toolkit=0's
         is the same script installed as <lab>/hooks/nvidia-cdi-hook, the toolkit's name (the runtime
         does their work natively and drops them). Both append to the hook log: a line per hook
-        process. Returns {"hooked": device, "toolkit": device, "hook_log": path, "libraries": [...]}."""
+        process. bench.cdi-shim.dev/mounts=0 is the device without the hooks (what runc pays for the
+        node and the mounts alone). Returns {"hooked": device, "toolkit": device, "mounts": device,
+        "hook_log": path, "libraries": [...]}."""
         gcc = find_tool("gcc", "gcc")
         ldconfig = find_tool("ldconfig", "libc-bin")
         make_char_device(os.path.join(self.dev_dir, "nvidia0"), 195, 0)
@@ -539,11 +541,14 @@ class Lab:
         mounts = "".join(f"    - hostPath: {path}\n      containerPath: {DRIVER_FOLDER}/{os.path.basename(path)}\n"
                          "      options: [ro, nosuid, nodev, bind]\n" for path in libraries)
         devices = {}
-        for key, program in (("hooked", "lab-cdi-hook"), ("toolkit", "nvidia-cdi-hook")):
-            path = os.path.join(hooks_dir, program)
-            with open(path, "w") as stream:
-                stream.write(script)
-            os.chmod(path, 0o755)
+        for key, program in (("hooked", "lab-cdi-hook"), ("toolkit", "nvidia-cdi-hook"), ("mounts", None)):
+            hooks = ""
+            if program:
+                path = os.path.join(hooks_dir, program)
+                with open(path, "w") as stream:
+                    stream.write(script)
+                os.chmod(path, 0o755)
+                hooks = "  hooks:\n" + toolkit_hooks(path)
             kind = f"bench.cdi-shim.dev/{key}"
             self.write_spec(f"bench-{key}.yaml", 'cdiVersion: "0.5.0"\n'
                             f"kind: {kind}\n"
@@ -553,7 +558,7 @@ class Lab:
                             "      deviceNodes:\n"
                             f"        - path: /dev/nvidia0\n          hostPath: {self.dev_dir}/nvidia0\n"
                             "containerEdits:\n"
-                            "  mounts:\n" + mounts + "  hooks:\n" + toolkit_hooks(path))
+                            "  mounts:\n" + mounts + hooks)
             devices[key] = f"{kind}=0"
         return dict(devices, hook_log=hook_log, libraries=libraries)
 

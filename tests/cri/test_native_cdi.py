@@ -153,7 +153,9 @@ def test_pod_benchmark_native_cdi_scenario(cri_build_dir, tmp_path):
         for sample in samples:
             assert all(sample[metric] > 0 for metric in ("startup", "lifecycle") + STEPS), (key, sample)
     hooks = {key: {s["hook_processes"] for s in samples} for key, samples in scenario["samples"].items()}
-    assert hooks == {"no-device-runc": {0}, "no-device-shim": {0}, "hooks-runc": {6}, "native-shim": {0}}
+    assert hooks == {"no-device-runc": {0}, "no-device-shim": {0}, "device-no-hooks-runc": {0}, "hooks-runc": {6},
+                     "native-shim": {0}}
+    assert scenario["sides"]["device-no-hooks-runc"]["device"] == "bench.cdi-shim.dev/mounts=0"
     assert scenario["sides"]["hooks-runc"]["handler"] == "runc"
     assert scenario["sides"]["native-shim"]["handler"] == "nvidia"
     assert scenario["sides"]["hooks-runc"]["device"] == "bench.cdi-shim.dev/hooked=0"
@@ -165,7 +167,9 @@ def test_pod_benchmark_native_cdi_scenario(cri_build_dir, tmp_path):
         assert scenario["check"][key]["profile_bytes"] > 0
     native = scenario["samples"]["native-shim"]
     assert all(s["phases"].get("linker", 0) > 0 and s["phases"].get("resident") == 1 for s in native), native
-    assert not any(s["phases"] for s in scenario["samples"]["hooks-runc"])  # runc's handler: no cdi-shim
+    for key in ("hooks-runc", "device-no-hooks-runc", "no-device-runc"):  # runc's handler: no cdi-shim
+        assert not any(s["phases"] for s in scenario["samples"][key]), key
+    assert set(scenario["check"]) == {"hooks-runc", "native-shim"}
     assert "start-up target native-shim / no-device-runc <= 1.05x" in out.stdout
     assert "startup   hooks-runc / native-shim: paired median" in out.stdout
     assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []
