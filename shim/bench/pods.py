@@ -20,6 +20,22 @@ Scenarios (A = the cdi-shim runtime's handler, B = the runc handler):
   through CRI fields: what runc itself costs for the device is then on both sides, and the ratio
   is cdi-shim's own cost.
 
+On containerd 2.1 (enable_cdi on), native-cdi-30-libs (``--native-cdi``) asks for the device through the CRI
+``CDIDevices`` field, so containerd injects its spec before any runtime runs: /dev/nvidia0, 30 gcc-built
+driver libraries (versioned file names, SONAME .so.1) and the six createContainer hooks of a spec
+written by ``nvidia-ctk cdi generate``. Every round runs five pods, in an order rotated round by
+round, on an image of busybox plus the ldcache tests' library tree (545 cache entries, its own
+ld.so.cache): no device on runc; no device on the cdi-shim handler; the device without its hooks on
+runc (what the node and the mounts cost runc and containerd); (a) on runc, the hooks' program
+a lab-private script (``lab-cdi-hook``, a name cdi-shim does not know) doing the toolkit's work, run
+by runc as six processes (update-ldcache: a conf.d drop-in and the host's ``ldconfig -r`` on the
+rootfs; create-symlinks; the application profile); (b) the same spec with the program installed as
+``nvidia-cdi-hook``, on the cdi-shim handler, which does the hooks' work natively and drops them.
+The hook program logs a line per process: a pod of (a) that shows other than 6, or of (b) other
+than 0, fails the run; one more pod of each device side then checks from inside that the work is
+there (30 driver libraries in its ld.so.cache, the link, the profile). Reported: medians per side,
+(b) / no device (target <= 1.05x) and (a) / (b), paired per round.
+
 The runtime's own per-phase times come from its debug log (``log-level = "debug"``,
 ``phase=<name> took=<ms>ms`` lines). By default the lab runs the runtime's resident process
 (`cdi-shim runtime serve`), as a node would; ``resident=False`` measures the path that starts
@@ -42,7 +58,7 @@ import sys
 import tempfile
 import time
 
-from ..cri.lab import Lab, LabError
+from ..cri.lab import DRIVER_FOLDER, LIB_IMAGE, Lab, LabError
 
 COMMAND = ["/bin/true"]
 SCENARIOS = {
@@ -56,8 +72,29 @@ SCENARIOS = {
                               {"cdi.k8s.io/gpu": "bench.cdi-shim.dev/gpu=0"}, None),
 }
 DEFAULT_SCENARIOS = tuple(SCENARIOS)
+# Native CDI (containerd 2.1, enable_cdi on): the device comes through the CRI CDIDevices field and
+# containerd injects its spec, hooks included, before any runtime runs. Every pod of a round runs
+# on LIB_IMAGE; the sides rotate their order round by round. side: (label, handler (None: ours),
+# device key of Lab.write_native_cdi_specs or None, hook processes each pod must show).
+NATIVE_SCENARIOS = {
+    "native-cdi-30-libs": (
+        "containerd 2.1's own CDI: one device + 30 driver libraries + the toolkit's six hooks through CDIDevices",
+        {"no-device-runc": ("no device, runc handler", "runc", None, 0),
+         "no-device-shim": ("no device, cdi-shim handler", None, None, 0),
+         "device-no-hooks-runc": ("the same device without its hooks, runc handler (what the node and the 30 "
+                                  "mounts cost runc and containerd)", "runc", "mounts", 0),
+         "hooks-runc": ("(a) the hooks run by runc (hook program lab-cdi-hook: ldconfig -r on the rootfs)",
+                        "runc", "hooked", 6),
+         "native-shim": ("(b) hook program named nvidia-cdi-hook, cdi-shim handler (resident): the hooks' work "
+                         "done natively, the hooks dropped", None, "toolkit", 0)},
+        # (numerator, denominator, target of the paired start-up ratio)
+        (("native-shim", "no-device-runc", 1.05), ("native-shim", "no-device-shim", None),
+         ("native-shim", "device-no-hooks-runc", None), ("device-no-hooks-runc", "no-device-runc", None),
+         ("hooks-runc", "native-shim", None), ("hooks-runc", "no-device-runc", None))),
+}
+ALL_SCENARIOS = DEFAULT_SCENARIOS + tuple(NATIVE_SCENARIOS)
 STEPS = ("runp", "create", "start", "wait", "stop", "remove")
-PHASES = ("config", "requests", "resolve", "apply", "write", "total")
+PHASES = ("config", "requests", "resolve", "apply", "linker", "write", "total")
 _PHASE = re.compile(r"phase=(\w+) took=([0-9.]+)ms")
 
 
@@ -92,15 +129,23 @@ def _tool_version(argv):
 
 
 def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=True, containerd=None):
-    """Run the benchmark; returns a JSON-able dict of every measurement."""
+    """Run the benchmark; returns a JSON-able dict of every measurement. The NATIVE_SCENARIOS need
+    containerd 2.1 (the lab then sets enable_cdi on); `pairs` is then the number of measured rounds."""
     scenarios = list(scenarios or DEFAULT_SCENARIOS)
+    unknown = [name for name in scenarios if name not in ALL_SCENARIOS]
+    if unknown:
+        raise BenchError(f"unknown scenario {', '.join(unknown)}: the benchmark has {', '.join(ALL_SCENARIOS)}")
+    native = [name for name in scenarios if name in NATIVE_SCENARIOS]
+    if native and containerd != "2.1":
+        raise BenchError(f"{', '.join(native)}: containerd's own CDI with the CDIDevices field needs --containerd 2.1")
     missing = [name for name in ("grpc", "grpc_tools", "google.protobuf") if importlib.util.find_spec(name) is None]
     if missing:
         raise BenchError(f"{', '.join(missing)} not installed: the CRI client needs grpcio and grpcio-tools "
                          "(pip install 'cdi-shim[bench]')")
     base = tempfile.mkdtemp(prefix="cdi-shim-podbench-", dir=workdir)
     try:
-        lab = Lab(base, runtime_log=True, log_level="debug", resident=resident, containerd=containerd)
+        lab = Lab(base, runtime_log=True, log_level="debug", resident=resident, containerd=containerd,
+                  native_cdi=True if native else None)
     except LabError as err:
         shutil.rmtree(base, ignore_errors=True)
         raise BenchError(str(err)) from None
@@ -112,13 +157,20 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
         "scenarios": {},
     }
     try:
-        lab.setup()
+        lab.setup(library_image=bool(native))
         libraries = lab.write_libraries_spec(30) if any(n.startswith("device-30-libs") for n in scenarios) else []
+        native_devices = lab.write_native_cdi_specs(30) if native else None
+        if native:
+            result["meta"]["native_cdi"] = {"image": LIB_IMAGE, "driver_libraries": len(native_devices["libraries"]),
+                                            "devices": {k: native_devices[k] for k in ("hooked", "toolkit", "mounts")}}
         result["meta"]["python_path_ms"] = python_path_cost()
         result["meta"]["passthrough_ms"] = passthrough_cost(lab)
         result["meta"]["load_before"] = os.getloadavg()
         offset = 0
         for name in scenarios:
+            if name in NATIVE_SCENARIOS:
+                offset = _run_sides(lab, name, native_devices, pairs, warmup, result, offset, log)
+                continue
             title, annotations, target = SCENARIOS[name]
             log(f"{name}: {warmup} warm-up + {pairs} measured pairs ({title})")
             samples = {"A": [], "B": []}
@@ -150,6 +202,76 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
         lab.stop()
         shutil.rmtree(base, ignore_errors=True)
     return result
+
+
+def _hook_lines(path):
+    with open(path, "rb") as stream:
+        return stream.read().count(b"\n")
+
+
+def _run_sides(lab, name, devices, rounds, warmup, result, offset, log):
+    """One of NATIVE_SCENARIOS: each round runs a pod of every side, the order rotated round by
+    round. Each pod's hook processes are counted from the hook program's log; a side that shows
+    other than its expected count fails the run (no figure from pods that did not do the work)."""
+    title, sides, ratios = NATIVE_SCENARIOS[name]
+    log(f"{name}: {warmup} warm-up + {rounds} measured rounds of {len(sides)} pods ({title})")
+    keys = list(sides)
+    samples = {key: [] for key in keys}
+    for index in range(warmup + rounds):
+        shift = index % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            _, handler, device, expected_hooks = sides[key]
+            handler = handler or lab.runtime_name
+            _, offset = _phases_since(lab.runtime_log, offset)
+            hooks_before = _hook_lines(devices["hook_log"])
+            pod = lab.run_pod(handler, COMMAND, cdi_devices=[devices[device]] if device else (),
+                              name=f"bench-{key}", image=LIB_IMAGE)
+            if pod.status.exit_code != 0:
+                raise BenchError(f"{name} {key}: the container exited {pod.status.exit_code}: {pod.output}")
+            hook_processes = _hook_lines(devices["hook_log"]) - hooks_before
+            if hook_processes != expected_hooks:
+                raise BenchError(f"{name} {key}: {hook_processes} hook processes ran, not {expected_hooks}")
+            phases, offset = _phases_since(lab.runtime_log, offset)
+            if index >= warmup:
+                sample = {k: v * 1000 for k, v in pod.times.items()}
+                sample["phases"] = phases
+                sample["hook_processes"] = hook_processes
+                samples[key].append(sample)
+    check = {key: _check_side(lab, name, key, devices, sides[key]) for key in keys
+             if sides[key][2] in ("hooked", "toolkit")}
+    result["scenarios"][name] = {
+        "title": title, "kind": "sides", "rounds": rounds, "check": check,
+        "sides": {key: {"label": label, "handler": handler or lab.runtime_name, "device": devices[device] if device
+                        else None, "image": LIB_IMAGE} for key, (label, handler, device, _) in sides.items()},
+        "samples": samples, "ratios": [list(r) for r in ratios]}
+    return offset
+
+
+# What a device side's container sees, from inside (busybox): the driver SONAMEs its ld.so.cache lists,
+# the create-symlinks link, the application profile.
+PROBE = ("echo cache=$(tr '\\000' '\\n' < /etc/ld.so.cache | grep -o 'libnvidia-bench[0-9]*[.]so[.]1$' | sort -u | wc -l); "
+         f"echo link=$(readlink {DRIVER_FOLDER}/libnvidia-bench0.so); "
+         "echo profile=$(cat /etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf 2>/dev/null | wc -c)")
+
+
+def _check_side(lab, name, key, devices, side):
+    """One more pod of a device side, not measured, running PROBE: the work of the hooks must be
+    there (every driver library in the cache, the link, the profile), whoever did it."""
+    _, handler, device, expected_hooks = side
+    hooks_before = _hook_lines(devices["hook_log"])
+    pod = lab.run_pod(handler or lab.runtime_name, ["sh", "-c", PROBE], cdi_devices=[devices[device]],
+                      name=f"check-{key}", image=LIB_IMAGE)
+    seen = dict(line.split("=", 1) for line in pod.output if "=" in line)
+    found = {"cache_driver_libraries": int(seen.get("cache") or 0), "link": seen.get("link", ""),
+             "profile_bytes": int(seen.get("profile") or 0),
+             "hook_processes": _hook_lines(devices["hook_log"]) - hooks_before}
+    wanted = {"cache_driver_libraries": len(devices["libraries"]), "link": "libnvidia-bench0.so.1",
+              "hook_processes": expected_hooks}
+    wrong = {k: found[k] for k, v in wanted.items() if found[k] != v}
+    if pod.status.exit_code != 0 or wrong or not found["profile_bytes"]:
+        raise BenchError(f"{name} {key}: the device's work is not all there (exit {pod.status.exit_code}, "
+                         f"found {found}, wanted {wanted} and a profile): {pod.output}")
+    return found
 
 
 def python_path_cost(runs=15):
@@ -212,9 +334,70 @@ def summarize(scenario):
     return out
 
 
+def summarize_sides(scenario):
+    """Medians per side and metric, and the scenario's ratios (paired per round and of medians)."""
+    samples = scenario["samples"]
+    out = {"medians": {}, "ratios": [], "phases": {}, "hook_processes": {}}
+    for key, values in samples.items():
+        out["medians"][key] = {metric: _median([s[metric] for s in values if metric in s])
+                               for metric in ("startup", "lifecycle") + STEPS}
+        names = sorted({p for s in values for p in s["phases"]}, key=lambda p: PHASES.index(p) if p in PHASES else 99)
+        out["phases"][key] = {p: _median([s["phases"].get(p, 0.0) for s in values]) for p in names if p != "resident"}
+        out["phases"][key]["resident pods"] = sum(1 for s in values if s["phases"].get("resident"))
+        out["hook_processes"][key] = sorted({s.get("hook_processes", 0) for s in values})
+    for numerator, denominator, target in scenario["ratios"]:
+        entry = {"numerator": numerator, "denominator": denominator, "target": target}
+        for metric in ("startup", "lifecycle"):
+            xs = [s[metric] for s in samples[numerator]]
+            ys = [s[metric] for s in samples[denominator]]
+            paired = [x / y for x, y in zip(xs, ys) if y > 0]
+            entry[metric] = {"paired_ratio": _median(paired), "ratio_of_medians": _median(xs) / _median(ys)
+                             if ys and _median(ys) else float("nan"),
+                             "paired_min": min(paired) if paired else float("nan"),
+                             "paired_max": max(paired) if paired else float("nan")}
+        out["ratios"].append(entry)
+    return out
+
+
+def _report_sides(name, scenario):
+    s = summarize_sides(scenario)
+    lines = ["", f"{name}: {scenario['title']} ({scenario['rounds']} rounds, the sides' order rotated)"]
+    for key, side in scenario["sides"].items():
+        lines.append(f"  {key}: {side['label']}; handler {side['handler']}"
+                     + (f", CDIDevices {side['device']}" if side["device"] else "")
+                     + f"; hook processes per pod {s['hook_processes'][key]}")
+    width = max(len(key) for key in scenario["sides"])
+    lines.append("  median ms       " + "  ".join(f"{key:>{width}}" for key in scenario["sides"]))
+    for metric in ("startup", "lifecycle") + STEPS:
+        label = {"startup": "start-up", "lifecycle": "lifecycle"}.get(metric, "  " + metric)
+        lines.append(f"  {label:<15}" + "  ".join(f"{s['medians'][key][metric]:>{width}.1f}"
+                                                  for key in scenario["sides"]))
+    for entry in s["ratios"]:
+        for metric in ("startup", "lifecycle"):
+            m = entry[metric]
+            lines.append(f"  {metric:<9} {entry['numerator']} / {entry['denominator']}: paired median "
+                         f"{m['paired_ratio']:.3f}x [{m['paired_min']:.3f} .. {m['paired_max']:.3f}], "
+                         f"of medians {m['ratio_of_medians']:.3f}x")
+        if entry["target"]:
+            verdict = "meets" if entry["startup"]["paired_ratio"] <= entry["target"] else "MISSES"
+            lines.append(f"  start-up target {entry['numerator']} / {entry['denominator']} <= {entry['target']:.2f}x: "
+                         f"{verdict} it (paired median {entry['startup']['paired_ratio']:.3f}x)")
+    for key, found in scenario.get("check", {}).items():
+        lines.append(f"  checked in one more {key} pod: {found['cache_driver_libraries']} driver libraries in its "
+                     f"ld.so.cache, link -> {found['link']}, profile {found['profile_bytes']} bytes, "
+                     f"{found['hook_processes']} hook processes")
+    for key, phases in s["phases"].items():
+        if len(phases) > 1:
+            lines.append(f"  runtime phases of {key} (median ms per pod, {phases['resident pods']} pods prepared by "
+                         "the resident process): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items()
+                                                                if p != "resident pods"))
+    return lines
+
+
 def report(result):
     meta = result["meta"]
-    lines = [f"pod start-up, {meta['pairs']} pairs per scenario ({meta['warmup']} warm-up), {meta['cpus']} CPUs, "
+    lines = [f"pod start-up, {meta['pairs']} pairs (rounds) per scenario ({meta['warmup']} warm-up), "
+             f"{meta['cpus']} CPUs, "
              f"kernel {meta['kernel']}, resident process {'on' if meta.get('resident') else 'off'}",
              f"  {meta['containerd']}", f"  {meta['runc'].splitlines()[0] if meta['runc'] else ''}"]
     if meta.get("load_before"):
@@ -225,7 +408,14 @@ def report(result):
         lines.append(f"  one passthrough runtime call (`state`, median of 100): cdi-shim-runtime {cost['shim']:.2f} ms, "
                      f"runc {cost['runc']:.2f} ms: +{cost['shim'] - cost['runc']:.2f} ms a call "
                      "(4 calls until a pod's container runs, 12 in its lifecycle)")
+    native = meta.get("native_cdi")
+    if native:
+        lines.append(f"  native CDI: image {native['image']} (busybox + the ldcache tests' library tree), "
+                     f"{native['driver_libraries']} driver libraries")
     for name, scenario in result["scenarios"].items():
+        if scenario.get("kind") == "sides":
+            lines += _report_sides(name, scenario)
+            continue
         s = summarize(scenario)
         lines += ["", f"{name}: {scenario['title']}",
                   f"  A = handler {scenario['A_handler']} (cdi-shim-runtime), B = handler {scenario['B_handler']}",
@@ -272,6 +462,11 @@ def plot(result, path):
         data, labels = [], []
         for name in names:
             scenario = result["scenarios"][name]
+            if scenario.get("kind") == "sides":
+                for key, side in scenario["sides"].items():
+                    data.append([s[metric] for s in scenario["samples"][key]])
+                    labels.append(f"{name}\n{key}")
+                continue
             for side in ("A", "B"):
                 data.append([s[metric] for s in scenario[side]])
                 labels.append(f"{name} {side}\n{scenario[side + '_handler']}")

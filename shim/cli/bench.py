@@ -18,8 +18,18 @@ def bench():
 @click.option("-n", "--pairs", default=20, show_default=True, help="Measured pod pairs per scenario.")
 @click.option("--warmup", default=2, show_default=True, help="Unmeasured pairs per scenario first.")
 @click.option("--scenario", "scenarios", multiple=True,
-              type=click.Choice(["no-device", "one-device", "device-30-libs", "device-30-libs-vs-cri"]),
-              help="Scenarios to run (default: all).")
+              type=click.Choice(["no-device", "one-device", "device-30-libs", "device-30-libs-vs-cri",
+                                 "native-cdi-30-libs"]),
+              help="Scenarios to run (default: the first four; native-cdi-30-libs needs --containerd 2.1).")
+@click.option("--native-cdi", is_flag=True,
+              help="Run the native-cdi-30-libs scenario (with any --scenario given, else alone; needs "
+                   "--containerd 2.1, enable_cdi on): a device with 30 driver libraries and the toolkit's six "
+                   "hooks requested through the CRI CDIDevices field, in rounds of five pods on a library-rich "
+                   "image: no device on runc, no device on cdi-shim, the device without its hooks on runc, (a) the hooks "
+                   "run by runc through a hook "
+                   "program that does the toolkit's work (ldconfig -r on the rootfs) under a name cdi-shim does "
+                   "not know, (b) the same spec with the program named nvidia-cdi-hook through cdi-shim, which "
+                   "does the work natively and drops the hooks. -n is then the number of rounds.")
 @click.option("--plot", metavar="FILE.png", help="Draw the distributions (needs matplotlib).")
 @click.option("--json", "json_path", metavar="FILE", help="Write every measurement as JSON.")
 @click.option("--workdir", metavar="DIR", help="Parent of the private containerd's temp dir (default: $TMPDIR).")
@@ -31,7 +41,7 @@ def bench():
               help="The containerd the lab runs: 1.6 is the system's; 1.7 and 2.1 are Debian's trixie and forky "
                    "packages, fetched once with apt-get download into $CDI_SHIM_TEST_CACHE "
                    "(/var/cache/cdi-shim-tests), each with its default enable_cdi (2.1: on).")
-def pods(pairs, warmup, scenarios, plot, json_path, workdir, resident, containerd):
+def pods(pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, resident, containerd):
     """Pod start-up through a private containerd: the cdi-shim handler against plain runc.
 
     Each pod: RunPodSandbox, CreateContainer, StartContainer, wait for exit, StopPodSandbox,
@@ -47,6 +57,12 @@ def pods(pairs, warmup, scenarios, plot, json_path, workdir, resident, container
         from ..bench import pods as podbench
     except ImportError as err:  # grpcio missing
         _fail(f"{err}: install the bench extras; in the cdi-shim checkout: {INSTALL_EXTRAS}")
+    scenarios = list(scenarios)
+    if native_cdi:
+        if containerd != "2.1":
+            _fail("--native-cdi needs --containerd 2.1 (containerd's own CDI with the CDIDevices field)")
+        if "native-cdi-30-libs" not in scenarios:
+            scenarios.append("native-cdi-30-libs")
     try:
         result = podbench.run(pairs=pairs, warmup=warmup, scenarios=scenarios or None, workdir=workdir,
                               log=lambda text: click.echo(text, err=True), resident=resident,

@@ -8,7 +8,8 @@ true`` (root lacks CAP_SYS_RESOURCE, so runc fails "can't get final child's PID 
 otherwise), ``SystemdCgroup = false`` (PID 1 is not systemd), host-network pods without a
 hostname, a local ``sandbox_image``; then the cdi-shim runtime is added by the real ``cdi-shim
 runtime configure`` command. Images are an OCI-layout tarball made here from busybox-static
-and imported with ``ctr -n k8s.io images import``.
+and imported with ``ctr -n k8s.io images import``; ``setup(library_image=True)`` adds LIB_IMAGE,
+busybox plus the ldcache tests' library tree with its own ld.so.cache (library_layer).
 
 The containerd is the system's (1.6: no CDI support of its own, so every device a pod gets is
 cdi-shim's) or a real 1.7 / 2.1 fetched from Debian's trixie / forky into a cached prefix
@@ -40,6 +41,7 @@ from .client import CRIError, read_container_log
 
 IMAGE = "localhost/busybox:local"
 PAUSE_IMAGE = "localhost/pause:local"
+LIB_IMAGE = "localhost/busybox-libs:local"  # busybox + the ldcache tests' library tree (Lab.setup)
 NAMESPACE = "k8s.io"
 RUNTIME_NAME = "nvidia"
 CMD_TIMEOUT = 120
@@ -102,16 +104,22 @@ def _layer(busybox):
 
 
 def build_oci_archive(path, busybox, images):
-    """Write an OCI image layout tarball holding `images` ({reference: (entrypoint, cmd)}), one layer."""
+    """Write an OCI image layout tarball holding `images` ({reference: (entrypoint, cmd)} or
+    (entrypoint, cmd, extra layers)): the busybox layer, then the image's extra layers (uncompressed tars)."""
     layer = _layer(busybox)
     layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
     blobs = {layer_digest: layer}
     manifests = []
-    for reference, (entrypoint, cmd) in images.items():
+    for reference, (entrypoint, cmd, *more) in images.items():
+        layers = [(layer_digest, len(layer))]
+        for extra in (more[0] if more else ()):
+            digest = "sha256:" + hashlib.sha256(extra).hexdigest()
+            blobs[digest] = extra
+            layers.append((digest, len(extra)))
         config = json.dumps({
             "architecture": _oci_arch(), "os": "linux",
             "config": {"Env": ["PATH=/bin"], "Entrypoint": entrypoint, "Cmd": cmd, "WorkingDir": "/"},
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+            "rootfs": {"type": "layers", "diff_ids": [digest for digest, _ in layers]},
         }, sort_keys=True).encode()
         config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
         blobs[config_digest] = config
@@ -119,8 +127,8 @@ def build_oci_archive(path, busybox, images):
             "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest,
                        "size": len(config)},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest,
-                        "size": len(layer)}],
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest, "size": size}
+                       for digest, size in layers],
         }, sort_keys=True).encode()
         manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
         blobs[manifest_digest] = manifest
@@ -143,6 +151,34 @@ def build_oci_archive(path, busybox, images):
         for digest, data in blobs.items():
             add("blobs/sha256/" + digest.split(":", 1)[1], data)
     return path
+
+
+def library_layer(work, ldconfig):
+    """An uncompressed layer tar of the generated library tree of the ldcache tests
+    (tests/linker/libtree.py, cached as a tarball under CDI_SHIM_TEST_CACHE: 480 gcc-built library
+    files, 417 links, its own /etc/ld.so.conf(.d)) with the image's own ld.so.cache, made by the
+    host's `ldconfig -r`, as an image ships one."""
+    linker_tests = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "tests", "linker")
+    if not os.path.exists(os.path.join(linker_tests, "libtree.py")):
+        raise LabError(f"the library tree needs the cdi-shim checkout's {linker_tests}/libtree.py")
+    sys.path.insert(0, linker_tests)
+    try:
+        import libtree
+    finally:
+        sys.path.remove(linker_tests)
+    tarball, _ = libtree.tarball(releases.CACHE_DIR)
+    root = os.path.join(work, "libtree-root")
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    subprocess.run(["tar", "-C", root, "--numeric-owner", "-xf", tarball], check=True, timeout=CMD_TIMEOUT)
+    subprocess.run([ldconfig, "-r", root], check=True, capture_output=True, timeout=CMD_TIMEOUT)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(os.listdir(root)):
+            tar.add(os.path.join(root, name), arcname=name)
+    shutil.rmtree(root, ignore_errors=True)
+    return buffer.getvalue()
 
 
 # --- fake devices and libraries ----------------------------------------------------------------
@@ -168,6 +204,124 @@ def build_fake_libraries(directory, count, gcc):
                            check=True, capture_output=True, timeout=CMD_TIMEOUT)
         paths.append(target)
     return paths
+
+
+DRIVER_FOLDER = "/usr/lib/x86_64-linux-gnu"
+DRIVER_VERSION = "550.54.15"
+
+# A hook program doing what nvidia-cdi-hook does for the subcommands of a generated spec
+# (NVIDIA Container Toolkit 1.17+),
+# run by runc as a createContainer hook: it reads the
+# OCI state on stdin, finds the rootfs from the bundle's config.json and works on it (runc runs
+# createContainer hooks in the container's mount namespace before pivot_root, so the rootfs
+# holds the spec's bind mounts). It appends "<subcommand> <rootfs>" to LOG first: the evidence
+# that it ran as a process.
+#   update-ldcache: an /etc/ld.so.conf if missing, an ld.so.conf.d drop-in naming the --folder
+#     directories, then the host's `ldconfig -r <rootfs>` (a full rescan of the image's library
+#     directories, as the toolkit's `ldconfig -f /etc/ld.so.conf -C /etc/ld.so.cache` in the
+#     pivot_rooted root; without its re-exec into new namespaces, so if anything cheaper);
+#   create-symlinks: each --link TARGET::LINK inside the rootfs (kept when there);
+#   update-application-profile: the EGLVisibleDGPUDevices profile for the config's /dev/nvidiaN;
+#   enable-cuda-compat: nothing unless the image has /usr/local/cuda/compat (this one has not);
+#   disable-device-node-modification: nothing unless the host has /proc/driver/nvidia/params.
+HOOK_SCRIPT = r"""#!/bin/sh
+set -eu
+PATH=/usr/sbin:/usr/bin:/sbin:/bin
+state=$(cat)
+bundle=$(printf '%s' "$state" | sed -n 's/.*"bundle":"\([^"]*\)".*/\1/p')
+[ -n "$bundle" ] || { echo "$0: no bundle in the OCI state" >&2; exit 1; }
+root=$(sed -n 's/.*"root":{"path":"\([^"]*\)".*/\1/p' "$bundle/config.json")
+case $root in /*) ;; *) root=$bundle/$root ;; esac
+[ -n "$root" ] && [ "$root" != / ] || { echo "$0: no rootfs" >&2; exit 1; }
+command=$1
+shift
+echo "$command $root" >> @LOG@
+case $command in
+update-ldcache)
+    folders=
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --folder) folders="$folders$2
+"; shift 2 ;;
+            --folder=*) folders="$folders${1#--folder=}
+"; shift ;;
+            *) shift ;;
+        esac
+    done
+    mkdir -p "$root/etc/ld.so.conf.d"
+    [ -e "$root/etc/ld.so.conf" ] || echo 'include /etc/ld.so.conf.d/*.conf' > "$root/etc/ld.so.conf"
+    printf '%s' "$folders" > "$root/etc/ld.so.conf.d/00-nvcr-$$.conf"
+    @LDCONFIG@ -r "$root" 2>/dev/null
+    ;;
+create-symlinks)
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --link) spec=$2; shift 2 ;;
+            --link=*) spec=${1#--link=}; shift ;;
+            *) shift; continue ;;
+        esac
+        target=${spec%%::*}
+        link=${spec#*::}
+        mkdir -p "$root$(dirname "$link")"
+        [ -e "$root$link" ] || [ -L "$root$link" ] || ln -s "$target" "$root$link"
+    done
+    ;;
+update-application-profile)
+    mask=0
+    for n in $(sed -n 's/"path":"\/dev\/nvidia\([0-9][0-9]*\)"/\n\1\n/gp' "$bundle/config.json" | grep -x '[0-9]*'); do
+        mask=$((mask | (1 << n)))
+    done
+    if [ "$mask" -ne 0 ]; then
+        mkdir -p "$root/etc/nvidia/nvidia-application-profiles-rc.d"
+        profile='{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",0x%x]}],'
+        profile=$profile'"rules":[{"pattern":[],"profile":"_container_"}]}'
+        printf "$profile" "$mask" > "$root/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf"
+    fi
+    ;;
+enable-cuda-compat)
+    [ ! -d "$root/usr/local/cuda/compat" ] || { echo "$0: a compat folder: not done here" >&2; exit 1; }
+    ;;
+disable-device-node-modification)
+    [ ! -e /proc/driver/nvidia/params ] || { echo "$0: /proc/driver/nvidia/params: not done here" >&2; exit 1; }
+    ;;
+*)
+    echo "$0: unknown subcommand $command" >&2; exit 1 ;;
+esac
+"""
+
+
+def build_driver_libraries(directory, count, gcc, version=DRIVER_VERSION):
+    """`count` gcc-built driver libraries as a driver ships them: versioned file names
+    (libnvidia-bench<N>.so.<version>), SONAME libnvidia-bench<N>.so.1."""
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for index in range(count):
+        path = os.path.join(directory, f"libnvidia-bench{index}.so.{version}")
+        if not os.path.exists(path):
+            source = os.path.join(directory, f"lib{index}.c")
+            with open(source, "w") as stream:
+                stream.write(f"int cdi_shim_bench_{index}(void) {{ return {index}; }}\n")
+            subprocess.run([gcc, "-shared", "-fPIC", "-o", path, source, f"-Wl,-soname,libnvidia-bench{index}.so.1"],
+                           check=True, capture_output=True, timeout=CMD_TIMEOUT)
+            os.unlink(source)
+        paths.append(path)
+    return paths
+
+
+def toolkit_hooks(program, folder=DRIVER_FOLDER, version=DRIVER_VERSION):
+    """The six createContainer hooks of a spec written by `nvidia-ctk cdi generate` (1.20), with
+    PROGRAM as the hook program (path; args[0] its basename)."""
+    name = os.path.basename(program)
+
+    def hook(*args):
+        return (f"    - hookName: createContainer\n      path: {program}\n"
+                f"      args: [{name}, {', '.join(args)}]\n      env: [NVIDIA_CTK_DEBUG=false]\n")
+    return (hook("create-symlinks", "--link", f"'libnvidia-bench0.so.1::{folder}/libnvidia-bench0.so'")
+            + hook("create-symlinks", "--link", f"'libnvidia-bench1.so.1::{folder}/libnvidia-bench1.so'")
+            + hook("enable-cuda-compat", f"--host-driver-version={version}")
+            + hook("update-ldcache", "--folder", folder, "--folder", f"{folder}/vdpau")
+            + hook("disable-device-node-modification")
+            + hook("update-application-profile"))
 
 
 # --- the lab -----------------------------------------------------------------------------------
@@ -365,14 +519,58 @@ class Lab:
                 '  env: ["FAKE_DRIVER=555.42"]\n'
                 "  mounts:\n" + mount_lines)
 
+    def write_native_cdi_specs(self, count=30):
+        """Two specs of the same device, as `nvidia-ctk cdi generate` writes one: /dev/nvidia0, `count`
+        gcc-built driver libraries bind-mounted into DRIVER_FOLDER and the toolkit's six hooks.
+        bench.cdi-shim.dev/hooked=0's hook program is HOOK_SCRIPT installed as <lab>/hooks/lab-cdi-hook, a
+        name the cdi-shim runtime does not know (runc runs its hooks); bench.cdi-shim.dev/toolkit=0's
+        is the same script installed as <lab>/hooks/nvidia-cdi-hook, the toolkit's name (the runtime
+        does their work natively and drops them). Both append to the hook log: a line per hook
+        process. bench.cdi-shim.dev/mounts=0 is the device without the hooks (what runc pays for the
+        node and the mounts alone). Returns {"hooked": device, "toolkit": device, "mounts": device,
+        "hook_log": path, "libraries": [...]}."""
+        gcc = find_tool("gcc", "gcc")
+        ldconfig = find_tool("ldconfig", "libc-bin")
+        make_char_device(os.path.join(self.dev_dir, "nvidia0"), 195, 0)
+        libraries = build_driver_libraries(os.path.join(self.base, "driver-libs"), count, gcc)
+        hooks_dir = os.path.join(self.base, "hooks")
+        os.makedirs(hooks_dir, exist_ok=True)
+        hook_log = os.path.join(hooks_dir, "hook.log")
+        open(hook_log, "a").close()
+        script = HOOK_SCRIPT.replace("@LOG@", hook_log).replace("@LDCONFIG@", ldconfig)
+        mounts = "".join(f"    - hostPath: {path}\n      containerPath: {DRIVER_FOLDER}/{os.path.basename(path)}\n"
+                         "      options: [ro, nosuid, nodev, bind]\n" for path in libraries)
+        devices = {}
+        for key, program in (("hooked", "lab-cdi-hook"), ("toolkit", "nvidia-cdi-hook"), ("mounts", None)):
+            hooks = ""
+            if program:
+                path = os.path.join(hooks_dir, program)
+                with open(path, "w") as stream:
+                    stream.write(script)
+                os.chmod(path, 0o755)
+                hooks = "  hooks:\n" + toolkit_hooks(path)
+            kind = f"bench.cdi-shim.dev/{key}"
+            self.write_spec(f"bench-{key}.yaml", 'cdiVersion: "0.5.0"\n'
+                            f"kind: {kind}\n"
+                            "devices:\n"
+                            '  - name: "0"\n'
+                            "    containerEdits:\n"
+                            "      deviceNodes:\n"
+                            f"        - path: /dev/nvidia0\n          hostPath: {self.dev_dir}/nvidia0\n"
+                            "containerEdits:\n"
+                            "  mounts:\n" + mounts + hooks)
+            devices[key] = f"{kind}=0"
+        return dict(devices, hook_log=hook_log, libraries=libraries)
+
     def write_spec(self, name, text):
         path = os.path.join(self.spec_dir, name)
         with open(path, "w") as stream:
             stream.write(text)
         return path
 
-    def setup(self, extra_runtimes=None):
-        """Directories, configs, images; then start containerd. `extra_runtimes`: {name: keys to drop}."""
+    def setup(self, extra_runtimes=None, library_image=False):
+        """Directories, configs, images; then start containerd. `extra_runtimes`: {name: keys to drop}.
+        `library_image`: LIB_IMAGE too (busybox plus the library tree: library_layer)."""
         for directory in (self.root, self.state, self.runc_root, self.logs, os.path.join(self.cni, "bin"),
                           os.path.join(self.cni, "net.d"), self.spec_dir, self.dev_dir, self.driver_dir):
             os.makedirs(directory, exist_ok=True)
@@ -384,13 +582,13 @@ class Lab:
         for name, drop in (extra_runtimes or {}).items():
             self.add_runtime_copy(name, drop)
         self.start()
-        archive = build_oci_archive(os.path.join(self.base, "images.tar"), self.busybox, {
-            IMAGE: (None, ["/bin/sh"]),
-            PAUSE_IMAGE: (["/bin/sleep"], ["2147483647"]),
-        })
+        images = {IMAGE: (None, ["/bin/sh"]), PAUSE_IMAGE: (["/bin/sleep"], ["2147483647"])}
+        if library_image:
+            images[LIB_IMAGE] = (None, ["/bin/sh"], [library_layer(self.base, find_tool("ldconfig", "libc-bin"))])
+        archive = build_oci_archive(os.path.join(self.base, "images.tar"), self.busybox, images)
         self.ctr_cmd("images", "import", "--all-platforms", archive)
         try:
-            self.client.wait_images([PAUSE_IMAGE, IMAGE])
+            self.client.wait_images(list(images))
         except CRIError as err:
             raise LabError(f"containerd's CRI plugin does not see the imported images: {err}") from None
         return self
@@ -463,7 +661,7 @@ class Lab:
         return json.loads(self.ctr_cmd("containers", "info", container_id)).get("Spec") or {}
 
     def run_pod(self, handler, command, annotations=None, pod_annotations=None, envs=None, name=None,
-                keep_configs=False, remove=True, timeout=60, mounts=(), devices=(), cdi_devices=()):
+                keep_configs=False, remove=True, timeout=60, mounts=(), devices=(), cdi_devices=(), image=IMAGE):
         """runp -> create -> start -> wait for exit -> stop -> remove; returns a PodRun.
 
         CRI errors propagate as CRIError (after the pod is cleaned up)."""
@@ -474,7 +672,7 @@ class Lab:
         log_dir = os.path.join(self.logs, f"{name}-{self._count}")
         os.makedirs(log_dir, exist_ok=True)
         pod = client.pod_config(name, str(uuid.uuid4()), log_dir, annotations=pod_annotations)
-        container = client.container_config("main", IMAGE, command=command, envs=envs, annotations=annotations,
+        container = client.container_config("main", image, command=command, envs=envs, annotations=annotations,
                                             log_path="main.log", mounts=mounts, devices=devices,
                                             cdi_devices=cdi_devices)
         clock = time.perf_counter

@@ -57,6 +57,17 @@ def test_bench_pods_help_says_how_to_install_its_extras_from_this_checkout():
         assert "--config-settings editable_mode=compat -e .\n" in f.read()
 
 
+def test_bench_pods_native_cdi_needs_containerd_2_1():
+    """--native-cdi asks containerd to inject the device (the CDIDevices field): refused on the
+    system's 1.6 before any lab starts, with the way out in the message."""
+    text = "".join(run("cdi-shim", "bench", "pods", "--help").split())  # click wraps at hyphens too
+    assert "--native-cdi" in text and "programnamednvidia-cdi-hookthroughcdi-shim" in text
+    result = subprocess.run([tool("cdi-shim"), "bench", "pods", "--native-cdi", "-n", "1"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode != 0
+    assert "--native-cdi needs --containerd 2.1" in result.stderr, result.stderr
+
+
 def test_resident_unit_describes_long_lived_workers_and_the_saving():
     with open(os.path.join(ROOT, "contrib", "cdi-shim-resident.service")) as f:
         comment = " ".join(line.lstrip("# ").strip() for line in f if line.startswith("#"))

@@ -126,3 +126,50 @@ def test_pod_benchmark_on_containerd_2_1_smoke(cri_build_dir, tmp_path):
     assert "\none-device: " in out.stdout
     assert "(median ms per pod, 1 pods, 1 prepared by the resident process)" in out.stdout
     assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []
+
+
+def test_pod_benchmark_native_cdi_scenario(cri_build_dir, tmp_path):
+    """`cdi-shim bench pods --containerd 2.1 --native-cdi`, 3 rounds: the four sides measured on the
+    library image; (a)'s six hooks ran as processes (the hook program's log, a line per process)
+    and did their work, seen from inside one more pod (30 driver libraries in its ld.so.cache, the
+    create-symlinks link, the application profile); (b) shows the same work with no hook process,
+    done by the resident runtime (its linker phase logged)."""
+    import json
+
+    from shim.bench.pods import NATIVE_SCENARIOS, STEPS
+    from tests.helpers import run_cli
+
+    data = tmp_path / "bench.json"
+    out = run_cli("bench", "pods", "-n", "3", "--warmup", "0", "--containerd", "2.1", "--native-cdi",
+                  "--workdir", str(tmp_path), "--json", str(data), check=True)
+    result = json.loads(data.read_text())
+    assert result["meta"]["native_cdi"]["driver_libraries"] == 30
+    assert list(result["scenarios"]) == ["native-cdi-30-libs"]
+    scenario = result["scenarios"]["native-cdi-30-libs"]
+    sides = NATIVE_SCENARIOS["native-cdi-30-libs"][1]
+    assert list(scenario["samples"]) == list(sides)
+    for key, samples in scenario["samples"].items():
+        assert len(samples) == 3, key
+        for sample in samples:
+            assert all(sample[metric] > 0 for metric in ("startup", "lifecycle") + STEPS), (key, sample)
+    hooks = {key: {s["hook_processes"] for s in samples} for key, samples in scenario["samples"].items()}
+    assert hooks == {"no-device-runc": {0}, "no-device-shim": {0}, "device-no-hooks-runc": {0}, "hooks-runc": {6},
+                     "native-shim": {0}}
+    assert scenario["sides"]["device-no-hooks-runc"]["device"] == "bench.cdi-shim.dev/mounts=0"
+    assert scenario["sides"]["hooks-runc"]["handler"] == "runc"
+    assert scenario["sides"]["native-shim"]["handler"] == "nvidia"
+    assert scenario["sides"]["hooks-runc"]["device"] == "bench.cdi-shim.dev/hooked=0"
+    assert scenario["sides"]["native-shim"]["device"] == "bench.cdi-shim.dev/toolkit=0"
+    for key, processes in (("hooks-runc", 6), ("native-shim", 0)):
+        assert scenario["check"][key] == {"cache_driver_libraries": 30, "link": "libnvidia-bench0.so.1",
+                                          "profile_bytes": scenario["check"][key]["profile_bytes"],
+                                          "hook_processes": processes}
+        assert scenario["check"][key]["profile_bytes"] > 0
+    native = scenario["samples"]["native-shim"]
+    assert all(s["phases"].get("linker", 0) > 0 and s["phases"].get("resident") == 1 for s in native), native
+    for key in ("hooks-runc", "device-no-hooks-runc", "no-device-runc"):  # runc's handler: no cdi-shim
+        assert not any(s["phases"] for s in scenario["samples"][key]), key
+    assert set(scenario["check"]) == {"hooks-runc", "native-shim"}
+    assert "start-up target native-shim / no-device-runc <= 1.05x" in out.stdout
+    assert "startup   hooks-runc / native-shim: paired median" in out.stdout
+    assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []
