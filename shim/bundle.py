@@ -89,11 +89,13 @@ def _remove_stale_temps(bundle):
 
 
 def write_config(bundle, config, mode):
-    """Replace BUNDLE/config.json atomically: temp file in the bundle, fsync, rename.
+    """Replace BUNDLE/config.json atomically: temp file in the bundle, rename.
 
     A writer killed mid-way leaves config.json whole (old or new) and at most its temp file,
-    which the next writer in that bundle removes.
+    which the next writer in that bundle removes. No fsync: a bundle is the engine's state for
+    one container start, rebuilt after a crash (containerd's and CRI-O's are on tmpfs, where
+    fsync does nothing); on a disk it cost each create 0.6-5 ms here, for nothing.
     """
     data = fastjson.dumpb(config)
     _remove_stale_temps(bundle)
-    write_file_atomic(config_path(bundle), data, mode, sync=True, temp_name=f"{_TEMP_PREFIX}{os.getpid()}")
+    write_file_atomic(config_path(bundle), data, mode, temp_name=f"{_TEMP_PREFIX}{os.getpid()}")

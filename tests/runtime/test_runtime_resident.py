@@ -749,3 +749,27 @@ def test_out_of_range_umask_is_refused_and_the_worker_lives(world):
     with open(os.path.join(world.base, "serve.log")) as f:
         text = f.read()
     assert "OverflowError" not in text and "umask" in text, text
+
+
+def test_a_worker_takes_each_callers_environment_exactly():
+    """The environment is made the caller's by a diff against the last one (the same every
+    time from containerd's shims): a variable an earlier caller set and this one did not is
+    gone, changed ones are changed, and the C library's environment (putenv) agrees."""
+    import ctypes
+
+    from shim.runtime.resident import _take_environment
+
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    saved = dict(os.environ)
+    try:
+        first = {"PATH": "/usr/bin:/bin", "CDI_SHIM_NVIDIA_PARAMS": "/tmp/params", "KEEP": "1"}
+        _take_environment(first)
+        assert dict(os.environ) == first
+        second = {"PATH": "/usr/bin:/bin", "KEEP": "2", "NEW": "x"}
+        _take_environment(second)
+        assert dict(os.environ) == second
+        assert getenv(b"CDI_SHIM_NVIDIA_PARAMS") is None and getenv(b"KEEP") == b"2" and getenv(b"NEW") == b"x"
+    finally:
+        _take_environment(saved)
+    assert dict(os.environ) == saved
