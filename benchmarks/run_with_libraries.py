@@ -34,6 +34,8 @@ import tempfile
 
 from common import library_image, start_resident, timed
 
+from shim.cri.lab import build_driver_libraries, toolkit_hooks as lab_toolkit_hooks
+
 
 BIN = os.path.dirname(sys.executable)
 FOLDER = "/usr/lib/x86_64-linux-gnu"
@@ -52,18 +54,9 @@ def make_image(rootfs):
 
 
 def make_driver(directory, count):
-    os.makedirs(directory)
-    source = os.path.join(directory, "lib.c")
-    paths = []
-    for index in range(count):
-        with open(source, "w") as out:
-            out.write(f"int cdi_shim_bench_{index}(void) {{ return {index}; }}\n")
-        path = os.path.join(directory, f"libnvidia-bench{index}.so.{VERSION}")
-        subprocess.run(["gcc", "-shared", "-fPIC", "-o", path, source,
-                        f"-Wl,-soname,libnvidia-bench{index}.so.1"], check=True)
-        paths.append(path)
-    os.unlink(source)
-    return paths
+    """COUNT gcc-built driver libraries (libnvidia-bench<N>.so.<VERSION>, SONAME .so.1): the
+    pod lab's, so both benchmarks measure the same files."""
+    return build_driver_libraries(directory, count, "gcc", VERSION)
 
 
 def write_spec(spec_dir, libraries, node):
@@ -78,15 +71,7 @@ def write_spec(spec_dir, libraries, node):
 
 def toolkit_hooks():
     """The six createContainer hooks of a spec written by `nvidia-ctk cdi generate` (1.20)."""
-    def hook(*args):
-        return ("    - hookName: createContainer\n      path: /usr/bin/nvidia-cdi-hook\n"
-                f"      args: [nvidia-cdi-hook, {', '.join(args)}]\n      env: [NVIDIA_CTK_DEBUG=false]\n")
-    return (hook("create-symlinks", "--link", f"'libnvidia-bench0.so.1::{FOLDER}/libnvidia-bench0.so'")
-            + hook("create-symlinks", "--link", f"'libnvidia-bench1.so.1::{FOLDER}/libnvidia-bench1.so'")
-            + hook("enable-cuda-compat", f"--host-driver-version={VERSION}")
-            + hook("update-ldcache", "--folder", FOLDER, "--folder", f"{FOLDER}/vdpau")
-            + hook("disable-device-node-modification")
-            + hook("update-application-profile"))
+    return lab_toolkit_hooks("/usr/bin/nvidia-cdi-hook", FOLDER, VERSION)
 
 
 def preinjected(root, rootfs, libraries, node, runs):
