@@ -1,0 +1,38 @@
+"""The benchmark scripts the README's figures come from still run (a run or two each, on tmpfs):
+a figure that cannot be measured again is not a figure."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import runtime_helpers as rh
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks")
+
+
+def _run(script, *args, timeout=300):
+    rh.require_root()
+    for tool in ("runc", "gcc", "ldconfig"):
+        rh.need(tool, {"ldconfig": "libc-bin"}.get(tool, tool))
+    run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *args], capture_output=True, text=True,
+                         timeout=timeout)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout[run.stdout.index("{") if script != "runtime_overhead.py" else run.stdout.index("["):])
+
+
+def test_nshook_benchmark():
+    result = _run("nshook.py", "--runs", "2")
+    for case in ("symlinks", "bind-params"):
+        assert result[case]["nshook_ms"] > 0 and result[case]["python_hook_ms"] > 0
+
+
+@pytest.mark.parametrize("mode", [["--preinjected"], []], ids=["preinjected", "run"])
+def test_run_with_libraries_benchmark(mode):
+    rh.static_busybox()
+    result = _run("run_with_libraries.py", "--runs", "1", "--dir", "/dev/shm", *mode)
+    if mode:
+        assert result["driver_libraries"] == 30 and result["shim_create_ms"] > 0
+    else:
+        assert result["resident"]["shim_run_with_device_ms"] > 0
