@@ -237,6 +237,7 @@ def make_node(root, driver_files, containerd="1.6", binary=None):
     install_driver(root, driver_files, DRIVER)
     node.write("/usr/bin/nvidia-smi", "#!/bin/sh\necho fake nvidia-smi\n", 0o755)
     node.write("/usr/bin/cdi-shim-runtime", "#!/bin/sh\nexec runc \"$@\"\n", 0o755)
+    node.write("/usr/bin/cdi-shim-nshook", "#!/bin/sh\nexit 0\n", 0o755)
     os.symlink("usr/bin", node.path("/bin"))  # usrmerge: PATH's /bin and /usr/bin are one directory
     generate_spec(root, DRIVER)
     os.makedirs(node.path("/var/run/cdi"))
@@ -478,6 +479,26 @@ def test_relative_binary_name(node):
               'BinaryName = "cdi-shim-runtime"')
     check = only_failure(node, "containerd.runtime")
     assert "not an absolute path" in check.saw and "runtime configure" in check.fix
+
+
+def test_hook_program_missing_beside_the_runtime(node):
+    os.unlink(node.path("/usr/bin/cdi-shim-nshook"))
+    check = only_failure(node, "runtime.hooks")
+    assert "/usr/bin/cdi-shim-nshook missing beside cdi-shim-runtime" in check.saw
+    assert "disable-device-node-modification" in check.saw and "reinstall cdi-shim" in check.fix
+
+
+def test_hook_program_found_beside_a_linked_runtime(node):
+    """BinaryName a link (as a package manager may make it): the program is looked for beside
+    its target, resolved inside the root."""
+    os.makedirs(node.path("/opt/cdi-shim/bin"))
+    os.rename(node.path("/usr/bin/cdi-shim-runtime"), node.path("/opt/cdi-shim/bin/cdi-shim-runtime"))
+    os.symlink("/opt/cdi-shim/bin/cdi-shim-runtime", node.path("/usr/bin/cdi-shim-runtime"))
+    assert only_failure(node, "runtime.hooks").saw.startswith("/opt/cdi-shim/bin/cdi-shim-nshook missing")
+    os.rename(node.path("/usr/bin/cdi-shim-nshook"), node.path("/opt/cdi-shim/bin/cdi-shim-nshook"))
+    checks = node.checks()
+    assert checks["runtime.hooks"].status == OK and "/opt/cdi-shim/bin/cdi-shim-nshook" in checks["runtime.hooks"].saw
+    assert not node.failed()
 
 
 def test_handler_mismatch(node):

@@ -1,4 +1,5 @@
-"""The RuntimeClass handlers and the runtime itself: the resident process, the log file."""
+"""The RuntimeClass handlers and the runtime itself: its hook program, the resident process,
+the log file."""
 import os
 import socket
 import stat
@@ -56,6 +57,34 @@ def check_runtimeclasses(ctx):
 
 
 # --- the runtime itself -------------------------------------------------------------------------
+
+HOOK_PROGRAM = "cdi-shim-nshook"
+
+
+def check_hook_program(ctx):
+    """cdi-shim-nshook beside each registered cdi-shim-runtime (they are installed together):
+    the hooks the runtime leaves to runc on a GPU node run it (the params bind of
+    disable-device-node-modification, the /dev/dri/by-path links), so without it those
+    creates fail."""
+    view, node = ctx.containerd, ctx.node
+    if view.error or view.version is None:
+        return None
+    binaries = sorted({binary for binary in (_get(entry, "options", "BinaryName")
+                                             for entry in view.shim_runtimes().values())
+                       if isinstance(binary, str) and binary.startswith("/") and node.is_executable(binary)})
+    if not binaries:
+        return None  # containerd.runtime says what is wrong with the entry
+    found, missing = [], []
+    for binary in binaries:
+        resolved = "/" + os.path.relpath(node.host(binary), node.root)   # links followed inside the root
+        program = os.path.join(os.path.dirname(resolved), HOOK_PROGRAM)
+        (found if node.is_executable(program) else missing).append(program)
+    if missing:
+        return Check("runtime", "hooks", FAIL, f"{', '.join(missing)} missing beside {RUNTIME_EXECUTABLE}: GPU "
+                     "containers whose spec has the toolkit's disable-device-node-modification or /dev/dri "
+                     "by-path hooks fail to start",
+                     "reinstall cdi-shim (pip install, or the node image): it installs both programs together")
+    return _ok("runtime", "hooks", ", ".join(found))
 
 def probe_resident(path, timeout=2.0):
     """Ask the resident process at PATH: a request of an unknown version, which it declines with
