@@ -22,7 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FRONT_END_SOURCE = os.path.join("csrc", "frontend", "runtime_main.c")
 FRONT_END = os.path.join("build", "native", "cdi-shim-runtime")
 HOOK_SCRIPT = os.path.join("build", "native", "cdi-shim-hook")
-NS_HOOK_SOURCES = [os.path.join("csrc", "hooks", "nshook.c"), os.path.join("csrc", "engine", "inroot.c")]
+NS_HOOK_SOURCES = [os.path.join("csrc", "hooks", name) for name in ("nshook.c", "ocistate.c")] + [
+    os.path.join("csrc", "engine", "inroot.c")]
 NS_HOOK = os.path.join("build", "native", "cdi-shim-nshook")
 
 

@@ -2,19 +2,21 @@
  * work lies under a mount runc makes itself; runc runs them in the container's mount namespace
  * after its mounts and before pivot_root.
  *
- *   cdi-shim-nshook bind-params --rootfs DIR --source FILE
+ *   cdi-shim-nshook bind-params [--rootfs DIR] --source FILE
  *       binds FILE (the runtime's copy of the host's /proc/driver/nvidia/params with
  *       ModifyDeviceFiles: 0) read-only over DIR's /proc/driver/nvidia/params: the native form
  *       of the toolkit's disable-device-node-modification (runc refuses config.json mounts
  *       under /proc);
- *   cdi-shim-nshook symlinks --rootfs DIR --link TARGET::LINK...
+ *   cdi-shim-nshook symlinks [--rootfs DIR] --link TARGET::LINK...
  *       makes the links of a create-symlinks hook that lie under a mount (the toolkit's
  *       /dev/dri/by-path links, in the /dev runc mounts), parents made as needed; a LINK that
  *       exists is left as it is.
  *
  * They run for every container start on a GPU node, so this is C: an exec and a few syscalls
- * (~1 ms; the Python hook it replaces took ~40). The runtime writes the args when it prepares
- * config.json: DIR is the rootfs (root.path), where it still is at that point.
+ * (~1 ms; the Python hook it replaces took ~40). DIR is the rootfs (root.path), where it still
+ * is at that point: the runtime writes it into the args when it prepares config.json; without
+ * it (a generated spec's hook, run by podman or plain runc) it comes from the OCI state on stdin
+ * (its bundle's config.json: ocistate.c).
  *
  * The image is hostile: every path is resolved inside DIR (csrc/engine/inroot.c: no link leads
  * out of it). The params target must be a regular file; the mount names the resolved file
@@ -31,29 +33,30 @@
 #include <unistd.h>
 
 #include "../engine/inroot.h"
+#include "ocistate.h"
 
 #define PARAMS_PATH "/proc/driver/nvidia/params"
-#define MAX_STATE (1 << 20)
 #define MAX_LINKS 1024
 
 static int usage(void)
 {
-    fputs("usage: cdi-shim-nshook bind-params --rootfs DIR --source FILE\n"
-          "       cdi-shim-nshook symlinks --rootfs DIR --link TARGET::LINK...\n"
-          "  (OCI createContainer hooks written by cdi-shim-runtime, run by runc in the container's\n"
-          "   mount namespace: bind FILE read-only over " PARAMS_PATH ", or make links\n"
-          "   under a mount; every path resolved inside DIR)\n", stderr);
+    fputs("usage: cdi-shim-nshook bind-params [--rootfs DIR] --source FILE\n"
+          "       cdi-shim-nshook symlinks [--rootfs DIR] --link TARGET::LINK...\n"
+          "  (OCI createContainer hooks, run by runc in the container's mount namespace: bind FILE\n"
+          "   read-only over " PARAMS_PATH ", or make links under a mount; every path\n"
+          "   resolved inside DIR, the rootfs; without --rootfs, the rootfs of the OCI state on stdin)\n",
+          stderr);
     return 2;
 }
 
 /* runc writes the container's state to our stdin: read it (bounded) so its write never
- * meets a closed pipe. We need nothing from it. */
+ * meets a closed pipe, when the rootfs was given and nothing is needed from it. */
 static void drain_stdin(void)
 {
     char buf[4096];
     size_t total = 0;
     ssize_t n;
-    while (total < MAX_STATE && ((n = read(0, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)))
+    while (total < CDS_MAX_STATE && ((n = read(0, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)))
         if (n > 0)
             total += (size_t)n;
 }
@@ -176,7 +179,8 @@ int main(int argc, char **argv)
 {
     if (argc < 2)
         return usage();
-    const char *command = argv[1], *rootfs = NULL, *source = NULL;
+    const char *command = argv[1], *source = NULL;
+    char *rootfs = NULL;
     char *links[MAX_LINKS];
     int count = 0;
     int params = strcmp(command, "bind-params") == 0;
@@ -192,16 +196,28 @@ int main(int argc, char **argv)
         else
             return usage();
     }
-    if (rootfs == NULL || rootfs[0] != '/' || (params && (source == NULL || source[0] != '/')) || (!params && !count))
+    if ((rootfs != NULL && rootfs[0] != '/') || (params && (source == NULL || source[0] != '/')) || (!params && !count))
         return usage();
-    drain_stdin();
+    char *from_state = NULL;
+    if (rootfs == NULL) {
+        char why[4200];
+        rootfs = from_state = cds_rootfs_from_state(0, why, sizeof why);
+        if (rootfs == NULL) {
+            fprintf(stderr, "Error: %s: %s\n", command, why);
+            return 1;
+        }
+    } else {
+        drain_stdin();
+    }
 
     int rootfd = open(rootfs, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (rootfd < 0) {
         fprintf(stderr, "Error: %s: cannot open the rootfs %s: %s\n", command, rootfs, strerror(errno));
+        free(from_state);
         return 1;
     }
     int rc = params ? bind_params(rootfd, rootfs, source) : make_links(rootfd, rootfs, links, count);
     close(rootfd);
+    free(from_state);
     return rc;
 }

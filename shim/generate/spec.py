@@ -43,6 +43,7 @@ DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"
 DEFAULT_STRATEGIES = ("index", "uuid")
 STRATEGIES = ("index", "uuid", "type-index")
 HOOK_PROGRAM = "cdi-shim-hook"
+NS_HOOK_PROGRAM = "cdi-shim-nshook"   # installed beside HOOK_PROGRAM: csrc/hooks/nshook.c
 # Hook programs that implement the toolkit's whole set of hooks, and those that (like ours)
 # implement update-ldcache and create-symlinks only.
 TOOLKIT_HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk")
@@ -120,6 +121,19 @@ def _symlinks_hook(program, links):
     return _hook_factory(program)("create-symlinks", *[arg for link in links for arg in ("--link", link)])
 
 
+def _device_links_hook(program, links):
+    """The device's /dev/dri/by-path links lie under /dev, which runc mounts: only a hook can
+    make them, in the container's mount namespace. With our own hook program, our C one beside
+    it (`cdi-shim-nshook symlinks`, the rootfs from the OCI state: ~1 ms a container where the
+    Python hook takes ~25 ms, under podman or plain runc as under cdi-shim-runtime)."""
+    if posixpath.basename(program) == HOOK_PROGRAM:
+        nshook = posixpath.join(posixpath.dirname(program), NS_HOOK_PROGRAM)
+        if os.access(nshook, os.X_OK):
+            return {"hookName": "createContainer", "path": nshook,
+                    "args": [NS_HOOK_PROGRAM, "symlinks", *[arg for link in links for arg in ("--link", link)]]}
+    return _symlinks_hook(program, links)
+
+
 def _hooks(program, files, version):
     hook = _hook_factory(program)
     toolkit = posixpath.basename(program) in TOOLKIT_HOOK_PROGRAMS
@@ -157,7 +171,7 @@ def _node_edits(nodes, links, program):
     if gids:
         edits["additionalGids"] = gids
     if links:
-        edits["hooks"] = [_symlinks_hook(program, links)]
+        edits["hooks"] = [_device_links_hook(program, links)]
     return edits
 
 

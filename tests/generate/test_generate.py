@@ -61,13 +61,14 @@ def test_spec_for_the_gpus_validates_and_lists_them(run, count):
     for index, uuid in enumerate(uuids):
         # the GPU's node and its DRM nodes (found through /sys/bus/pci/devices/<bus id>/drm),
         # and the udev links /dev/dri/by-path/pci-<bus id>-{card,render} to them, made by a
-        # create-symlinks hook of the device: the toolkit's dgpu discoverer
+        # create-symlinks hook of the device (the toolkit's dgpu discoverer): our C hook program
         card, render = fakedriver.drm_names(index)
         paths = [f"/dev/nvidia{index}", f"/dev/dri/{card}", f"/dev/dri/{render}"]
         bus = fakedriver.bus_id(index)
         expected = {"deviceNodes": [{"path": p, "hostPath": dev + p[4:]} for p in paths],
-                    "hooks": [{"hookName": "createContainer", "path": edits_hook_path(doc),
-                               "args": ["cdi-shim-hook", "create-symlinks",
+                    "hooks": [{"hookName": "createContainer",
+                               "path": os.path.join(os.path.dirname(edits_hook_path(doc)), "cdi-shim-nshook"),
+                               "args": ["cdi-shim-nshook", "symlinks",
                                         "--link", f"../{card}::/dev/dri/by-path/pci-{bus}-card",
                                         "--link", f"../{render}::/dev/dri/by-path/pci-{bus}-render"]}]}
         assert devices[str(index)] == expected      # world-accessible nodes (0666): no additionalGids

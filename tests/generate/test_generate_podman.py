@@ -42,7 +42,8 @@ def test_podman_runs_a_generated_spec_and_agrees_with_us(peer, driver, run):
     assert "NVIDIA_VISIBLE_DEVICES=void" in podman["process"]["env"]
     # the spec's hooks, then the device's: its /dev/dri/by-path links
     hooks = podman["hooks"]["createContainer"]
-    assert [h["args"][1] for h in hooks] == ["create-symlinks", "update-ldcache", "create-symlinks"]
+    assert [h["args"][1] for h in hooks] == ["create-symlinks", "update-ldcache", "symlinks"]
+    assert hooks[2]["args"][0] == "cdi-shim-nshook" and hooks[2]["path"].endswith("/cdi-shim-nshook")
     assert hooks[2]["args"][2:] == ["--link", f"../card2::/dev/dri/by-path/pci-{fakedriver.bus_id(1)}-card",
                                     "--link", f"../renderD129::/dev/dri/by-path/pci-{fakedriver.bus_id(1)}-render"]
 

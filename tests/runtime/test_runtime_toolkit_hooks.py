@@ -306,10 +306,10 @@ def test_params_bind_refuses_anything_but_the_image_s_own_file(world, tmp_path, 
 def test_nshook_usage():
     hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
     for args in ([], ["bind-params"], ["bind-params", "--source", "relative", "--rootfs", "/"],
-                 ["bind-params", "--source", "/x"], ["symlinks", "--rootfs", "/"],
+                 ["bind-params", "--rootfs", "/"], ["symlinks", "--rootfs", "/"], ["symlinks", "--rootfs", "x", "--link", "a::/b"],
                  ["symlinks", "--rootfs", "/", "--source", "/x"], ["other", "--rootfs", "/"]):
         run = subprocess.run([hook, *args], capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
-        assert run.returncode == 2 and "usage: cdi-shim-nshook bind-params --rootfs DIR --source FILE" in run.stderr
+        assert run.returncode == 2 and "usage: cdi-shim-nshook bind-params [--rootfs DIR] --source FILE" in run.stderr
 
 
 def test_nshook_is_a_static_program(world, tmp_path):
@@ -350,6 +350,54 @@ def test_nshook_symlinks_made_inside_the_root(tmp_path):
     for bad in ("z::/dev/../etc/x", "z::relative", "::/dev/x", "z::/dev/"):
         run = _nshook_links(str(rootfs), bad)
         assert run.returncode == 1 and "Error: symlinks: malformed" in run.stderr, (bad, run.stderr)
+
+
+def _state_bundle(tmp_path, config_text, rootfs="rootfs"):
+    bundle = tmp_path / "bundle"
+    (bundle / rootfs).mkdir(parents=True, exist_ok=True)
+    (bundle / "config.json").write_text(config_text)
+    return bundle
+
+
+@pytest.mark.parametrize("config, state_bundle", [
+    ('{"ociVersion": "1.0.2", "root": {"path": "rootfs", "readonly": true}}', None),
+    # root.path absolute, after nested values of every kind; a repeated key: the last counts
+    ('{"process": {"args": ["sh", "-c", "x"], "env": [], "user": {"uid": 0}}, "n": [-0, 1.5e-3, true, null, {}, []],'
+     ' "root": {"path": "/elsewhere"}, "root": {"path": "@ROOTFS@"}}', None),
+    # the state's bundle written with JSON escapes (\u0062 is "b", \/ is "/")
+    ('{"root": {"path": "rootfs"}}', "@TMP@\\/\\u0062undle"),
+])
+def test_nshook_takes_the_rootfs_from_the_oci_state(tmp_path, config, state_bundle):
+    """Without --rootfs (a generated spec's hook, as podman or plain runc run it): the state on
+    stdin names the bundle, its config.json root.path (relative to the bundle, or absolute)."""
+    rootfs = tmp_path / "bundle" / "rootfs"
+    bundle = _state_bundle(tmp_path, config.replace("@ROOTFS@", str(rootfs)))
+    name = (state_bundle or "").replace("@TMP@", str(tmp_path)) or str(bundle)
+    state = '{"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": 1, "bundle": "%s"}' % name
+    hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
+    run = subprocess.run([hook, "symlinks", "--link", "../card1::/dev/dri/by-path/pci-0000:3b:00.0-card"],
+                         input=state, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    assert os.readlink(rootfs / "dev/dri/by-path/pci-0000:3b:00.0-card") == "../card1"
+
+
+@pytest.mark.parametrize("state, config, says", [
+    ("", '{"root": {"path": "rootfs"}}', "names no absolute bundle"),
+    ('{"bundle": "relative"}', '{"root": {"path": "rootfs"}}', "names no absolute bundle"),
+    ('{"bundle": "@B@"} trailing', '{"root": {"path": "rootfs"}}', "names no absolute bundle"),
+    ('{"bundle": "@B@", "x": 01}', '{"root": {"path": "rootfs"}}', "names no absolute bundle"),
+    ('{"bundle": "@B\\u0000@"}', '{"root": {"path": "rootfs"}}', "names no absolute bundle"),
+    ('{"bundle": "@B@"}', '{"root": {"path": 7}}', "has no root.path"),
+    ('{"bundle": "@B@"}', '{"root": {"path": "rootfs"}', "has no root.path"),
+    ('{"bundle": "@B@"}', '{"root": "rootfs"}', "has no root.path"),
+    ('{"bundle": "@B@/missing"}', '{}', "cannot open"),
+])
+def test_nshook_refuses_a_state_it_cannot_read(tmp_path, state, config, says):
+    bundle = _state_bundle(tmp_path, config)
+    hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
+    run = subprocess.run([hook, "symlinks", "--link", "x::/dev/y"], input=state.replace("@B@", str(bundle)),
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 1 and "Error: symlinks:" in run.stderr and says in run.stderr, run.stderr
 
 
 @pytest.mark.parametrize("text", ["ModifyDeviceFiles: 0\n", "NoSuchLine: 1\n"])
