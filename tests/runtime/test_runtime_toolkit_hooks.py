@@ -603,3 +603,42 @@ def test_links_to_nothing_yet_are_made_after_planning_so_the_image_cache_serves(
     assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"
     assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == "libnvidia-ml.so.1"
     assert not bundle.config().get("hooks", {}).get("createContainer")
+
+
+def test_nshook_state_reader_under_asan_and_ubsan(tmp_path):
+    """The OCI state and config.json reader of cdi-shim-nshook, built with gcc's sanitizers, on
+    good and malformed documents: deep nesting, long strings, bad escapes and surrogates, cut
+    documents. Each run ends with 0 or 1 and no sanitizer report."""
+    gcc = rh.need("gcc", "gcc")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    binary = tmp_path / "nshook-asan"
+    build = subprocess.run([gcc, "-std=gnu11", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
+                            "-o", str(binary), *(os.path.join(repo, "csrc", part) for part in
+                                                 ("hooks/nshook.c", "hooks/ocistate.c", "engine/inroot.c"))],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr + "\n(gcc's sanitizer runtimes: apt-get install libasan8 libubsan1)"
+    bundle = _state_bundle(tmp_path, '{"root": {"path": "rootfs"}}')
+    good = '{"bundle": "%s"}' % bundle
+    cases = [
+        (good, '{"root": {"path": "rootfs"}}', 0),
+        (good, '{"a": ' + "[" * 100000 + "]" * 100000 + ', "root": {"path": "rootfs"}}', 1),   # past the depth bound
+        (good, '{"a": ' + "[" * 400 + "1" + "]" * 400 + ', "root": {"path": "rootfs"}}', 0),
+        (good, '{"a": "' + "x" * 300000 + '", "root": {"path": "rootfs"}}', 0),
+        (good, '{"root": {"path": "root\\ud83d\\ude00fs"}}', 1),          # a real pair: a path that is not there
+        (good, '{"root": {"path": "\\ud83d"}}', 1),                        # a lone high surrogate
+        (good, '{"root": {"path": "\\ude00x"}}', 1),                       # a lone low surrogate
+        (good, '{"root": {"path": "\\u12"}}', 1),
+        (good, '{"root": {"path": "rootfs\\', 1),
+        (good, '{"root": {"path": "rootfs"}, "n": -', 1),
+        (good, '{"root": {"path": "rootfs"}, "n": 1e}', 1),
+        (good, '{"root": {"path": "rootfs"}, "t": tru}', 1),
+        ('{"bundle": "' + "/x" * 3000 + '"}', "{}", 1),                     # longer than a path
+        ('{"bundle": "\\u0000"}', "{}", 1),
+        ("\x00\x01\x02", "{}", 1),
+    ]
+    for state, config, expected in cases:
+        (bundle / "config.json").write_text(config)
+        run = subprocess.run([str(binary), "symlinks", "--link", "x::/dev/y"], input=state, capture_output=True,
+                             text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "ASAN_OPTIONS": "detect_leaks=1"})
+        assert "Sanitizer" not in run.stderr and "runtime error" not in run.stderr, (config[:80], run.stderr[-2000:])
+        assert run.returncode == expected, (state[:80], config[:80], run.stderr)
