@@ -137,6 +137,15 @@ bad:
 
 static int skip_value(struct cursor *c, int depth);
 
+/* After a member or an element: 1 past a ",", 0 past CLOSE, -1 for anything else. */
+static int after_item(struct cursor *c, char close)
+{
+    skip_space(c);
+    if (c->p < c->end && (*c->p == ',' || *c->p == close))
+        return *c->p++ == ',' ? 1 : 0;
+    return -1;
+}
+
 /* An object at the cursor. For each member, CALLBACK(key, cursor at the value, data) either
  * consumes the value itself (returns 1), leaves it to be skipped (0), or fails (-1). */
 typedef int (*member_fn)(const char *key, struct cursor *c, void *data, int depth);
@@ -167,16 +176,9 @@ static int walk_object(struct cursor *c, int depth, member_fn member, void *data
         free(key);
         if (taken < 0 || (taken == 0 && skip_value(c, depth + 1) < 0))
             return -1;
-        skip_space(c);
-        if (c->p < c->end && *c->p == ',') {
-            c->p++;
-            continue;
-        }
-        if (c->p < c->end && *c->p == '}') {
-            c->p++;
-            return 0;
-        }
-        return -1;
+        int more = after_item(c, '}');
+        if (more <= 0)
+            return more;
     }
 }
 
@@ -238,16 +240,9 @@ static int skip_value(struct cursor *c, int depth)
         for (;;) {
             if (skip_value(c, depth + 1) < 0)
                 return -1;
-            skip_space(c);
-            if (c->p < c->end && *c->p == ',') {
-                c->p++;
-                continue;
-            }
-            if (c->p < c->end && *c->p == ']') {
-                c->p++;
-                return 0;
-            }
-            return -1;
+            int more = after_item(c, ']');
+            if (more <= 0)
+                return more;
         }
     case '"':
         return read_string(c, NULL);
