@@ -2,8 +2,10 @@
 against the Python hook program it replaced, and /bin/true (a process start) as the floor.
 
 - `symlinks`: the toolkit's /dev/dri/by-path links (two), made in the container's mount
-  namespace: `cdi-shim-nshook symlinks` against `cdi-shim-hook create-symlinks` (what ran
-  before, and what podman or plain runc still run for a generated spec).
+  namespace: `cdi-shim-nshook symlinks --rootfs DIR` (as the runtime writes it) against
+  `cdi-shim-hook create-symlinks` (what ran before);
+- `symlinks-from-state`: the same without --rootfs, the rootfs read from the OCI state and the
+  bundle's config.json (a generated spec's hook, as podman or plain runc run it).
 - `bind-params`: the params bind of disable-device-node-modification (the Python hook it
   replaced no longer exists; its start alone is what `cdi-shim-hook --version` costs).
 
@@ -60,6 +62,7 @@ def main():
         cases = {
             "symlinks": ([nshook, "symlinks", "--rootfs", rootfs, *link_args],
                          [hook, "create-symlinks", *link_args]),
+            "symlinks-from-state": ([nshook, "symlinks", *link_args], [hook, "create-symlinks", *link_args]),
             "bind-params": ([nshook, "bind-params", "--rootfs", rootfs, "--source", source],
                             [hook, "--version"]),
         }

@@ -24,7 +24,7 @@ def _run(script, *args, timeout=300):
 
 def test_nshook_benchmark():
     result = _run("nshook.py", "--runs", "2")
-    for case in ("symlinks", "bind-params"):
+    for case in ("symlinks", "symlinks-from-state", "bind-params"):
         assert result[case]["nshook_ms"] > 0 and result[case]["python_hook_ms"] > 0
 
 
