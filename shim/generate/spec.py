@@ -33,7 +33,7 @@ import posixpath
 import sys
 import time
 
-from ..driver_version import ANNOTATION, recorded_driver_version  # noqa: F401  (recorded_driver_version: ours to export)
+from ..driver_version import ANNOTATION
 from . import GenerateError
 from .graphics import additional_gid
 from .discover import (IPC_MOUNT_OPTIONS, MOUNT_OPTIONS, DriverRoot, control_nodes, discover_files, gpu_nodes,
@@ -129,8 +129,7 @@ def _device_links_hook(program, links):
     if posixpath.basename(program) == HOOK_PROGRAM:
         nshook = posixpath.join(posixpath.dirname(program), NS_HOOK_PROGRAM)
         if os.access(nshook, os.X_OK):
-            return {"hookName": "createContainer", "path": nshook,
-                    "args": [NS_HOOK_PROGRAM, "symlinks", *[arg for link in links for arg in ("--link", link)]]}
+            return _hook_factory(nshook)("symlinks", *[arg for link in links for arg in ("--link", link)])
     return _symlinks_hook(program, links)
 
 

@@ -227,13 +227,7 @@ def prepare_linker(config, bundle, log):
         later = []
         if updates or libraries or compat:
             pending, later = _dangling_later(rootfs, pending, libraries, links_made)
-        try:
-            if pending:
-                make_links(rootfs, pending)
-                log.debug(f"created {len(pending)} library link(s) in {rootfs}")
-        except OSError as err:
-            log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
-            reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"
+        if not _made_links(rootfs, call, pending, log, reasons):
             continue
         if later:
             deferred.append((call, later))
@@ -341,6 +335,27 @@ def _dangling_later(rootfs, pending, libraries, links_made):
     return now, later
 
 
+def _made_links(rootfs, call, links, log, reasons):
+    """Make a create-symlinks hook's LINKS in the rootfs: True, or False (the hook is kept, its
+    reason in REASONS) when they cannot be made."""
+    if not links:
+        return True
+    try:
+        make_links(rootfs, links)
+    except OSError as err:
+        log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
+        reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"
+        return False
+    log.debug(f"created {len(links)} library link(s) in {rootfs}")
+    return True
+
+
+def _become_nshook(call, program, *args):
+    """The hook becomes our C one (cdi-shim-nshook ARGS, csrc/hooks/nshook.c), in place."""
+    call.hook.clear()
+    call.hook.update(path=program, args=["cdi-shim-nshook", *args], env=list(SAFE_HOOK_ENV))
+
+
 def _finish(config, drop, rootfs, deferred, log, calls, reasons):
     """Make the links left for after planning, then drop the hooks whose work is done. A hook
     whose work we could not do stays for runc to run; when its program is not on this host
@@ -348,14 +363,8 @@ def _finish(config, drop, rootfs, deferred, log, calls, reasons):
     from .toolkit_hooks import HookFailure
 
     for call, links in deferred:
-        try:
-            make_links(rootfs, links)
-            log.debug(f"created {len(links)} library link(s) in {rootfs}")
-        except OSError as err:
-            log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
-            reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"
-            continue
-        drop.add(id(call.hook))
+        if _made_links(rootfs, call, links, log, reasons):
+            drop.add(id(call.hook))
     changed = False
     nshook = None
     for call in calls:
@@ -369,9 +378,7 @@ def _finish(config, drop, rootfs, deferred, log, calls, reasons):
                 # be made in the container's mount namespace: our C program does it, in ~1 ms,
                 # whatever program the spec named (its own start would cost more).
                 links = [arg for target, link in _links(call) for arg in ("--link", f"{target}::{link}")]
-                call.hook.clear()
-                call.hook.update(path=nshook, args=["cdi-shim-nshook", "symlinks", "--rootfs", rootfs, *links],
-                                 env=list(SAFE_HOOK_ENV))
+                _become_nshook(call, nshook, "symlinks", "--rootfs", rootfs, *links)
                 changed = True
                 log.debug(f"create-symlinks: links under a mount made by {nshook} in the container's mount namespace")
                 continue
@@ -419,9 +426,7 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
                                           "mounts under /proc from config.json, so a hook makes this one)")
             # runc refuses config.json mounts under /proc: our own hook (C, ~1 ms) binds the
             # file in the container's mount namespace, in place of the spec's.
-            call.hook.clear()
-            call.hook.update(path=program, args=["cdi-shim-nshook", "bind-params", "--rootfs", rootfs, "--source", source],
-                             env=list(SAFE_HOOK_ENV))
+            _become_nshook(call, program, "bind-params", "--rootfs", rootfs, "--source", source)
             config = dict(config)  # changed (the hook, in place): to be written
             log.debug(f"disable-device-node-modification: {source} bound over {toolkit.PARAMS_PATH} by {program}")
     return config, list(dict.fromkeys(compat)), compat_calls

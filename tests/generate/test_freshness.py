@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import runtime_helpers as rh  # noqa: E402
 
 from shim.driver_version import VERSION_FILE_ENV, host_driver_version, parse_module_version  # noqa: E402
-from shim.generate.spec import recorded_driver_version  # noqa: E402
+from shim.driver_version import recorded_driver_version  # noqa: E402
 
 OLD = fakedriver.VERSION
 NEW = "590.10.01"

@@ -12,7 +12,7 @@ import yaml
 import fakedriver
 from fakedriver import LIBDIR
 
-from shim.generate.spec import recorded_driver_version
+from shim.driver_version import recorded_driver_version
 
 VERSION = fakedriver.VERSION
 OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
@@ -244,13 +244,19 @@ def test_no_nvml_in_the_driver_root(run, tmp_path):
     assert "its /etc/ld.so.cache cannot be read" in done.stderr
 
 
-def test_missing_expected_files_are_warnings(tmp_path):
-    fake = fakedriver.FakeDriver(tmp_path / "partial", gpus=1, omit=("libnvidia-glcore", "libcudadebugger", "nvidia-smi"))
+def _generate_on(tmp_path, name, **driver_options):
+    """`cdi generate` on a fake driver of one GPU built with DRIVER_OPTIONS: (driver, runner, result)."""
+    fake = fakedriver.FakeDriver(tmp_path / name, gpus=1, **driver_options)
     try:
-        runner = _partial_runner(fake, tmp_path)
-        done = runner.generate()
+        runner = fakedriver.Runner(fake, tmp_path)
+        runner.gpus(1)
+        return fake, runner, runner.generate()
     finally:
         fake.close()
+
+
+def test_missing_expected_files_are_warnings(tmp_path):
+    fake, runner, done = _generate_on(tmp_path, "partial", omit=("libnvidia-glcore", "libcudadebugger", "nvidia-smi"))
     assert f"warning: libnvidia-glcore.so.{VERSION} (OpenGL core) is not in the driver's library directories " \
            f"({LIBDIR}) of {fake.root}" in done.stderr
     assert f"warning: libcudadebugger.so.{VERSION} (CUDA debugger)" in done.stderr
@@ -373,21 +379,10 @@ def test_nvml_session_points_pynvml_at_each_library_in_turn(driver, tmp_path):
     assert pynvml.nvmlLib is None
 
 
-def _partial_runner(fake, tmp_path, gpus=1):
-    runner = fakedriver.Runner(fake, tmp_path)
-    runner.gpus(gpus)
-    return runner
-
-
 def test_merged_usr_root_gives_the_real_directories(tmp_path):
     """The root's cache names /lib/x86_64-linux-gnu/... through the /lib -> usr/lib link: the
     libraries are mounted where they are, once, and the firmware found through the link."""
-    fake = fakedriver.FakeDriver(tmp_path / "merged", gpus=1, merged_usr=True)
-    try:
-        runner = _partial_runner(fake, tmp_path)
-        done = runner.generate()
-    finally:
-        fake.close()
+    fake, runner, done = _generate_on(tmp_path, "merged", merged_usr=True)
     assert "warning" not in done.stderr, done.stderr
     doc = load(runner.output)
     mounts = mounts_by_path(doc)
@@ -400,12 +395,7 @@ def test_merged_usr_root_gives_the_real_directories(tmp_path):
 def test_absolute_links_in_the_driver_root_stay_inside_it(tmp_path):
     """A driver container's root with absolute SONAME links (/usr/lib/.../libnvidia-ml.so.<v>):
     they are resolved inside the root, never to the host's files of that name."""
-    fake = fakedriver.FakeDriver(tmp_path / "abs", gpus=1, absolute_links=True)
-    try:
-        runner = _partial_runner(fake, tmp_path)
-        done = runner.generate()
-    finally:
-        fake.close()
+    fake, runner, done = _generate_on(tmp_path, "abs", absolute_links=True)
     assert "warning" not in done.stderr, done.stderr
     doc = load(runner.output)
     assert all(m["hostPath"].startswith(fake.root + "/") for m in doc["containerEdits"]["mounts"])

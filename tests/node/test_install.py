@@ -104,6 +104,14 @@ def node_root(tmp_path, config=V2_DEFAULT):
     return root
 
 
+def node_config(root, text):
+    """ROOT's /etc/cdi-shim/config.toml, written with TEXT (an operator's own, before install)."""
+    config = root / "etc" / "cdi-shim" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(text)
+    return config
+
+
 @pytest.mark.parametrize("drop_in", [True, False], ids=["drop-in", "main-file"])
 def test_second_run_changes_nothing_and_containerd_loads_the_result(tmp_path, shim_env, fake_binary, drop_in,
                                                                      node_containerd):
@@ -168,9 +176,7 @@ def test_contrib_unit_is_the_installed_one():
 
 def test_an_existing_cdi_shim_config_is_kept(tmp_path, shim_env, fake_binary):
     root = node_root(tmp_path)
-    config = root / "etc" / "cdi-shim" / "config.toml"
-    config.parent.mkdir(parents=True)
-    config.write_text('annotation-prefixes = ["cdi.k8s.io/", "example.com/"]\n')
+    config = node_config(root, 'annotation-prefixes = ["cdi.k8s.io/", "example.com/"]\n')
     out = install(root, "--drop-in", env=shim_env, binary=fake_binary)
     assert read(config) == 'annotation-prefixes = ["cdi.k8s.io/", "example.com/"]\n'
     assert "exists (kept as it is)" in out.stderr
@@ -197,9 +203,7 @@ def test_containerd_cdi_follows_the_node_s_spec_dirs(tmp_path, shim_env, fake_bi
     cdi_spec_dirs the spec-dirs of the node's cdi-shim config, so both read the same specs."""
     real = Containerd("2.1", containerd_release("2.1"), tmp_path)
     root = node_root(tmp_path, config=real.default)
-    config = root / "etc" / "cdi-shim" / "config.toml"
-    config.parent.mkdir(parents=True)
-    config.write_text('spec-dirs = ["/opt/cdi", "/var/run/cdi"]\n')
+    node_config(root, 'spec-dirs = ["/opt/cdi", "/var/run/cdi"]\n')
     install(root, "--drop-in", env=shim_env, binary=fake_binary, containerd_binary=real.binary)
     cri = real.dump(root / "etc" / "containerd" / "config.toml")["plugins"][CRI3]
     assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == ["/opt/cdi", "/var/run/cdi"]
@@ -493,9 +497,7 @@ def test_a_failing_step_does_not_stop_the_others_nor_the_restart(tmp_path, shim_
 
 def test_no_resident_unit_when_the_config_turns_it_off(tmp_path, shim_env, fake_binary):
     root = node_root(tmp_path)
-    config = root / "etc" / "cdi-shim" / "config.toml"
-    config.parent.mkdir(parents=True)
-    config.write_text('resident-socket = ""\n')
+    node_config(root, 'resident-socket = ""\n')
     out = install(root, "--drop-in", env=shim_env, binary=fake_binary)
     assert 'resident: unchanged: resident-socket is "" in' in out.stderr
     assert not (root / "etc" / "systemd").exists()
