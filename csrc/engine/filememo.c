@@ -2,11 +2,16 @@
  * mutex (the scan's prefetch threads share it); emptied whole when it grows past
  * MAX_ENTRIES or MAX_LISTING_BYTES (a node's driver and a few dozen images). */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/vfs.h>
 
+#include "cleanup.h"
 #include "filememo.h"
+#include "inroot.h"
 #include "scan.h"
 
 #define BUCKETS 4096u
@@ -200,4 +205,98 @@ int cds_scan_memo(int enable, int forget, int64_t settle, struct cds_memo_stats 
     }
     pthread_mutex_unlock(&lock);
     return previous;
+}
+
+/* ---- identities for the memo of whole plans (scan.h) ---- */
+
+int64_t cds_memo_clock_ns(void)
+{
+    struct timespec now = filememo_clock();
+    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+/* The next entry of a cds_memo_* list at *AT (END its end): its kind, and its path in *PATH;
+ * 0, or -1 when the list is malformed. */
+static int next_entry(const char **at, const char *end, char *kind, const char **path)
+{
+    const char *p = *at;
+    if (p >= end)
+        return -1;
+    *kind = *p++;
+    const char *nul = memchr(p, '\0', (size_t)(end - p));
+    if (nul == NULL || (*kind != 'f' && *kind != 'n' && *kind != 'h'))
+        return -1;
+    *path = p;
+    *at = nul + 1;
+    return 0;
+}
+
+static void identify(int rootfd, char kind, const char *path, int with_dev, struct stat *st,
+                     struct cds_identity *out)
+{
+    memset(out, 0, sizeof *out);
+    int err = 0;
+    if (kind == 'h') {
+        err = stat(path, st) < 0 ? errno : 0;
+        with_dev = 1;
+    } else {
+        cleanup_fd int fd = cds_inroot_open(rootfd, path, O_PATH | (kind == 'n' ? O_NOFOLLOW : 0));
+        err = fd < 0 || fstat(fd, st) < 0 ? errno : 0;
+    }
+    if (err) {
+        out->err = err;
+        return;
+    }
+    out->mode = (uint32_t)st->st_mode;
+    out->dev = with_dev ? (uint64_t)st->st_dev : 0;
+    out->ino = (uint64_t)st->st_ino;
+    out->size = (uint64_t)st->st_size;
+    out->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+    out->ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+}
+
+static int tree_with_dev(int rootfd)
+{
+    struct statfs fs;
+    return fstatfs(rootfd, &fs) < 0 || fs.f_type != OVERLAYFS_MAGIC;
+}
+
+int cds_memo_identify(int rootfd, const char *paths, size_t size, size_t count, int64_t started_ns,
+                      struct cds_identity *out)
+{
+    const char *at = paths, *end = paths + size, *path;
+    struct timespec started = {.tv_sec = started_ns / 1000000000, .tv_nsec = started_ns % 1000000000};
+    int with_dev = tree_with_dev(rootfd), unsettled = 0;
+    char kind;
+    for (size_t i = 0; i < count; i++) {
+        struct stat st;
+        if (next_entry(&at, end, &kind, &path) < 0) {
+            errno = EINVAL;
+            return -1;
+        }
+        identify(rootfd, kind, path, with_dev, &st, &out[i]);
+        if (out[i].err == 0 && !settled(&st, started))
+            unsettled++;
+    }
+    return unsettled;
+}
+
+int cds_memo_same(int rootfd, const char *paths, size_t size, size_t count,
+                  const struct cds_identity *expected)
+{
+    const char *at = paths, *end = paths + size, *path;
+    int with_dev = tree_with_dev(rootfd);
+    char kind;
+    for (size_t i = 0; i < count; i++) {
+        struct stat st;
+        struct cds_identity now;
+        if (next_entry(&at, end, &kind, &path) < 0) {
+            errno = EINVAL;
+            return -1;
+        }
+        identify(rootfd, kind, path, with_dev, &st, &now);
+        if (memcmp(&now, &expected[i], sizeof now) != 0)
+            return 0;
+    }
+    return 1;
 }

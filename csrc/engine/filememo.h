@@ -34,6 +34,9 @@
 #include <sys/stat.h>
 #include <time.h>
 
+/* statfs(2)'s f_type of overlayfs: there an image file's device number is left out of its key. */
+#define OVERLAYFS_MAGIC 0x794c7630
+
 enum filememo_kind { FILEMEMO_HOST = 0, FILEMEMO_IMAGE = 1, FILEMEMO_DIR = 2 };
 
 struct filememo_value {

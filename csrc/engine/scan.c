@@ -28,7 +28,6 @@
 #include "scan.h"
 
 #define MAX_LINK_HOPS 40
-#define OVERLAYFS_MAGIC 0x794c7630
 
 enum { UNRESOLVED = 0, RESOLVED = 1, FAILED = -1 };
 

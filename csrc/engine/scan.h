@@ -89,6 +89,31 @@ struct cds_memo_stats {
  * counters. Returns the previous setting. */
 int cds_scan_memo(int enable, int forget, int64_t settle_ns, struct cds_memo_stats *stats);
 
+/* The identity of one file for a memo of whole plans (shim/linker/plan.py): what stat said,
+ * or the errno it failed with (all other fields 0). Fixed fields, no padding: compared
+ * bytewise. */
+struct cds_identity {
+    int32_t err;
+    uint32_t mode;
+    uint64_t dev;       /* 0 for files in a tree on overlayfs, as in the file memo */
+    uint64_t ino;
+    uint64_t size;
+    int64_t mtime_ns;
+    int64_t ctime_ns;
+};
+/* Now, on the clock the kernel stamps ctime with (coarse realtime), in ns. */
+int64_t cds_memo_clock_ns(void);
+/* Stat COUNT files named in PATHS (SIZE bytes): each a kind byte and a NUL-terminated path,
+ * 'f' a path inside the tree at ROOTFD (a final link followed, inside it), 'n' the same
+ * without following a final link, 'h' a host path. cds_memo_identify fills OUT and returns
+ * how many of the files found changed too recently to be trusted at STARTED_NS (the file
+ * memo's settle rule); cds_memo_same returns 1 when every file's identity equals EXPECTED's,
+ * 0 at the first that does not. Both: -1 with EINVAL on a malformed list. */
+int cds_memo_identify(int rootfd, const char *paths, size_t size, size_t count, int64_t started_ns,
+                      struct cds_identity *out);
+int cds_memo_same(int rootfd, const char *paths, size_t size, size_t count,
+                  const struct cds_identity *expected);
+
 /* ldconfig's path_hwcap(): the legacy hwcap bits of PATH's trailing components. */
 uint64_t cds_path_hwcap(int target, const char *path);
 /* ldconfig's is_hwcap_platform(): NAME is a legacy hwcap subdirectory name. */

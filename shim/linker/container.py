@@ -306,8 +306,9 @@ def prepare_linker(config, bundle, log):
             log.debug(f"enable-cuda-compat: {', '.join(compat)} first in the linker cache")
         remembered, read = (now - then for now, then in zip(memo_stats()[:2], (hits, misses)))
         memo = f"; {remembered} files or listings remembered, {read} read" if remembered or read else ""
+        kept = ", the plan of an earlier container of these files" if result.remembered else ""
         log.debug(f"linker cache: {result.entries} entries ({result.mode}, {result.scanned} directories scanned"
-                  f"{': ' + result.reason if result.reason else ''}){memo}")
+                  f"{': ' + result.reason if result.reason else ''}{kept}){memo}")
     return _finish(config, drop, rootfs, deferred, log, calls, reasons)
 
 

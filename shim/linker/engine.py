@@ -140,6 +140,9 @@ class Root:
         self._stats = {}
         self._errnos = {}
         self._listings = {}
+        # {(path, follow): None}, in order, of every path looked at, when a memo of whole
+        # plans asks (plan.py): the files whose identities the plan depends on.
+        self.seen = None
 
     def close(self):
         if self.fd >= 0:
@@ -156,6 +159,8 @@ class Root:
         """(mode, dev, ino, mtime_ns) of PATH inside the tree, or None (with .errno).
         Remembered: the tree is taken not to change while it is planned for."""
         key = (path, follow)
+        if self.seen is not None:
+            self.seen[key] = None
         found = self._stats.get(key, self)
         if found is not self:
             if found is None:
@@ -170,6 +175,8 @@ class Root:
         return found
 
     def open(self, path, flags):
+        if self.seen is not None:
+            self.seen[(path, not flags & O_NOFOLLOW)] = None
         fd = lib.cds_inroot_open(self.fd, os.fsencode(path), flags)
         if fd < 0:
             self.errno = ffi.errno

@@ -63,6 +63,11 @@ out of it, nothing is written into it unless a function says so):
         and listing library directories gave, by stat identity, so that the next plan for
         the same image (or with the same driver files) stats instead of reading -- what
         ldconfig's aux cache does, in memory (csrc/engine/filememo.h).
+    remember_plans(enabled=True, forget=None)
+        Also for long-lived processes: keep whole plans that read nothing of the image but
+        its configuration, its cache and directory identities, and give a later plan with
+        the same arguments whose paths all have the same identities a copy (Plan.remembered;
+        plan.py says when one is kept and why it is safe).
 
 Emulated: glibc 2.36's ldconfig as Debian 12 builds it (x86-64 and AArch64): ld.so.conf
 parsing (include globs, "hwcap" lines, "=libc6" types), glibc-hwcaps subdirectories and the
@@ -81,13 +86,13 @@ from .cachefile import Cache, Entry, format_listing, read_cache, read_host_bytes
 from .engine import (CACHE_PATH, DROPIN_FIRST, DROPIN_LAST, GENERATOR, LINKER_TIME_LIMIT, MACHINES,
                      MAX_GLOB_DIRS, MAX_GLOB_NAMES, O_DIRECTORY, O_PATH, Deadline, LdcacheError,
                      LdcacheLimitError, Root, os_error)
-from .plan import Plan, plan, plan_cache
+from .plan import Plan, plan, plan_cache, remember_plans
 
 __all__ = [
     "LdcacheError", "LdcacheLimitError", "Deadline", "MAX_GLOB_DIRS", "MAX_GLOB_NAMES",
     "LINKER_TIME_LIMIT", "Cache", "Entry", "Plan", "read_cache", "read_root_cache", "read_host_bytes",
     "read_root_bytes", "format_listing", "plan", "plan_cache", "write_cache", "write_in_root", "update",
-    "remember_files", "memo_stats", "MACHINES", "CACHE_PATH", "DROPIN_FIRST", "DROPIN_LAST", "GENERATOR",
+    "remember_files", "remember_plans", "memo_stats", "MACHINES", "CACHE_PATH", "DROPIN_FIRST", "DROPIN_LAST", "GENERATOR",
 ]
 
 

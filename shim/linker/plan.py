@@ -18,7 +18,8 @@ _MUSL_DEFAULT_PATH = ["/lib", "/usr/local/lib", "/usr/lib"]
 class Plan:
     """What plan() computed."""
 
-    __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs", "scanned")
+    __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs", "scanned",
+                 "remembered")
 
     def __init__(self):
         self.cache = b""
@@ -30,6 +31,14 @@ class Plan:
         self.skipped = []
         self.dirs = []
         self.scanned = 0  # directories listed and read (not taken from the image's cache)
+        self.remembered = False  # a copy of an earlier plan for the same files (remember_plans)
+
+    def copy(self):
+        other = Plan()
+        for name in self.__slots__:
+            value = getattr(self, name)
+            setattr(other, name, value.copy() if isinstance(value, (list, dict)) else value)
+        return other
 
     @property
     def files(self):
@@ -70,6 +79,7 @@ class _Scanner:
         self.opts = ffi.new("struct cds_scan_opts *")
         self.opts.target = config.target
         self.opts.links = links
+        self.listed = []    # [(path, in a glibc-hwcaps directory)] of the directories read
 
     def scan(self, index, extras_only=False):
         """Scan directory INDEX (with its extras) and add its libraries; with EXTRAS_ONLY,
@@ -80,6 +90,7 @@ class _Scanner:
             self.deadline.check("scanning ", d.path)
         if not extras_only:
             self.plan.scanned += 1
+            self.listed.append((d.path, d.hwcaps is not None))
         packed, count = config.extras.packed(d.ident)
         dirfd = -1
         if d.real:
@@ -194,8 +205,17 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
     folders = [os.fspath(f) for f in folders]
+    arguments = None if _plans is None else (
+        machine, mode, links, format, generator, tuple(folders), tuple(compat),
+        tuple((os.fspath(k), os.fspath(v)) for k, v in (extra or {}).items()))
     result = Plan()
     with Root(root) as tree:
+        if arguments is not None:
+            kept = _recall(tree, arguments)
+            if kept is not None:
+                return kept
+            started = lib.cds_memo_clock_ns()
+            tree.seen = {}
         extras = Extras(tree, extra)
         config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
         target = config.target
@@ -230,7 +250,101 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         result.dirs = [d.path for d in config.dirs]
         if _is_musl(tree, machine):
             result.musl = _plan_musl(tree, machine, folders, extras)
+        if arguments is not None:
+            _keep(tree, arguments, started, result, _files_read(tree, target, scanner.listed))
     return result
+
+
+# ---- the memo of whole plans -----------------------------------------------------------
+#
+# A node starts containers of the same few images with the same driver files, and each start
+# plans the same cache again (~1.2 ms in the runtime's resident worker). A plan is kept with
+# the identity of every path it looked at in the tree -- configuration files, the image's
+# cache, directories (their identity stands for their listing) and the files it read in the
+# directories it scanned -- and of the host files it added; a later plan with the same
+# arguments whose paths all have the same identities in its own tree (one C call, a stat
+# each) gets a copy. The identity is the file memo's (csrc/engine/filememo.h): inode, size,
+# mtime and ctime, and the device unless the tree is on overlayfs, where every container's
+# root is a new mount over the same layer files. A plan that looked at a file changed within
+# the settle time is not kept, nor one that read more than _MAX_PATHS files (checking them
+# would cost what the plan does). A false hit would need files of another tree with the same
+# inodes, sizes, mtimes and ctimes, and would still only give that container a cache of
+# paths to be resolved in its own root.
+
+_MAX_PLANS = 64         # a node's images times its driver versions
+_PER_ARGUMENTS = 4      # trees tried for one set of arguments (each try stats every path)
+_MAX_PATHS = 1024
+_plans = None           # {arguments: [_Kept, newest first]} while remembering
+
+
+class _Kept:
+    __slots__ = ("paths", "count", "identities", "plan")
+
+    def __init__(self, paths, count, identities, plan):
+        self.paths, self.count, self.identities, self.plan = paths, count, identities, plan
+
+
+def remember_plans(enabled=True, forget=None):
+    """Keep whole plans and give a copy to a later plan of the same files (see above): for
+    long-lived processes, the resident worker. Off by default; turning it off forgets them
+    unless FORGET is False. Returns the previous setting."""
+    global _plans
+    previous = _plans is not None
+    forget = not enabled if forget is None else forget
+    if forget or not enabled:
+        _plans = {} if enabled else None
+    elif _plans is None:
+        _plans = {}
+    return previous
+
+
+def _recall(tree, arguments):
+    """A copy of the plan kept for ARGUMENTS whose paths are unchanged in TREE, or None."""
+    candidates = _plans.get(arguments, ())
+    for at, kept in enumerate(candidates):
+        if lib.cds_memo_same(tree.fd, kept.paths, len(kept.paths), kept.count, kept.identities) == 1:
+            if at:
+                candidates.insert(0, candidates.pop(at))
+            copy = kept.plan.copy()
+            copy.remembered = True
+            return copy
+    return None
+
+
+def _files_read(tree, target, listed):
+    """The paths of the files a scan of the directories LISTED looked at: each name its
+    first filter takes (a library's name, a legacy hwcap subdirectory), a link followed to
+    what it names (whose identity then stands for what was read)."""
+    paths = []
+    for directory, in_hwcaps in listed:
+        for name, _ in tree.listdir(directory) or ():
+            encoded = os.fsencode(name)
+            if lib.cds_is_dso_name(encoded) or (not in_hwcaps and lib.cds_is_hwcap_subdir(target, encoded)):
+                paths.append(join_path(directory, name))
+                if len(paths) > _MAX_PATHS:
+                    return None
+    return paths
+
+
+def _keep(tree, arguments, started, result, files):
+    """Keep RESULT with the identities of what TREE looked at, the FILES its scans read and
+    the host files added."""
+    if files is None or len(tree.seen) + len(files) > _MAX_PATHS:
+        return
+    entries = [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in tree.seen]
+    entries += [b"f" + os.fsencode(path) for path in files]
+    entries += [b"h" + os.fsencode(host) for _, host in arguments[-1]]
+    if any(b"\0" in entry for entry in entries):
+        return
+    paths = b"\0".join(entries) + b"\0"
+    identities = ffi.new("struct cds_identity[]", len(entries))
+    if lib.cds_memo_identify(tree.fd, paths, len(paths), len(entries), started, identities) != 0:
+        return      # changed too recently to be trusted (or the list was refused)
+    if sum(len(kept) for kept in _plans.values()) >= _MAX_PLANS:
+        _plans.clear()
+    candidates = _plans.setdefault(arguments, [])
+    candidates.insert(0, _Kept(paths, len(entries), identities, result.copy()))
+    del candidates[_PER_ARGUMENTS:]
 
 
 def _cache_dirs(ptr):

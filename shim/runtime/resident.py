@@ -306,9 +306,12 @@ def warm_up():
     for name in _WARM_MODULES:
         importlib.import_module(name)
     # Workers live long: let them stat the host's driver libraries and the files of images
-    # seen before instead of reading them again for every container
-    # (shim.linker.ldcache.remember_files).
-    importlib.import_module("shim.linker.ldcache").remember_files(True)
+    # seen before instead of reading them again for every container, and take a whole plan
+    # of an image seen before with the same driver files once its paths are found unchanged
+    # (shim.linker.ldcache.remember_files, remember_plans).
+    ldcache = importlib.import_module("shim.linker.ldcache")
+    ldcache.remember_files(True)
+    ldcache.remember_plans(True)
 
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}

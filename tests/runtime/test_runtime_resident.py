@@ -455,17 +455,17 @@ def memo_counts(log):
     return counts
 
 
-def test_a_second_container_of_an_image_reads_what_the_first_did_not(world, driver, tmp_path):
-    """The worker remembers library files and listings by stat identity (ldcache.remember_files):
-    two containers of one image -- two overlay mounts of its layer, as containerd makes them --
-    and the same driver file: the second container's linker cache is made from stats."""
+def _two_containers_of_an_image(world, driver, tmp_path, spec):
+    """Run two containers of one image -- two overlay mounts of its layer, as containerd makes
+    them -- with the same driver file through a one-worker resident server (one memo); the
+    debug log's linker-cache lines, in order."""
     socket_path = os.path.join(world.base, "run", "runtime.sock")
-    server = start_server(world, socket_path, workers=1)      # one worker: one memo
+    server = start_server(world, socket_path, workers=1)
     mounts = []
     try:
         world.resident_socket = socket_path
         log = debug_world(world)
-        world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+        world.write_spec("nvidia-gpu.yaml", spec)
         image = world.bundle(tag="image")
         layer = _glibc_rootfs(world, image, driver, tmp_path)
         bundles = []
@@ -478,19 +478,43 @@ def test_a_second_container_of_an_image_reads_what_the_first_did_not(world, driv
             mounts.append(merged)
             bundles.append(world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"],
                                         edit=lambda config, root=merged: config["root"].update(path=root)))
-        time.sleep(1.2)     # files are remembered once their ctime is over a second old
+        time.sleep(1.2)     # files are trusted by the memos once their ctime is over a second old
         for bundle in bundles:
             result = world.shim("run", "--bundle", bundle.path, bundle.id)
             assert result.returncode == 0, result.stderr
             assert result.stdout == "linked=42 dlopen=ok\n"
-        (_, read_first), (remembered, read_second) = memo_counts(log)
-        assert read_first > 0 and remembered > 0 and read_second < read_first, memo_counts(log)
         assert all(" in resident process " in line for line in served_lines(log))
+        with open(log) as f:
+            return [line for line in f if "linker cache:" in line and " entries (" in line]
     finally:
         server.terminate()
         server.wait(timeout=30)
         for merged in mounts:
             subprocess.run(["umount", merged], check=False)
+
+
+def test_a_second_container_of_an_image_reads_what_the_first_did_not(world, driver, tmp_path):
+    """The worker remembers library files and listings by stat identity (ldcache.remember_files):
+    the spec's link is made in the library directory before the cache is planned, so each
+    container's directory is new and is scanned, but the second container's linker cache is
+    made from stats."""
+    _two_containers_of_an_image(world, driver, tmp_path, _spec(world, driver))
+    (_, read_first), (remembered, read_second) = memo_counts(world.base + "/cdi-shim.log")
+    assert read_first > 0 and remembered > 0 and read_second < read_first
+
+
+def test_a_second_container_of_an_image_takes_the_first_ones_plan(world, driver, tmp_path):
+    """Nothing written into the image's directories before the plan (no link to make): the
+    second container gets the first one's whole plan (ldcache.remember_plans) once every path it
+    looked at is found unchanged in its own root, and its program still links and runs."""
+    spec = _spec(world, driver)
+    links_hook = spec.index("    - hookName: createContainer\n")
+    spec = spec[:links_hook] + spec[spec.index("    - hookName: createContainer\n", links_hook + 1):]
+    assert "create-symlinks" not in spec and "update-ldcache" in spec
+    first, second = _two_containers_of_an_image(world, driver, tmp_path, spec)
+    kept = ", the plan of an earlier container of these files)"
+    assert "(incremental, " in first and kept not in first, first
+    assert "(incremental, " in second and kept in second, second
 
 
 def open_fds(pid):

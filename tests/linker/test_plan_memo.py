@@ -1,0 +1,273 @@
+"""The memo of whole plans (shim.linker.ldcache.remember_plans), which the runtime's resident
+workers turn on: a container of an image planned before with the same driver files gets a copy
+of that plan once every path the plan looked at -- in its own root, and the host files it added
+-- has the same identity; any change to one of them (a configuration file, a directory's
+entries, the image's cache, a driver file, a path that was missing) makes a new plan, equal to
+the one made without the memo. Two containers are two overlay mounts of one layer, as
+containerd makes them (new device numbers, the layer files' inodes and ctimes)."""
+import errno
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+import ldcache_helpers
+from ldcache_helpers import build_library, fake_driver, roots
+from shim.linker import ldcache
+from test_file_memo import overlay_mounts, rebuild_with_soname
+
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+
+@pytest.fixture
+def plans():
+    """The plan memo on and empty, the file memo off (so each plan's reads are its own), and
+    files trusted however new (the settle rule has its own test)."""
+    previous_files = ldcache.remember_files(False, settle=0)
+    previous = ldcache.remember_plans(True, forget=True)
+    yield
+    ldcache.remember_plans(previous, forget=True)
+    ldcache.remember_files(previous_files, settle=1)
+
+
+@pytest.fixture
+def image(host_tree, scratch):
+    """An image layer (the library tree, with its own cache) and driver files for it."""
+    lower = roots.copy_tree(host_tree, os.path.join(scratch, "layer"))
+    made = fake_driver(os.path.join(scratch, "driver"), names=("cuda", "nvidia-ml"))
+    extra = {f"{LIBDIR}/{os.path.basename(p)}": p for p in made.values()}
+    return lower, extra
+
+
+def fresh_plan(root, extra, folders=(LIBDIR,)):
+    """The plan made without the memo (the answer a remembered one must equal)."""
+    previous = ldcache.remember_plans(False, forget=False)
+    try:
+        return ldcache.plan(root, list(folders), extra)
+    finally:
+        ldcache.remember_plans(previous, forget=False)
+
+
+def test_a_second_container_of_an_image_gets_the_first_ones_plan(image, scratch, plans):
+    lower, extra = image
+    with overlay_mounts(lower, scratch, 3) as (first, second, third):
+        one = ldcache.plan(first, [LIBDIR], extra)
+        assert one.mode == "incremental" and not one.scanned and not one.remembered
+        two = ldcache.plan(second, [LIBDIR], extra)
+        assert two.remembered and two.cache == one.cache == fresh_plan(second, extra).cache
+        assert (two.entries, two.dirs, two.warnings) == (one.entries, one.dirs, one.warnings)
+        two.warnings.append("changed by the caller")            # a copy: the kept plan is untouched
+        assert ldcache.plan(third, [LIBDIR], extra).warnings == one.warnings
+
+
+def _add_conf_file(root):
+    with open(os.path.join(root, "etc/ld.so.conf.d/zz-new.conf"), "w") as out:
+        out.write("/opt/new/lib\n")
+    os.makedirs(os.path.join(root, "opt/new/lib"))
+    build_library(os.path.join(root, "opt/new/lib/libnew.so.1"), "libnew.so.1")
+
+
+def _add_library(root):
+    build_library(os.path.join(root, LIBDIR.lstrip("/"), "libadded.so.3"), "libadded.so.3")
+
+
+def _replace_cache(root):
+    # the same bytes in a new file (a new inode): nothing to tell it apart but its identity
+    path = os.path.join(root, "etc/ld.so.cache")
+    shutil.copyfile(path, path + ".new")
+    os.rename(path + ".new", path)
+
+
+def _make_musl(root):
+    # a path the plan found missing appears (an image turned musl)
+    os.makedirs(os.path.join(root, "lib"), exist_ok=True)
+    with open(os.path.join(root, "lib/ld-musl-x86_64.so.1"), "w") as out:
+        out.write("")
+
+
+def _rewrite_conf(root):
+    os.makedirs(os.path.join(root, "opt/other"))
+    build_library(os.path.join(root, "opt/other/libother.so.2"), "libother.so.2")
+    with open(os.path.join(root, "etc/ld.so.conf"), "a") as out:     # in place
+        out.write("/opt/other\n")
+
+
+# change -> whether the plan's answer changes with it
+CHANGES = {"a-configuration-file-added": (_add_conf_file, True), "a-library-added": (_add_library, True),
+           "the-image-cache-replaced": (_replace_cache, False), "a-missing-path-appears": (_make_musl, True),
+           "ld.so.conf-rewritten": (_rewrite_conf, True)}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_changed_container_is_planned_again(image, scratch, plans, change):
+    lower, extra = image
+    with overlay_mounts(lower, scratch, 2) as (first, second):
+        before = ldcache.plan(first, [LIBDIR], extra)
+        time.sleep(0.01)                                   # a ctime the kernel can tell apart
+        make, differs = CHANGES[change]
+        make(second)
+        after = ldcache.plan(second, [LIBDIR], extra)
+        assert not after.remembered
+        expected = fresh_plan(second, extra)
+        assert (after.cache, after.musl) == (expected.cache, expected.musl)
+        assert ((after.cache, after.musl) != (before.cache, before.musl)) == differs
+
+
+@pytest.mark.parametrize("how", ["rewritten-in-place", "replaced-by-rename"])
+def test_a_changed_driver_file_is_planned_again(image, scratch, plans, how):
+    lower, extra = image
+    target = extra[f"{LIBDIR}/libcuda.so.550.54.15"]
+    with overlay_mounts(lower, scratch, 2) as (first, second):
+        before = ldcache.plan(first, [LIBDIR], extra)
+        time.sleep(0.01)
+        fresh = build_library(target + ".new", "libcuda-new.so.7")
+        if how == "rewritten-in-place":
+            with open(fresh, "rb") as src, open(target, "r+b") as out:
+                out.truncate(0)
+                out.write(src.read())
+            os.unlink(fresh)
+        else:
+            os.rename(fresh, target)
+        after = ldcache.plan(second, [LIBDIR], extra)
+        assert not after.remembered and after.cache == fresh_plan(second, extra).cache != before.cache
+        assert ldcache.read_cache(after.cache).lookup("libcuda-new.so.7")
+
+
+def test_other_arguments_never_share_a_plan(image, scratch, plans):
+    lower, extra = image
+    with overlay_mounts(lower, scratch, 2) as (first, second):
+        ldcache.plan(first, [LIBDIR], extra)
+        fewer = dict(list(extra.items())[:1])
+        for other in (ldcache.plan(second, [LIBDIR], fewer), ldcache.plan(second, [LIBDIR, "/opt"], extra),
+                      ldcache.plan(second, [LIBDIR], extra, links="ldconfig")):
+            assert not other.remembered
+
+
+def test_the_files_a_scan_read_are_part_of_the_plans_identity(scratch, plans):
+    """Without the image's cache every directory is read: the plan is kept with the files it
+    read, and a library rewritten in place in the image's layer (same inode, its directory
+    unchanged) makes a new plan."""
+    lower = os.path.join(scratch, "layer")
+    os.makedirs(os.path.join(lower, "etc"))
+    os.makedirs(os.path.join(lower, "opt/lib"))
+    with open(os.path.join(lower, "etc/ld.so.conf"), "w") as out:
+        out.write("/opt/lib\n")
+    library = build_library(os.path.join(lower, "opt/lib/libone.so.1"), "libone.so.1")
+    with overlay_mounts(lower, scratch, 2) as (first, second):
+        one = ldcache.plan(first, [])
+        assert one.mode == "full" and one.scanned and ldcache.read_cache(one.cache).lookup("libone.so.1")
+        assert ldcache.plan(second, []).remembered
+        time.sleep(0.01)
+        inode = os.stat(library).st_ino
+        rebuild_with_soname(library, "libtwo.so.1", build_dir=scratch)
+        assert os.stat(library).st_ino == inode
+        after = ldcache.plan(second, [])
+        assert not after.remembered and after.cache == fresh_plan(second, None, folders=[]).cache
+        assert ldcache.read_cache(after.cache).lookup("libtwo.so.1")
+
+
+def test_a_debian_image_whose_cache_leaves_a_directory_out(scratch, plans):
+    """Debian's ldconfig lists nothing of /lib64, whose one entry is the loader (here a link to
+    a library of the multiarch directory), so every plan of such an image scans /lib64 again:
+    the plan is kept all the same, with the file it read."""
+    lower = os.path.join(scratch, "layer")
+    for directory in ("etc/ld.so.conf.d", LIBDIR.lstrip("/"), "lib64"):
+        os.makedirs(os.path.join(lower, directory))
+    with open(os.path.join(lower, "etc/ld.so.conf"), "w") as out:
+        out.write("include /etc/ld.so.conf.d/*.conf\n")
+    with open(os.path.join(lower, "etc/ld.so.conf.d/x86_64-linux-gnu.conf"), "w") as out:
+        out.write(LIBDIR + "\n")
+    build_library(os.path.join(lower, LIBDIR.lstrip("/"), "libone.so.1"), "libone.so.1")
+    os.symlink(f"{LIBDIR}/libone.so.1", os.path.join(lower, "lib64/ld-linux-x86-64.so.2"))
+    subprocess.run([ldcache_helpers.LDCONFIG, "-X", "-r", lower], check=True, timeout=60)
+    made = fake_driver(os.path.join(scratch, "driver"), names=("cuda",))
+    extra = {f"{LIBDIR}/{os.path.basename(p)}": p for p in made.values()}
+    with overlay_mounts(lower, scratch, 2) as (first, second):
+        one = ldcache.plan(first, [LIBDIR], extra)
+        assert one.mode == "incremental" and one.scanned == 1 and "/lib64" in one.dirs, (one.mode, one.dirs)
+        two = ldcache.plan(second, [LIBDIR], extra)
+        assert two.remembered and two.cache == one.cache == fresh_plan(second, extra).cache
+
+
+def test_files_changed_within_the_settle_time_are_not_trusted(image, scratch):
+    lower, extra = image
+    previous_files = ldcache.remember_files(False, settle=5)      # every file here is younger
+    previous = ldcache.remember_plans(True, forget=True)
+    try:
+        with overlay_mounts(lower, scratch, 2) as (first, second):
+            ldcache.plan(first, [LIBDIR], extra)
+            assert not ldcache.plan(second, [LIBDIR], extra).remembered
+            ldcache.remember_files(False, settle=0)
+            ldcache.plan(first, [LIBDIR], extra)
+            assert ldcache.plan(second, [LIBDIR], extra).remembered
+    finally:
+        ldcache.remember_plans(previous, forget=True)
+        ldcache.remember_files(previous_files, settle=1)
+
+
+def test_off_by_default_and_off_forgets(image, scratch):
+    lower, extra = image
+    assert ldcache.remember_plans(False) is False               # nothing turned it on in this process
+    previous_files = ldcache.remember_files(False, settle=0)
+    try:
+        with overlay_mounts(lower, scratch, 2) as (first, second):
+            ldcache.plan(first, [LIBDIR], extra)
+            assert not ldcache.plan(second, [LIBDIR], extra).remembered
+            ldcache.remember_plans(True)
+            ldcache.plan(first, [LIBDIR], extra)
+            assert ldcache.plan(second, [LIBDIR], extra).remembered
+            ldcache.remember_plans(False)
+            ldcache.remember_plans(True)
+            assert not ldcache.plan(second, [LIBDIR], extra).remembered
+    finally:
+        ldcache.remember_plans(False)
+        ldcache.remember_files(previous_files, settle=1)
+
+
+def test_the_same_tree_planned_again_outside_overlayfs(image, scratch, plans):
+    """A root that is not an overlay keeps the device in every identity: a copy of the tree
+    (other inodes) is planned afresh, the tree itself is not."""
+    lower, extra = image
+    copy = os.path.join(scratch, "copy")
+    shutil.copytree(lower, copy, symlinks=True)
+    ldcache.plan(lower, [LIBDIR], extra)
+    assert ldcache.plan(lower, [LIBDIR], extra).remembered
+    assert not ldcache.plan(copy, [LIBDIR], extra).remembered
+
+
+# ---- the identities (csrc/engine/filememo.c) --------------------------------------------
+
+def _identify(root, paths, count=None):
+    from shim._native import ffi, lib
+    count = paths.count(b"\0") if count is None else count
+    out = ffi.new("struct cds_identity[]", max(count, 1))
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    try:
+        rc = lib.cds_memo_identify(fd, paths, len(paths), count, lib.cds_memo_clock_ns(), out)
+        same = lib.cds_memo_same(fd, paths, len(paths), count, out)
+        return rc, ffi.errno, same, [(out[i].err, out[i].ino) for i in range(count)]
+    finally:
+        os.close(fd)
+
+
+def test_identities_in_the_tree_never_leave_it(scratch):
+    """A hostile image's links lead back into its own root: the host's /etc/passwd is never
+    what an in-tree path's identity is taken of."""
+    root = os.path.join(scratch, "root")
+    os.makedirs(os.path.join(root, "etc"))
+    os.symlink("/etc/passwd", os.path.join(root, "absolute"))
+    os.symlink("../../../../../../etc/passwd", os.path.join(root, "climbing"))
+    rc, _, same, found = _identify(root, b"f/absolute\0f/climbing\0n/absolute\0h/etc/passwd\0")
+    assert rc >= 0 and same == 1
+    assert found[0][0] == found[1][0] == errno.ENOENT          # no /etc/passwd in the root
+    assert found[2][0] == 0 and found[2][1] == os.lstat(os.path.join(root, "absolute")).st_ino
+    assert found[3] == (0, os.stat("/etc/passwd").st_ino)     # 'h': a host path, as given
+
+
+@pytest.mark.parametrize("paths,count", [(b"x/etc\0", 1), (b"f/etc", 1), (b"f/etc\0", 2), (b"", 1)],
+                         ids=["unknown-kind", "no-terminator", "fewer-entries-than-counted", "empty"])
+def test_malformed_identity_lists_are_refused(scratch, paths, count):
+    rc, err, same, _ = _identify(scratch, paths, count)
+    assert (rc, err, same) == (-1, errno.EINVAL, -1)
