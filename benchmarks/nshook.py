@@ -90,7 +90,10 @@ def main():
                             "python_over_c": round(med(p / c for p, c in zip(times["python"], times["c"])), 1)}
         print(json.dumps(result, indent=2))
     finally:
-        subprocess.run(["umount", "-R", work], stderr=subprocess.DEVNULL)
+        # every bind-params run stacked one more mount on the params file: take them all off
+        params = os.path.join(work, "bundle", "rootfs", "proc", "driver", "nvidia", "params")
+        while subprocess.run(["umount", params], stderr=subprocess.DEVNULL).returncode == 0:
+            pass
         shutil.rmtree(work, ignore_errors=True)
 
 
