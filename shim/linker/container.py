@@ -22,6 +22,7 @@ directory), where runc cannot bind a file, raises NoPlaceForCache when the spec 
 cache (update-ldcache) — a cache that only we wanted (library mounts, no hook) is left out
 with a warning.
 """
+import errno
 import os
 import posixpath
 import sys
@@ -111,30 +112,38 @@ def make_links(rootfs, links):
     from .._native import ffi, lib
 
     rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    parents = {}
     try:
         for target, link in links:
             parent, name = posixpath.split(posixpath.normpath(link))
-            fd = _open_dir_in_root(rootfd, parent, ffi, lib)
+            fd = parents.get(parent)
+            if fd is None:
+                fd = parents[parent] = _open_dir_in_root(rootfd, parent, ffi, lib)
             try:
-                try:
-                    os.symlink(target, name, dir_fd=fd)
-                except FileExistsError:
-                    pass  # the image (or an earlier start) has it: leave it as it is
-            finally:
-                os.close(fd)
+                os.symlink(target, name, dir_fd=fd)
+            except FileExistsError:
+                pass  # the image (or an earlier start) has it: leave it as it is
     finally:
+        for fd in parents.values():
+            os.close(fd)
         os.close(rootfd)
 
 
 def _open_dir_in_root(rootfd, path, ffi, lib):
     """An O_PATH descriptor of PATH inside the root, making missing directories (0755)."""
+    fd = lib.cds_inroot_open(rootfd, os.fsencode(path), os.O_PATH | os.O_DIRECTORY)
+    if fd >= 0:
+        return fd  # the usual case: there, in one call
+    if ffi.errno != errno.ENOENT:
+        error = ffi.errno
+        raise OSError(error, os.strerror(error), path)
     opened = "/"
     fd = os.dup(rootfd)
     try:
         for part in [p for p in path.split("/") if p]:
             child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
                                         os.O_PATH | os.O_DIRECTORY)
-            if child < 0 and ffi.errno == 2:  # ENOENT: make it in the directory we hold
+            if child < 0 and ffi.errno == errno.ENOENT:  # make it in the directory we hold
                 # (EEXIST: a dangling link there; EROFS, EACCES: raised with FD closed below)
                 os.mkdir(part, 0o755, dir_fd=fd)
                 child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
@@ -160,7 +169,6 @@ def _bind(config, destination, source):
 def _no_place_for(rootfs, destination):
     """Why runc could not bind a file at DESTINATION in the rootfs (a parent that is not a
     directory, or DESTINATION itself a directory), or "" when it can."""
-    import errno
     import stat
 
     from .engine import LdcacheError, Root
@@ -315,8 +323,6 @@ def prepare_linker(config, bundle, log):
 def _dangling_later(rootfs, pending, libraries, links_made):
     """(links to make now, links to make after planning): the latter lead nowhere in the root
     (not to an image file, a mounted library or another link being made)."""
-    import errno
-
     from .engine import LdcacheError, Root
 
     now, later = [], []
@@ -452,8 +458,7 @@ def _write_bundle_file(bundle, name, data, mode, command):
 
     source = os.path.abspath(os.path.join(bundle, name))
     try:
-        write_cache(source, data)
-        os.chmod(source, mode)
+        write_cache(source, data, mode=mode)
     except (LdcacheError, OSError) as err:
         raise toolkit.HookFailure(command, f"cannot write {source}: {err}") from None
     return source

@@ -51,7 +51,7 @@ out of it, nothing is written into it unless a function says so):
         bound and where (the configuration file and its include line).
     plan_cache(root, folders=(), extra=None, **options) -> bytes
         plan(...).cache.
-    write_cache(path, data, sync=False)
+    write_cache(path, data, sync=False, mode=0o644)
         Write a host file atomically (temporary file, rename).
     write_in_root(root, path, data, mode=0o644)
         Write a file inside ROOT atomically, its directory resolved inside ROOT.
@@ -126,13 +126,13 @@ def memo_stats():
 
 # ---- writing -----------------------------------------------------------------------
 
-def write_cache(path, data, sync=False):
-    """Write DATA to the host file PATH atomically."""
+def write_cache(path, data, sync=False, mode=0o644):
+    """Write DATA to the host file PATH atomically, with MODE."""
     path = os.fspath(path)
     directory, name = os.path.split(os.path.abspath(path))
     fd = os.open(directory, O_PATH | O_DIRECTORY | os.O_CLOEXEC)
     try:
-        if lib.cds_write_at(fd, os.fsencode(name), data, len(data), 0o644, 1 if sync else 0) != 0:
+        if lib.cds_write_at(fd, os.fsencode(name), data, len(data), mode, 1 if sync else 0) != 0:
             raise os_error(f"cannot write {path}")
     finally:
         os.close(fd)

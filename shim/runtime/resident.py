@@ -122,16 +122,22 @@ def _receive(conn):
     return bytes(data), fds
 
 
-def _same_place(pid):
-    """True when process PID sees the same mount namespace and root as we do, so the paths
-    in its request mean the same files here."""
+def _our_place():
+    """Our mount namespace and root, as _same_place compares them (a worker never changes them)."""
+    ours = os.stat("/")
+    return os.readlink("/proc/self/ns/mnt"), (ours.st_dev, ours.st_ino)
+
+
+def _same_place(pid, ours):
+    """True when process PID sees the same mount namespace and root as we do (OURS, from
+    _our_place), so the paths in its request mean the same files here."""
     try:
-        if os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"):
+        if os.readlink(f"/proc/{pid}/ns/mnt") != ours[0]:
             return False
-        theirs, ours = os.stat(f"/proc/{pid}/root"), os.stat("/")
+        theirs = os.stat(f"/proc/{pid}/root")
     except OSError:
         return False
-    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+    return (theirs.st_dev, theirs.st_ino) == ours[1]
 
 
 def _peer(conn):
@@ -180,8 +186,8 @@ class _CallerContext:
         os.close(self.saved_stderr)
 
 
-def handle(conn):
-    """Serve one connection. A request we will not serve is answered with nothing or b"F"
+def handle(conn, place):
+    """Serve one connection (PLACE: _our_place()). A request we will not serve is answered with nothing or b"F"
     before anything is touched; a malformed one raises ResidentError."""
     from .main import decide
 
@@ -197,7 +203,7 @@ def handle(conn):
             os.close(fd)
         raise
     try:
-        if request.version != __version__ or not _same_place(pid):
+        if request.version != __version__ or not _same_place(pid, place):
             conn.sendall(b"F")
             return
         context = _CallerContext(request)
@@ -252,6 +258,7 @@ def _worker(listener, max_requests, parent, busy, stopping):
     (its state is then in doubt; the server starts a fresh worker)."""
     _die_with(parent)
     os.chdir("/")
+    place = _our_place()
     for _ in range(max_requests):
         try:
             conn, _ = listener.accept()
@@ -262,7 +269,7 @@ def _worker(listener, max_requests, parent, busy, stopping):
         busy[0] = True
         with conn:
             try:
-                handle(conn)
+                handle(conn, place)
             except (ResidentError, OSError) as err:  # this caller's problem, not ours
                 _complain(f"resident request refused: {err}")
         busy[0] = False
@@ -312,6 +319,7 @@ def warm_up():
     ldcache = importlib.import_module("shim.linker.ldcache")
     ldcache.remember_files(True)
     ldcache.remember_plans(True)
+    importlib.import_module("shim.config").remember_settings(True)   # and the settings, by identity
 
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
