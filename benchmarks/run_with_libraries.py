@@ -16,7 +16,10 @@ shim once with the interpreter started per create and once through its resident 
 CDI, podman; here `cdi-shim cdi inject`): no request, the 30 libraries, /dev/nvidia0 and the six
 hooks of a toolkit-generated spec (program /usr/bin/nvidia-cdi-hook, absent), through the
 resident process, against runc `create` of the same config without the hooks (runc pays the
-mounts either way): runc, resident, runc, resident, ...
+mounts either way). A third side, runc `create` of the config as cdi-shim wrote it (its cache
+mount; on a GPU host also the params hook it keeps), splits the difference into the work
+before runc and what runc then pays for the result. The three sides take turns at going first
+(the first create after the rootfs set-up is the slowest).
 
 Each container's rootfs is what containerd's overlayfs snapshotter gives: an overlay mount
 with the image as its lower layer and a fresh, empty upper directory (on disk, under --dir).
