@@ -271,3 +271,13 @@ def test_identities_in_the_tree_never_leave_it(scratch):
 def test_malformed_identity_lists_are_refused(scratch, paths, count):
     rc, err, same, _ = _identify(scratch, paths, count)
     assert (rc, err, same) == (-1, errno.EINVAL, -1)
+
+
+def test_a_plan_of_many_files_is_made_again(host_tree, scratch, plans):
+    """Checking ~900 files costs more than planning them again with the file memo: a full
+    plan of the library tree is not kept."""
+    lower = roots.copy_tree(host_tree, os.path.join(scratch, "layer"))
+    os.unlink(os.path.join(lower, "etc/ld.so.cache"))
+    with overlay_mounts(lower, scratch, 2) as (first, second):
+        assert ldcache.plan(first, [LIBDIR]).mode == "full"
+        assert not ldcache.plan(second, [LIBDIR]).remembered
