@@ -34,5 +34,8 @@ def test_run_with_libraries_benchmark(mode):
     result = _run("run_with_libraries.py", "--runs", "1", "--dir", "/dev/shm", *mode)
     if mode:
         assert result["driver_libraries"] == 30 and result["shim_create_ms"] > 0
+        assert result["runc_create_of_the_config_cdi_shim_wrote_ms"] > 0
+        low, high = result["median_paired_diff_95pct_ms"]
+        assert low <= result["median_paired_diff_ms"] <= high
     else:
         assert result["resident"]["shim_run_with_device_ms"] > 0
