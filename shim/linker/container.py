@@ -208,9 +208,11 @@ def prepare_linker(config, bundle, log):
     updates = [call for call in calls if call.command == "update-ldcache"]
     symlinks = [call for call in calls if call.command == "create-symlinks"]
     mounts = [m for m in config.get("mounts") or () if isinstance(m, dict)]
+    # (A source that is not a regular file is the plan's to skip, with its reason: it opens
+    # every one anyway, and a resident worker's kept plan checks their identities.)
     libraries = {m["destination"]: m["source"] for m in mounts
                  if isinstance(m.get("destination"), str) and isinstance(m.get("source"), str)
-                 and _is_library(m["destination"]) and os.path.isfile(m["source"])}
+                 and _is_library(m["destination"])}
     if not calls and not libraries:
         return config
     rootfs = rootfs_path(config, bundle) or os.path.join(bundle, "rootfs")
@@ -263,7 +265,8 @@ def prepare_linker(config, bundle, log):
         folders = [folder for call in updates for folder in call.options.get("folder", ())]
         if not folders:
             folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
-        hits, misses, _ = memo_stats()
+        counting = getattr(log, "debug_enabled", True)  # the memo's counts are for the debug line only
+        hits, misses, _ = memo_stats() if counting else (0, 0, 0)
         try:
             result = plan(rootfs, list(dict.fromkeys(folders)), extra=libraries,
                           deadline=Deadline(LINKER_TIME_LIMIT, start), compat=compat)
@@ -312,11 +315,12 @@ def prepare_linker(config, bundle, log):
         drop.update(id(call.hook) for call in updates + compat_calls)
         if compat:
             log.debug(f"enable-cuda-compat: {', '.join(compat)} first in the linker cache")
-        remembered, read = (now - then for now, then in zip(memo_stats()[:2], (hits, misses)))
-        memo = f"; {remembered} files or listings remembered, {read} read" if remembered or read else ""
-        kept = ", the plan of an earlier container of these files" if result.remembered else ""
-        log.debug(f"linker cache: {result.entries} entries ({result.mode}, {result.scanned} directories scanned"
-                  f"{': ' + result.reason if result.reason else ''}{kept}){memo}")
+        if counting:
+            remembered, read = (now - then for now, then in zip(memo_stats()[:2], (hits, misses)))
+            memo = f"; {remembered} files or listings remembered, {read} read" if remembered or read else ""
+            kept = ", the plan of an earlier container of these files" if result.remembered else ""
+            log.debug(f"linker cache: {result.entries} entries ({result.mode}, {result.scanned} directories "
+                      f"scanned{': ' + result.reason if result.reason else ''}{kept}){memo}")
     return _finish(config, drop, rootfs, deferred, log, calls, reasons)
 
 

@@ -208,6 +208,27 @@ def test_extras_into_the_image_library_directory(host_tree, workdir, scratch):
                       expect_mode="incremental")
 
 
+def test_extras_that_are_no_library_file_hide_what_they_cover(scratch):
+    """A mount with a library's name whose host source is a directory (or is missing) adds
+    nothing to the cache and is listed as skipped with the reason; the image's file it covers
+    is no longer listed (the container will not see it)."""
+    libdir = "/usr/lib/x86_64-linux-gnu"
+    root = os.path.join(scratch, "root")
+    os.makedirs(os.path.join(root, libdir.lstrip("/")))
+    os.makedirs(os.path.join(root, "etc"))
+    with open(os.path.join(root, "etc/ld.so.conf"), "w") as out:
+        out.write(libdir + "\n")
+    build_library(os.path.join(root, libdir.lstrip("/"), "libcovered.so.1"), "libcovered.so.1")
+    build_library(os.path.join(root, libdir.lstrip("/"), "libkept.so.2"), "libkept.so.2")
+    directory = os.path.join(scratch, "a-directory")
+    os.makedirs(directory)
+    extra = {f"{libdir}/libcovered.so.1": directory, f"{libdir}/libgone.so.3": os.path.join(scratch, "missing")}
+    plan = ldcache.plan(root, [libdir], extra)
+    assert sorted(plan.skipped) == [(f"{libdir}/libcovered.so.1", "Is a directory"),
+                                    (f"{libdir}/libgone.so.3", "No such file or directory")]
+    assert [e.soname for e in ldcache.read_cache(plan.cache).entries] == ["libkept.so.2"]
+
+
 def test_debian_rootfs_two_folders_one_in_system_dir(debian_root, workdir, scratch):
     root = roots.copy_tree(debian_root, os.path.join(scratch, "debian"))
     fake_driver(os.path.join(root, FOLDER.lstrip("/")), links=True)
