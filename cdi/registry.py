@@ -20,7 +20,7 @@ import time
 from . import __version__, parser
 from .errors import CDIError, EditError, SpecError, UnresolvableDevicesError, q
 from .spec import Spec, parse_spec, read_spec_bytes
-from .safeio import private_dir_problem, write_file_atomic
+from .safeio import RACY_WINDOW_NS, file_identity, private_dir_problem, write_file_atomic
 from .spec_dirs import DEFAULT_SPEC_DIRS, scan_spec_dirs
 
 _MAGIC = b"CDISHIM\x04"  # bump when the layout changes (an old file is then ignored)
@@ -29,16 +29,12 @@ _MAGIC = b"CDISHIM\x04"  # bump when the layout changes (an old file is then ign
 _DECODE_RULES = 2                  # 2: Go's YAML numbers (0o660, 1e3, 1.0 in integer fields)
 _CACHE_VERSION = f"{__version__}+decode{_DECODE_RULES}"
 _HEADER_SIZE = 16  # magic, then the lengths of the hot and cold sections (u32 LE)
-# An mtime within this many ns of the moment the cache was built may not have ticked yet.
-RACY_WINDOW_NS = 2_000_000_000
 CACHE_DIR_ENV = "CDI_SHIM_CACHE_DIR"
 DEFAULT_CACHE_DIR = "/run/cdi-shim/cache"
 
 
 def _validator(info):
-    if info is None:
-        return None
-    return (info.st_mode, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    return None if info is None else file_identity(info)
 
 
 def _kind_hint(data):

@@ -3,6 +3,16 @@ import os
 import stat
 
 
+# A file changed within this many ns of now may change again without its mtime or ctime
+# ticking: its identity (file_identity) is trusted only once it is older.
+RACY_WINDOW_NS = 2_000_000_000
+
+
+def file_identity(info):
+    """What a stat result says of a file and its content: any change to either changes it."""
+    return (info.st_mode, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
 class UnsafeFile(Exception):
     """The file is there but must not be read (not regular, or too large)."""
 

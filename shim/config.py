@@ -7,6 +7,8 @@ the wrong type is an error naming the file (and the key), never a silent default
 import os
 import time
 
+from cdi.safeio import RACY_WINDOW_NS, file_identity
+
 DEFAULT_CONFIG_PATH = "/etc/cdi-shim/config.toml"
 CONFIG_ENV = "CDI_SHIM_CONFIG"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -117,11 +119,11 @@ def _parse_toml(text):
 # {path: (stat identity, Config)} while a long-lived process (the resident worker) keeps the
 # settings it parsed: one stat instead of reading and parsing the file for every container.
 _kept = None
-_SETTLE_NS = 1_000_000_000  # a file changed within this may change again unseen by its stat
+_SETTLE_NS = RACY_WINDOW_NS  # a file changed within this may change again unseen by its stat
 
 
 def remember_settings(enabled=True):
-    """Keep parsed settings by the file's identity (device, inode, size, mtime, ctime) and give
+    """Keep parsed settings by the file's identity (cdi.safeio.file_identity) and give
     them out again while the file is unchanged. Off by default; off forgets. Returns the
     previous setting."""
     global _kept
@@ -143,7 +145,7 @@ def load_config(path=None):
         except OSError:
             pass  # reported below, as without the memo
         else:
-            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            identity = file_identity(st)
             kept = _kept.get(path)
             if kept is not None and kept[0] == identity:
                 return kept[1]

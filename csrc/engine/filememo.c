@@ -261,31 +261,13 @@ static int tree_with_dev(int rootfd)
     return fstatfs(rootfd, &fs) < 0 || fs.f_type != OVERLAYFS_MAGIC;
 }
 
-int cds_memo_identify(int rootfd, const char *paths, size_t size, size_t count, int64_t started_ns,
-                      struct cds_identity *out)
+/* Identify each entry of the list: into OUT (counting the unsettled ones at STARTED), or
+ * against EXPECTED (stopping at the first that differs: 0). -1 with EINVAL when malformed. */
+static int walk(int rootfd, const char *paths, size_t size, size_t count, struct timespec started,
+                struct cds_identity *out, const struct cds_identity *expected)
 {
     const char *at = paths, *end = paths + size, *path;
-    struct timespec started = {.tv_sec = started_ns / 1000000000, .tv_nsec = started_ns % 1000000000};
     int with_dev = tree_with_dev(rootfd), unsettled = 0;
-    char kind;
-    for (size_t i = 0; i < count; i++) {
-        struct stat st;
-        if (next_entry(&at, end, &kind, &path) < 0) {
-            errno = EINVAL;
-            return -1;
-        }
-        identify(rootfd, kind, path, with_dev, &st, &out[i]);
-        if (out[i].err == 0 && !settled(&st, started))
-            unsettled++;
-    }
-    return unsettled;
-}
-
-int cds_memo_same(int rootfd, const char *paths, size_t size, size_t count,
-                  const struct cds_identity *expected)
-{
-    const char *at = paths, *end = paths + size, *path;
-    int with_dev = tree_with_dev(rootfd);
     char kind;
     for (size_t i = 0; i < count; i++) {
         struct stat st;
@@ -294,9 +276,24 @@ int cds_memo_same(int rootfd, const char *paths, size_t size, size_t count,
             errno = EINVAL;
             return -1;
         }
-        identify(rootfd, kind, path, with_dev, &st, &now);
-        if (memcmp(&now, &expected[i], sizeof now) != 0)
+        identify(rootfd, kind, path, with_dev, &st, out ? &out[i] : &now);
+        if (expected && memcmp(&now, &expected[i], sizeof now) != 0)
             return 0;
+        if (out && out[i].err == 0 && !settled(&st, started))
+            unsettled++;
     }
-    return 1;
+    return expected ? 1 : unsettled;
+}
+
+int cds_memo_identify(int rootfd, const char *paths, size_t size, size_t count, int64_t started_ns,
+                      struct cds_identity *out)
+{
+    struct timespec started = {.tv_sec = started_ns / 1000000000, .tv_nsec = started_ns % 1000000000};
+    return walk(rootfd, paths, size, count, started, out, NULL);
+}
+
+int cds_memo_same(int rootfd, const char *paths, size_t size, size_t count,
+                  const struct cds_identity *expected)
+{
+    return walk(rootfd, paths, size, count, (struct timespec){0}, NULL, expected);
 }
