@@ -160,6 +160,8 @@ def _open_dir_in_root(rootfd, path, ffi, lib):
 
 
 def _bind(config, destination, source):
+    if _recording is not None:
+        _recording.binds.append((destination, source))
     mount = {"destination": destination, "type": "bind", "source": source,
              "options": ["bind", "ro", "nosuid", "nodev"]}
     mounts = [m for m in config.get("mounts") or () if m.get("destination") != destination]
@@ -195,7 +197,7 @@ def _no_place_for(rootfs, destination):
 
 def prepare_linker(config, bundle, log):
     """Return `config` with the linker cache prepared and the hooks we replaced removed."""
-    from . import toolkit_hooks as toolkit
+    from . import stepmemo, toolkit_hooks as toolkit
 
     start = time.monotonic()
     calls = []
@@ -205,8 +207,6 @@ def prepare_linker(config, bundle, log):
         else:
             log.debug(f"hook left to run as written: {' '.join(call.hook.get('args') or [call.hook.get('path', '')])}"
                       " (not one whose work this runtime does, or options it does not know)")
-    updates = [call for call in calls if call.command == "update-ldcache"]
-    symlinks = [call for call in calls if call.command == "create-symlinks"]
     mounts = [m for m in config.get("mounts") or () if isinstance(m, dict)]
     # (A source that is not a regular file is the plan's to skip, with its reason: it opens
     # every one anyway, and a resident worker's kept plan checks their identities.)
@@ -216,6 +216,54 @@ def prepare_linker(config, bundle, log):
     if not calls and not libraries:
         return config
     rootfs = rootfs_path(config, bundle) or os.path.join(bundle, "rootfs")
+    if not stepmemo.enabled():
+        return _step(config, bundle, rootfs, calls, mounts, libraries, log, start)
+    step_key = stepmemo.key(config, calls, _is_library, lambda: toolkit.application_profile(config),
+                            toolkit.params_contents)
+    replayed = stepmemo.replay(step_key, config, bundle, rootfs, make_links, _write_file, _bind)
+    if replayed is not None:
+        log.debug(f"linker step: the one of an earlier container of these files and spec, replayed in {rootfs}")
+        return replayed
+    global _recording
+    with stepmemo.Recorder(config) as recorder:
+        _recording = recorder
+        try:
+            result = _step(config, bundle, rootfs, calls, mounts, libraries, _Noting(log, recorder), start)
+        finally:
+            _recording = None
+    stepmemo.keep(step_key, recorder, config, result, rootfs, bundle)
+    return result
+
+
+# The step memo's recorder (stepmemo.Recorder) while a step is recorded: the step's writes,
+# links, binds and changed hooks are noted in it where they are done.
+_recording = None
+
+
+class _Noting:
+    """The step's log, telling the recorder of a warning or error (such a step is not kept)."""
+
+    def __init__(self, log, recorder):
+        self._log, self._recorder = log, recorder
+
+    def __getattr__(self, name):
+        return getattr(self._log, name)
+
+    def warning(self, message):
+        self._recorder.refuse("it warned")
+        self._log.warning(message)
+
+    def error(self, message):
+        self._recorder.refuse("it failed")
+        self._log.error(message)
+
+
+def _step(config, bundle, rootfs, calls, mounts, libraries, log, start):
+    """The linker step itself (prepare_linker, past the memo of whole steps)."""
+    from . import toolkit_hooks as toolkit
+
+    updates = [call for call in calls if call.command == "update-ldcache"]
+    symlinks = [call for call in calls if call.command == "create-symlinks"]
     drop = set()
     config, compat, compat_calls = _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log)
 
@@ -283,6 +331,8 @@ def prepare_linker(config, bundle, log):
             reasons.update((id(c.hook), f"linker cache: unexpected {type(err).__name__}: {err}")
                            for c in updates + compat_calls)
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
+        if _recording is not None:
+            _recording.plans.append(result.kept)
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
@@ -297,6 +347,8 @@ def prepare_linker(config, bundle, log):
                 source = os.path.abspath(os.path.join(bundle, name))
                 write_cache(source, data)  # temp file + rename, mode 0644
                 written.append((destination, source))
+                if _recording is not None:
+                    _recording.files[source] = (data, 0o644)
         except (LdcacheError, OSError) as err:
             # A full or read-only bundle directory: the hooks can still do it, as for any
             # other linker error. (A temp file of a worker killed mid-write is removed by the
@@ -353,6 +405,8 @@ def _made_links(rootfs, call, links, log, reasons):
         return True
     try:
         make_links(rootfs, links)
+        if _recording is not None:
+            _recording.links += links
     except OSError as err:
         log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
         reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"
@@ -365,6 +419,8 @@ def _become_nshook(call, program, *args):
     """The hook becomes our C one (cdi-shim-nshook ARGS, csrc/hooks/nshook.c), in place."""
     call.hook.clear()
     call.hook.update(path=program, args=["cdi-shim-nshook", *args], env=list(SAFE_HOOK_ENV))
+    if _recording is not None:
+        _recording.changed[id(call.hook)] = True
 
 
 def _finish(config, drop, rootfs, deferred, log, calls, reasons):
@@ -395,6 +451,8 @@ def _finish(config, drop, rootfs, deferred, log, calls, reasons):
                 continue
         if not os.access(path, os.X_OK):
             raise HookFailure(call.command, f"{reasons[id(call.hook)]}; and its program {path} is not on this host")
+        if _recording is not None:
+            _recording.refuse("a hook is left to its program")
     if drop:
         return _without_hooks(config, drop)
     return dict(config) if changed else config  # (a hook changed in place: a new dict to be written)
@@ -417,6 +475,8 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
                 drop.add(id(call.hook))
                 log.debug("enable-cuda-compat: no newer CUDA compat libraries in the image: nothing to do")
         elif call.command == "chmod":
+            if _recording is not None:
+                _recording.refuse("chmod")     # (rare: its modes and device fields are not replayed)
             config = toolkit.chmod(config, rootfs, call, destinations)
             drop.add(id(call.hook))
         elif call.command == "update-application-profile":
@@ -458,14 +518,25 @@ def our_program(name):
 
 def _write_bundle_file(bundle, name, data, mode, command):
     from . import toolkit_hooks as toolkit
-    from .ldcache import LdcacheError, write_cache
 
     source = os.path.abspath(os.path.join(bundle, name))
     try:
-        write_cache(source, data, mode=mode)
-    except (LdcacheError, OSError) as err:
+        _write_file(source, data, mode)
+    except OSError as err:
         raise toolkit.HookFailure(command, f"cannot write {source}: {err}") from None
+    if _recording is not None:
+        _recording.files[source] = (data, mode)
     return source
+
+
+def _write_file(path, data, mode):
+    """A bundle file, written whole (temp file + rename) with MODE; OSError on failure."""
+    from .ldcache import LdcacheError, write_cache
+
+    try:
+        write_cache(path, data, mode=mode)
+    except LdcacheError as err:
+        raise OSError(str(err)) from None
 
 
 SAFE_HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)

@@ -130,7 +130,11 @@ def read_fd(fd, what, limit, with_mtime=False):
 class Root:
     """A directory tree opened once; every path below is resolved inside it."""
 
-    def __init__(self, root):
+    # A list while a memo of whole linker steps records one (stepmemo.py): every Root opened
+    # meanwhile, observed unless told not to, joins it and keeps the paths it looks at.
+    observers = None
+
+    def __init__(self, root, observed=True):
         self.path = os.fspath(root)
         try:
             self.fd = os.open(self.path, O_PATH | O_DIRECTORY | os.O_CLOEXEC)
@@ -141,8 +145,12 @@ class Root:
         self._errnos = {}
         self._listings = {}
         # {(path, follow): None}, in order, of every path looked at, when a memo of whole
-        # plans asks (plan.py): the files whose identities the plan depends on.
+        # plans or steps asks (plan.py, stepmemo.py): the files whose identities its answer
+        # depends on.
         self.seen = None
+        if observed and Root.observers is not None:
+            self.seen = {}
+            Root.observers.append(self)
 
     def close(self):
         if self.fd >= 0:

@@ -19,7 +19,7 @@ class Plan:
     """What plan() computed."""
 
     __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs", "scanned",
-                 "remembered")
+                 "remembered", "kept")
 
     def __init__(self):
         self.cache = b""
@@ -32,6 +32,7 @@ class Plan:
         self.dirs = []
         self.scanned = 0  # directories listed and read (not taken from the image's cache)
         self.remembered = False  # a copy of an earlier plan for the same files (remember_plans)
+        self.kept = None  # the memo's record of the paths it depends on, when it keeps this plan
 
     def copy(self):
         other = Plan()
@@ -209,7 +210,8 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         machine, mode, links, format, generator, tuple(folders), tuple(compat),
         tuple((os.fspath(k), os.fspath(v)) for k, v in (extra or {}).items()))
     result = Plan()
-    with Root(root) as tree:
+    # (not observed by a step memo: a step takes the plan's paths from the plan memo's record)
+    with Root(root, observed=False) as tree:
         if arguments is not None:
             kept = _recall(tree, arguments)
             if kept is not None:
@@ -251,7 +253,7 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         if _is_musl(tree, machine):
             result.musl = _plan_musl(tree, machine, folders, extras)
         if arguments is not None:
-            _keep(tree, arguments, started, result, _files_read(tree, target, scanner.listed))
+            result.kept = _keep(tree, arguments, started, result, _files_read(tree, target, scanner.listed))
     return result
 
 
@@ -308,7 +310,7 @@ def _recall(tree, arguments):
             if at:
                 candidates.insert(0, candidates.pop(at))
             copy = kept.plan.copy()
-            copy.remembered = True
+            copy.remembered, copy.kept = True, kept
             return copy
     return None
 
@@ -330,23 +332,25 @@ def _files_read(tree, target, listed):
 
 def _keep(tree, arguments, started, result, files):
     """Keep RESULT with the identities of what TREE looked at, the FILES its scans read and
-    the host files added."""
+    the host files added; returns the record kept (_Kept), or None."""
     if files is None or len(tree.seen) + len(files) + len(arguments[-1]) > _MAX_PATHS:
-        return
+        return None
     entries = [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in tree.seen]
     entries += [b"f" + os.fsencode(path) for path in files]
     entries += [b"h" + os.fsencode(host) for _, host in arguments[-1]]
     if any(b"\0" in entry for entry in entries):
-        return
+        return None
     paths = b"\0".join(entries) + b"\0"
     identities = ffi.new("struct cds_identity[]", len(entries))
     if lib.cds_memo_identify(tree.fd, paths, len(paths), len(entries), started, identities) != 0:
-        return      # changed too recently to be trusted (or the list was refused)
+        return None     # changed too recently to be trusted (or the list was refused)
     if sum(len(kept) for kept in _plans.values()) >= _MAX_PLANS:
         _plans.clear()
     candidates = _plans.setdefault(arguments, [])
-    candidates.insert(0, _Kept(paths, len(entries), identities, result.copy()))
+    kept = _Kept(paths, len(entries), identities, result.copy())
+    candidates.insert(0, kept)
     del candidates[_PER_ARGUMENTS:]
+    return kept
 
 
 def _cache_dirs(ptr):

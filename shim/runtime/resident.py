@@ -49,7 +49,7 @@ REPLY_TIMEOUT = 10      # seconds to hand an answer over
 DEFAULT_SOCKET = "/run/cdi-shim/runtime.sock"
 # The modules a create can need, imported once in the server so its workers start warm.
 _WARM_MODULES = ("shim.runtime.main", "cdi.registry", "cdi.container_edits", "shim.linker.container",
-                 "shim.linker.ldcache", "cdi.spec", "yaml")
+                 "shim.linker.ldcache", "shim.linker.stepmemo", "shim.linker.toolkit_hooks", "cdi.spec", "yaml")
 
 
 class ResidentError(Exception):
@@ -319,6 +319,8 @@ def warm_up():
     ldcache = importlib.import_module("shim.linker.ldcache")
     ldcache.remember_files(True)
     ldcache.remember_plans(True)
+    # ... and replay a whole linker step of an image and spec seen before (stepmemo.py)
+    importlib.import_module("shim.linker.stepmemo").remember_steps(True)
     importlib.import_module("shim.config").remember_settings(True)   # and the settings, by identity
 
 

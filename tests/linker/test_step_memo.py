@@ -1,0 +1,237 @@
+"""The memo of whole linker steps (shim.linker.stepmemo), which the runtime's resident workers
+turn on: a container of an image and spec seen before gets the first container's step
+replayed -- its links, bundle files, mounts and hooks -- once every path the step looked at is
+found unchanged in its own root; the result must be what the step itself gives (a third
+container, memo off). Any change the step depends on (a path in the root, a host file, the
+params file, the devices) makes the whole step run again. Containers are overlay mounts of one
+layer, as containerd makes them."""
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+from ldcache_helpers import build_library, fake_driver, roots
+from shim.linker import container, ldcache, stepmemo
+from shim.linker.toolkit_hooks import PARAMS_ENV
+from test_file_memo import overlay_mounts
+
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+HOOK = "/usr/bin/nvidia-cdi-hook"
+PARAMS = "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileMode: 438\n"
+REPLAYED = "linker step: the one of an earlier container of these files and spec, replayed"
+
+
+class Log:
+    debug_enabled = True
+
+    def __init__(self):
+        self.lines = []
+
+    def debug(self, message):
+        self.lines.append(("debug", message))
+
+    def warning(self, message):
+        self.lines.append(("warning", message))
+
+    def error(self, message):
+        self.lines.append(("error", message))
+
+    def replayed(self):
+        return any(REPLAYED in message for _, message in self.lines)
+
+
+@pytest.fixture
+def steps():
+    """Both memos on and empty, the file memo off, files trusted however new (the settle rule
+    is the plan memo's, tested there)."""
+    previous_files = ldcache.remember_files(False, settle=0)
+    previous_plans = ldcache.remember_plans(True, forget=True)
+    previous = stepmemo.remember_steps(True)
+    yield
+    stepmemo.remember_steps(previous)
+    ldcache.remember_plans(previous_plans, forget=True)
+    ldcache.remember_files(previous_files, settle=1)
+
+
+@pytest.fixture
+def world(host_tree, scratch, monkeypatch):
+    """An image layer, a fake driver on the host, and a params file the step must rewrite."""
+    lower = roots.copy_tree(host_tree, os.path.join(scratch, "layer"))
+    made = fake_driver(os.path.join(scratch, "driver"), names=("cuda", "nvidia-ml"))
+    params = os.path.join(scratch, "params")
+    with open(params, "w") as out:
+        out.write(PARAMS)
+    monkeypatch.setenv(PARAMS_ENV, params)
+    return {"lower": lower, "driver": made, "params": params, "scratch": scratch}
+
+
+def _hook(*args):
+    return {"path": HOOK, "args": [os.path.basename(HOOK), *args], "env": ["NVIDIA_CTK_DEBUG=false"]}
+
+
+def config_for(world, rootfs, minor=0):
+    """A config as containerd's own CDI writes it for a toolkit-generated spec: the driver
+    mounts, /dev/nvidiaMINOR and the six hooks."""
+    mounts = [{"destination": "/proc", "type": "proc", "source": "proc"},
+              {"destination": "/etc/hosts", "type": "bind", "source": "/etc/hosts", "options": ["rbind", "ro"]}]
+    mounts += [{"destination": f"{LIBDIR}/{os.path.basename(path)}", "type": "bind", "source": path,
+                "options": ["ro", "nosuid", "nodev", "bind"]} for path in world["driver"].values()]
+    return {"ociVersion": "1.0.2", "root": {"path": rootfs},
+            "mounts": mounts,
+            "hooks": {"prestart": [{"path": "/usr/bin/true"}],
+                      "createContainer": [_hook("create-symlinks", "--link", f"libcuda.so.1::{LIBDIR}/libcuda.so"),
+                                          _hook("enable-cuda-compat", "--host-driver-version=550.54.15"),
+                                          _hook("update-ldcache", "--folder", LIBDIR),
+                                          _hook("disable-device-node-modification"),
+                                          _hook("update-application-profile")]},
+            "linux": {"devices": [{"path": f"/dev/nvidia{minor}", "type": "c", "major": 195, "minor": minor}]}}
+
+
+def step(world, rootfs, bundle, memo=True, minor=0):
+    """(the new config, its bundle files, the links in the rootfs, the log) of one step,
+    without the memo unless MEMO; paths of this container written as ROOTFS and BUNDLE, so
+    that two containers compare."""
+    os.makedirs(bundle, exist_ok=True)
+    log, kept = Log(), stepmemo._steps
+    if not memo:
+        stepmemo._steps = None
+    try:
+        out = container.prepare_linker(config_for(world, rootfs, minor), bundle, log)
+    finally:
+        stepmemo._steps = kept
+    text = json.dumps(out, sort_keys=True).replace(rootfs, "ROOTFS").replace(os.path.abspath(bundle), "BUNDLE")
+    files = {name: (open(os.path.join(bundle, name), "rb").read(), oct(os.stat(os.path.join(bundle, name)).st_mode))
+             for name in sorted(os.listdir(bundle))}
+    link = os.path.join(rootfs, LIBDIR.lstrip("/"), "libcuda.so")
+    links = {f"{LIBDIR}/libcuda.so": os.readlink(link)} if os.path.islink(link) else {}
+    return json.loads(text), files, links, log
+
+
+def test_a_second_container_replays_the_first_ones_step(world, steps):
+    with overlay_mounts(world["lower"], world["scratch"], 3) as (first, second, third):
+        scratch = world["scratch"]
+        one = step(world, first, f"{scratch}/b1")
+        assert not one[3].replayed() and not [line for line in one[3].lines if line[0] != "debug"]
+        two = step(world, second, f"{scratch}/b2")
+        assert two[3].replayed()
+        fresh = step(world, third, f"{scratch}/b3", memo=False)
+        assert not fresh[3].replayed()
+        assert two[:3] == fresh[:3] == one[:3]
+        new, files, links, _ = two
+        # what the step does, all there: hooks dropped (ours binds the params file), the
+        # cache and profile bound from the bundle, the link made in the rootfs
+        assert [hook["args"][:2] for hook in new["hooks"]["createContainer"]] == [["cdi-shim-nshook", "bind-params"]]
+        assert new["hooks"]["prestart"] == [{"path": "/usr/bin/true"}]
+        assert [m["destination"] for m in new["mounts"][-2:]] == [
+            "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf", "/etc/ld.so.cache"]
+        assert b"ModifyDeviceFiles: 0" in files["cdi-shim.nvidia-params"][0]
+        assert links == {f"{LIBDIR}/libcuda.so": "libcuda.so.1"}
+
+
+def _compat_libraries(rootfs):
+    os.makedirs(os.path.join(rootfs, "usr/local/cuda/compat"))
+    build_library(os.path.join(rootfs, "usr/local/cuda/compat/libcuda.so.560.28.03"), "libcuda.so.1")
+
+
+def _link_target_appears(rootfs):
+    build_library(os.path.join(rootfs, LIBDIR.lstrip("/"), "libcuda.so.1"), "libcuda.so.1")
+
+
+def _cache_replaced(rootfs):
+    path = os.path.join(rootfs, "etc/ld.so.cache")
+    shutil.copyfile(path, path + ".new")
+    os.rename(path + ".new", path)
+
+
+def _cache_place_taken(rootfs):
+    os.unlink(os.path.join(rootfs, "etc/ld.so.cache"))
+    os.mkdir(os.path.join(rootfs, "etc/ld.so.cache"))
+
+
+IN_ROOT = {"compat-libraries-appear": _compat_libraries, "a-link-target-appears": _link_target_appears,
+           "the-image-cache-replaced": _cache_replaced, "the-cache-place-a-directory": _cache_place_taken}
+
+
+@pytest.mark.parametrize("change", sorted(IN_ROOT))
+def test_a_changed_root_runs_the_whole_step(world, steps, change):
+    with overlay_mounts(world["lower"], world["scratch"], 3) as (first, second, third):
+        scratch = world["scratch"]
+        step(world, first, f"{scratch}/b1")
+        time.sleep(0.01)
+        for rootfs in (second, third):
+            IN_ROOT[change](rootfs)
+        if change == "the-cache-place-a-directory":
+            with pytest.raises(container.NoPlaceForCache):
+                step(world, second, f"{scratch}/b2")
+            return
+        two = step(world, second, f"{scratch}/b2")
+        assert not two[3].replayed()
+        assert two[:3] == step(world, third, f"{scratch}/b3", memo=False)[:3]
+
+
+def _driver_file_replaced(world):
+    path = world["driver"]["libcuda.so.1"]
+    build_library(path + ".new", "libcuda.so.7")
+    os.rename(path + ".new", path)
+
+
+def _params_already_safe(world):
+    with open(world["params"], "w") as out:
+        out.write(PARAMS.replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0"))
+
+
+ON_THE_HOST = {"a-driver-file-replaced": _driver_file_replaced, "the-params-file-changed": _params_already_safe}
+
+
+@pytest.mark.parametrize("change", sorted(ON_THE_HOST))
+def test_a_changed_host_runs_the_whole_step(world, steps, change):
+    with overlay_mounts(world["lower"], world["scratch"], 3) as (first, second, third):
+        scratch = world["scratch"]
+        one = step(world, first, f"{scratch}/b1")
+        time.sleep(0.01)
+        ON_THE_HOST[change](world)
+        two = step(world, second, f"{scratch}/b2")
+        assert not two[3].replayed()
+        assert two[:3] == step(world, third, f"{scratch}/b3", memo=False)[:3]
+        assert two[:2] != one[:2]
+
+
+def test_other_devices_are_another_step(world, steps):
+    with overlay_mounts(world["lower"], world["scratch"], 2) as (first, second):
+        scratch = world["scratch"]
+        one = step(world, first, f"{scratch}/b1", minor=0)
+        two = step(world, second, f"{scratch}/b2", minor=3)
+        assert not two[3].replayed()
+        assert one[1]["cdi-shim.application-profile.conf"] != two[1]["cdi-shim.application-profile.conf"]
+
+
+def test_a_step_that_warned_or_ran_chmod_is_not_kept(world, steps):
+    with overlay_mounts(world["lower"], world["scratch"], 2) as (first, second):
+        os.makedirs(os.path.join(first, "dev/dri"))
+        config = config_for(world, first)
+        config["hooks"]["createContainer"].append(_hook("chmod", "--mode", "755", "--path", "/dev/dri"))
+        os.makedirs(os.path.join(world["scratch"], "b1"))
+        container.prepare_linker(config, os.path.join(world["scratch"], "b1"), Log())
+        assert stepmemo._steps == {}
+        # the cache cannot be written into the bundle (a directory in its place): the step
+        # warns and keeps the update-ldcache hook, whose program (here) is on the host
+        config = config_for(world, second)
+        config["hooks"]["createContainer"] = [dict(_hook("update-ldcache", "--folder", LIBDIR), path="/bin/true")]
+        bundle = os.path.join(world["scratch"], "b2")
+        os.makedirs(os.path.join(bundle, "cdi-shim.ld.so.cache"))
+        log = Log()
+        out = container.prepare_linker(config, bundle, log)
+        assert [level for level, _ in log.lines if level != "debug"] == ["warning"]
+        assert out["hooks"]["createContainer"][0]["path"] == "/bin/true"
+        assert stepmemo._steps == {}
+
+
+def test_off_by_default_and_forgotten_when_turned_off(world, steps):
+    with overlay_mounts(world["lower"], world["scratch"], 1) as (first,):
+        step(world, first, f"{world['scratch']}/b1")
+        assert sum(len(recipes) for recipes in stepmemo._steps.values()) == 1
+    assert stepmemo.remember_steps(False) is True
+    assert not stepmemo.enabled() and stepmemo._steps is None
+    assert stepmemo.remember_steps(True) is False and stepmemo._steps == {}
