@@ -19,7 +19,8 @@ from setuptools import setup
 from distutils.command.build_scripts import build_scripts  # setuptools ships this distutils
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FRONT_END_SOURCE = os.path.join("csrc", "frontend", "runtime_main.c")
+FRONT_END_SOURCES = [os.path.join("csrc", "frontend", name) for name in ("runtime_main.c", "replay.c")] + [
+    os.path.join("csrc", "engine", name) for name in ("ociconf.c", "inroot.c", "filememo.c")]
 FRONT_END = os.path.join("build", "native", "cdi-shim-runtime")
 HOOK_SCRIPT = os.path.join("build", "native", "cdi-shim-hook")
 NS_HOOK_SOURCES = [os.path.join("csrc", "hooks", name) for name in ("nshook.c", "ocistate.c")] + [
@@ -63,7 +64,7 @@ def build_program(output, sources, defines=()):
 
 
 def build_front_end():
-    build_program(FRONT_END, [FRONT_END_SOURCE], [
+    build_program(FRONT_END, FRONT_END_SOURCES, [
         f'-DCDS_PYTHON="{sys.executable}"',
         f'-DCDS_PYPATH="{_import_dirs()}"',
         f'-DCDS_VERSION="{_version()}"',

@@ -10,8 +10,8 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Headers in dependency order: their declarations are the cffi surface.
-HEADERS = ["native.h", "inroot.h", "elf.h", "ldcache.h", "scan.h"]
-SOURCES = ["native.c", "inroot.c", "elf.c", "ldcache.c", "scan.c", "filememo.c"]
+HEADERS = ["native.h", "inroot.h", "elf.h", "ldcache.h", "scan.h", "ociconf.h"]
+SOURCES = ["native.c", "inroot.c", "elf.c", "ldcache.c", "scan.c", "filememo.c", "ociconf.c"]
 
 
 def _cdef_text():

@@ -28,6 +28,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "replay.h"
+
 #ifndef CDS_PYTHON
 #error "CDS_PYTHON (the interpreter) must be defined by the build"
 #endif
@@ -52,20 +54,24 @@ struct settings {
     char prefixes[MAX_PREFIXES][256];
     int n_prefixes;
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* the resident process; "" = none */
+    char log_file[4096]; /* our own log (log-file), and whether debug lines go to it (log-level) */
+    int debug;
     int understood; /* 0: let Python read the config file (and report its problems) */
 };
 
 static void free_buf(char **buf) { free(*buf); }
 static void close_fd(int *fd) { if (*fd >= 0) close(*fd); }
 
-/* Read a whole regular file, refusing links, FIFOs and anything over `limit`.
- * Returns the length, or -1 with errno set (EFBIG when too large). */
-static long read_file(const char *path, size_t limit, char **out)
+/* Read a whole regular file, refusing links, FIFOs and anything over `limit`; its mode into
+ * *MODE when MODE is given. Returns the length, or -1 with errno set (EFBIG when too large). */
+static long read_file_mode(const char *path, size_t limit, char **out, mode_t *mode)
 {
     __attribute__((cleanup(close_fd))) int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0)
         return -1;
+    if (mode)
+        *mode = st.st_mode;
     if (!S_ISREG(st.st_mode)) {
         errno = EINVAL;
         return -1;
@@ -98,6 +104,11 @@ static long read_file(const char *path, size_t limit, char **out)
     buf[len] = '\0';
     *out = buf;
     return (long)len;
+}
+
+static long read_file(const char *path, size_t limit, char **out)
+{
+    return read_file_mode(path, limit, out, NULL);
 }
 
 static char *trim(char *s)
@@ -137,6 +148,8 @@ static void load_settings(struct settings *set)
     strcpy(set->prefixes[0], "cdi.k8s.io/");
     set->n_prefixes = 1;
     strcpy(set->socket, "/run/cdi-shim/runtime.sock");
+    set->log_file[0] = '\0';
+    set->debug = 0;
     set->understood = 1;
     int named = path && *path;
     if (!named)
@@ -189,8 +202,16 @@ static void load_settings(struct settings *set)
                     value++;
             }
             value++;
+        } else if (strcmp(key, "log-file") == 0 || strcmp(key, "log-level") == 0) {
+            if (parse_string(&value, scratch, sizeof(set->log_file)) < 0) {
+                set->understood = 0;
+                return;
+            }
+            if (key[4] == 'f')
+                strcpy(set->log_file, scratch);
+            else
+                set->debug = strcmp(scratch, "debug") == 0;
         } else if (strcmp(key, "spec-dirs") == 0 || strcmp(key, "default-kind") == 0
-                   || strcmp(key, "log-file") == 0 || strcmp(key, "log-level") == 0
                    || strcmp(key, "accept-env-unprivileged") == 0) {
             continue; /* only Python needs these */
         } else {
@@ -302,19 +323,25 @@ static int starts_with(const char *at, const char *end, const char *text, size_t
     return (size_t)(end - at) >= len && memcmp(at, text, len) == 0;
 }
 
-/* 1 when config.json may request a device or carry a hook whose work we do (or we cannot
- * tell), 0 when it cannot. One pass: it stops only at quotes and backslashes, where every
- * pattern begins (a request: an opening quote) or ends (a hook program: a closing quote). */
-static int may_request(const char *bundle, const struct settings *set)
+enum config_kind { NOTHING_FOR_US = 0, HOOKS_ONLY = 1, MAY_REQUEST = 2 };
+
+/* What config.json (read into *JSON, its length *LEN and mode *MODE) holds for us:
+ * MAY_REQUEST when it may request a device (or we cannot tell), HOOKS_ONLY when it cannot but
+ * carries a hook program whose work we may do, NOTHING_FOR_US when it has neither. One pass:
+ * it stops only at quotes and backslashes, where every pattern begins (a request: an opening
+ * quote) or ends (a hook program: a closing quote). */
+static enum config_kind config_kind(const char *bundle, const struct settings *set, char **json_out, long *len_out,
+                                    mode_t *mode)
 {
     char path[8192], env_pattern[300];
     __attribute__((cleanup(free_buf))) char *json = NULL;
+    int hooks = 0;
 
     if (snprintf(path, sizeof(path), "%s/config.json", bundle) >= (int)sizeof(path))
-        return 1;
-    long len = read_file(path, MAX_CONFIG_JSON, &json);
+        return MAY_REQUEST;
+    long len = read_file_mode(path, MAX_CONFIG_JSON, &json, mode);
     if (len < 0)
-        return 1; /* Python reports the problem with the file */
+        return MAY_REQUEST; /* Python reports the problem with the file */
     size_t prefix_len[MAX_PREFIXES], env_len = 0, mount_len = strlen(DEVICE_MOUNT_PATTERN), hook_len[4];
     for (int i = 0; i < set->n_prefixes; i++)
         prefix_len[i] = strlen(set->prefixes[i]);
@@ -325,29 +352,75 @@ static int may_request(const char *bundle, const struct settings *set)
     const char *end = json + len;
     for (const char *p = json; ; p++) {
         p += strcspn(p, "\\\""); /* stops at a quote, a backslash or a NUL */
-        if (*p == '\0')
-            return p < end; /* a NUL inside the text: Python says what is wrong */
+        if (*p == '\0') {
+            if (p < end)
+                return MAY_REQUEST; /* a NUL inside the text: Python says what is wrong */
+            break;
+        }
         if (*p == '\\') {
             if (p[1] == 'u' || p[1] == '/' || p[1] == '\0')
-                return 1; /* an escape could spell a pattern differently */
+                return MAY_REQUEST; /* an escape could spell a pattern differently */
             p++; /* the escaped character is no pattern's edge */
             continue;
         }
         /* a quote: a request begins here, or a hook program ends here */
         if (starts_with(p, end, DEVICE_MOUNT_PATTERN, mount_len))
-            return 1;
+            return MAY_REQUEST;
         for (int i = 0; i < set->n_prefixes; i++)
             if (starts_with(p + 1, end, set->prefixes[i], prefix_len[i]))
-                return 1;
-        if (env_len && starts_with(p + 1, end, env_pattern, env_len))
-            return 1;
-        for (size_t h = 0; h < sizeof(hook_programs) / sizeof(hook_programs[0]); h++) {
+                return MAY_REQUEST;
+        if (env_len && starts_with(p + 1, end, env_pattern, env_len)) {
+            /* "void" and "none" request nothing, and beat any other value of the variable
+             * (shim/runtime/requests.py): only when every one is such can none be a request. */
+            const char *value = p + 1 + env_len;
+            if (!starts_with(value, end, "void\"", 5) && !starts_with(value, end, "none\"", 5))
+                return MAY_REQUEST;
+        }
+        for (size_t h = 0; !hooks && h < sizeof(hook_programs) / sizeof(hook_programs[0]); h++) {
             const char *name = p - hook_len[h];
             if ((size_t)(p - json) > hook_len[h] && memcmp(name, hook_programs[h], hook_len[h]) == 0
                 && (name[-1] == '/' || name[-1] == '"'))
-                return 1;
+                hooks = 1;
         }
     }
+    if (!hooks)
+        return NOTHING_FOR_US;
+    *json_out = json;
+    *len_out = len;
+    json = NULL;
+    return HOOKS_ONLY;
+}
+
+static void debug_line(const struct settings *set, const char *message);
+
+/* The container id at argv[AT] (past a "--"), for log lines; NULL when there is none. */
+static const char *container_id(char **argv, int argc, int at)
+{
+    if (at < argc && strcmp(argv[at], "--") == 0)
+        at++;
+    return at < argc ? argv[at] : NULL;
+}
+
+/* A create whose config only carries hooks (injected by containerd or podman): the step a
+ * resident worker kept for it, replayed here (replay.c); 1 when done. */
+static int replayed(const struct settings *set, const char *bundle, const char *id, const char *json, long len,
+                    mode_t mode)
+{
+    char steps[sizeof(set->socket) + 16], message[512];
+    struct timespec start, end;
+    const char *slash = strrchr(set->socket, '/');
+    if (!set->socket[0] || !slash)
+        return 0;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    snprintf(steps, sizeof(steps), "%.*s/steps", (int)(slash - set->socket), set->socket);
+    if (!replay_step(steps, bundle, json, (size_t)len, mode))
+        return 0;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    snprintf(message, sizeof(message), "cdi-shim: container %.200s: the linker step of an earlier container of these "
+             "files and spec, replayed by the front end; phase=replay took=%.2fms", id ? id : "?",
+             (double)(end.tv_sec - start.tv_sec) * 1e3 + (double)(end.tv_nsec - start.tv_nsec) / 1e6);
+    debug_line(set, message);
+    return 1;
 }
 
 /* runc's --log file and format, so our own failures reach containerd like runc's do. */
@@ -367,12 +440,9 @@ static void append_escaped(char *out, size_t cap, size_t *len, const char *text)
     }
 }
 
-/* Report a failure on stderr and, when runc was given --log, in that file in its format. */
-static void report(const char *message)
+/* MESSAGE at LEVEL appended to the log file PATH in FORMAT ("json" or runc's "text"). */
+static void append_line(const char *path, const char *format, const char *level, const char *message)
 {
-    fprintf(stderr, "%s\n", message);
-    if (!log_path)
-        return;
     struct timespec now;
     struct tm tm;
     char stamp[64], line[8192];
@@ -381,13 +451,34 @@ static void report(const char *message)
     gmtime_r(&now.tv_sec, &tm);
     size_t n = strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(stamp + n, sizeof(stamp) - n, ".%09ldZ", now.tv_nsec);
-    int json = strcmp(log_format, "json") == 0;
-    len = (size_t)snprintf(line, sizeof(line), json ? "{\"level\":\"error\",\"msg\":\"" : "time=\"%s\" level=error msg=\"", stamp);
+    int json = strcmp(format, "json") == 0;
+    len = json ? (size_t)snprintf(line, sizeof(line), "{\"level\":\"%s\",\"msg\":\"", level)
+               : (size_t)snprintf(line, sizeof(line), "time=\"%s\" level=%s msg=\"", stamp, level);
     append_escaped(line, sizeof(line) - 64, &len, message);
     len += (size_t)snprintf(line + len, sizeof(line) - len, json ? "\",\"time\":\"%s\"}\n" : "\"\n", stamp);
-    __attribute__((cleanup(close_fd))) int fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd >= 0 && write(fd, line, len) < 0)
-        fprintf(stderr, "cdi-shim: cannot write runc log %s: %s\n", log_path, strerror(errno));
+    __attribute__((cleanup(close_fd))) int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0 || write(fd, line, len) < 0)
+        fprintf(stderr, "cdi-shim: cannot write log file %s: %s\n", path, strerror(errno));
+}
+
+/* Report a failure on stderr and, when runc was given --log, in that file in its format. */
+static void report(const char *message)
+{
+    fprintf(stderr, "%s\n", message);
+    if (log_path)
+        append_line(log_path, log_format, "error", message);
+}
+
+/* A debug line where the Python half writes its own (log-level = "debug"): runc's --log and
+ * our log-file. */
+static void debug_line(const struct settings *set, const char *message)
+{
+    if (!set->debug)
+        return;
+    if (log_path)
+        append_line(log_path, log_format, "debug", message);
+    if (set->log_file[0])
+        append_line(set->log_file, "json", "debug", message);
 }
 
 /* Find `name` on PATH with access(2): a failed execve per PATH entry (what execvp does) costs
@@ -723,7 +814,14 @@ int main(int argc, char **argv)
     struct create_line scan = {".", 0, 0, 0};
     if (create) {
         scan = scan_create(argv + command, argc - command);
-        if (!help && !scan.help && (has_device || scan.has_device || may_request(scan.bundle, &set))) {
+        __attribute__((cleanup(free_buf))) char *json = NULL;
+        long len = 0;
+        mode_t mode = 0;
+        enum config_kind kind = has_device || scan.has_device ? MAY_REQUEST
+                                : config_kind(scan.bundle, &set, &json, &len, &mode);
+        if (!help && !scan.help && kind != NOTHING_FOR_US
+            && !(kind == HOOKS_ONLY && replayed(&set, scan.bundle, container_id(argv, argc, command + scan.end),
+                                                json, len, mode))) {
             int status = try_resident(&set, argc, argv);
             return status >= 0 ? status : exec_python(argc, argv);
         }

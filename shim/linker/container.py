@@ -200,6 +200,7 @@ def prepare_linker(config, bundle, log):
     from . import stepmemo, toolkit_hooks as toolkit
 
     start = time.monotonic()
+    stepmemo.begin()    # (whatever this step does, no recipe of an earlier one is exported for it)
     calls = []
     for _, call in _hook_calls(config):
         if toolkit.understood(call):
@@ -218,9 +219,14 @@ def prepare_linker(config, bundle, log):
     rootfs = rootfs_path(config, bundle) or os.path.join(bundle, "rootfs")
     if not stepmemo.enabled():
         return _step(config, bundle, rootfs, calls, mounts, libraries, log, start)
-    step_key = stepmemo.key(config, calls, _is_library, lambda: toolkit.application_profile(config),
-                            toolkit.params_contents)
-    replayed = stepmemo.replay(step_key, config, bundle, rootfs, make_links, _write_file, _bind)
+    host = {}
+
+    def params():       # (the file's bytes kept too: the front end's replay compares them)
+        host["params"] = toolkit.params_file()
+        return toolkit.modified_params(host["params"])
+
+    step_key = stepmemo.key(config, calls, _is_library, lambda: toolkit.application_profile(config), params)
+    replayed = stepmemo.replay(step_key, config, bundle, rootfs, make_links, _write_file, _bind, host)
     if replayed is not None:
         log.debug(f"linker step: the one of an earlier container of these files and spec, replayed in {rootfs}")
         return replayed
@@ -231,7 +237,7 @@ def prepare_linker(config, bundle, log):
             result = _step(config, bundle, rootfs, calls, mounts, libraries, _Noting(log, recorder), start)
         finally:
             _recording = None
-    stepmemo.keep(step_key, recorder, config, result, rootfs, bundle)
+    stepmemo.keep(step_key, recorder, config, result, rootfs, bundle, host)
     return result
 
 
@@ -332,7 +338,7 @@ def _step(config, bundle, rootfs, calls, mounts, libraries, log, start):
                            for c in updates + compat_calls)
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         if _recording is not None:
-            _recording.plans.append(result.kept)
+            _recording.plans.append(result.looked)
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
@@ -404,6 +410,8 @@ def _made_links(rootfs, call, links, log, reasons):
     if not links:
         return True
     try:
+        if _recording is not None:
+            _recording.before_links(rootfs, links)
         make_links(rootfs, links)
         if _recording is not None:
             _recording.links += links

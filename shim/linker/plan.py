@@ -19,7 +19,7 @@ class Plan:
     """What plan() computed."""
 
     __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs", "scanned",
-                 "remembered", "kept")
+                 "remembered", "looked")
 
     def __init__(self):
         self.cache = b""
@@ -32,7 +32,7 @@ class Plan:
         self.dirs = []
         self.scanned = 0  # directories listed and read (not taken from the image's cache)
         self.remembered = False  # a copy of an earlier plan for the same files (remember_plans)
-        self.kept = None  # the memo's record of the paths it depends on, when it keeps this plan
+        self.looked = None  # with the memo on: the paths it depends on (memo entries), or None past _MAX_PATHS
 
     def copy(self):
         other = Plan()
@@ -253,7 +253,8 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         if _is_musl(tree, machine):
             result.musl = _plan_musl(tree, machine, folders, extras)
         if arguments is not None:
-            result.kept = _keep(tree, arguments, started, result, _files_read(tree, target, scanner.listed))
+            result.looked = _looked(tree, arguments, _files_read(tree, target, scanner.listed))
+            _keep(arguments, started, tree, result)
     return result
 
 
@@ -310,7 +311,7 @@ def _recall(tree, arguments):
             if at:
                 candidates.insert(0, candidates.pop(at))
             copy = kept.plan.copy()
-            copy.remembered, copy.kept = True, kept
+            copy.remembered, copy.looked = True, kept.paths
             return copy
     return None
 
@@ -330,9 +331,9 @@ def _files_read(tree, target, listed):
     return paths
 
 
-def _keep(tree, arguments, started, result, files):
-    """Keep RESULT with the identities of what TREE looked at, the FILES its scans read and
-    the host files added; returns the record kept (_Kept), or None."""
+def _looked(tree, arguments, files):
+    """The memo entries (kind byte, path, NUL) of what TREE looked at, the FILES its scans
+    read and the host files added; None past _MAX_PATHS."""
     if files is None or len(tree.seen) + len(files) + len(arguments[-1]) > _MAX_PATHS:
         return None
     entries = [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in tree.seen]
@@ -340,17 +341,23 @@ def _keep(tree, arguments, started, result, files):
     entries += [b"h" + os.fsencode(host) for _, host in arguments[-1]]
     if any(b"\0" in entry for entry in entries):
         return None
-    paths = b"\0".join(entries) + b"\0"
-    identities = ffi.new("struct cds_identity[]", len(entries))
-    if lib.cds_memo_identify(tree.fd, paths, len(paths), len(entries), started, identities) != 0:
-        return None     # changed too recently to be trusted (or the list was refused)
+    return b"\0".join(entries) + b"\0"
+
+
+def _keep(arguments, started, tree, result):
+    """Keep RESULT with the identities of the paths it looked at (result.looked)."""
+    paths = result.looked
+    if paths is None:
+        return
+    count = paths.count(b"\0")
+    identities = ffi.new("struct cds_identity[]", count)
+    if lib.cds_memo_identify(tree.fd, paths, len(paths), count, started, identities) != 0:
+        return      # changed too recently to be trusted (or the list was refused)
     if sum(len(kept) for kept in _plans.values()) >= _MAX_PLANS:
         _plans.clear()
     candidates = _plans.setdefault(arguments, [])
-    kept = _Kept(paths, len(entries), identities, result.copy())
-    candidates.insert(0, kept)
+    candidates.insert(0, _Kept(paths, count, identities, result.copy()))
     del candidates[_PER_ARGUMENTS:]
-    return kept
 
 
 def _cache_dirs(ptr):

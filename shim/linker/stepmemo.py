@@ -20,6 +20,8 @@ host's, or looked at a file changed within the settle time is not kept; a recipe
 replayed (a write fails) gives way to the whole step, which does everything again.
 """
 import os
+import stat
+import struct
 
 from .._native import ffi, lib
 from .engine import Root
@@ -47,11 +49,30 @@ def enabled():
 
 
 class _Recipe:
-    __slots__ = ("paths", "count", "identities", "links", "files", "binds", "hooks")
+    __slots__ = ("paths", "count", "identities", "links", "files", "binds", "hooks", "params", "exported",
+                 "exported_path")
 
     def __init__(self, paths, count, identities, links, files, binds, hooks):
         self.paths, self.count, self.identities = paths, count, identities
         self.links, self.files, self.binds, self.hooks = links, files, binds, hooks
+        self.params = b"0"      # the host's params file as the last step of it read it (export_recipe)
+        self.exported = self.exported_path = None   # where it was last exported to
+
+
+_last = None        # the recipe the current step replayed or kept (export_recipe)
+
+
+def begin():
+    """A new step: forget which recipe the last one had."""
+    global _last
+    _last = None
+
+
+def _took(recipe, host):
+    global _last
+    _last = recipe
+    params = host.get("params", False)
+    recipe.params = b"0" if params is False else b"1" if params is None else b"2" + params
 
 
 class Recorder:
@@ -64,8 +85,12 @@ class Recorder:
         self.files = {}         # bundle path -> (data, mode)
         self.binds = []         # [(destination, bundle path)] in the order bound
         self.changed = {}       # id(hook) -> the hook as changed in place
-        self.plans = []         # the plan memo's records (plan.Plan.kept), or None for a plan not kept
+        self.plans = []         # the paths each plan looked at (plan.Plan.looked), or None
         self.refused = ""       # why this step cannot be kept
+        # What the step's own links change, as it was before (what a new container shows):
+        # memo entry -> identity (the links' paths and every directory above them), and a
+        # directory's inode -> its identity (the same directory, reached by another path).
+        self.before, self.directories = {}, {}
         self.positions = {id(hook): (stage, index) for stage, entries in _stages(config)
                           for index, hook in enumerate(entries)}
 
@@ -78,6 +103,47 @@ class Recorder:
 
     def refuse(self, why):
         self.refused = self.refused or why
+
+    def before_links(self, rootfs, links):
+        """Note what making LINKS (target, path) in ROOTFS will change, before it does."""
+        entries = []
+        for _, link in links:
+            path = os.path.normpath(link)
+            while path not in ("/", ""):
+                for kind in (b"n", b"f"):
+                    entry = kind + os.fsencode(path)
+                    if entry not in self.before and entry not in entries and b"\0" not in entry:
+                        entries.append(entry)
+                path = os.path.dirname(path)
+        if not entries:
+            return
+        identities = _identify(rootfs, entries, self.started)
+        if identities is None:
+            self.refuse("a path its links change is too new")
+            return
+        size = ffi.sizeof("struct cds_identity")
+        for index, entry in enumerate(entries):
+            identity = identities[index]
+            self.before[entry] = bytes(ffi.buffer(identities + index, size))
+            if identity.err == 0 and stat.S_ISDIR(identity.mode):
+                self.directories.setdefault((identity.dev, identity.ino), self.before[entry])
+
+
+def _identify(rootfs, entries, started=None):
+    """The identities (struct cds_identity[]) of memo ENTRIES in ROOTFS, or None when one of
+    them changed within the settle time before STARTED (unless None), or the root cannot be
+    opened."""
+    paths = b"\0".join(entries) + b"\0"
+    identities = ffi.new("struct cds_identity[]", max(1, len(entries)))
+    try:
+        rootfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        unsettled = lib.cds_memo_identify(rootfd, paths, len(paths), len(entries), started or 0, identities)
+    finally:
+        os.close(rootfd)
+    return identities if unsettled == 0 or (started is None and unsettled > 0) else None
 
 
 def _stages(config):
@@ -112,10 +178,11 @@ def key(config, calls, is_library, profile, params):
             params() if "disable-device-node-modification" in commands else None)
 
 
-def replay(step_key, config, bundle, rootfs, make_links, write_file, bind):
+def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host):
     """CONFIG as a kept step for STEP_KEY makes it in ROOTFS and BUNDLE, or None (no such
     step, its paths changed, or a write failed: the caller does the whole step). MAKE_LINKS,
-    WRITE_FILE and BIND are the step's own (shim.linker.container)."""
+    WRITE_FILE and BIND are the step's own (shim.linker.container); HOST what the key read of
+    the host."""
     candidates = _steps.get(step_key, ()) if step_key is not None else ()
     if not candidates:
         return None
@@ -150,6 +217,7 @@ def replay(step_key, config, bundle, rootfs, make_links, write_file, bind):
         config = dict(config, hooks=hooks)
     for destination, name in found.binds:
         config = bind(config, destination, os.path.join(bundle, name))
+    _took(found, host)
     return config
 
 
@@ -179,10 +247,10 @@ def _hooks(layout, config, rootfs, bundle):
     return hooks
 
 
-def keep(step_key, recorder, original, result, rootfs, bundle):
+def keep(step_key, recorder, original, result, rootfs, bundle, host):
     """Keep the step RECORDER saw (ORIGINAL config in, RESULT out) when it can be replayed."""
     if step_key is None or recorder.refused or None in recorder.plans:
-        return
+        return      # (a plan past plan._MAX_PATHS: checking its paths would cost what planning does)
     bundle = os.path.abspath(bundle)
     prefix = bundle + "/"
 
@@ -205,32 +273,40 @@ def keep(step_key, recorder, original, result, rootfs, bundle):
     entries = []
     for root in recorder.roots:
         entries += [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in root.seen or ()]
+    for looked in recorder.plans:
+        entries += looked.split(b"\0")[:-1]
     entries = list(dict.fromkeys(entries))
-    planned = sum(plan.count for plan in recorder.plans)
-    if len(entries) + planned > _MAX_PATHS or any(b"\0" in entry for entry in entries):
+    if len(entries) > _MAX_PATHS or any(b"\0" in entry for entry in entries):
         return
-    own = b"\0".join(entries) + b"\0" if entries else b""
-    identities = ffi.new("struct cds_identity[]", max(1, len(entries) + planned))
-    if entries:
-        try:
-            rootfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            if lib.cds_memo_identify(rootfd, own, len(own), len(entries), recorder.started, identities) != 0:
-                return      # changed too recently to be trusted
-        finally:
-            os.close(rootfd)
-    paths, at = own, len(entries)
-    for plan in recorder.plans:     # as the plan memo identified them, before the links made after it
-        ffi.memmove(identities + at, plan.identities, plan.count * ffi.sizeof("struct cds_identity"))
-        paths += plan.paths
-        at += plan.count
+    # Each path as a new container shows it: what the step's links changed, as it was before
+    # (recorder.before); everything else as it is now, which must be older than the settle time.
+    now = _identify(rootfs, entries)
+    if now is None:
+        return
+    size = ffi.sizeof("struct cds_identity")
+    found, unchanged = [], []
+    for index, entry in enumerate(entries):
+        identity = now[index]
+        before = recorder.before.get(entry)
+        if before is None and identity.err == 0 and stat.S_ISDIR(identity.mode):
+            before = recorder.directories.get((identity.dev, identity.ino))
+        if before is None:
+            before = bytes(ffi.buffer(now + index, size))
+            unchanged.append(entry)
+        found.append(before)
+    if unchanged and _identify(rootfs, unchanged, recorder.started) is None:
+        return      # changed too recently to be trusted
+    paths = b"\0".join(entries) + b"\0"
+    at = len(entries)
+    identities = ffi.new("struct cds_identity[]", max(1, at))
+    ffi.memmove(identities, b"".join(found), at * size)
     if sum(len(recipes) for recipes in _steps.values()) >= _MAX_STEPS:
         _steps.clear()
     candidates = _steps.setdefault(step_key, [])
-    candidates.insert(0, _Recipe(paths, at, identities, list(recorder.links), files, binds, layout))
+    recipe = _Recipe(paths, at, identities, list(recorder.links), files, binds, layout)
+    candidates.insert(0, recipe)
     del candidates[_PER_KEY:]
+    _took(recipe, host)
 
 
 def _layout(recorder, original, result, rootfs, in_bundle):
@@ -258,3 +334,121 @@ def _layout(recorder, original, result, rootfs, in_bundle):
     if not isinstance(result.get("hooks"), dict) or len(layout) != len(result["hooks"]):
         return False
     return layout
+
+
+# ---- the recipes the runtime front end replays (csrc/frontend/replay.c) -------------------
+
+RECIPE_MAGIC = b"CDSSTEP1"
+_MAX_RECIPES = 64       # files in the steps directory; the oldest go first
+_ROOTFS_MARK, _BUNDLE_MARK = "\x01", "\x02"
+
+
+def recipe_name(key):
+    """The recipe file's name for a step KEY (cds_step_key): FNV-1a, 64 bits, in hex."""
+    value = 0xcbf29ce484222325
+    for byte in key:
+        value = ((value ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return f"{value:016x}"
+
+
+def step_key_of(raw):
+    """The front end's key of the step for config.json's bytes RAW, or None (see ociconf.h)."""
+    key = ffi.new("uint8_t **")
+    size = ffi.new("size_t *")
+    if lib.cds_step_key(raw, len(raw), key, size) != 0:
+        return None
+    try:
+        return bytes(ffi.buffer(key[0], size[0]))
+    finally:
+        lib.cds_step_key_free(key[0])
+
+
+def export_recipe(raw, final, rootfs, bundle, directory):
+    """Write the recipe of the step just replayed or kept (for config.json's bytes RAW, which it
+    turned into FINAL) into DIRECTORY, for the front end to replay without us. Nothing when
+    there is no such step, the front end cannot read this config, or it was written before."""
+    recipe = _last
+    if recipe is None or (recipe.exported == directory and os.path.exists(recipe.exported_path)):
+        return
+    key = step_key_of(raw)
+    if key is None:
+        return
+    from .. import fastjson
+
+    bundle = os.path.abspath(bundle)
+
+    def blanked(value):
+        if isinstance(value, str):
+            if value == rootfs:
+                return _ROOTFS_MARK
+            if value.startswith(bundle + "/"):
+                return _BUNDLE_MARK + value[len(bundle):]
+            return value
+        if isinstance(value, list):
+            return [blanked(item) for item in value]
+        if isinstance(value, dict):
+            return {name: blanked(item) for name, item in value.items()}
+        return value
+
+    def text(value):    # the marks as raw bytes: JSON text never holds a raw control character
+        return fastjson.dumpb(blanked(value)).replace(b"\\u0001", b"\x01").replace(b"\\u0002", b"\x02")
+
+    mounts = {mount.get("destination"): mount for mount in final.get("mounts") or () if isinstance(mount, dict)}
+    binds = b""
+    for destination, _ in recipe.binds:
+        binds += _block(fastjson.dumpb(destination)) + _block(text(mounts[destination]))
+    links = b""
+    for target, link in recipe.links:
+        parent, name = os.path.split(os.path.normpath(link))
+        links += b"".join(os.fsencode(part) + b"\0" for part in (target, parent, name))
+    files = b"".join(os.fsencode(name) + b"\0" + struct.pack("<II", mode, len(data)) + data
+                     for name, (data, mode) in recipe.files)
+    programs = b"".join(os.fsencode(dict(entry)["path"]) + b"\0" for entries in (recipe.hooks or {}).values()
+                        for entry in entries if not isinstance(entry, int))
+    from cdi import __version__
+
+    data = RECIPE_MAGIC + b"".join(_block(part) for part in (
+        __version__.encode(), key, recipe.params, recipe.paths, struct.pack("<I", recipe.count),
+        bytes(ffi.buffer(recipe.identities, recipe.count * ffi.sizeof("struct cds_identity"))),
+        links, files, programs, text(final.get("hooks")), binds))
+    name = recipe_name(key)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        from cdi.safeio import write_file_atomic
+
+        write_file_atomic(os.path.join(directory, name), data, 0o600, temp_name=f".{name}.{os.getpid()}")
+        _prune(directory)
+    except OSError:
+        return      # (the front end then asks us, as before)
+    recipe.exported, recipe.exported_path = directory, os.path.join(directory, name)
+
+
+def _block(data):
+    return struct.pack("<I", len(data)) + data
+
+
+def _prune(directory):
+    """At most _MAX_RECIPES recipes, the newest; and no temp file of a writer that is gone."""
+    names = os.listdir(directory)
+    for name in names:
+        pid = name.rsplit(".", 1)[-1] if name.startswith(".") else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            _unlink(os.path.join(directory, name))
+    recipes = [name for name in names if not name.startswith(".")]
+    if len(recipes) <= _MAX_RECIPES:
+        return
+
+    def age(name):
+        try:
+            return os.stat(os.path.join(directory, name)).st_mtime_ns
+        except OSError:
+            return 0
+    for name in sorted(recipes, key=age)[:len(recipes) - _MAX_RECIPES]:
+        _unlink(os.path.join(directory, name))
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -107,6 +107,11 @@ def cuda_compat_folder(rootfs, call):
 
 def params_contents():
     """The modified params file's bytes, or None when nothing is to be done."""
+    return modified_params(params_file())
+
+
+def params_file():
+    """The host's params file's bytes (one read, as the hook reads it), or None when it is absent."""
     path = os.environ.get(PARAMS_ENV) or PARAMS_PATH
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -115,11 +120,17 @@ def params_contents():
     except OSError as err:
         raise HookFailure("disable-device-node-modification", f"cannot read {path}: {err.strerror}") from None
     try:
-        data = os.read(fd, MAX_PARAMS)
+        return os.read(fd, MAX_PARAMS)
     except OSError as err:
         raise HookFailure("disable-device-node-modification", f"cannot read {path}: {err.strerror}") from None
     finally:
         os.close(fd)
+
+
+def modified_params(data):
+    """The params file DATA (params_file) with ModifyDeviceFiles 0, or None when nothing is to be done."""
+    if data is None:
+        return None
     out, modified = [], False
     for line in data.decode("utf-8", "replace").splitlines():
         if line.startswith("ModifyDeviceFiles: "):

@@ -96,7 +96,7 @@ def prepare(args, settings, log):
 
     phases = _Phases(log)
     try:
-        config, _, info = read_config(args.bundle)
+        config, raw, info = read_config(args.bundle)
     except BundleError as err:
         raise RuntimeFailure(str(err)) from None
     phases.done("config")
@@ -107,7 +107,7 @@ def prepare(args, settings, log):
     phases.done("requests")
     if not devices:
         # Injected by someone else (containerd's own CDI, podman): the hooks' work is ours all the same.
-        _prepare_injected(args, config, info, log, phases)
+        _prepare_injected(args, config, raw, info, settings, log, phases)
         phases.report()
         return []
     registry = Registry(settings.spec_dirs).refresh()
@@ -186,8 +186,11 @@ def _write(args, config, info):
         raise RuntimeFailure(f"cannot write {args.bundle}/config.json: {err.strerror}") from None
 
 
-def _prepare_injected(args, config, info, log, phases):
-    """A config with no request but with hooks whose work we do: do it, drop them."""
+def _prepare_injected(args, config, raw, info, settings, log, phases):
+    """A config with no request but with hooks whose work we do: do it, drop them. In a
+    resident worker, the step's recipe goes beside the socket for the front end to replay the
+    next time (shim/linker/stepmemo.py)."""
+    from ..linker import stepmemo
     from ..linker.container import has_known_hooks
 
     if not has_known_hooks(config):
@@ -198,6 +201,12 @@ def _prepare_injected(args, config, info, log, phases):
         _write(args, edited, info)
         phases.done("write")
         log.debug(f"container {args.container_id or '?'}: the work of the injected spec's hooks done natively")
+        if stepmemo.enabled() and settings.resident_socket:
+            from ..bundle import rootfs_path
+
+            stepmemo.export_recipe(raw, edited, rootfs_path(config, args.bundle), args.bundle,
+                                   os.path.join(os.path.dirname(settings.resident_socket), "steps"))
+            phases.done("recipe")
 
 
 def decide(argv, where=""):

@@ -142,8 +142,8 @@ def test_pod_benchmark_smoke(cri_build_dir, tmp_path):
     assert re.search(r"start-up target <= 1\.03x: (meets|MISSES) it", out.stdout)
     # the lab ran the resident process (the default), and it prepared every create that asked
     assert "resident process on" in out.stdout
-    assert "runtime phases (median ms per pod, 1 pods, 1 prepared by the resident process): config" \
-        in out.stdout
+    assert "runtime phases (median ms per pod, 1 pods, 1 prepared by the resident process, 0 replayed by the " \
+        "front end): config" in out.stdout
     result = json.loads((tmp_path / "b.json").read_text())
     sample = result["scenarios"]["device-30-libs"]["A"][0]
     assert sample["phases"]["resident"] == 1

@@ -235,3 +235,61 @@ def test_off_by_default_and_forgotten_when_turned_off(world, steps):
     assert stepmemo.remember_steps(False) is True
     assert not stepmemo.enabled() and stepmemo._steps is None
     assert stepmemo.remember_steps(True) is False and stepmemo._steps == {}
+
+
+# ---- the front end's key of a step (csrc/engine/ociconf.c), through the worker's binding ----
+
+CONFIG = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "annotations": {"a": "b"},
+          "process": {"env": ["PATH=/bin"]},
+          "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                     {"destination": f"{LIBDIR}/libcuda.so.550", "source": "/host/libcuda.so.550", "type": "bind"}],
+          "hooks": {"createContainer": [{"path": HOOK, "args": ["nvidia-cdi-hook", "update-ldcache"]}]},
+          "linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]}}
+
+
+def key_of(config=CONFIG, text=None):
+    text = text or json.dumps(config)
+    return stepmemo.step_key_of(text if isinstance(text, bytes) else text.encode())
+
+
+def test_the_key_holds_what_the_step_reads_and_nothing_else():
+    key = key_of()
+    assert key and b"update-ldcache" in key and b"/host/libcuda.so.550" in key and b'"proc"' not in key
+    same = json.loads(json.dumps(CONFIG))
+    same["annotations"]["other"] = "x"
+    same["process"]["env"].append("HOME=/")
+    same["mounts"][0]["source"] = "elsewhere"          # not a library: its source is not read
+    same["root"]["path"] = "/other/rootfs"
+    assert key_of(same) == key
+    for change in (lambda c: c["mounts"][1].update(source="/host/other.so.1"),
+                   lambda c: c["mounts"][0].update(destination="/proc2"),
+                   lambda c: c["mounts"].append({"destination": "/x", "source": "/y"}),
+                   lambda c: c["hooks"]["createContainer"][0]["args"].append("--folder=/x"),
+                   lambda c: c["linux"]["devices"][0].update(minor=1)):
+        other = json.loads(json.dumps(CONFIG))
+        change(other)
+        assert key_of(other) not in (None, key)
+
+
+@pytest.mark.parametrize("text", [
+    '{"hooks": {}, "mounts": [], "x": "\\u0041"}',                  # a \u escape anywhere
+    '{"hooks": {}, "mounts": [], "x": "a\\/b"}',                    # a \/ escape
+    '{"hooks": {}, "mounts": [], "h\\tooks": 1}',                    # an escape in a key
+    '{"hooks": {}, "hooks": {}, "mounts": []}',                       # a key twice
+    '{"hooks": {}, "mounts": [], "root": {"path": "a"}, "root": {}}',
+    '{"hooks": {}, "mounts": [{"destination": "/a\\tb"}]}',          # an escape in a mount's strings
+    '{"hooks": {}, "mounts": [null]}',                                # a mount that is no object
+    '{"hooks": {}, "mounts": [{"destination": 7}]}',
+    '{"hooks": [], "mounts": []}',                                    # hooks not an object
+    '{"hooks": {}, "mounts": []} x',                                  # text after it
+    '{"hooks": {}, "mounts": [], "x": 01}',                           # not JSON
+    '{"hooks": {}, "mounts": [], "x": "\x01"}',                       # a raw control character
+    b'{"hooks": {}, "mounts": [], "x": "\xff"}',                      # not UTF-8
+    '{"hooks": {}, "mounts": [], "x": ' + "[" * 300 + "]" * 300 + "}",  # too deep
+])
+def test_the_key_refuses_what_it_is_not_sure_of(text):
+    assert key_of(text=text) is None
+
+
+def test_the_key_takes_plain_json():
+    assert key_of(text='{"hooks": {"prestart": []}, "mounts": [], "x": [1, -2.5e3, true, false, null, "\\n\\"\\\\"]}')

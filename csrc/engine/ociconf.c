@@ -1,0 +1,432 @@
+/* The parts of config.json a linker step reads: see ociconf.h. One pass over the text with a
+ * strict JSON grammar (RFC 8259); values that do not matter are checked and skipped. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ociconf.h"
+
+struct reader {
+    const char *s;
+    size_t n, i;
+    int depth;
+};
+
+static void blanks(struct reader *r)
+{
+    while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' || r->s[r->i] == '\r'))
+        r->i++;
+}
+
+/* The length of the UTF-8 sequence at P (N bytes left), or 0 when it is not a valid one. */
+static size_t utf8_length(const unsigned char *p, size_t n)
+{
+    if (p[0] < 0x80)
+        return 1;
+    size_t len = p[0] >= 0xc2 && p[0] <= 0xdf ? 2 : p[0] >= 0xe0 && p[0] <= 0xef ? 3
+               : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4 : 0;
+    if (len == 0 || len > n)
+        return 0;
+    for (size_t k = 1; k < len; k++)
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+    if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) /* overlong, surrogates */
+        || (p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] > 0x8f))
+        return 0;
+    return len;
+}
+
+/* A string at r->i (its opening quote): 0 past its closing quote, *ESCAPED set when it holds
+ * an escape; -1 when malformed or holding an escape we refuse (\u, \/). */
+static int string(struct reader *r, int *escaped)
+{
+    *escaped = 0;
+    if (r->i >= r->n || r->s[r->i] != '"')
+        return -1;
+    r->i++;
+    while (r->i < r->n) {
+        unsigned char c = (unsigned char)r->s[r->i];
+        if (c == '"') {
+            r->i++;
+            return 0;
+        }
+        if (c < 0x20)
+            return -1;
+        if (c == '\\') {
+            if (r->i + 1 >= r->n || !strchr("\"\\bfnrt", r->s[r->i + 1]) || r->s[r->i + 1] == '\0')
+                return -1;
+            *escaped = 1;
+            r->i += 2;
+            continue;
+        }
+        size_t len = utf8_length((const unsigned char *)r->s + r->i, r->n - r->i);
+        if (len == 0)
+            return -1;
+        r->i += len;
+    }
+    return -1;
+}
+
+static int digits(struct reader *r)
+{
+    size_t from = r->i;
+    while (r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '9')
+        r->i++;
+    return r->i > from ? 0 : -1;
+}
+
+static int number(struct reader *r)
+{
+    if (r->i < r->n && r->s[r->i] == '-')
+        r->i++;
+    if (r->i < r->n && r->s[r->i] == '0')
+        r->i++;
+    else if (digits(r) < 0)
+        return -1;
+    if (r->i < r->n && r->s[r->i] == '.') {
+        r->i++;
+        if (digits(r) < 0)
+            return -1;
+    }
+    if (r->i < r->n && (r->s[r->i] == 'e' || r->s[r->i] == 'E')) {
+        r->i++;
+        if (r->i < r->n && (r->s[r->i] == '+' || r->s[r->i] == '-'))
+            r->i++;
+        if (digits(r) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int word(struct reader *r, const char *text)
+{
+    size_t len = strlen(text);
+    if (r->n - r->i < len || memcmp(r->s + r->i, text, len) != 0)
+        return -1;
+    r->i += len;
+    return 0;
+}
+
+static int value(struct reader *r);
+
+/* An object or array at r->i, its members or elements checked and skipped. */
+static int container(struct reader *r)
+{
+    char close = r->s[r->i] == '{' ? '}' : ']';
+    int escaped;
+    if (++r->depth > CDS_OCI_MAX_DEPTH)
+        return -1;
+    r->i++;
+    blanks(r);
+    if (r->i < r->n && r->s[r->i] == close) {
+        r->i++;
+        r->depth--;
+        return 0;
+    }
+    for (;;) {
+        if (close == '}') {
+            if (string(r, &escaped) < 0)
+                return -1;
+            blanks(r);
+            if (r->i >= r->n || r->s[r->i] != ':')
+                return -1;
+            r->i++;
+        }
+        if (value(r) < 0)
+            return -1;
+        blanks(r);
+        if (r->i < r->n && r->s[r->i] == ',') {
+            r->i++;
+            blanks(r);
+            continue;
+        }
+        if (r->i < r->n && r->s[r->i] == close) {
+            r->i++;
+            r->depth--;
+            return 0;
+        }
+        return -1;
+    }
+}
+
+/* Any value at r->i (blanks before it skipped), checked and skipped. */
+static int value(struct reader *r)
+{
+    int escaped;
+    blanks(r);
+    if (r->i >= r->n)
+        return -1;
+    switch (r->s[r->i]) {
+    case '{':
+    case '[':
+        return container(r);
+    case '"':
+        return string(r, &escaped);
+    case 't':
+        return word(r, "true");
+    case 'f':
+        return word(r, "false");
+    case 'n':
+        return word(r, "null");
+    default:
+        return number(r);
+    }
+}
+
+/* The members of the object at r->i: for each, ON_MEMBER(key span without quotes, value
+ * start) is called with r->i at the value, and must leave r->i past it. A key with an escape
+ * is refused (it could spell a name that matters). */
+typedef int (*member_fn)(struct reader *r, const char *key, size_t key_len, void *data);
+
+static int members(struct reader *r, member_fn on_member, void *data)
+{
+    int escaped;
+    blanks(r);
+    if (r->i >= r->n || r->s[r->i] != '{' || ++r->depth > CDS_OCI_MAX_DEPTH)
+        return -1;
+    r->i++;
+    blanks(r);
+    if (r->i < r->n && r->s[r->i] == '}') {
+        r->i++;
+        r->depth--;
+        return 0;
+    }
+    for (;;) {
+        size_t key = r->i;
+        if (string(r, &escaped) < 0 || escaped)
+            return -1;
+        size_t key_end = r->i;
+        blanks(r);
+        if (r->i >= r->n || r->s[r->i] != ':')
+            return -1;
+        r->i++;
+        blanks(r);
+        if (on_member(r, r->s + key + 1, key_end - key - 2, data) < 0)
+            return -1;
+        blanks(r);
+        if (r->i < r->n && r->s[r->i] == ',') {
+            r->i++;
+            blanks(r);
+            continue;
+        }
+        if (r->i < r->n && r->s[r->i] == '}') {
+            r->i++;
+            r->depth--;
+            return 0;
+        }
+        return -1;
+    }
+}
+
+static int is(const char *key, size_t len, const char *name)
+{
+    return len == strlen(name) && memcmp(key, name, len) == 0;
+}
+
+/* The value at r->i into *SPAN; -1 when SPAN is taken already (a key given twice). */
+static int take(struct reader *r, struct cds_span *span)
+{
+    if (span->end != 0)
+        return -1;
+    size_t start = r->i;
+    if (value(r) < 0)
+        return -1;
+    span->start = start;
+    span->end = r->i;
+    return 0;
+}
+
+/* A string without escapes into *SPAN (a key given twice, another value, an escape: -1). */
+static int take_plain_string(struct reader *r, struct cds_span *span)
+{
+    int escaped;
+    if (span->end != 0 || r->i >= r->n || r->s[r->i] != '"')
+        return -1;
+    size_t start = r->i;
+    if (string(r, &escaped) < 0 || escaped)
+        return -1;
+    span->start = start;
+    span->end = r->i;
+    return 0;
+}
+
+static int root_member(struct reader *r, const char *key, size_t len, void *data)
+{
+    struct cds_oci_view *view = data;
+    if (is(key, len, "path"))
+        return take_plain_string(r, &view->root_path);
+    return value(r);
+}
+
+static int linux_member(struct reader *r, const char *key, size_t len, void *data)
+{
+    struct cds_oci_view *view = data;
+    if (is(key, len, "devices"))
+        return take(r, &view->devices);
+    return value(r);
+}
+
+static int mount_member(struct reader *r, const char *key, size_t len, void *data)
+{
+    struct cds_oci_mount *mount = data;
+    if (is(key, len, "destination"))
+        return take_plain_string(r, &mount->destination);
+    if (is(key, len, "source"))
+        return take_plain_string(r, &mount->source);
+    return value(r);
+}
+
+/* The mounts array at r->i, each element's span (and an object's destination and source). */
+static int mounts(struct reader *r, struct cds_oci_view *view)
+{
+    if (view->mounts.end != 0 || r->i >= r->n || r->s[r->i] != '[' || ++r->depth > CDS_OCI_MAX_DEPTH)
+        return -1;
+    size_t cap = 0;
+    view->mounts.start = r->i++;
+    blanks(r);
+    if (r->i < r->n && r->s[r->i] == ']')
+        goto done;
+    for (;;) {
+        if (view->n_mounts == cap) {
+            cap = cap ? cap * 2 : 32;
+            struct cds_oci_mount *more = realloc(view->mount, cap * sizeof *more);
+            if (!more)
+                return -1;
+            view->mount = more;
+        }
+        struct cds_oci_mount *mount = &view->mount[view->n_mounts++];
+        memset(mount, 0, sizeof *mount);
+        mount->whole.start = r->i;
+        if (members(r, mount_member, mount) < 0) /* (a mount that is no object: refused) */
+            return -1;
+        mount->whole.end = r->i;
+        blanks(r);
+        if (r->i < r->n && r->s[r->i] == ',') {
+            r->i++;
+            blanks(r);
+            continue;
+        }
+        if (r->i < r->n && r->s[r->i] == ']')
+            break;
+        return -1;
+    }
+done:
+    r->i++;
+    r->depth--;
+    view->mounts.end = r->i;
+    return 0;
+}
+
+/* "hooks", "mounts", "root" and "linux" must each come once at most: a second would be the
+ * one Python's reader keeps. */
+struct seen {
+    struct cds_oci_view *view;
+    int root, linux_section;
+};
+
+static int top_member(struct reader *r, const char *key, size_t len, void *data)
+{
+    struct seen *seen = data;
+    if (is(key, len, "hooks")) {
+        if (r->i >= r->n || r->s[r->i] != '{')
+            return -1;
+        return take(r, &seen->view->hooks);
+    }
+    if (is(key, len, "mounts"))
+        return mounts(r, seen->view);
+    if (is(key, len, "root")) {
+        if (seen->root++)
+            return -1;
+        return members(r, root_member, seen->view);
+    }
+    if (is(key, len, "linux")) {
+        if (seen->linux_section++)
+            return -1;
+        return members(r, linux_member, seen->view);
+    }
+    return value(r);
+}
+
+int cds_oci_view(const char *json, size_t len, struct cds_oci_view *view)
+{
+    struct reader r = {.s = json, .n = len};
+    struct seen seen = {.view = view};
+    memset(view, 0, sizeof *view);
+    if (members(&r, top_member, &seen) == 0) {
+        blanks(&r);
+        if (r.i == r.n)
+            return 0;
+    }
+    int saved = errno == ENOMEM ? ENOMEM : EINVAL;
+    cds_oci_view_free(view);
+    errno = saved;
+    return -1;
+}
+
+void cds_oci_view_free(struct cds_oci_view *view)
+{
+    free(view->mount);
+    view->mount = NULL;
+    view->n_mounts = 0;
+}
+
+/* shim/linker/container.py's _is_library: a basename libNAME with .so at its end or .so. in it. */
+static int library_named(const char *s, size_t len)
+{
+    const char *slash = memrchr(s, '/', len);
+    const char *name = slash ? slash + 1 : s;
+    size_t n = len - (size_t)(name - s);
+    if (n < 3 || memcmp(name, "lib", 3) != 0)
+        return 0;
+    if (n >= 3 && memcmp(name + n - 3, ".so", 3) == 0)
+        return 1;
+    return memmem(name, n, ".so.", 4) != NULL;
+}
+
+static void put(uint8_t *out, size_t *at, const void *data, size_t len)
+{
+    memcpy(out + *at, data, len);
+    *at += len;
+}
+
+int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len)
+{
+    struct cds_oci_view view;
+    if (cds_oci_view(json, len, &view) < 0)
+        return -1;
+    /* Each part and a NUL: never longer than the text plus four bytes a mount and the tags. */
+    size_t cap = len + 4 * view.n_mounts + 16, at = 0;
+    uint8_t *out = malloc(cap);
+    if (!out) {
+        cds_oci_view_free(&view);
+        errno = ENOMEM;
+        return -1;
+    }
+    put(out, &at, "H", 1);
+    put(out, &at, json + view.hooks.start, view.hooks.end - view.hooks.start);
+    put(out, &at, "", 1);
+    for (size_t m = 0; m < view.n_mounts; m++) {
+        const struct cds_oci_mount *mount = &view.mount[m];
+        const struct cds_span *d = &mount->destination, *s = &mount->source;
+        put(out, &at, "M", 1);
+        put(out, &at, json + d->start, d->end - d->start);
+        put(out, &at, "", 1);
+        /* (between the quotes: the name itself) */
+        if (d->end && s->end && library_named(json + d->start + 1, d->end - d->start - 2))
+            put(out, &at, json + s->start, s->end - s->start);
+        put(out, &at, "", 1);
+    }
+    put(out, &at, "D", 1);
+    put(out, &at, json + view.devices.start, view.devices.end - view.devices.start);
+    put(out, &at, "", 1);
+    cds_oci_view_free(&view);
+    *key = out;
+    *key_len = at;
+    return 0;
+}
+
+void cds_step_key_free(uint8_t *key)
+{
+    free(key);
+}

@@ -1,0 +1,44 @@
+/* The parts of an OCI config.json that a linker step reads (shim/linker/stepmemo.py), found
+ * in its text without building it: the runtime front end replays a kept step from them, and
+ * the resident worker names the step it keeps with the same key (cds_step_key).
+ *
+ * Spans are byte offsets into the text, [start, end); a string's span includes its quotes.
+ * A config this reader is not sure of -- malformed JSON, a \u or \/ escape anywhere, an escape
+ * in a key or in a mount's strings, a key given twice where it matters, nesting past
+ * CDS_OCI_MAX_DEPTH, invalid UTF-8 -- is refused (-1): the worker then does the step. */
+#ifndef CDI_SHIM_OCICONF_H
+#define CDI_SHIM_OCICONF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CDS_OCI_MAX_DEPTH 200
+
+struct cds_span {
+    size_t start, end; /* both 0: absent */
+};
+
+struct cds_oci_mount {
+    struct cds_span whole, destination, source; /* destination, source: strings, or absent */
+};
+
+struct cds_oci_view {
+    struct cds_span hooks;     /* the value of "hooks" (an object) */
+    struct cds_span mounts;    /* the value of "mounts" (an array) */
+    struct cds_span root_path; /* root.path (a string) */
+    struct cds_span devices;   /* linux.devices (any value) */
+    struct cds_oci_mount *mount;
+    size_t n_mounts;
+};
+
+/* 0 with VIEW filled (free it with cds_oci_view_free), or -1 (EINVAL: not for us; ENOMEM). */
+int cds_oci_view(const char *json, size_t len, struct cds_oci_view *view);
+void cds_oci_view_free(struct cds_oci_view *view);
+
+/* The key of the linker step for the config in JSON: the hooks' text, each mount's destination
+ * and (for a library-named one) source, linux.devices' text. 0 with *KEY (malloc'd: free it
+ * with cds_step_key_free) and *KEY_LEN, or -1 as cds_oci_view. */
+int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len);
+void cds_step_key_free(uint8_t *key);
+
+#endif

@@ -1,0 +1,433 @@
+/* The front end's replay of a linker step a resident worker kept (shim/linker/stepmemo.py,
+ * export_recipe): for a config.json someone else injected (hooks, no request), the same step
+ * again without the round trip to the worker and its interpreter.
+ *
+ * The worker writes a recipe per step key (csrc/engine/ociconf.h) into the steps directory
+ * beside its socket: what the step read of the host (the params file's bytes), the identity
+ * of every path it looked at (filememo.c's cds_memo_same), the links it made, the files it
+ * wrote into the bundle, the programs of the hooks it changed, the hooks as it left them and
+ * the mounts it bound (the rootfs and bundle paths left blank: \1 and \2). The replay reads
+ * the recipe named by this config's key, checks it is ours (owner, mode, version, the whole
+ * key), checks every path and the params file, then makes the links inside the rootfs
+ * (never following anything out of it), writes the files and config.json (temp file and
+ * rename). Any doubt or failure before config.json is renamed leaves the work to the worker,
+ * which makes the same links and files again (both idempotent) and says what is wrong. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../engine/cleanup.h"
+#include "../engine/inroot.h"
+#include "../engine/ociconf.h"
+#include "../engine/scan.h"
+#include "replay.h"
+
+#define RECIPE_MAGIC "CDSSTEP1"
+#define MAX_RECIPE (8u << 20)
+#define MAX_PARAMS (1u << 20)
+#define PARAMS_PATH "/proc/driver/nvidia/params"
+#define PARAMS_ENV "CDI_SHIM_NVIDIA_PARAMS" /* testing only, as in shim/linker/toolkit_hooks.py */
+
+struct block {
+    const char *data;
+    size_t len;
+};
+
+struct recipe {
+    struct block version, key, params, paths, count, identities, links, files, programs, hooks, binds;
+};
+
+static void free_text(char **p) { free(*p); }
+
+/* FNV-1a, 64 bits: the recipe's file name (stepmemo.py: _recipe_name). The whole key is
+ * compared after reading, so a collision only misses. */
+static uint64_t fnv1a(const uint8_t *data, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ data[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int next_block(const char **at, const char *end, struct block *b)
+{
+    uint32_t len;
+    if ((size_t)(end - *at) < 4)
+        return -1;
+    memcpy(&len, *at, 4);
+    *at += 4;
+    if ((size_t)(end - *at) < len)
+        return -1;
+    b->data = *at;
+    b->len = len;
+    *at += len;
+    return 0;
+}
+
+static int parse_recipe(const char *text, size_t len, struct recipe *r)
+{
+    const char *at = text, *end = text + len;
+    size_t magic = strlen(RECIPE_MAGIC);
+    if (len < magic || memcmp(text, RECIPE_MAGIC, magic) != 0)
+        return -1;
+    at += magic;
+    struct block *order[] = {&r->version, &r->key, &r->params, &r->paths, &r->count, &r->identities,
+                             &r->links, &r->files, &r->programs, &r->hooks, &r->binds};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (next_block(&at, end, order[i]) < 0)
+            return -1;
+    return at == end ? 0 : -1;
+}
+
+/* A file of ours: a regular file (never a link) owned by us, not writable by others, read whole. */
+static long read_private(int dirfd, const char *name, size_t limit, char **out)
+{
+    cleanup_fd int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()
+        || (st.st_mode & 022) || (size_t)st.st_size > limit)
+        return -1;
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf)
+        return -1;
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+        if (n <= 0) {
+            free(buf);
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    *out = buf;
+    return (long)got;
+}
+
+/* The host's params file as the step saw it: recorded state 0 (no such hook), 1 (absent),
+ * 2 + its bytes. */
+static int params_unchanged(const struct block *recorded)
+{
+    if (recorded->len < 1)
+        return 0;
+    if (recorded->data[0] == '0')
+        return recorded->len == 1;
+    const char *path = getenv(PARAMS_ENV);
+    if (!path || !*path)
+        path = PARAMS_PATH;
+    cleanup_fd int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return errno == ENOENT && recorded->data[0] == '1' && recorded->len == 1;
+    if (recorded->data[0] != '2')
+        return 0;
+    __attribute__((cleanup(free_text))) char *buf = malloc(MAX_PARAMS);
+    size_t got = 0;
+    if (!buf)
+        return 0;
+    for (;;) {
+        ssize_t n = read(fd, buf + got, MAX_PARAMS - got);
+        if (n < 0)
+            return 0;
+        if (n == 0 || (got += (size_t)n) == MAX_PARAMS)
+            break;
+    }
+    return got == recorded->len - 1 && memcmp(buf, recorded->data + 1, got) == 0;
+}
+
+/* A path we can paste into JSON as it is and that Python's normpath leaves alone. */
+static int plain_path(const char *p)
+{
+    if (p[0] != '/' || strstr(p, "//") || strstr(p, "/./") || strstr(p, "/../"))
+        return 0;
+    size_t len = strlen(p);
+    if ((len > 1 && p[len - 1] == '/') || (len >= 2 && strcmp(p + len - 2, "/.") == 0)
+        || (len >= 3 && strcmp(p + len - 3, "/..") == 0))
+        return 0;
+    for (; *p; p++)
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f || *p == '"' || *p == '\\')
+            return 0;
+    return 1;
+}
+
+/* The directory PATH inside the root (O_PATH), made (0755) where missing, as
+ * shim/linker/container.py's _open_dir_in_root. */
+static int open_dir_in_root(int rootfd, const char *path)
+{
+    int fd = cds_inroot_open(rootfd, path, O_PATH | O_DIRECTORY);
+    if (fd >= 0 || errno != ENOENT)
+        return fd;
+    char opened[4096] = "";
+    fd = dup(rootfd);
+    const char *p = path;
+    while (fd >= 0 && *p) {
+        while (*p == '/')
+            p++;
+        size_t n = strcspn(p, "/");
+        if (n == 0)
+            break;
+        size_t len = strlen(opened);
+        if (len + 1 + n + 1 > sizeof opened) {
+            close(fd);
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        snprintf(opened + len, sizeof opened - len, "/%.*s", (int)n, p);
+        char part[256];
+        if (n >= sizeof part) {
+            close(fd);
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        memcpy(part, p, n);
+        part[n] = '\0';
+        int child = cds_inroot_open(rootfd, opened, O_PATH | O_DIRECTORY);
+        if (child < 0 && errno == ENOENT) {
+            if (mkdirat(fd, part, 0755) < 0) {
+                int saved = errno;
+                close(fd);
+                errno = saved;
+                return -1;
+            }
+            child = cds_inroot_open(rootfd, opened, O_PATH | O_DIRECTORY);
+        }
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        fd = child;
+        p += n;
+    }
+    return fd;
+}
+
+/* LINKS: target NUL parent NUL name NUL, each made inside the root (one there already: left). */
+static int make_links(int rootfd, const struct block *links)
+{
+    const char *at = links->data, *end = links->data + links->len;
+    while (at < end) {
+        const char *target = at, *parent = target + strnlen(target, (size_t)(end - target)) + 1;
+        if (parent >= end)
+            return -1;
+        const char *name = parent + strnlen(parent, (size_t)(end - parent)) + 1;
+        if (name >= end)
+            return -1;
+        at = name + strnlen(name, (size_t)(end - name)) + 1;
+        if (at > end)
+            return -1;
+        cleanup_fd int dirfd = open_dir_in_root(rootfd, parent);
+        if (dirfd < 0 || (symlinkat(target, dirfd, name) < 0 && errno != EEXIST))
+            return -1;
+    }
+    return 0;
+}
+
+/* FILES: name NUL, mode (u32), length (u32), bytes; each written into the bundle. */
+static int write_files(int bundlefd, const struct block *files)
+{
+    const char *at = files->data, *end = files->data + files->len;
+    while (at < end) {
+        const char *name = at;
+        size_t n = strnlen(name, (size_t)(end - name));
+        uint32_t mode, len;
+        at = name + n + 1;
+        if (at + 8 > end)
+            return -1;
+        memcpy(&mode, at, 4);
+        memcpy(&len, at + 4, 4);
+        at += 8;
+        if ((size_t)(end - at) < len)
+            return -1;
+        if (cds_write_at(bundlefd, name, (const uint8_t *)at, len, mode, 0) < 0)
+            return -1;
+        at += len;
+    }
+    return 0;
+}
+
+static int programs_there(const struct block *programs)
+{
+    const char *at = programs->data, *end = programs->data + programs->len;
+    while (at < end) {
+        size_t n = strnlen(at, (size_t)(end - at));
+        if (at + n >= end || access(at, X_OK) < 0)
+            return 0;
+        at += n + 1;
+    }
+    return 1;
+}
+
+struct out {
+    char *data;
+    size_t len, cap;
+};
+
+static int out_put(struct out *o, const char *data, size_t len)
+{
+    if (o->len + len > o->cap) {
+        size_t cap = (o->len + len) * 2;
+        char *more = realloc(o->data, cap);
+        if (!more)
+            return -1;
+        o->data = more;
+        o->cap = cap;
+    }
+    memcpy(o->data + o->len, data, len);
+    o->len += len;
+    return 0;
+}
+
+/* TEMPLATE with \1 the rootfs and \2 the bundle (both plain paths: no escaping needed). */
+static int out_template(struct out *o, const char *template, size_t len, const char *rootfs, const char *bundle)
+{
+    for (size_t i = 0; i < len; i++) {
+        int failed = template[i] == '\1' ? out_put(o, rootfs, strlen(rootfs))
+                     : template[i] == '\2' ? out_put(o, bundle, strlen(bundle))
+                     : out_put(o, template + i, 1);
+        if (failed)
+            return -1;
+    }
+    return 0;
+}
+
+/* The mounts array: the config's own, less those at a destination the step binds, then the
+ * step's binds (BINDS: u32 length and the destination as JSON, u32 length and the mount). */
+static int out_mounts(struct out *o, const char *json, const struct cds_oci_view *view, const struct block *binds,
+                      const char *rootfs, const char *bundle)
+{
+    int first = 1;
+    if (out_put(o, "[", 1) < 0)
+        return -1;
+    for (size_t m = 0; m < view->n_mounts; m++) {
+        const struct cds_oci_mount *mount = &view->mount[m];
+        size_t dlen = mount->destination.end - mount->destination.start;
+        int bound = 0;
+        const char *at = binds->data, *end = binds->data + binds->len;
+        struct block dest, body;
+        while (at < end && next_block(&at, end, &dest) == 0 && next_block(&at, end, &body) == 0)
+            if (mount->destination.end && dest.len == dlen && memcmp(dest.data, json + mount->destination.start, dlen) == 0)
+                bound = 1;
+        if (bound)
+            continue;
+        if ((!first && out_put(o, ",", 1) < 0)
+            || out_put(o, json + mount->whole.start, mount->whole.end - mount->whole.start) < 0)
+            return -1;
+        first = 0;
+    }
+    const char *at = binds->data, *end = binds->data + binds->len;
+    struct block dest, body;
+    while (at < end) {
+        if (next_block(&at, end, &dest) < 0 || next_block(&at, end, &body) < 0)
+            return -1;
+        if ((!first && out_put(o, ",", 1) < 0) || out_template(o, body.data, body.len, rootfs, bundle) < 0)
+            return -1;
+        first = 0;
+    }
+    return out_put(o, "]", 1);
+}
+
+/* The new config.json text: the hooks and mounts replaced, every other byte as it was. */
+static int new_config(struct out *o, const char *json, size_t len, const struct cds_oci_view *view,
+                      const struct recipe *r, const char *rootfs, const char *bundle)
+{
+    const struct cds_span *first = &view->hooks, *second = &view->mounts;
+    if (second->start < first->start) {
+        first = &view->mounts;
+        second = &view->hooks;
+    }
+    const struct cds_span *spans[] = {first, second};
+    size_t at = 0;
+    for (int i = 0; i < 2; i++) {
+        if (out_put(o, json + at, spans[i]->start - at) < 0)
+            return -1;
+        int failed = spans[i] == &view->hooks ? out_template(o, r->hooks.data, r->hooks.len, rootfs, bundle)
+                                              : out_mounts(o, json, view, &r->binds, rootfs, bundle);
+        if (failed)
+            return -1;
+        at = spans[i]->end;
+    }
+    return out_put(o, json + at, len - at);
+}
+
+static int write_config(int bundlefd, const struct out *o, mode_t mode)
+{
+    char temp[64];
+    snprintf(temp, sizeof temp, ".config.json.cdi-shim.%d", (int)getpid()); /* shim/bundle.py's name */
+    cleanup_fd int fd = openat(bundlefd, temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -1;
+    size_t done = 0;
+    while (done < o->len) {
+        ssize_t n = write(fd, o->data + done, o->len - done);
+        if (n <= 0)
+            break;
+        done += (size_t)n;
+    }
+    if (done != o->len || fchmod(fd, mode & 07777) < 0 || renameat(bundlefd, temp, bundlefd, "config.json") < 0) {
+        unlinkat(bundlefd, temp, 0);
+        return -1;
+    }
+    return 0;
+}
+
+int replay_step(const char *steps_dir, const char *bundle, const char *json, size_t len, mode_t config_mode)
+{
+    struct cds_oci_view view;
+    uint8_t *key;
+    size_t key_len;
+    char name[32];
+
+    if (!plain_path(bundle) || cds_step_key(json, len, &key, &key_len) < 0)
+        return 0;
+    snprintf(name, sizeof name, "%016llx", (unsigned long long)fnv1a(key, key_len));
+    __attribute__((cleanup(free_text))) char *text = NULL;
+    long text_len = -1;
+    {
+        cleanup_fd int dirfd = open(steps_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (dirfd >= 0 && fstat(dirfd, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 022))
+            text_len = read_private(dirfd, name, MAX_RECIPE, &text);
+    }
+    struct recipe r;
+    int ours = text_len >= 0 && parse_recipe(text, (size_t)text_len, &r) == 0
+               && r.version.len == strlen(CDS_VERSION) && memcmp(r.version.data, CDS_VERSION, r.version.len) == 0
+               && r.key.len == key_len && memcmp(r.key.data, key, key_len) == 0;
+    cds_step_key_free(key);
+    if (!ours || r.count.len != 4 || cds_oci_view(json, len, &view) < 0)
+        return 0;
+    int done = 0;
+    struct out o = {0};
+    char rootfs[4096];
+    uint32_t count;
+    memcpy(&count, r.count.data, 4);
+    size_t root_len = view.root_path.end - view.root_path.start - 2;
+    const char *root = json + view.root_path.start + 1;
+    if (view.hooks.end == 0 || view.mounts.end == 0 || view.root_path.end == 0
+        || r.identities.len != (size_t)count * sizeof(struct cds_identity)
+        || (root[0] == '/' ? snprintf(rootfs, sizeof rootfs, "%.*s", (int)root_len, root)
+                           : snprintf(rootfs, sizeof rootfs, "%s/%.*s", bundle, (int)root_len, root))
+               >= (int)sizeof rootfs
+        || !plain_path(rootfs) || !params_unchanged(&r.params) || !programs_there(&r.programs))
+        goto out;
+    {
+        cleanup_fd int rootfd = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        cleanup_fd int bundlefd = open(bundle, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        /* (the identities are copied out: the recipe's text need not be aligned) */
+        __attribute__((cleanup(free_text))) char *ids = malloc(r.identities.len ? r.identities.len : 1);
+        if (rootfd < 0 || bundlefd < 0 || !ids)
+            goto out;
+        memcpy(ids, r.identities.data, r.identities.len);
+        if (cds_memo_same(rootfd, r.paths.data, r.paths.len, count, (const struct cds_identity *)ids) != 1
+            || make_links(rootfd, &r.links) < 0 || write_files(bundlefd, &r.files) < 0
+            || new_config(&o, json, len, &view, &r, rootfs, bundle) < 0 || write_config(bundlefd, &o, config_mode) < 0)
+            goto out;
+        done = 1;
+    }
+out:
+    free(o.data);
+    cds_oci_view_free(&view);
+    return done;
+}

@@ -1,0 +1,245 @@
+"""The front end replays a linker step a resident worker kept (csrc/frontend/replay.c; the
+recipe: shim/linker/stepmemo.py, export_recipe).
+
+Containers of one image -- overlay mounts of one layer, as containerd makes them -- each get a
+config.json as containerd's own CDI writes it for a toolkit-generated spec (the six hooks,
+program absent). The first goes through the worker, which does the step, keeps it and writes
+its recipe beside its socket; the next is done by the front end alone (no request reaches the
+worker), and its result -- config.json, the bundle files, the links -- is the one the Python
+step gives a third container; its program links and runs. A recipe that is not surely ours, or
+a root or host that changed, leaves the work to the worker."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+import runtime_helpers as rh
+from test_runtime_resident import debug_world, served_lines, start_server
+from test_runtime_toolkit_hooks import LIBDIR, PARAMS, _image, driver, preinject, toolkit_spec  # noqa: F401 (a fixture)
+
+
+class Image:
+    """A world with a one-worker resident server, the toolkit's spec and an image layer."""
+
+    def __init__(self, world, driver, tmp_path, params=None):
+        self.world, self.tmp_path, self.mounts = world, tmp_path, []
+        self.socket = os.path.join(world.base, "run", "runtime.sock")
+        self.steps = os.path.join(world.base, "run", "steps")
+        self.params = params
+        self.server = start_server(world, self.socket, workers=1)
+        world.resident_socket = self.socket
+        self.log = debug_world(world)
+        world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver))
+        image = world.bundle(tag="image")
+        _image(image, driver, str(tmp_path), compat=False)
+        self.layer = image.rootfs
+        time.sleep(1.2)     # files are trusted by the memos once their ctime is over a second old
+
+    def env(self):
+        return self.world.env(CDI_SHIM_NVIDIA_PARAMS=self.params or str(self.tmp_path / "no-such-params"))
+
+    def container(self):
+        """A new container of the image: its bundle, its config pre-injected."""
+        n = len(self.mounts)
+        upper, work, merged = (str(self.tmp_path / f"c{n}" / d) for d in ("upper", "work", "rootfs"))
+        for d in (upper, work, merged):
+            os.makedirs(d)
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={self.layer},upperdir={upper},workdir={work}", merged], check=True)
+        self.mounts.append(merged)
+        bundle = self.world.bundle(args=["/prog"], edit=lambda config: config["root"].update(path=merged))
+        bundle.rootfs = merged
+        preinject(self.world, bundle)
+        return bundle
+
+    def served(self):
+        return len(served_lines(self.log))
+
+    def close(self):
+        self.server.terminate()
+        self.server.wait(timeout=30)
+        for merged in self.mounts:
+            subprocess.run(["umount", merged], check=False)
+
+
+@pytest.fixture
+def image(world, driver, tmp_path):
+    made = Image(world, driver, tmp_path)
+    yield made
+    made.close()
+
+
+def result(bundle):
+    """config.json (parsed, this container's paths written as ROOTFS and BUNDLE), the files
+    the runtime wrote into the bundle, and the spec's links in the rootfs."""
+    with open(bundle.config_path) as f:
+        text = f.read()
+    config = json.loads(text.replace(bundle.rootfs, "ROOTFS").replace(bundle.path, "BUNDLE"))
+    files = {name: (open(os.path.join(bundle.path, name), "rb").read(), os.stat(os.path.join(bundle.path, name)).st_mode)
+             for name in sorted(os.listdir(bundle.path)) if name.startswith("cdi-shim.")}
+    links = {name: os.readlink(os.path.join(bundle.rootfs + LIBDIR, name))
+             for name in ("libcuda.so", "libnvidia-ml.so") if os.path.islink(os.path.join(bundle.rootfs + LIBDIR, name))}
+    return config, files, links
+
+
+def test_a_kept_step_is_replayed_by_the_front_end(image):
+    world = image.world
+    first = image.container()
+    run = world.shim("run", "--bundle", first.path, first.id, env=image.env())
+    assert run.returncode == 0 and run.stdout.startswith("linked=42"), run.stderr
+    assert image.served() == 1 and len(os.listdir(image.steps)) == 1
+    assert os.stat(image.steps).st_mode & 0o777 == 0o700
+
+    second = image.container()
+    run = world.shim("run", "--bundle", second.path, second.id, env=image.env())
+    assert run.returncode == 0 and run.stdout.startswith("linked=42"), run.stderr
+    assert image.served() == 1, "the worker was asked: the front end did not replay the step"
+    replayed = result(second)
+    assert not any("nvidia-cdi-hook" in json.dumps(hook) for hook in replayed[0].get("hooks", {}).values())
+    assert [m["destination"] for m in replayed[0]["mounts"]][-1] == "/etc/ld.so.cache"
+    assert replayed[2] == {"libcuda.so": "libcuda.so.1", "libnvidia-ml.so": "libnvidia-ml.so.550.54.15"}
+
+    # the same container made by the Python step alone (no resident process)
+    third = image.container()
+    world.resident_socket = os.path.join(world.base, "no-resident.sock")
+    world.write_config(log_level="debug", log_file=image.log)
+    create = world.shim("create", "--bundle", third.path, third.id, env=image.env())
+    assert create.returncode == 0, create.stderr
+    assert result(third) == replayed
+    world.runc_cmd("delete", "--force", third.id)
+
+
+def test_a_changed_hook_is_replayed_with_its_paths(world, driver, tmp_path):
+    """On a GPU host the params hook becomes ours (cdi-shim-nshook bind-params --rootfs R
+    --source B/...): the replay writes this container's paths into it. (Here no container runs:
+    this host has no /proc/driver/nvidia for the bind to cover.)"""
+    params = tmp_path / "params"
+    params.write_text(PARAMS)
+    made = Image(world, driver, tmp_path, params=str(params))
+    try:
+        bundles = [made.container() for _ in range(3)]
+        for n, bundle in enumerate(bundles):
+            if n == 2:      # the Python step alone
+                world.resident_socket = os.path.join(world.base, "no-resident.sock")
+                world.write_config(log_level="debug", log_file=made.log)
+            world.shim("create", "--bundle", bundle.path, bundle.id, env=made.env())  # (fails in the hook)
+            if n == 1:
+                assert made.served() == 1, "the front end did not replay the step"
+        replayed, python = result(bundles[1]), result(bundles[2])
+        assert replayed == python
+        hooks = replayed[0]["hooks"]["createContainer"]
+        assert [h["args"] for h in hooks] == [["cdi-shim-nshook", "bind-params", "--rootfs", "ROOTFS",
+                                               "--source", "BUNDLE/cdi-shim.nvidia-params"]]
+        assert replayed[1]["cdi-shim.nvidia-params"][0] == PARAMS.replace("ModifyDeviceFiles: 1",
+                                                                          "ModifyDeviceFiles: 0").encode()
+        # the host's file changes: the recipe no longer holds; the worker does the step
+        params.write_text(PARAMS + "DeviceFileGID: 0\n")
+        fourth = made.container()
+        world.resident_socket = made.socket
+        world.write_config(log_level="debug", log_file=made.log)
+        world.shim("create", "--bundle", fourth.path, fourth.id, env=made.env())
+        assert made.served() == 3 and " in resident process " in served_lines(made.log)[-1]
+        assert b"DeviceFileGID" in result(fourth)[1]["cdi-shim.nvidia-params"][0]
+    finally:
+        made.close()
+
+
+def _recipe(image):
+    (name,) = os.listdir(image.steps)
+    return os.path.join(image.steps, name)
+
+
+def _loose_file(image):
+    os.chmod(_recipe(image), 0o666)
+
+
+def _loose_directory(image):
+    os.chmod(image.steps, 0o777)
+
+
+def _other_owner(image):
+    os.chown(_recipe(image), 12345, 12345)
+
+
+def _a_link(image):
+    path = _recipe(image)
+    os.rename(path, path + ".real")
+    os.symlink(os.path.basename(path) + ".real", path)
+
+
+def _other_key(image):
+    path = _recipe(image)
+    data = bytearray(open(path, "rb").read())
+    data[data.index(b"libcuda.so.1")] ^= 0x20      # a letter of the key, in case
+    with open(path, "wb") as out:
+        out.write(data)
+
+
+def _other_version(image):
+    path = _recipe(image)
+    data = open(path, "rb").read()
+    from cdi import __version__
+
+    with open(path, "wb") as out:
+        out.write(data.replace(__version__.encode(), b"9" * len(__version__), 1))
+
+
+def _truncated(image):
+    path = _recipe(image)
+    data = open(path, "rb").read()
+    with open(path, "wb") as out:
+        out.write(data[:len(data) // 2])
+
+
+def _root_changed(image):
+    """The next container's library directory gains a file (its identity changes)."""
+    image.next_root_change = lambda rootfs: open(rootfs + LIBDIR + "/libnew.so.1", "w").close()
+
+
+def _untouched(image):
+    pass
+
+
+def _library_directory_out_of_the_root(image):
+    """The next container's library directory is a link out of its root, to a host directory
+    that must stay empty (the worker resolves it inside the root: a dangling link there)."""
+    outside = image.tmp_path / "outside"
+    outside.mkdir()
+    image.outside = outside
+
+    def change(rootfs):
+        subprocess.run(["rm", "-rf", rootfs + LIBDIR], check=True)
+        os.symlink(str(outside), rootfs + LIBDIR)
+    image.next_root_change = change
+
+
+REFUSED = {"untouched (the control)": _untouched, "a-link-out-of-the-root": _library_directory_out_of_the_root, "group-and-others-may-write-it": _loose_file, "its-directory-open-to-others": _loose_directory,
+           "another-owner": _other_owner, "a-link": _a_link, "another-key": _other_key,
+           "another-version": _other_version, "truncated": _truncated, "a-changed-root": _root_changed}
+
+
+@pytest.mark.parametrize("how", sorted(REFUSED))
+def test_a_recipe_not_surely_ours_leaves_the_step_to_the_worker(image, how):
+    world = image.world
+    first = image.container()
+    assert world.shim("create", "--bundle", first.path, first.id, env=image.env()).returncode == 0
+    assert image.served() == 1
+    image.next_root_change = None
+    REFUSED[how](image)
+    second = image.container()
+    if image.next_root_change:
+        image.next_root_change(second.rootfs)
+    create = world.shim("create", "--bundle", second.path, second.id, env=image.env())
+    if how == "a-link-out-of-the-root":
+        assert os.listdir(image.outside) == []
+        assert image.served() == 2, "the front end replayed a recipe it should have refused"
+        return      # (the worker's own answer to such an image: tests/runtime/test_runtime_toolkit_hooks.py)
+    assert create.returncode == 0, create.stderr
+    if how == "untouched (the control)":
+        assert image.served() == 1, "the front end did not replay the step"
+    else:
+        assert image.served() == 2, "the front end replayed a recipe it should have refused"
+    config = second.config()
+    assert not any("nvidia-cdi-hook" in json.dumps(hook) for hook in config.get("hooks", {}).values())
