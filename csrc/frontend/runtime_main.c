@@ -12,6 +12,10 @@
  * appears, or if our config file holds anything this small reader does not understand, the
  * Python implementation decides (exec'd with the interpreter and paths baked in at build).
  * A false "maybe" costs time; a false "no" cannot happen.
+ *
+ * A config without a request but with a hook program's name in it (injected by containerd's
+ * own CDI or podman) is first offered to replay.c: the linker step a resident worker kept for
+ * such a config, redone here without asking the worker.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -390,7 +390,7 @@ def _report_sides(name, scenario):
                      f"ld.so.cache, link -> {found['link']}, profile {found['profile_bytes']} bytes, "
                      f"{found['hook_processes']} hook processes")
     for key, phases in s["phases"].items():
-        if len(phases) > 1:
+        if any(not p.endswith(" pods") for p in phases):
             lines.append(f"  runtime phases of {key} (median ms per pod, {phases['resident pods']} pods prepared by "
                          f"the resident process, {phases['replayed pods']} replayed by the front end): "
                          + ", ".join(f"{p} {v:.2f}" for p, v in phases.items() if not p.endswith(" pods")))

@@ -1,23 +1,30 @@
-"""The memo of whole linker steps, for the resident workers.
+"""The memo of whole linker steps, for the resident workers, and the recipes the runtime's front
+end replays from it.
 
 A node starts containers of the same few images with the same spec, and each create of a
 config that someone else injected (containerd's own CDI) does the same linker step again: the
 hooks parsed, the image looked at, links made, files written into the bundle, config.json
-edited -- ~1.5 ms of scattered small work in a worker that wakes with cold caches, after the
-plan memo (plan.py) has already kept the plan itself.
+edited -- ~1.5 ms of scattered small work in a worker that wakes with cold caches.
 
 A step is kept under a key made of what it read from config.json (its hooks, its mounts'
 destinations and the library mounts' sources) and from the host (the application profile the
 devices give, the params file's new bytes), with the identity of every path it looked at in
-the root: those of the Roots opened during the step (engine.Root.observers) and the plan's,
-from the plan memo's own record. What the step did is kept as a recipe: the links it made, in
-order, the bundle files it wrote, the mounts it bound, and the hooks it dropped or changed
-(with the rootfs and bundle paths left as blanks). A later step with the same key whose paths
-all have the same identities in its own root (one C call) replays the recipe into its own
-rootfs and bundle; the result is what the step itself would have given (tests/linker/
-test_step_memo.py). A step that warned, failed, ran chmod, kept a hook for a reason of the
-host's, or looked at a file changed within the settle time is not kept; a recipe that cannot be
-replayed (a write fails) gives way to the whole step, which does everything again.
+the root: those of the Roots opened during the step (engine.Root.observers) and the plan's
+(plan.Plan.looked), each as a new container shows it -- for what the step's own links changed
+(the links' paths, the directories above them, by whatever path the step reached them), the
+identity from before the change (Recorder.before_links). What the step did is kept as a
+recipe: the links it made, in order, the bundle files it wrote, the mounts it bound, and the
+hooks it dropped or changed (with the rootfs and bundle paths left as blanks). A later step
+with the same key whose paths all have the same identities in its own root (one C call)
+replays the recipe into its own rootfs and bundle; the result is what the step itself would
+have given (tests/linker/test_step_memo.py). A step that warned, failed, ran chmod, kept a hook
+for a reason of the host's, or looked at a file changed within the settle time is not kept; a
+recipe that cannot be replayed (a write fails) gives way to the whole step, which does
+everything again.
+
+The worker also writes the recipe of each pre-injected create's step into the steps directory
+beside its socket (export_recipe), named by the front end's key of the config (cds_step_key,
+csrc/engine/ociconf.c), for the front end to replay without asking (csrc/frontend/replay.c).
 """
 import os
 import stat
