@@ -293,3 +293,35 @@ def test_the_key_refuses_what_it_is_not_sure_of(text):
 
 def test_the_key_takes_plain_json():
     assert key_of(text='{"hooks": {"prestart": []}, "mounts": [], "x": [1, -2.5e3, true, false, null, "\\n\\"\\\\"]}')
+
+
+def test_what_the_key_reader_takes_is_json_python_reads_alike():
+    """Random edits of a config's text (bytes dropped, doubled, changed): whatever the C reader
+    takes must be JSON that Python reads, with the same hooks, mounts and devices; the rest it
+    refuses. (Under ASan/UBSan too: test_sanitized.py runs this directory.)"""
+    import random
+
+    draw = random.Random(11)
+    text = json.dumps(CONFIG).encode()
+    taken = 0
+    for _ in range(3000):
+        data = bytearray(text)
+        for _ in range(draw.randint(1, 3)):
+            at = draw.randrange(len(data))
+            what = draw.randrange(3)
+            if what == 0:
+                del data[at]
+            elif what == 1:
+                data.insert(at, data[at])
+            else:
+                data[at] = draw.choice(b'{}[]",:\\ 0aeE.-+\x00\x1f\xc3\xff')
+        key = stepmemo.step_key_of(bytes(data))
+        if key is None:
+            continue
+        taken += 1
+        parsed = json.loads(bytes(data))         # must not raise
+        assert isinstance(parsed, dict) and isinstance(parsed.get("mounts", []), list)
+        hooks = key[1:key.index(b"\0")]           # the key: H<hooks>\0, M<destination>\0<source>\0 a mount, ...
+        assert (json.loads(hooks) if hooks else None) == parsed.get("hooks")
+        assert key.count(b"\0M") == len(parsed.get("mounts", []))
+    assert taken > 100

@@ -39,3 +39,11 @@ def test_run_with_libraries_benchmark(mode):
         assert low <= result["median_paired_diff_ms"] <= high
     else:
         assert result["resident"]["shim_run_with_device_ms"] > 0
+
+
+@pytest.mark.parametrize("mode", [[], ["--no-replay"]], ids=["replay", "worker"])
+def test_front_end_work_benchmark(mode):
+    rh.static_busybox()
+    result = _run("front_end_work.py", "--runs", "2", *mode)
+    assert result["replay"] is not bool(mode)
+    assert set(result["over_bin_true_ms"]) == {"passthrough", "trivial", "preinjected"}

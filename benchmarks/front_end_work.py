@@ -1,0 +1,115 @@
+"""What cdi-shim-runtime does before it execs runc, without runc's noise: the runtime set to
+/bin/true (cdi-shim's config key `runtime`), so each side is one `create` that ends in an exec of
+/bin/true, against /bin/true run directly.
+
+Sides, shuffled each round, 20 ms apart (as creates come on a node: cold caches):
+- passthrough: a config with nothing for us (the front end's byte scan, then the exec);
+- trivial: a config with an nvidia-cdi-hook hook we do not know (a round trip to the resident
+  worker that finds nothing to do);
+- preinjected: the config of benchmarks/run_with_libraries.py --preinjected (30 driver
+  libraries, the six hooks of a toolkit spec), on a fresh overlay of the image each round: the
+  first through the worker, which keeps the step and writes its recipe; then replayed by the
+  front end (csrc/frontend/replay.c). `--no-replay` opens the recipes' directory to others
+  after the first round, so the front end refuses them and the worker does every step (from its
+  memo of whole steps: shim/linker/stepmemo.py).
+
+    .venv/bin/python benchmarks/front_end_work.py [--runs 100] [--no-replay]
+"""
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import tempfile
+import time
+
+import run_with_libraries as bench
+from common import start_resident
+
+
+def spawn_ms(argv, env):
+    start = time.perf_counter()
+    pid = os.posix_spawn(argv[0], argv, env)
+    os.waitpid(pid, 0)
+    return (time.perf_counter() - start) * 1000
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--no-replay", action="store_true", help="leave every step to the resident worker")
+    args = parser.parse_args()
+    root = tempfile.mkdtemp(prefix="cdi-shim-front-end.", dir="/dev/shm")
+    server = None
+    try:
+        rootfs = os.path.join(root, "rootfs")
+        bench.make_image(rootfs)
+        libraries = bench.make_driver(os.path.join(root, "driver"), 30)
+        node = os.path.join(root, "nvidia0")
+        os.mknod(node, 0o666 | 0o020000, os.makedev(195, 0))
+        spec_dir = os.path.join(root, "specs")
+        os.makedirs(spec_dir)
+        bench.write_spec(spec_dir, libraries, node)
+        path = os.path.join(spec_dir, "nvidia.yaml")
+        text = open(path).read()
+        with open(path, "w") as out:
+            out.write(text[:text.index("  hooks:\n")] + "  hooks:\n" + bench.toolkit_hooks() + text[text.index("devices:\n"):])
+        sock = os.path.join(root, "run", "runtime.sock")
+        settings = os.path.join(root, "cdi-shim.toml")
+        with open(settings, "w") as out:
+            out.write(f'spec-dirs = ["{spec_dir}"]\nresident-socket = "{sock}"\nruntime = "/bin/true"\n')
+        env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
+        server = start_resident(sock, env)
+        bench.settle()
+        bundles = bench.bundle_dir(root)
+        gpu_rootfs = os.path.join(root, "rootfs-gpu")
+        gpu = bench.bundle(bundles, "gpu", gpu_rootfs)
+        plain = bench.bundle(bundles, "plain", rootfs)
+        trivial = bench.bundle(bundles, "trivial", rootfs)
+        with open(os.path.join(trivial, "config.json")) as f:
+            config = json.load(f)
+        config["hooks"] = {"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "new"]}]}
+        with open(os.path.join(trivial, "config.json"), "w") as out:
+            json.dump(config, out)
+        injected = subprocess.run([os.path.join(bench.BIN, "cdi-shim"), "cdi", "inject", "--spec-dir", spec_dir,
+                                   "--device", "nvidia.com/gpu=0", os.path.join(gpu, "config.json")],
+                                  env=env, check=True, capture_output=True).stdout
+        pristine = json.dumps(json.loads(injected)).encode()
+        shim = os.path.join(bench.BIN, "cdi-shim-runtime")
+        argv = {"true": ["/bin/true", "create", "--bundle", plain, "x"],
+                "passthrough": [shim, "create", "--bundle", plain, "x"],
+                "trivial": [shim, "create", "--bundle", trivial, "x"],
+                "preinjected": [shim, "create", "--bundle", gpu, "g"]}
+        times = {side: [] for side in argv}
+        steps = os.path.join(root, "run", "steps")
+        for index in range(args.runs + 1):
+            bench.fresh_rootfs(rootfs, gpu_rootfs)
+            with open(os.path.join(gpu, "config.json"), "wb") as out:
+                out.write(pristine)
+            if args.no_replay and index == 1:
+                os.chmod(steps, 0o777)      # (the front end then leaves every step to the worker)
+            sides = list(argv)
+            random.shuffle(sides)
+            for side in sides:
+                time.sleep(0.02)
+                took = spawn_ms(argv[side], env)
+                if index:       # (the first round: the worker keeps the step)
+                    times[side].append(took)
+            with open(os.path.join(gpu, "config.json"), "rb") as f:
+                assert b"nvidia-cdi-hook" not in f.read()
+        subprocess.run(["umount", gpu_rootfs], check=False)
+        med = {side: statistics.median(values) for side, values in times.items()}
+        print(json.dumps({"runs": args.runs, "replay": not args.no_replay,
+                          "median_ms": {side: round(value, 3) for side, value in med.items()},
+                          "over_bin_true_ms": {side: round(med[side] - med["true"], 3) for side in med if side != "true"}},
+                         indent=2))
+    finally:
+        if server:
+            server.terminate()
+            server.wait()
+        bench.cleanup(root)
+
+
+if __name__ == "__main__":
+    main()
