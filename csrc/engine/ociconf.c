@@ -110,12 +110,20 @@ static int word(struct reader *r, const char *text)
 
 static int value(struct reader *r);
 
-/* An object or array at r->i, its members or elements checked and skipped. */
-static int container(struct reader *r)
+/* The members of the object at r->i: for each, ON_MEMBER(key without quotes) is called with
+ * r->i at the value, and must leave r->i past it. A key with an escape is refused (it could
+ * spell a name that matters). */
+typedef int (*member_fn)(struct reader *r, const char *key, size_t key_len, void *data);
+/* The elements of the array at r->i: ON_ELEMENT is called with r->i at each. */
+typedef int (*element_fn)(struct reader *r, void *data);
+
+/* The items of the object or array at r->i, with the separators between them. */
+static int items(struct reader *r, member_fn on_member, element_fn on_element, void *data)
 {
-    char close = r->s[r->i] == '{' ? '}' : ']';
+    char close = on_member ? '}' : ']';
     int escaped;
-    if (++r->depth > CDS_OCI_MAX_DEPTH)
+    blanks(r);
+    if (r->i >= r->n || r->s[r->i] != (on_member ? '{' : '[') || ++r->depth > CDS_OCI_MAX_DEPTH)
         return -1;
     r->i++;
     blanks(r);
@@ -125,16 +133,21 @@ static int container(struct reader *r)
         return 0;
     }
     for (;;) {
-        if (close == '}') {
-            if (string(r, &escaped) < 0)
+        if (on_member) {
+            size_t key = r->i;
+            if (string(r, &escaped) < 0 || escaped)
                 return -1;
+            size_t key_end = r->i;
             blanks(r);
             if (r->i >= r->n || r->s[r->i] != ':')
                 return -1;
             r->i++;
-        }
-        if (value(r) < 0)
+            blanks(r);
+            if (on_member(r, r->s + key + 1, key_end - key - 2, data) < 0)
+                return -1;
+        } else if (on_element(r, data) < 0) {
             return -1;
+        }
         blanks(r);
         if (r->i < r->n && r->s[r->i] == ',') {
             r->i++;
@@ -150,6 +163,23 @@ static int container(struct reader *r)
     }
 }
 
+static int members(struct reader *r, member_fn on_member, void *data)
+{
+    return items(r, on_member, NULL, data);
+}
+
+static int skip_member(struct reader *r, const char *key, size_t key_len, void *data)
+{
+    (void)key, (void)key_len, (void)data;
+    return value(r);
+}
+
+static int skip_element(struct reader *r, void *data)
+{
+    (void)data;
+    return value(r);
+}
+
 /* Any value at r->i (blanks before it skipped), checked and skipped. */
 static int value(struct reader *r)
 {
@@ -159,8 +189,9 @@ static int value(struct reader *r)
         return -1;
     switch (r->s[r->i]) {
     case '{':
+        return members(r, skip_member, NULL);
     case '[':
-        return container(r);
+        return items(r, NULL, skip_element, NULL);
     case '"':
         return string(r, &escaped);
     case 't':
@@ -171,51 +202,6 @@ static int value(struct reader *r)
         return word(r, "null");
     default:
         return number(r);
-    }
-}
-
-/* The members of the object at r->i: for each, ON_MEMBER(key span without quotes, value
- * start) is called with r->i at the value, and must leave r->i past it. A key with an escape
- * is refused (it could spell a name that matters). */
-typedef int (*member_fn)(struct reader *r, const char *key, size_t key_len, void *data);
-
-static int members(struct reader *r, member_fn on_member, void *data)
-{
-    int escaped;
-    blanks(r);
-    if (r->i >= r->n || r->s[r->i] != '{' || ++r->depth > CDS_OCI_MAX_DEPTH)
-        return -1;
-    r->i++;
-    blanks(r);
-    if (r->i < r->n && r->s[r->i] == '}') {
-        r->i++;
-        r->depth--;
-        return 0;
-    }
-    for (;;) {
-        size_t key = r->i;
-        if (string(r, &escaped) < 0 || escaped)
-            return -1;
-        size_t key_end = r->i;
-        blanks(r);
-        if (r->i >= r->n || r->s[r->i] != ':')
-            return -1;
-        r->i++;
-        blanks(r);
-        if (on_member(r, r->s + key + 1, key_end - key - 2, data) < 0)
-            return -1;
-        blanks(r);
-        if (r->i < r->n && r->s[r->i] == ',') {
-            r->i++;
-            blanks(r);
-            continue;
-        }
-        if (r->i < r->n && r->s[r->i] == '}') {
-            r->i++;
-            r->depth--;
-            return 0;
-        }
-        return -1;
     }
 }
 
@@ -277,43 +263,41 @@ static int mount_member(struct reader *r, const char *key, size_t len, void *dat
     return value(r);
 }
 
-/* The mounts array at r->i, each element's span (and an object's destination and source). */
+struct mounts_so_far {
+    struct cds_oci_view *view;
+    size_t cap;
+};
+
+/* A mount (an object: anything else is refused), its span, destination and source. */
+static int mount_element(struct reader *r, void *data)
+{
+    struct mounts_so_far *so_far = data;
+    struct cds_oci_view *view = so_far->view;
+    if (view->n_mounts == so_far->cap) {
+        size_t cap = so_far->cap ? so_far->cap * 2 : 32;
+        struct cds_oci_mount *more = realloc(view->mount, cap * sizeof *more);
+        if (!more)
+            return -1;
+        view->mount = more;
+        so_far->cap = cap;
+    }
+    struct cds_oci_mount *mount = &view->mount[view->n_mounts++];
+    memset(mount, 0, sizeof *mount);
+    mount->whole.start = r->i;
+    if (members(r, mount_member, mount) < 0)
+        return -1;
+    mount->whole.end = r->i;
+    return 0;
+}
+
+/* The mounts array at r->i (once), each element's span, destination and source. */
 static int mounts(struct reader *r, struct cds_oci_view *view)
 {
-    if (view->mounts.end != 0 || r->i >= r->n || r->s[r->i] != '[' || ++r->depth > CDS_OCI_MAX_DEPTH)
+    struct mounts_so_far so_far = {.view = view};
+    size_t start = r->i;
+    if (view->mounts.end != 0 || items(r, NULL, mount_element, &so_far) < 0)
         return -1;
-    size_t cap = 0;
-    view->mounts.start = r->i++;
-    blanks(r);
-    if (r->i < r->n && r->s[r->i] == ']')
-        goto done;
-    for (;;) {
-        if (view->n_mounts == cap) {
-            cap = cap ? cap * 2 : 32;
-            struct cds_oci_mount *more = realloc(view->mount, cap * sizeof *more);
-            if (!more)
-                return -1;
-            view->mount = more;
-        }
-        struct cds_oci_mount *mount = &view->mount[view->n_mounts++];
-        memset(mount, 0, sizeof *mount);
-        mount->whole.start = r->i;
-        if (members(r, mount_member, mount) < 0) /* (a mount that is no object: refused) */
-            return -1;
-        mount->whole.end = r->i;
-        blanks(r);
-        if (r->i < r->n && r->s[r->i] == ',') {
-            r->i++;
-            blanks(r);
-            continue;
-        }
-        if (r->i < r->n && r->s[r->i] == ']')
-            break;
-        return -1;
-    }
-done:
-    r->i++;
-    r->depth--;
+    view->mounts.start = start;
     view->mounts.end = r->i;
     return 0;
 }
