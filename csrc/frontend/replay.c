@@ -403,14 +403,16 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
     char rootfs[4096];
     uint32_t count;
     memcpy(&count, r.count.data, 4);
-    size_t root_len = view.root_path.end - view.root_path.start - 2;
-    const char *root = json + view.root_path.start + 1;
     if (view.hooks.end == 0 || view.mounts.end == 0 || view.root_path.end == 0
-        || r.identities.len != (size_t)count * sizeof(struct cds_identity)
-        || (root[0] == '/' ? snprintf(rootfs, sizeof rootfs, "%.*s", (int)root_len, root)
-                           : snprintf(rootfs, sizeof rootfs, "%s/%.*s", bundle, (int)root_len, root))
-               >= (int)sizeof rootfs
-        || !plain_path(rootfs) || !params_unchanged(&r.params) || !programs_there(&r.programs))
+        || r.identities.len != (size_t)count * sizeof(struct cds_identity))
+        goto out;
+    /* root.path (a string without escapes), relative to the bundle unless absolute */
+    int root_len = (int)(view.root_path.end - view.root_path.start - 2);
+    const char *root = json + view.root_path.start + 1;
+    int made = root_len > 0 && root[0] == '/' ? snprintf(rootfs, sizeof rootfs, "%.*s", root_len, root)
+                                              : snprintf(rootfs, sizeof rootfs, "%s/%.*s", bundle, root_len, root);
+    if (made < 0 || made >= (int)sizeof rootfs || !plain_path(rootfs) || !params_unchanged(&r.params)
+        || !programs_there(&r.programs))
         goto out;
     {
         cleanup_fd int rootfd = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC);

@@ -166,10 +166,14 @@ def test_pod_benchmark_native_cdi_scenario(cri_build_dir, tmp_path):
                                           "hook_processes": processes}
         assert scenario["check"][key]["profile_bytes"] > 0
     native = scenario["samples"]["native-shim"]
-    # the first pod's step done by the resident worker (which keeps it), the others' replayed by
-    # the front end (csrc/frontend/replay.c) from the recipe the worker wrote
+    # the first pod's step done by the resident worker, which keeps it and writes its recipe;
+    # each later pod's by the worker again or replayed by the front end (csrc/frontend/replay.c),
+    # never by an interpreter; the last one's replayed (a step is kept once the image's files are
+    # a second old: the first pod may come sooner after the image's import)
     assert native[0]["phases"].get("linker", 0) > 0 and native[0]["phases"].get("resident") == 1, native
-    assert all(s["phases"].get("replay", 0) > 0 and not s["phases"].get("resident") for s in native[1:]), native
+    assert all(s["phases"].get("resident") == 1 or (s["phases"].get("replay", 0) > 0 and "linker" not in s["phases"])
+               for s in native), native
+    assert native[-1]["phases"].get("replay", 0) > 0, native
     for key in ("hooks-runc", "device-no-hooks-runc", "no-device-runc"):  # runc's handler: no cdi-shim
         assert not any(s["phases"] for s in scenario["samples"][key]), key
     assert set(scenario["check"]) == {"hooks-runc", "native-shim"}
