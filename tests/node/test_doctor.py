@@ -621,7 +621,16 @@ def test_resident_process_answers(node, doctor_env):
     try:
         assert "serving on" in server.stderr.readline()
         check = node.checks()["runtime.resident"]
-        assert check.status == OK and "answers" in check.saw
+        assert check.status == OK and "answers" in check.saw and "no linker step kept" in check.saw
+        steps = node.path("/run/cdi-shim/steps")
+        os.makedirs(steps, mode=0o700)
+        open(os.path.join(steps, "0123456789abcdef"), "w").close()
+        check = node.checks()["runtime.resident"]
+        assert check.status == OK and "1 linker step(s) kept for the front end" in check.saw
+        os.chmod(steps, 0o777)          # the front end would ignore them
+        check = node.checks()["runtime.resident"]
+        assert check.status == "warn" and "the front end ignores the linker steps" in check.saw, check.saw
+        os.chmod(steps, 0o700)
     finally:
         server.terminate()
         server.wait(timeout=30)

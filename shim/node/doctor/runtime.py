@@ -129,7 +129,19 @@ def check_resident(ctx):
     if not answered:
         return Check("runtime", "resident", WARN, f"{path}: {text}: the resident process is not answering "
                      "(creates fall back to the interpreter)", "systemctl restart cdi-shim-resident")
-    return _ok("runtime", "resident", f"{path} {text}")
+    # The linker steps it keeps for the front end to replay (shim/linker/stepmemo.py): the
+    # front end ignores them unless their directory is ours and no one else may write there.
+    steps = os.path.join(os.path.dirname(path), "steps")
+    info = node.stat(steps)
+    if info is None:
+        return _ok("runtime", "resident", f"{path} {text}; no linker step kept for the front end yet ({steps})")
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        return Check("runtime", "resident", WARN, f"{path} {text}, but {steps} is not a directory of uid "
+                     f"{os.geteuid()} that no one else may write: the front end ignores the linker steps kept there "
+                     "(each create of a config injected by containerd then asks the resident process)",
+                     f"rm -rf {steps} (the resident process makes it again, mode 0700)")
+    kept = [name for name in node.listdir(steps) or () if not name.startswith(".")]
+    return _ok("runtime", "resident", f"{path} {text}; {len(kept)} linker step(s) kept for the front end in {steps}")
 
 
 def check_runtime_log(ctx):
