@@ -91,7 +91,7 @@ class Recorder:
         self.links = []         # [(target, link)] in the order made
         self.files = {}         # bundle path -> (data, mode)
         self.binds = []         # [(destination, bundle path)] in the order bound
-        self.changed = {}       # id(hook) -> the hook as changed in place
+        self.changed = {}       # id(hook) -> True for each hook changed in place (our nshook)
         self.plans = []         # the paths each plan looked at (plan.Plan.looked), or None
         self.refused = ""       # why this step cannot be kept
         # What the step's own links change, as it was before (what a new container shows):
