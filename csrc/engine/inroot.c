@@ -251,6 +251,46 @@ int cds_inroot_open(int rootfd, const char *path, int oflags)
     return open_with_walk(rootfd, path, oflags);
 }
 
+int cds_inroot_open_dirs(int rootfd, const char *path, size_t *failed_at)
+{
+    char opened[PATH_MAX];
+    size_t len = strlen(path);
+    int fd = cds_inroot_open(rootfd, path, O_PATH | O_DIRECTORY);
+    *failed_at = len;
+    if (fd >= 0 || errno != ENOENT || len >= sizeof opened)
+        return fd; /* the usual case: there, in one call */
+    fd = dup(rootfd);
+    for (size_t at = 0; fd >= 0;) {
+        while (path[at] == '/')
+            at++;
+        size_t n = strcspn(path + at, "/");
+        if (n == 0)
+            return fd;
+        memcpy(opened, path, at + n);
+        opened[at + n] = '\0';
+        *failed_at = at + n;
+        int child = cds_inroot_open(rootfd, opened, O_PATH | O_DIRECTORY);
+        if (child < 0 && errno == ENOENT) { /* made in the directory we hold */
+            char part[NAME_MAX + 1];
+            if (n > NAME_MAX) {
+                close(fd);
+                errno = ENAMETOOLONG;
+                return -1;
+            }
+            memcpy(part, path + at, n);
+            part[n] = '\0';
+            if (mkdirat(fd, part, 0755) == 0)
+                child = cds_inroot_open(rootfd, opened, O_PATH | O_DIRECTORY);
+        }
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        fd = child;
+        at += n;
+    }
+    return -1;
+}
+
 int cds_fstat(int fd, struct cds_stat *out)
 {
     struct stat st;

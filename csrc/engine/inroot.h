@@ -35,6 +35,14 @@ int cds_inroot_set_mode(int mode);
  * refused (ELOOP). Returns a descriptor, or -1 with errno. */
 int cds_inroot_open(int rootfd, const char *path, int oflags);
 
+/* The directory PATH (absolute, normalized) inside the tree at ROOTFD as an O_PATH
+ * descriptor, missing directories made (mode 0755) in the directory held above each, nothing
+ * followed out of the tree (a link where a directory is missing: EEXIST). -1 with errno on
+ * failure, *FAILED_AT then the length of PATH's prefix that names what failed (the component
+ * that could not be opened or made; all of PATH when it could not be opened for another
+ * reason than a missing component). */
+int cds_inroot_open_dirs(int rootfd, const char *path, size_t *failed_at);
+
 /* stat(2) of PATH inside the tree (FOLLOW: follow a final symlink, in the tree). 0 or -1. */
 int cds_inroot_stat(int rootfd, const char *path, int follow, struct cds_stat *st);
 

@@ -154,56 +154,6 @@ static int plain_path(const char *p)
     return 1;
 }
 
-/* The directory PATH inside the root (O_PATH), made (0755) where missing, as
- * shim/linker/container.py's _open_dir_in_root. */
-static int open_dir_in_root(int rootfd, const char *path)
-{
-    int fd = cds_inroot_open(rootfd, path, O_PATH | O_DIRECTORY);
-    if (fd >= 0 || errno != ENOENT)
-        return fd;
-    char opened[4096] = "";
-    fd = dup(rootfd);
-    const char *p = path;
-    while (fd >= 0 && *p) {
-        while (*p == '/')
-            p++;
-        size_t n = strcspn(p, "/");
-        if (n == 0)
-            break;
-        size_t len = strlen(opened);
-        if (len + 1 + n + 1 > sizeof opened) {
-            close(fd);
-            errno = ENAMETOOLONG;
-            return -1;
-        }
-        snprintf(opened + len, sizeof opened - len, "/%.*s", (int)n, p);
-        char part[256];
-        if (n >= sizeof part) {
-            close(fd);
-            errno = ENAMETOOLONG;
-            return -1;
-        }
-        memcpy(part, p, n);
-        part[n] = '\0';
-        int child = cds_inroot_open(rootfd, opened, O_PATH | O_DIRECTORY);
-        if (child < 0 && errno == ENOENT) {
-            if (mkdirat(fd, part, 0755) < 0) {
-                int saved = errno;
-                close(fd);
-                errno = saved;
-                return -1;
-            }
-            child = cds_inroot_open(rootfd, opened, O_PATH | O_DIRECTORY);
-        }
-        int saved = errno;
-        close(fd);
-        errno = saved;
-        fd = child;
-        p += n;
-    }
-    return fd;
-}
-
 /* LINKS: target NUL parent NUL name NUL, each made inside the root (one there already: left). */
 static int make_links(int rootfd, const struct block *links)
 {
@@ -218,7 +168,8 @@ static int make_links(int rootfd, const struct block *links)
         at = name + strnlen(name, (size_t)(end - name)) + 1;
         if (at > end)
             return -1;
-        cleanup_fd int dirfd = open_dir_in_root(rootfd, parent);
+        size_t failed_at;
+        cleanup_fd int dirfd = cds_inroot_open_dirs(rootfd, parent, &failed_at);
         if (dirfd < 0 || (symlinkat(target, dirfd, name) < 0 && errno != EEXIST))
             return -1;
     }

@@ -130,32 +130,14 @@ def make_links(rootfs, links):
 
 
 def _open_dir_in_root(rootfd, path, ffi, lib):
-    """An O_PATH descriptor of PATH inside the root, making missing directories (0755)."""
-    fd = lib.cds_inroot_open(rootfd, os.fsencode(path), os.O_PATH | os.O_DIRECTORY)
-    if fd >= 0:
-        return fd  # the usual case: there, in one call
-    if ffi.errno != errno.ENOENT:
+    """An O_PATH descriptor of PATH inside the root, making missing directories (0755):
+    cds_inroot_open_dirs, the front end's own (csrc/frontend/replay.c)."""
+    failed_at = ffi.new("size_t *")
+    encoded = os.fsencode(path)
+    fd = lib.cds_inroot_open_dirs(rootfd, encoded, failed_at)
+    if fd < 0:
         error = ffi.errno
-        raise OSError(error, os.strerror(error), path)
-    opened = "/"
-    fd = os.dup(rootfd)
-    try:
-        for part in [p for p in path.split("/") if p]:
-            child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
-                                        os.O_PATH | os.O_DIRECTORY)
-            if child < 0 and ffi.errno == errno.ENOENT:  # make it in the directory we hold
-                # (EEXIST: a dangling link there; EROFS, EACCES: raised with FD closed below)
-                os.mkdir(part, 0o755, dir_fd=fd)
-                child = lib.cds_inroot_open(rootfd, os.fsencode(posixpath.join(opened, part)),
-                                            os.O_PATH | os.O_DIRECTORY)
-            if child < 0:
-                error = ffi.errno
-                raise OSError(error, os.strerror(error), posixpath.join(opened, part))
-            os.close(fd)
-            fd, opened = child, posixpath.join(opened, part)
-    except BaseException:
-        os.close(fd)
-        raise
+        raise OSError(error, os.strerror(error), os.fsdecode(encoded[:failed_at[0]]))
     return fd
 
 
