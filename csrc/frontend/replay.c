@@ -85,28 +85,20 @@ static int parse_recipe(const char *text, size_t len, struct recipe *r)
     return at == end ? 0 : -1;
 }
 
-/* A file of ours: a regular file (never a link) owned by us, not writable by others, read whole. */
+/* A file of ours: a regular file (never a link) owned by us, not writable by others, read
+ * whole (cds_read_fd) into *OUT. Its length, or -1. */
 static long read_private(int dirfd, const char *name, size_t limit, char **out)
 {
     cleanup_fd int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()
-        || (st.st_mode & 022) || (size_t)st.st_size > limit)
+    struct stat owner;
+    struct cds_stat st;
+    uint8_t *data;
+    size_t len;
+    if (fd < 0 || fstat(fd, &owner) < 0 || owner.st_uid != geteuid() || (owner.st_mode & 022)
+        || cds_read_fd(fd, limit, &data, &len, &st) < 0)
         return -1;
-    char *buf = malloc((size_t)st.st_size + 1);
-    if (!buf)
-        return -1;
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
-        if (n <= 0) {
-            free(buf);
-            return -1;
-        }
-        got += (size_t)n;
-    }
-    *out = buf;
-    return (long)got;
+    *out = (char *)data;
+    return (long)len;
 }
 
 /* The host's params file as the step saw it: recorded state 0 (no such hook), 1 (absent),

@@ -12,7 +12,7 @@ import time
 from cdi import __version__
 from cdi.errors import CDIError
 
-from ..bundle import BundleError, read_config, write_config
+from ..bundle import BundleError, read_config, rootfs_path, write_config
 from ..config import ConfigError, load_config
 from .requests import collect_requests
 from .runc_args import ArgvError, parse_runc_argv
@@ -202,8 +202,6 @@ def _prepare_injected(args, config, raw, info, settings, log, phases):
         phases.done("write")
         log.debug(f"container {args.container_id or '?'}: the work of the injected spec's hooks done natively")
         if stepmemo.enabled() and settings.resident_socket:
-            from ..bundle import rootfs_path
-
             stepmemo.export_recipe(raw, edited, rootfs_path(config, args.bundle), args.bundle,
                                    os.path.join(os.path.dirname(settings.resident_socket), "steps"))
             phases.done("recipe")
