@@ -6,12 +6,13 @@
  * beside its socket: what the step read of the host (the params file's bytes), the identity
  * of every path it looked at (filememo.c's cds_memo_same), the links it made, the files it
  * wrote into the bundle, the programs of the hooks it changed, the hooks as it left them and
- * the mounts it bound (the rootfs and bundle paths left blank: \1 and \2). The replay reads
- * the recipe named by this config's key, checks it is ours (owner, mode, version, the whole
- * key), checks every path and the params file, then makes the links inside the rootfs
- * (never following anything out of it), writes the files and config.json (temp file and
- * rename). Any doubt or failure before config.json is renamed leaves the work to the worker,
- * which makes the same links and files again (both idempotent) and says what is wrong. */
+ * the mounts it bound or moved to its binds hook (the rootfs and bundle paths left blank: \1
+ * and \2). The replay reads the recipe named by this config's key, checks it is ours (owner,
+ * mode, version, the whole key), checks every path and the params file, then makes the links
+ * inside the rootfs (never following anything out of it), writes the files and config.json
+ * (temp file and rename). Any doubt or failure before config.json is renamed leaves the work
+ * to the worker, which makes the same links and files again (both idempotent) and says what
+ * is wrong. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -28,7 +29,7 @@
 #include "../engine/scan.h"
 #include "replay.h"
 
-#define RECIPE_MAGIC "CDSSTEP1"
+#define RECIPE_MAGIC "CDSSTEP2"
 #define MAX_RECIPE (8u << 20)
 #define MAX_PARAMS (1u << 20)
 #define PARAMS_PATH "/proc/driver/nvidia/params"
@@ -236,8 +237,9 @@ static int out_template(struct out *o, const char *template, size_t len, const c
     return 0;
 }
 
-/* The mounts array: the config's own, less those at a destination the step binds, then the
- * step's binds (BINDS: u32 length and the destination as JSON, u32 length and the mount). */
+/* The mounts array: the config's own, less those at a destination the step binds or moved to
+ * its binds hook, then the step's binds (BINDS: u32 length and the destination as JSON, u32
+ * length and the mount; an empty mount for a moved one). */
 static int out_mounts(struct out *o, const char *json, const struct cds_oci_view *view, const struct block *binds,
                       const char *rootfs, const char *bundle)
 {
@@ -265,6 +267,8 @@ static int out_mounts(struct out *o, const char *json, const struct cds_oci_view
     while (at < end) {
         if (next_block(&at, end, &dest) < 0 || next_block(&at, end, &body) < 0)
             return -1;
+        if (body.len == 0)
+            continue;   /* moved: bound by the hook */
         if ((!first && out_put(o, ",", 1) < 0) || out_template(o, body.data, body.len, rootfs, bundle) < 0)
             return -1;
         first = 0;

@@ -10,7 +10,14 @@
  *   cdi-shim-nshook symlinks [--rootfs DIR] --link TARGET::LINK...
  *       makes the links of a create-symlinks hook that lie under a mount (the toolkit's
  *       /dev/dri/by-path links, in the /dev runc mounts), parents made as needed; a LINK that
- *       exists is left as it is.
+ *       exists is left as it is;
+ *   cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS...
+ *       binds the host's regular files at DEST in DIR, in order, as runc binds config.json's
+ *       file mounts: DEST resolved inside DIR (links followed there), missing parents (0755) and
+ *       the file itself (0755) made, OPTIONS a comma list of bind or rbind, any of ro,
+ *       nosuid, nodev, noexec, and one of private, rprivate, slave, rslave. The runtime moves a device's library mounts and its own files here
+ *       (shim/linker/filebinds.py): runc spends ~0.3 ms of its own on each file mount, this
+ *       a few syscalls.
  *
  * They run for every container start on a GPU node, so this is C: an exec and a few syscalls
  * (~1 ms; the Python hook it replaces took ~40). DIR is the rootfs (root.path), where it still
@@ -42,9 +49,12 @@ static int usage(void)
 {
     fputs("usage: cdi-shim-nshook bind-params [--rootfs DIR] --source FILE\n"
           "       cdi-shim-nshook symlinks [--rootfs DIR] --link TARGET::LINK...\n"
+          "       cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS...\n"
           "  (OCI createContainer hooks, run by runc in the container's mount namespace: bind FILE\n"
-          "   read-only over " PARAMS_PATH ", or make links under a mount; every path\n"
-          "   resolved inside DIR, the rootfs; without --rootfs, the rootfs of the OCI state on stdin)\n",
+          "   read-only over " PARAMS_PATH ", make links under a mount, or bind host files\n"
+          "   at DEST with OPTIONS (bind or rbind, ro, nosuid, nodev, noexec, [r]private, [r]slave);\n"
+          "   every path resolved inside DIR, the rootfs; without --rootfs, the rootfs of the OCI\n"
+          "   state on stdin)\n",
           stderr);
     return 2;
 }
@@ -175,24 +185,142 @@ static int make_links(int rootfd, const char *rootfs, char **links, int count)
     return 0;
 }
 
+/* OPTIONS (a comma list) as mount(2) flags for the three steps runc takes: the bind (MS_BIND,
+ * MS_REC), the propagation (MS_PRIVATE or MS_SLAVE, MS_REC), the remount (MS_RDONLY, MS_NOSUID,
+ * MS_NODEV, MS_NOEXEC); -1 for an option we do not take or no bind at all. */
+static int bind_options(const char *options, unsigned long flags[3])
+{
+    static const struct { const char *name; int step; unsigned long flags; } known[] = {
+        {"bind", 0, MS_BIND}, {"rbind", 0, MS_BIND | MS_REC},
+        {"private", 1, MS_PRIVATE}, {"rprivate", 1, MS_PRIVATE | MS_REC},
+        {"slave", 1, MS_SLAVE}, {"rslave", 1, MS_SLAVE | MS_REC},
+        {"ro", 2, MS_RDONLY}, {"nosuid", 2, MS_NOSUID}, {"nodev", 2, MS_NODEV}, {"noexec", 2, MS_NOEXEC},
+    };
+    flags[0] = flags[1] = flags[2] = 0;
+    const char *at = options;
+    while (*at) {
+        size_t len = strcspn(at, ",");
+        size_t i = 0;
+        while (i < sizeof known / sizeof known[0] && !(strlen(known[i].name) == len && strncmp(at, known[i].name, len) == 0))
+            i++;
+        if (i == sizeof known / sizeof known[0])
+            return -1;
+        if (known[i].step == 1 && flags[1] && flags[1] != known[i].flags)
+            return -1;  /* two propagations */
+        flags[known[i].step] |= known[i].flags;
+        at += len + (at[len] == ',');
+    }
+    if (flags[2])
+        flags[2] |= MS_REMOUNT | MS_BIND;
+    return flags[0] ? 0 : -1;
+}
+
+/* An O_PATH descriptor of DEST inside the root, followed there (as runc resolves a mount's
+ * destination); made as an empty file (0755, parents 0755) where missing. -1 (reported). */
+static int open_bind_target(int rootfd, const char *rootfs, char *dest)
+{
+    int fd = cds_inroot_open(rootfd, dest, O_PATH);
+    if (fd < 0 && errno == ENOENT) {
+        char *slash = strrchr(dest, '/');
+        *slash = '\0';
+        size_t failed_at = 0;
+        int dirfd = slash == dest ? dup(rootfd) : cds_inroot_open_dirs(rootfd, dest, &failed_at);
+        int err = errno;
+        *slash = '/';
+        if (dirfd < 0) {
+            fprintf(stderr, "Error: binds: cannot make the directory of %s in %s (at %.*s): %s\n", dest, rootfs,
+                    (int)failed_at, dest, strerror(err));
+            return -1;
+        }
+        /* No process of the container runs yet: what is missing now stays missing. O_EXCL
+         * keeps a link or FIFO put there since from being followed or opened. */
+        int made = openat(dirfd, slash + 1, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0755);
+        err = errno;
+        close(dirfd);
+        if (made < 0) {
+            fprintf(stderr, "Error: binds: cannot make %s in %s: %s\n", dest, rootfs, strerror(err));
+            return -1;
+        }
+        close(made);
+        fd = cds_inroot_open(rootfd, dest, O_PATH | O_NOFOLLOW);
+    }
+    if (fd < 0) {
+        fprintf(stderr, "Error: binds: cannot open %s in %s: %s\n", dest, rootfs, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || S_ISDIR(st.st_mode)) {
+        close(fd);
+        fprintf(stderr, "Error: binds: %s in %s is a directory: a file cannot be bound over it\n", dest, rootfs);
+        return -1;
+    }
+    return fd;
+}
+
+/* Each --bind SOURCE DEST OPTIONS, in runc's steps: the bind through /proc/self/fd (the
+ * resolved target, never the path again), then the propagation and the remount, each on DEST
+ * resolved anew (it now names the mount, not the file under it). */
+static int bind_files(int rootfd, const char *rootfs, char **binds, int count)
+{
+    static const char *const what[] = {"bind", "set the propagation of", "remount (with its options)"};
+    for (int i = 0; i < count; i++) {
+        const char *source = binds[3 * i], *options = binds[3 * i + 2];
+        char *dest = binds[3 * i + 1];
+        unsigned long flags[3];
+        if (source[0] != '/' || dest[0] != '/' || dest[1] == '\0' || strstr(dest, "/../") || strstr(dest, "/./")
+            || bind_options(options, flags) < 0) {
+            fprintf(stderr, "Error: binds: malformed --bind \"%s\" \"%s\" \"%s\": expected /SOURCE /DEST OPTIONS "
+                    "(bind or rbind; any of ro,nosuid,nodev,noexec; private, rprivate, slave or rslave)\n",
+                    source, dest, options);
+            return 1;
+        }
+        for (int step = 0; step < 3; step++) {
+            if (!flags[step])
+                continue;
+            int fd = step == 0 ? open_bind_target(rootfd, rootfs, dest) : cds_inroot_open(rootfd, dest, O_PATH);
+            if (fd < 0) {
+                if (step)
+                    fprintf(stderr, "Error: binds: cannot open %s in %s again: %s\n", dest, rootfs, strerror(errno));
+                return 1;
+            }
+            char where[64];
+            snprintf(where, sizeof where, "/proc/self/fd/%d", fd);
+            int rc = mount(step == 0 ? source : NULL, where, NULL, flags[step], NULL);
+            int err = errno;
+            close(fd);
+            if (rc != 0) {
+                fprintf(stderr, "Error: binds: cannot %s %s at %s in %s: %s\n", what[step], source, dest, rootfs,
+                        strerror(err));
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
         return usage();
     const char *command = argv[1], *source = NULL;
     char *rootfs = NULL;
-    char *links[MAX_LINKS];
+    char *links[MAX_LINKS];     /* --link values, or three values a --bind */
     int count = 0;
-    int params = strcmp(command, "bind-params") == 0;
-    if (!params && strcmp(command, "symlinks") != 0)
+    int params = strcmp(command, "bind-params") == 0, binding = strcmp(command, "binds") == 0;
+    if (!params && !binding && strcmp(command, "symlinks") != 0)
         return usage();
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--rootfs") == 0 && i + 1 < argc)
             rootfs = argv[++i];
         else if (params && strcmp(argv[i], "--source") == 0 && i + 1 < argc)
             source = argv[++i];
-        else if (!params && strcmp(argv[i], "--link") == 0 && i + 1 < argc && count < MAX_LINKS)
+        else if (!params && !binding && strcmp(argv[i], "--link") == 0 && i + 1 < argc && count < MAX_LINKS)
             links[count++] = argv[++i];
+        else if (binding && strcmp(argv[i], "--bind") == 0 && i + 3 < argc && 3 * (count + 1) <= MAX_LINKS) {
+            links[3 * count] = argv[i + 1], links[3 * count + 1] = argv[i + 2], links[3 * count + 2] = argv[i + 3];
+            count++;
+            i += 3;
+        }
         else
             return usage();
     }
@@ -216,7 +344,8 @@ int main(int argc, char **argv)
         free(from_state);
         return 1;
     }
-    int rc = params ? bind_params(rootfd, rootfs, source) : make_links(rootfd, rootfs, links, count);
+    int rc = params ? bind_params(rootfd, rootfs, source)
+             : binding ? bind_files(rootfd, rootfs, links, count) : make_links(rootfd, rootfs, links, count);
     close(rootfd);
     free(from_state);
     return rc;

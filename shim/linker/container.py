@@ -247,7 +247,43 @@ class _Noting:
 
 
 def _step(config, bundle, rootfs, calls, mounts, libraries, log, start):
-    """The linker step itself (prepare_linker, past the memo of whole steps)."""
+    """The linker step itself (prepare_linker, past the memo of whole steps), its file binds last."""
+    config = _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start)
+    return _bind_files(config, bundle, rootfs, log)
+
+
+def _bind_files(config, bundle, rootfs, log):
+    """CONFIG with the library mounts and our bundle files bound by our C hook rather than by
+    runc, where that cannot be told apart and pays (filebinds.py)."""
+    from . import filebinds
+    from .engine import LdcacheError, Root
+
+    program = our_program("cdi-shim-nshook")
+    if not os.access(program, os.X_OK):
+        return config
+    prefix = os.path.abspath(bundle) + "/"
+    ours = {m["source"] for m in config.get("mounts") or () if isinstance(m, dict) and isinstance(m.get("source"), str)
+            and m["source"].startswith(prefix) and m["source"][len(prefix):].startswith("cdi-shim.")
+            and "/" not in m["source"][len(prefix):]}
+    try:
+        root = Root(rootfs)
+    except LdcacheError:
+        return config
+    with root:
+        chosen = filebinds.plan(config, root, ours, _is_library)
+    if not chosen:
+        return config
+    moved = [config["mounts"][index]["destination"] for index in chosen]
+    config, hook = filebinds.hook(config, chosen, rootfs, program, SAFE_HOOK_ENV)
+    if _recording is not None:
+        _recording.changed[id(hook)] = True
+        _recording.moved = moved
+    log.debug(f"{len(chosen)} file mounts bound by {program} binds in the container's mount namespace, not by runc")
+    return config
+
+
+def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
+    """The cache, the links and the toolkit hooks' work (_step)."""
     from . import toolkit_hooks as toolkit
 
     updates = [call for call in calls if call.command == "update-ldcache"]

@@ -56,12 +56,12 @@ def enabled():
 
 
 class _Recipe:
-    __slots__ = ("paths", "count", "identities", "links", "files", "binds", "hooks", "params", "exported",
+    __slots__ = ("paths", "count", "identities", "links", "files", "binds", "moved", "hooks", "params", "exported",
                  "exported_path")
 
-    def __init__(self, paths, count, identities, links, files, binds, hooks):
+    def __init__(self, paths, count, identities, links, files, binds, moved, hooks):
         self.paths, self.count, self.identities = paths, count, identities
-        self.links, self.files, self.binds, self.hooks = links, files, binds, hooks
+        self.links, self.files, self.binds, self.moved, self.hooks = links, files, binds, moved, hooks
         self.params = b"0"      # the host's params file as the last step of it read it (export_recipe)
         self.exported = self.exported_path = None   # where it was last exported to
 
@@ -91,6 +91,7 @@ class Recorder:
         self.links = []         # [(target, link)] in the order made
         self.files = {}         # bundle path -> (data, mode)
         self.binds = []         # [(destination, bundle path)] in the order bound
+        self.moved = []         # the destinations of the mounts our binds hook makes (filebinds.py)
         self.changed = {}       # id(hook) -> True for each hook changed in place (our nshook)
         self.plans = []         # the paths each plan looked at (plan.Plan.looked), or None
         self.refused = ""       # why this step cannot be kept
@@ -224,6 +225,10 @@ def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host)
         config = dict(config, hooks=hooks)
     for destination, name in found.binds:
         config = bind(config, destination, os.path.join(bundle, name))
+    if found.moved:     # (each destination appears once: filebinds.plan)
+        moved = set(found.moved)
+        config = dict(config, mounts=[m for m in config.get("mounts") or ()
+                                      if not (isinstance(m, dict) and m.get("destination") in moved)])
     _took(found, host)
     return config
 
@@ -310,7 +315,7 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
     if sum(len(recipes) for recipes in _steps.values()) >= _MAX_STEPS:
         _steps.clear()
     candidates = _steps.setdefault(step_key, [])
-    recipe = _Recipe(paths, at, identities, list(recorder.links), files, binds, layout)
+    recipe = _Recipe(paths, at, identities, list(recorder.links), files, binds, list(recorder.moved), layout)
     candidates.insert(0, recipe)
     del candidates[_PER_KEY:]
     _took(recipe, host)
@@ -331,6 +336,8 @@ def _layout(recorder, original, result, rootfs, in_bundle):
                 args = [_ROOTFS if arg == rootfs else ("bundle", in_bundle(arg))
                         if isinstance(arg, str) and arg in recorder.files else arg
                         for arg in hook["args"]]
+                if any(isinstance(arg, str) and in_bundle(arg) is not None for arg in args):
+                    return False    # (a bundle path not written by the step: not this container's)
                 # (name, value) in the hook's own order, its arguments with the blanks
                 made.append(tuple((name, args if name == "args" else value) for name, value in hook.items()))
             elif id(hook) in recorder.positions and recorder.positions[id(hook)][0] == stage:
@@ -345,7 +352,7 @@ def _layout(recorder, original, result, rootfs, in_bundle):
 
 # ---- the recipes the runtime front end replays (csrc/frontend/replay.c) -------------------
 
-RECIPE_MAGIC = b"CDSSTEP1"
+RECIPE_MAGIC = b"CDSSTEP2"
 _MAX_RECIPES = 64       # files in the steps directory; the oldest go first
 _ROOTFS_MARK, _BUNDLE_MARK = "\x01", "\x02"
 
@@ -401,9 +408,13 @@ def export_recipe(raw, final, rootfs, bundle, directory):
         return fastjson.dumpb(blanked(value)).replace(b"\\u0001", b"\x01").replace(b"\\u0002", b"\x02")
 
     mounts = {mount.get("destination"): mount for mount in final.get("mounts") or () if isinstance(mount, dict)}
+    # A bind's destination and mount; a moved mount's destination and nothing (it is dropped).
     binds = b""
     for destination, _ in recipe.binds:
-        binds += _block(fastjson.dumpb(destination)) + _block(text(mounts[destination]))
+        if destination not in recipe.moved:
+            binds += _block(fastjson.dumpb(destination)) + _block(text(mounts[destination]))
+    for destination in recipe.moved:
+        binds += _block(fastjson.dumpb(destination)) + _block(b"")
     links = b""
     for target, link in recipe.links:
         parent, name = os.path.split(os.path.normpath(link))

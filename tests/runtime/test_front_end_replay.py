@@ -10,12 +10,14 @@ step gives a third container; its program links and runs. A recipe that is not s
 a root or host that changed, leaves the work to the worker."""
 import json
 import os
+import shutil
 import subprocess
 import time
 
 import pytest
 
 import runtime_helpers as rh
+from shim.cri.lab import build_driver_libraries
 from test_runtime_resident import debug_world, served_lines, start_server
 from test_runtime_toolkit_hooks import LIBDIR, PARAMS, _image, driver, preinject, toolkit_spec  # noqa: F401 (a fixture)
 
@@ -23,7 +25,7 @@ from test_runtime_toolkit_hooks import LIBDIR, PARAMS, _image, driver, preinject
 class Image:
     """A world with a one-worker resident server, the toolkit's spec and an image layer."""
 
-    def __init__(self, world, driver, tmp_path, params=None):
+    def __init__(self, world, driver, tmp_path, params=None, more_libraries=()):
         self.world, self.tmp_path, self.mounts = world, tmp_path, []
         self.socket = os.path.join(world.base, "run", "runtime.sock")
         self.steps = os.path.join(world.base, "run", "steps")
@@ -31,7 +33,9 @@ class Image:
         self.server = start_server(world, self.socket, workers=1)
         world.resident_socket = self.socket
         self.log = debug_world(world)
-        world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver))
+        world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver) + "".join(
+            f"    - hostPath: {path}\n      containerPath: {LIBDIR}/{os.path.basename(path)}\n"
+            "      options: [ro, nosuid, nodev, rbind, rprivate]\n" for path in more_libraries))
         image = world.bundle(tag="image")
         _image(image, driver, str(tmp_path), compat=False)
         self.layer = image.rootfs
@@ -109,6 +113,36 @@ def test_a_kept_step_is_replayed_by_the_front_end(image):
     assert create.returncode == 0, create.stderr
     assert result(third) == replayed
     world.runc_cmd("delete", "--force", third.id)
+
+
+def test_a_step_with_the_binds_hook_is_replayed_alike(world, driver, tmp_path):
+    """With a toolkit-sized driver (eleven libraries) the step moves the library mounts into
+    our binds hook (shim/linker/filebinds.py): the front end's replay, the worker's own replay
+    and the Python step alone give the same config.json, bundle files and links."""
+    more = build_driver_libraries(str(tmp_path / "more"), 9, rh.need("gcc", "gcc"), "550.54.15")
+    made = Image(world, driver, tmp_path, more_libraries=more)
+    try:
+        results = []
+        for how in ("worker", "front end", "worker's memo", "python"):
+            if how == "worker's memo":
+                shutil.rmtree(made.steps)
+            if how == "python":
+                world.resident_socket = os.path.join(world.base, "no-resident.sock")
+                world.write_config(log_level="debug", log_file=made.log)
+            bundle = made.container()
+            run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
+            assert run.returncode == 0 and run.stdout.startswith("linked=42"), (how, run.stderr)
+            if how != "python":
+                assert made.served() == {"worker": 1, "front end": 1, "worker's memo": 2}[how], how
+            results.append(result(bundle))
+        assert all(later == results[0] for later in results[1:])
+        config = results[0][0]
+        binds = config["hooks"]["createContainer"][0]["args"]
+        assert binds[:4] == ["cdi-shim-nshook", "binds", "--rootfs", "ROOTFS"] and binds.count("--bind") == 13
+        assert "BUNDLE/cdi-shim.ld.so.cache" in binds
+        assert not any(m["destination"].startswith(LIBDIR) for m in config["mounts"])
+    finally:
+        made.close()
 
 
 def test_a_changed_hook_is_replayed_with_its_paths(world, driver, tmp_path):

@@ -1,0 +1,128 @@
+"""A device's library mounts and our own bundle files, bound by one C hook instead of runc.
+
+runc spends ~0.3 ms of its own on each file bind of config.json (the destination resolved four
+times over, each through /proc/self/fd and a readlink check, the remount on top); the kernel's
+part is ~15 µs. A toolkit-shaped spec binds 30 or more driver libraries, so runc pays ~9 ms
+for them in every GPU container (benchmarks/run_with_libraries.py). Here such mounts leave
+config.json for `cdi-shim-nshook binds` (csrc/hooks/nshook.c), the first createContainer
+hook: runc runs it in the container's mount namespace after its own mounts and before
+pivot_root, where it makes the same binds, resolved inside the rootfs, with the same flags.
+
+Only mounts whose result cannot tell the difference move:
+- a bind of a host regular file (options: bind or rbind, any of ro, nosuid, nodev, noexec,
+  and one of private, rprivate, slave, rslave: the toolkit writes "ro, nosuid, nodev, rbind,
+  rprivate") whose destination names a library (its source is in the step memo's key, so a
+  replayed step binds the same file) or is one of the files this step wrote into the bundle;
+- at a destination that appears once, outside /proc, /sys and /dev (runc's own mounts),
+  a regular file in the image or missing there under a directory that is there (a link, a
+  directory, or a link that leads nowhere above it are left to runc's own resolution), with no
+  mount after it at that path or above it (the hook runs after every mount runc makes, so
+  those would otherwise end up below it);
+- in a container without a user namespace (runc then opens the sources itself, before it
+  enters it) and without prestart or createRuntime hooks (they run before createContainer
+  hooks and may expect the files in place);
+- and only when at least MIN_BINDS qualify: the hook's own start (~2 ms under runc) must be
+  paid back.
+"""
+import os
+import posixpath
+import stat
+
+MIN_BINDS = 8
+MAX_BINDS = 256     # per hook (cdi-shim-nshook takes 341); the rest stay with runc
+OPTIONS = frozenset(("bind", "rbind", "ro", "nosuid", "nodev", "noexec", "private", "rprivate", "slave", "rslave"))
+PROPAGATIONS = frozenset(("private", "rprivate", "slave", "rslave"))
+RUNC_TREES = ("/proc", "/sys", "/dev")
+
+
+def _under(path, top):
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _movable(mount, ours, is_library):
+    """True when MOUNT (a dict) is a file bind of the kind described above, config-wise."""
+    destination, source, options = mount.get("destination"), mount.get("source"), mount.get("options")
+    if not (isinstance(destination, str) and isinstance(source, str) and isinstance(options, list)):
+        return False
+    if not destination.startswith("/") or posixpath.normpath(destination) != destination or destination == "/":
+        return False
+    if any(_under(destination, top) for top in RUNC_TREES):
+        return False
+    if mount.get("type") not in (None, "", "bind", "none"):
+        return False
+    if not all(isinstance(option, str) for option in options) or not set(options) <= OPTIONS \
+            or not {"bind", "rbind"} & set(options) or len(PROPAGATIONS & set(options)) > 1:
+        return False
+    if not (is_library(destination) or source in ours):
+        return False
+    try:
+        return stat.S_ISREG(os.stat(source).st_mode)
+    except OSError:
+        return False
+
+
+def _can_make(root, destination):
+    """True when the hook can make DESTINATION's missing directories: the nearest one there is a
+    directory, not a link that leads nowhere (runc would make its target; the hook refuses)."""
+    import errno
+
+    parent = posixpath.dirname(destination)
+    while parent != "/":
+        found = root.stat(parent, follow=False)
+        if found is not None:
+            return stat.S_ISDIR(found[0]) or stat.S_ISLNK(found[0]) and root.stat(parent) is not None \
+                and stat.S_ISDIR(root.stat(parent)[0])
+        if root.errno != errno.ENOENT:
+            return False
+        parent = posixpath.dirname(parent)
+    return True
+
+
+def plan(config, root, ours, is_library):
+    """The indices of CONFIG's mounts the hook can bind (see above), in order; [] when it should
+    not. ROOT: the rootfs (engine.Root); OURS: the bundle files this step bound."""
+    import errno
+
+    linux = config.get("linux")
+    namespaces = linux.get("namespaces") if isinstance(linux, dict) else None
+    if isinstance(namespaces, list) and any(isinstance(ns, dict) and ns.get("type") == "user" for ns in namespaces):
+        return []
+    hooks = config.get("hooks")
+    if isinstance(hooks, dict) and (hooks.get("prestart") or hooks.get("createRuntime")):
+        return []
+    mounts = config.get("mounts") or []
+    destinations = [m.get("destination") if isinstance(m, dict) else None for m in mounts]
+    chosen = []
+    for index, mount in enumerate(mounts):
+        if not isinstance(mount, dict) or not _movable(mount, ours, is_library):
+            continue
+        destination = mount["destination"]
+        if destinations.count(destination) != 1:
+            continue
+        later = [d for d in destinations[index + 1:] if not isinstance(d, str) or
+                 _under(destination, posixpath.normpath(d) if d.startswith("/") else "/")]
+        if later:
+            continue
+        found = root.stat(destination, follow=False)
+        if found is None and (root.errno != errno.ENOENT or not _can_make(root, destination)) \
+                or found is not None and not stat.S_ISREG(found[0]):
+            continue
+        chosen.append(index)
+        if len(chosen) == MAX_BINDS:
+            break
+    return chosen if len(chosen) >= MIN_BINDS else []
+
+
+def hook(config, chosen, rootfs, program, env):
+    """CONFIG with its mounts at CHOSEN bound by PROGRAM (cdi-shim-nshook binds) instead: the
+    new config and the hook (first among the createContainer hooks)."""
+    mounts = config.get("mounts") or []
+    args = ["cdi-shim-nshook", "binds", "--rootfs", rootfs]
+    for index in chosen:
+        mount = mounts[index]
+        args += ["--bind", mount["source"], mount["destination"], ",".join(mount["options"])]
+    made = {"path": program, "args": args, "env": list(env)}
+    skip = set(chosen)
+    hooks = dict(config.get("hooks") or {})
+    hooks["createContainer"] = [made] + list(hooks.get("createContainer") or [])
+    return dict(config, mounts=[m for at, m in enumerate(mounts) if at not in skip], hooks=hooks), made
