@@ -11,13 +11,14 @@
  *       makes the links of a create-symlinks hook that lie under a mount (the toolkit's
  *       /dev/dri/by-path links, in the /dev runc mounts), parents made as needed; a LINK that
  *       exists is left as it is;
- *   cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS...
+ *   cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS... [--params FILE]
  *       binds the host's regular files at DEST in DIR, in order, as runc binds config.json's
  *       file mounts: DEST resolved inside DIR (links followed there), missing parents (0755) and
  *       the file itself (0755) made, OPTIONS a comma list of bind or rbind, any of ro,
  *       nosuid, nodev, noexec, and one of private, rprivate, slave, rslave. The runtime moves a device's library mounts and its own files here
  *       (shim/linker/filebinds.py): runc spends ~0.3 ms of its own on each file mount, this
- *       a few syscalls.
+ *       a few syscalls. With --params, then what bind-params FILE does (one hook start, not
+ *       two, on a GPU node).
  *
  * They run for every container start on a GPU node, so this is C: an exec and a few syscalls
  * (~1 ms; the Python hook it replaces took ~40). DIR is the rootfs (root.path), where it still
@@ -49,7 +50,7 @@ static int usage(void)
 {
     fputs("usage: cdi-shim-nshook bind-params [--rootfs DIR] --source FILE\n"
           "       cdi-shim-nshook symlinks [--rootfs DIR] --link TARGET::LINK...\n"
-          "       cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS...\n"
+          "       cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS... [--params FILE]\n"
           "  (OCI createContainer hooks, run by runc in the container's mount namespace: bind FILE\n"
           "   read-only over " PARAMS_PATH ", make links under a mount, or bind host files\n"
           "   at DEST with OPTIONS (bind or rbind, ro, nosuid, nodev, noexec, [r]private, [r]slave);\n"
@@ -314,6 +315,8 @@ int main(int argc, char **argv)
             rootfs = argv[++i];
         else if (params && strcmp(argv[i], "--source") == 0 && i + 1 < argc)
             source = argv[++i];
+        else if (binding && strcmp(argv[i], "--params") == 0 && i + 1 < argc && source == NULL)
+            source = argv[++i];
         else if (!params && !binding && strcmp(argv[i], "--link") == 0 && i + 1 < argc && count < MAX_LINKS)
             links[count++] = argv[++i];
         else if (binding && strcmp(argv[i], "--bind") == 0 && i + 3 < argc && 3 * (count + 1) <= MAX_LINKS) {
@@ -324,7 +327,8 @@ int main(int argc, char **argv)
         else
             return usage();
     }
-    if ((rootfs != NULL && rootfs[0] != '/') || (params && (source == NULL || source[0] != '/')) || (!params && !count))
+    if ((rootfs != NULL && rootfs[0] != '/') || (params && source == NULL) || (source != NULL && source[0] != '/')
+        || (!params && !count))
         return usage();
     char *from_state = NULL;
     if (rootfs == NULL) {
@@ -345,7 +349,8 @@ int main(int argc, char **argv)
         return 1;
     }
     int rc = params ? bind_params(rootfd, rootfs, source)
-             : binding ? bind_files(rootfd, rootfs, links, count) : make_links(rootfd, rootfs, links, count);
+             : binding ? bind_files(rootfd, rootfs, links, count) || (source && bind_params(rootfd, rootfs, source))
+             : make_links(rootfd, rootfs, links, count);
     close(rootfd);
     free(from_state);
     return rc;

@@ -269,12 +269,13 @@ def _bind_files(config, bundle, rootfs, log):
         root = Root(rootfs)
     except LdcacheError:
         return config
+    folded, params = filebinds.params_hook(config, program)
     with root:
-        chosen = filebinds.plan(config, root, ours, _is_library)
+        chosen = filebinds.plan(config, root, ours, _is_library, 1 if folded else filebinds.MIN_BINDS)
     if not chosen:
         return config
     moved = [config["mounts"][index]["destination"] for index in chosen]
-    config, hook = filebinds.hook(config, chosen, rootfs, program, SAFE_HOOK_ENV)
+    config, hook = filebinds.hook(config, chosen, rootfs, program, SAFE_HOOK_ENV, folded, params)
     if _recording is not None:
         _recording.changed[id(hook)] = True
         _recording.moved = moved

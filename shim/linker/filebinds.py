@@ -22,7 +22,9 @@ Only mounts whose result cannot tell the difference move:
   enters it) and without prestart or createRuntime hooks (they run before createContainer
   hooks and may expect the files in place);
 - and only when at least MIN_BINDS qualify: the hook's own start (~2 ms under runc) must be
-  paid back.
+  paid back -- unless our params hook (`cdi-shim-nshook bind-params`, a GPU node's
+  disable-device-node-modification) runs anyway: its bind is then folded into this hook
+  (`--params`), and one start serves both.
 """
 import os
 import posixpath
@@ -78,9 +80,9 @@ def _can_make(root, destination):
     return True
 
 
-def plan(config, root, ours, is_library):
-    """The indices of CONFIG's mounts the hook can bind (see above), in order; [] when it should
-    not. ROOT: the rootfs (engine.Root); OURS: the bundle files this step bound."""
+def plan(config, root, ours, is_library, minimum=MIN_BINDS):
+    """The indices of CONFIG's mounts the hook can bind (see above), in order; [] when fewer
+    than MINIMUM. ROOT: the rootfs (engine.Root); OURS: the bundle files this step bound."""
     import errno
 
     linux = config.get("linux")
@@ -110,19 +112,32 @@ def plan(config, root, ours, is_library):
         chosen.append(index)
         if len(chosen) == MAX_BINDS:
             break
-    return chosen if len(chosen) >= MIN_BINDS else []
+    return chosen if len(chosen) >= minimum else []
 
 
-def hook(config, chosen, rootfs, program, env):
-    """CONFIG with its mounts at CHOSEN bound by PROGRAM (cdi-shim-nshook binds) instead: the
-    new config and the hook (first among the createContainer hooks)."""
+def params_hook(config, program):
+    """Our kept params hook (cdi-shim-nshook bind-params of PROGRAM) and its --source, or (None, None)."""
+    for entry in (config.get("hooks") or {}).get("createContainer") or ():
+        args = entry.get("args") if isinstance(entry, dict) else None
+        if entry.get("path") == program and isinstance(args, list) and args[:2] == ["cdi-shim-nshook", "bind-params"] \
+                and "--source" in args[:-1]:
+            return entry, args[args.index("--source") + 1]
+    return None, None
+
+
+def hook(config, chosen, rootfs, program, env, folded=None, params=None):
+    """CONFIG with its mounts at CHOSEN bound by PROGRAM (cdi-shim-nshook binds) instead, and
+    the FOLDED params hook's bind of PARAMS too: the new config and the hook (first among the
+    createContainer hooks)."""
     mounts = config.get("mounts") or []
     args = ["cdi-shim-nshook", "binds", "--rootfs", rootfs]
     for index in chosen:
         mount = mounts[index]
         args += ["--bind", mount["source"], mount["destination"], ",".join(mount["options"])]
+    if folded is not None:
+        args += ["--params", params]
     made = {"path": program, "args": args, "env": list(env)}
     skip = set(chosen)
     hooks = dict(config.get("hooks") or {})
-    hooks["createContainer"] = [made] + list(hooks.get("createContainer") or [])
+    hooks["createContainer"] = [made] + [h for h in hooks.get("createContainer") or [] if h is not folded]
     return dict(config, mounts=[m for at, m in enumerate(mounts) if at not in skip], hooks=hooks), made

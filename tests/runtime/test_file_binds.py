@@ -204,7 +204,9 @@ def test_nshook_binds_refusals(tmp_path, dest, options, says):
 def test_nshook_binds_usage():
     hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
     for args in (["binds"], ["binds", "--rootfs", "/"], ["binds", "--rootfs", "/", "--bind", "/a", "/b"],
-                 ["binds", "--rootfs", "/", "--link", "a::/b"]):
+                 ["binds", "--rootfs", "/", "--link", "a::/b"], ["binds", "--rootfs", "/", "--params", "/p"],
+                 ["binds", "--rootfs", "/", "--bind", "/a", "/b", "bind", "--params", "relative"],
+                 ["binds", "--rootfs", "/", "--bind", "/a", "/b", "bind", "--params", "/p", "--params", "/q"]):
         run = subprocess.run([hook, *args], capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
         assert run.returncode == 2 and "cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS" in run.stderr
 

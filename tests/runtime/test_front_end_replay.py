@@ -147,8 +147,9 @@ def test_a_step_with_the_binds_hook_is_replayed_alike(world, driver, tmp_path):
 
 def test_a_changed_hook_is_replayed_with_its_paths(world, driver, tmp_path):
     """On a GPU host the params hook becomes ours (cdi-shim-nshook bind-params --rootfs R
-    --source B/...): the replay writes this container's paths into it. (Here no container runs:
-    this host has no /proc/driver/nvidia for the bind to cover.)"""
+    --source B/..., folded into the binds hook as --params B/...): the replay writes this
+    container's paths into it. (Here no container runs: this host has no /proc/driver/nvidia for
+    the bind to cover.)"""
     params = tmp_path / "params"
     params.write_text(PARAMS)
     made = Image(world, driver, tmp_path, params=str(params))
@@ -163,9 +164,9 @@ def test_a_changed_hook_is_replayed_with_its_paths(world, driver, tmp_path):
                 assert made.served() == 1, "the front end did not replay the step"
         replayed, python = result(bundles[1]), result(bundles[2])
         assert replayed == python
-        hooks = replayed[0]["hooks"]["createContainer"]
-        assert [h["args"] for h in hooks] == [["cdi-shim-nshook", "bind-params", "--rootfs", "ROOTFS",
-                                               "--source", "BUNDLE/cdi-shim.nvidia-params"]]
+        hooks = replayed[0]["hooks"]["createContainer"]     # (the params bind folded into our binds hook)
+        assert [h["args"][:4] + h["args"][-2:] for h in hooks] == [["cdi-shim-nshook", "binds", "--rootfs", "ROOTFS",
+                                                                    "--params", "BUNDLE/cdi-shim.nvidia-params"]]
         assert replayed[1]["cdi-shim.nvidia-params"][0] == PARAMS.replace("ModifyDeviceFiles: 1",
                                                                           "ModifyDeviceFiles: 0").encode()
         # the host's file changes: the recipe no longer holds; the worker does the step

@@ -249,8 +249,10 @@ def test_params_file_modified_and_our_hook_binds_it(world, driver, tmp_path):
     written = os.path.join(bundle.path, "cdi-shim.nvidia-params")
     assert open(written).read() == PARAMS.replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0")
     assert os.stat(written).st_mode & 0o777 == 0o444
+    # one hook of ours: the library mounts' binds (shim/linker/filebinds.py), the params bind folded in
     hooks = bundle.config()["hooks"]["createContainer"]
-    assert [h["args"] for h in hooks] == [["cdi-shim-nshook", "bind-params", "--rootfs", bundle.rootfs, "--source", written]]
+    assert len(hooks) == 1 and hooks[0]["args"][:4] == ["cdi-shim-nshook", "binds", "--rootfs", bundle.rootfs]
+    assert hooks[0]["args"][-2:] == ["--params", written] and hooks[0]["args"].count("--bind") == 4
     assert hooks[0]["path"] == os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
 
     # The hook, as runc runs it (state on stdin), in a private mount namespace.
@@ -268,6 +270,11 @@ def test_params_file_modified_and_our_hook_binds_it(world, driver, tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stdout == PARAMS.replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0")
     assert open(target).read() == "the image's\n"  # only bound over, in that namespace
+    # the same bind alone (a spec's hook kept as bind-params where no library mount moves)
+    script = script.replace(" ".join(hooks[0]["args"][1:]), f"bind-params --rootfs {rootfs} --source {written}")
+    run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                         capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0 and run.stdout == PARAMS.replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0"), run.stderr
 
 
 def _bind_params(rootfs, source, state):
