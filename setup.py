@@ -4,8 +4,8 @@ hook and the hook script.
 pyproject.toml holds the metadata. The front end `cdi-shim-runtime` is a small C program
 installed as a script; it needs to know which interpreter and which import directories run
 the Python half, so those are compiled in here. `cdi-shim-nshook` (csrc/hooks), the hooks the
-runtime leaves in config.json on a GPU node (work under a mount runc makes: /proc, /dev), is C
-for the same reason: it starts for every container. `cdi-shim-hook` (the OCI hooks podman or
+runtime leaves in config.json (work under a mount runc makes: /proc, /dev; the library binds it
+takes from runc), is C for the same reason: it starts for every GPU container. `cdi-shim-hook` (the OCI hooks podman or
 containerd with plain runc run as processes) is a Python script written here the same way:
 `python -IS` in its first line, the import directories in its text.
 """

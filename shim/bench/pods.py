@@ -368,7 +368,7 @@ def _report_sides(name, scenario):
     for key, side in scenario["sides"].items():
         lines.append(f"  {key}: {side['label']}; handler {side['handler']}"
                      + (f", CDIDevices {side['device']}" if side["device"] else "")
-                     + f"; hook processes per pod {s['hook_processes'][key]}")
+                     + f"; spec hook processes per pod {s['hook_processes'][key]}")
     width = max(len(key) for key in scenario["sides"])
     lines.append("  median ms       " + "  ".join(f"{key:>{width}}" for key in scenario["sides"]))
     for metric in ("startup", "lifecycle") + STEPS:
@@ -388,7 +388,7 @@ def _report_sides(name, scenario):
     for key, found in scenario.get("check", {}).items():
         lines.append(f"  checked in one more {key} pod: {found['cache_driver_libraries']} driver libraries in its "
                      f"ld.so.cache, link -> {found['link']}, profile {found['profile_bytes']} bytes, "
-                     f"{found['hook_processes']} hook processes")
+                     f"{found['hook_processes']} spec hook processes (its hook program's runs)")
     for key, phases in s["phases"].items():
         if any(not p.endswith(" pods") for p in phases):
             lines.append(f"  runtime phases of {key} (median ms per pod, {phases['resident pods']} pods prepared by "
