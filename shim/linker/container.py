@@ -273,7 +273,7 @@ def _bind_files(config, bundle, rootfs, log):
         return config
     folded, params = filebinds.params_hook(config, program)
     with root:
-        chosen = filebinds.plan(config, root, ours, _is_library, 1 if folded else filebinds.MIN_BINDS)
+        chosen = filebinds.plan(config, root, ours, _is_library, 1 if folded else None)
     if not chosen:
         return config
     moved = [config["mounts"][index]["destination"] for index in chosen]

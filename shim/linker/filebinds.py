@@ -1,12 +1,14 @@
 """A device's library mounts and our own bundle files, bound by one C hook instead of runc.
 
-runc spends ~0.3 ms of its own on each file bind of config.json (the destination resolved four
-times over, each through /proc/self/fd and a readlink check, the remount on top); the kernel's
-part is ~15 µs. A toolkit-shaped spec binds 30 or more driver libraries, so runc pays ~9 ms
-for them in every GPU container (benchmarks/run_with_libraries.py). Here such mounts leave
-config.json for `cdi-shim-nshook binds` (csrc/hooks/nshook.c), the first createContainer
-hook: runc runs it in the container's mount namespace after its own mounts and before
-pivot_root, where it makes the same binds, resolved inside the rootfs, with the same flags.
+runc spends ~0.25 ms of its own on each file bind of config.json (the destination resolved
+four times over, each through /proc/self/fd and a readlink check, the propagation and the
+remount on top); the kernel's part is ~0.05 ms. A toolkit-shaped spec binds 30 or more driver
+libraries: runc pays +10 ms for 30 of them on tmpfs, +15 ms on this VM's disk, where our hook
+pays +6.8 / +9.7 ms, of which ~2.5 ms is any hook's start under runc (benchmarks/file_binds.py).
+Here such mounts leave config.json for `cdi-shim-nshook binds` (csrc/hooks/nshook.c), the first
+createContainer hook: runc runs it in the container's mount namespace after its own mounts
+and before pivot_root, where it makes the same binds, resolved inside the rootfs, with the
+same flags.
 
 Only mounts whose result cannot tell the difference move:
 - a bind of a host regular file (options: bind or rbind, any of ro, nosuid, nodev, noexec,
@@ -21,16 +23,16 @@ Only mounts whose result cannot tell the difference move:
 - in a container without a user namespace (runc then opens the sources itself, before it
   enters it) and without prestart or createRuntime hooks (they run before createContainer
   hooks and may expect the files in place);
-- and only when at least MIN_BINDS qualify: the hook's own start (~2 ms under runc) must be
-  paid back -- unless our params hook (`cdi-shim-nshook bind-params`, a GPU node's
-  disable-device-node-modification) runs anyway: its bind is then folded into this hook
-  (`--params`), and one start serves both.
+- and only when at least MIN_BINDS qualify: the hook's start must be paid back (each bind
+  saves ~0.2 ms, the start costs ~2.5) -- unless our params hook (`cdi-shim-nshook
+  bind-params`, a GPU node's disable-device-node-modification) runs anyway: its bind is then
+  folded into this hook (`--params`), and one start serves both.
 """
 import os
 import posixpath
 import stat
 
-MIN_BINDS = 8
+MIN_BINDS = 16
 MAX_BINDS = 256     # per hook (cdi-shim-nshook takes 341); the rest stay with runc
 OPTIONS = frozenset(("bind", "rbind", "ro", "nosuid", "nodev", "noexec", "private", "rprivate", "slave", "rslave"))
 PROPAGATIONS = frozenset(("private", "rprivate", "slave", "rslave"))
@@ -80,9 +82,9 @@ def _can_make(root, destination):
     return True
 
 
-def plan(config, root, ours, is_library, minimum=MIN_BINDS):
+def plan(config, root, ours, is_library, minimum=None):
     """The indices of CONFIG's mounts the hook can bind (see above), in order; [] when fewer
-    than MINIMUM. ROOT: the rootfs (engine.Root); OURS: the bundle files this step bound."""
+    than MINIMUM (MIN_BINDS). ROOT: the rootfs (engine.Root); OURS: the bundle files this step bound."""
     import errno
 
     linux = config.get("linux")
@@ -112,7 +114,7 @@ def plan(config, root, ours, is_library, minimum=MIN_BINDS):
         chosen.append(index)
         if len(chosen) == MAX_BINDS:
             break
-    return chosen if len(chosen) >= minimum else []
+    return chosen if len(chosen) >= (MIN_BINDS if minimum is None else minimum) else []
 
 
 def params_hook(config, program):

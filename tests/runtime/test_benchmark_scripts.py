@@ -47,3 +47,13 @@ def test_front_end_work_benchmark(mode):
     result = _run("front_end_work.py", "--runs", "2", *mode)
     assert result["replay"] is not bool(mode)
     assert set(result["over_bin_true_ms"]) == {"passthrough", "trivial", "preinjected"}
+
+
+def test_file_binds_benchmark():
+    rh.static_busybox()
+    result = _run("file_binds.py", "--runs", "2", "--binds", "4")
+    assert result["binds"] == 4 and result["runc_create_plain_ms"] > 0
+    for side in ("runc", "hook", "true"):
+        low, high = result[f"{side}_over_plain_95pct_ms"]
+        assert low <= result[f"{side}_over_plain_ms"] <= high
+    assert set(result["kernel_part"]) == {"create_mount_points_ms", "bind_ms", "propagation_and_remount_ms"}

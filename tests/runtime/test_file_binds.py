@@ -1,7 +1,7 @@
 """A device's library mounts bound by our C hook, not by runc (shim/linker/filebinds.py,
 `cdi-shim-nshook binds`).
 
-A config as containerd's own CDI leaves it for a toolkit spec: ten gcc-built driver libraries
+A config as containerd's own CDI leaves it for a toolkit spec: sixteen gcc-built driver libraries (filebinds.MIN_BINDS)
 mounted with the toolkit's options (ro, nosuid, nodev, rbind, rprivate), one other file mount,
 and the update-ldcache hook of /usr/bin/nvidia-cdi-hook (absent here). Through cdi-shim-runtime
 the library mounts leave config.json for one `cdi-shim-nshook binds` hook; what the container
@@ -25,7 +25,7 @@ from shim.cri.lab import build_driver_libraries
 RESIDENT_TOO = True
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
-COUNT = 10
+COUNT = 16
 UPDATE_LDCACHE = {"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR],
                   "env": ["NVIDIA_CTK_DEBUG=false"]}
 
@@ -146,7 +146,7 @@ def test_a_fifo_at_a_library_path_is_left_to_runc(world, libraries, tmp_path):
     config = bundle.config()
     assert first in [m["destination"] for m in config["mounts"]]      # runc binds it, over the FIFO
     args = config["hooks"]["createContainer"][0]["args"]
-    assert first not in args and args.count("--bind") == COUNT        # the nine others and our cache
+    assert first not in args and args.count("--bind") == COUNT        # the others and our cache
     assert any(line.endswith(first) and not line.startswith("mount ") for line in run.stdout.splitlines())
 
 

@@ -116,10 +116,10 @@ def test_a_kept_step_is_replayed_by_the_front_end(image):
 
 
 def test_a_step_with_the_binds_hook_is_replayed_alike(world, driver, tmp_path):
-    """With a toolkit-sized driver (eleven libraries) the step moves the library mounts into
+    """With a toolkit-sized driver (sixteen libraries) the step moves the library mounts into
     our binds hook (shim/linker/filebinds.py): the front end's replay, the worker's own replay
     and the Python step alone give the same config.json, bundle files and links."""
-    more = build_driver_libraries(str(tmp_path / "more"), 9, rh.need("gcc", "gcc"), "550.54.15")
+    more = build_driver_libraries(str(tmp_path / "more"), 14, rh.need("gcc", "gcc"), "550.54.15")
     made = Image(world, driver, tmp_path, more_libraries=more)
     try:
         results = []
@@ -138,7 +138,7 @@ def test_a_step_with_the_binds_hook_is_replayed_alike(world, driver, tmp_path):
         assert all(later == results[0] for later in results[1:])
         config = results[0][0]
         binds = config["hooks"]["createContainer"][0]["args"]
-        assert binds[:4] == ["cdi-shim-nshook", "binds", "--rootfs", "ROOTFS"] and binds.count("--bind") == 13
+        assert binds[:4] == ["cdi-shim-nshook", "binds", "--rootfs", "ROOTFS"] and binds.count("--bind") == 18
         assert "BUNDLE/cdi-shim.ld.so.cache" in binds
         assert not any(m["destination"].startswith(LIBDIR) for m in config["mounts"])
     finally:
