@@ -21,6 +21,7 @@ import pytest
 
 import runtime_helpers as rh
 from shim.cri.lab import build_driver_libraries
+from test_runtime_toolkit_hooks import sanitized_nshook
 
 RESIDENT_TOO = True
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -213,14 +214,7 @@ def test_nshook_binds_usage():
 
 def test_nshook_binds_under_asan_and_ubsan(tmp_path):
     """The binds command built with gcc's sanitizers: good binds, every refusal, a long list."""
-    gcc = rh.need("gcc", "gcc")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    binary = tmp_path / "nshook-asan"
-    build = subprocess.run([gcc, "-std=gnu11", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-                            "-o", str(binary), *(os.path.join(repo, "csrc", part) for part in
-                                                 ("hooks/nshook.c", "hooks/ocistate.c", "engine/inroot.c"))],
-                           capture_output=True, text=True, timeout=120)
-    assert build.returncode == 0, build.stderr + "\n(gcc's sanitizer runtimes: apt-get install libasan8 libubsan1)"
+    binary = sanitized_nshook(tmp_path)
     rootfs = tmp_path / "rootfs"
     (rootfs / "usr/lib").mkdir(parents=True)
     source = tmp_path / "libfake.so.1"

@@ -612,18 +612,24 @@ def test_links_to_nothing_yet_are_made_after_planning_so_the_image_cache_serves(
     assert not bundle.config().get("hooks", {}).get("createContainer")
 
 
+def sanitized_nshook(directory):
+    """cdi-shim-nshook built with gcc's address and undefined-behaviour sanitizers, in DIRECTORY."""
+    gcc = rh.need("gcc", "gcc")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    binary = os.path.join(str(directory), "nshook-asan")
+    build = subprocess.run([gcc, "-std=gnu11", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
+                            "-o", binary, *(os.path.join(repo, "csrc", part) for part in
+                                            ("hooks/nshook.c", "hooks/ocistate.c", "engine/inroot.c"))],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr + "\n(gcc's sanitizer runtimes: apt-get install libasan8 libubsan1)"
+    return binary
+
+
 def test_nshook_state_reader_under_asan_and_ubsan(tmp_path):
     """The OCI state and config.json reader of cdi-shim-nshook, built with gcc's sanitizers, on
     good and malformed documents: deep nesting, long strings, bad escapes and surrogates, cut
     documents. Each run ends with 0 or 1 and no sanitizer report."""
-    gcc = rh.need("gcc", "gcc")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    binary = tmp_path / "nshook-asan"
-    build = subprocess.run([gcc, "-std=gnu11", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-                            "-o", str(binary), *(os.path.join(repo, "csrc", part) for part in
-                                                 ("hooks/nshook.c", "hooks/ocistate.c", "engine/inroot.c"))],
-                           capture_output=True, text=True, timeout=120)
-    assert build.returncode == 0, build.stderr + "\n(gcc's sanitizer runtimes: apt-get install libasan8 libubsan1)"
+    binary = sanitized_nshook(tmp_path)
     bundle = _state_bundle(tmp_path, '{"root": {"path": "rootfs"}}')
     good = '{"bundle": "%s"}' % bundle
     cases = [
