@@ -12,13 +12,14 @@
  *       /dev/dri/by-path links, in the /dev runc mounts), parents made as needed; a LINK that
  *       exists is left as it is;
  *   cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS... [--params FILE]
+ *                         [--link TARGET::LINK...]
  *       binds the host's regular files at DEST in DIR, in order, as runc binds config.json's
  *       file mounts: DEST resolved inside DIR (links followed there), missing parents (0755) and
  *       the file itself (0755) made, OPTIONS a comma list of bind or rbind, any of ro,
  *       nosuid, nodev, noexec, and one of private, rprivate, slave, rslave. The runtime moves a device's library mounts and its own files here
  *       (shim/linker/filebinds.py): runc spends ~0.3 ms of its own on each file mount, this
- *       a few syscalls. With --params, then what bind-params FILE does (one hook start, not
- *       two, on a GPU node).
+ *       a few syscalls. With --params and --link, then what bind-params FILE and symlinks
+ *       do (one hook start, not two or three, on a GPU node).
  *
  * They run for every container start on a GPU node, so this is C: an exec and a few syscalls
  * (~1 ms; the Python hook it replaces took ~40). DIR is the rootfs (root.path), where it still
@@ -51,6 +52,7 @@ static int usage(void)
     fputs("usage: cdi-shim-nshook bind-params [--rootfs DIR] --source FILE\n"
           "       cdi-shim-nshook symlinks [--rootfs DIR] --link TARGET::LINK...\n"
           "       cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS... [--params FILE]\n"
+          "                             [--link TARGET::LINK...]\n"
           "  (OCI createContainer hooks, run by runc in the container's mount namespace: bind FILE\n"
           "   read-only over " PARAMS_PATH ", make links under a mount, or bind host files\n"
           "   at DEST with OPTIONS (bind or rbind, ro, nosuid, nodev, noexec, [r]private, [r]slave);\n"
@@ -305,8 +307,9 @@ int main(int argc, char **argv)
         return usage();
     const char *command = argv[1], *source = NULL;
     char *rootfs = NULL;
-    char *links[MAX_LINKS];     /* --link values, or three values a --bind */
-    int count = 0;
+    char *links[MAX_LINKS];     /* --link values */
+    char *binds[MAX_LINKS];     /* three values a --bind */
+    int count = 0, bound = 0;
     int params = strcmp(command, "bind-params") == 0, binding = strcmp(command, "binds") == 0;
     if (!params && !binding && strcmp(command, "symlinks") != 0)
         return usage();
@@ -317,18 +320,18 @@ int main(int argc, char **argv)
             source = argv[++i];
         else if (binding && strcmp(argv[i], "--params") == 0 && i + 1 < argc && source == NULL)
             source = argv[++i];
-        else if (!params && !binding && strcmp(argv[i], "--link") == 0 && i + 1 < argc && count < MAX_LINKS)
+        else if (!params && strcmp(argv[i], "--link") == 0 && i + 1 < argc && count < MAX_LINKS)
             links[count++] = argv[++i];
-        else if (binding && strcmp(argv[i], "--bind") == 0 && i + 3 < argc && 3 * (count + 1) <= MAX_LINKS) {
-            links[3 * count] = argv[i + 1], links[3 * count + 1] = argv[i + 2], links[3 * count + 2] = argv[i + 3];
-            count++;
+        else if (binding && strcmp(argv[i], "--bind") == 0 && i + 3 < argc && 3 * (bound + 1) <= MAX_LINKS) {
+            binds[3 * bound] = argv[i + 1], binds[3 * bound + 1] = argv[i + 2], binds[3 * bound + 2] = argv[i + 3];
+            bound++;
             i += 3;
         }
         else
             return usage();
     }
     if ((rootfs != NULL && rootfs[0] != '/') || (params && source == NULL) || (source != NULL && source[0] != '/')
-        || (!params && !count))
+        || (!params && !binding && !count) || (binding && !bound))
         return usage();
     char *from_state = NULL;
     if (rootfs == NULL) {
@@ -346,7 +349,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "Error: %s: cannot open the rootfs %s: %s\n", command, rootfs, strerror(errno));
     } else {
         rc = params ? bind_params(rootfd, rootfs, source)
-             : binding ? bind_files(rootfd, rootfs, links, count) || (source && bind_params(rootfd, rootfs, source))
+             : binding ? bind_files(rootfd, rootfs, binds, bound) || (source && bind_params(rootfd, rootfs, source))
+                             || (count && make_links(rootfd, rootfs, links, count))
              : make_links(rootfd, rootfs, links, count);
         close(rootfd);
     }

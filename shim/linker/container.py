@@ -271,13 +271,13 @@ def _bind_files(config, bundle, rootfs, log):
         root = Root(rootfs)
     except LdcacheError:
         return config
-    folded, params = filebinds.params_hook(config, program)
+    folded, params, links = filebinds.folded_hooks(config, program, rootfs)
     with root:
         chosen = filebinds.plan(config, root, ours, _is_library, 1 if folded else None)
     if not chosen:
         return config
     moved = [config["mounts"][index]["destination"] for index in chosen]
-    config, hook = filebinds.hook(config, chosen, rootfs, program, SAFE_HOOK_ENV, folded, params)
+    config, hook = filebinds.hook(config, chosen, rootfs, program, SAFE_HOOK_ENV, folded, params, links)
     if _recording is not None:
         _recording.changed[id(hook)] = True
         _recording.moved = moved

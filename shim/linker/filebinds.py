@@ -117,29 +117,43 @@ def plan(config, root, ours, is_library, minimum=None):
     return chosen if len(chosen) >= (MIN_BINDS if minimum is None else minimum) else []
 
 
-def params_hook(config, program):
-    """Our kept params hook (cdi-shim-nshook bind-params of PROGRAM) and its --source, or (None, None)."""
+def folded_hooks(config, program, rootfs):
+    """Our own hooks of PROGRAM this hook can do too (cdi-shim-nshook bind-params and symlinks of
+    ROOTFS): [the hooks], the params source or None, [the --link values]."""
+    folded, params, links = [], None, []
     for entry in (config.get("hooks") or {}).get("createContainer") or ():
         args = entry.get("args") if isinstance(entry, dict) else None
-        if entry.get("path") == program and isinstance(args, list) and args[:2] == ["cdi-shim-nshook", "bind-params"] \
-                and "--source" in args[:-1]:
-            return entry, args[args.index("--source") + 1]
-    return None, None
+        if entry.get("path") != program or not isinstance(args, list) or args[2:4] != ["--rootfs", rootfs] \
+                or not all(isinstance(arg, str) for arg in args):
+            continue
+        options = list(zip(args[4::2], args[5::2]))
+        if args[:2] == ["cdi-shim-nshook", "bind-params"] and params is None and len(args) == 6 \
+                and options[0][0] == "--source":
+            params = options[0][1]
+        elif args[:2] == ["cdi-shim-nshook", "symlinks"] and len(args) % 2 == 0 \
+                and all(name == "--link" for name, _ in options):
+            links += [value for _, value in options]
+        else:
+            continue
+        folded.append(entry)
+    return folded, params, links
 
 
-def hook(config, chosen, rootfs, program, env, folded=None, params=None):
-    """CONFIG with its mounts at CHOSEN bound by PROGRAM (cdi-shim-nshook binds) instead, and
-    the FOLDED params hook's bind of PARAMS too: the new config and the hook (first among the
-    createContainer hooks)."""
+def hook(config, chosen, rootfs, program, env, folded=(), params=None, links=()):
+    """CONFIG with its mounts at CHOSEN bound by PROGRAM (cdi-shim-nshook binds) instead, and the
+    FOLDED hooks' work too (the bind of PARAMS, the LINKS): the new config and the hook (first
+    among the createContainer hooks)."""
     mounts = config.get("mounts") or []
     args = ["cdi-shim-nshook", "binds", "--rootfs", rootfs]
     for index in chosen:
         mount = mounts[index]
         args += ["--bind", mount["source"], mount["destination"], ",".join(mount["options"])]
-    if folded is not None:
+    if params is not None:
         args += ["--params", params]
+    for link in links:
+        args += ["--link", link]
     made = {"path": program, "args": args, "env": list(env)}
-    skip = set(chosen)
+    skip, gone = set(chosen), {id(entry) for entry in folded}
     hooks = dict(config.get("hooks") or {})
-    hooks["createContainer"] = [made] + [h for h in hooks.get("createContainer") or [] if h is not folded]
+    hooks["createContainer"] = [made] + [h for h in hooks.get("createContainer") or [] if id(h) not in gone]
     return dict(config, mounts=[m for at, m in enumerate(mounts) if at not in skip], hooks=hooks), made

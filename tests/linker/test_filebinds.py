@@ -143,19 +143,24 @@ def test_at_most_max_binds_a_hook(tmp_path, rootfs, monkeypatch):
     assert chosen(rootfs, mounts) == list(range(9))
 
 
-def test_our_params_hook_is_folded_into_the_binds_hook(host, rootfs):
+def test_our_own_hooks_are_folded_into_the_binds_hook(host, rootfs):
     program = "/opt/cdi-shim/bin/cdi-shim-nshook"
     params = {"path": program, "args": ["cdi-shim-nshook", "bind-params", "--rootfs", str(rootfs), "--source", "/b/p"]}
+    links = {"path": program, "args": ["cdi-shim-nshook", "symlinks", "--rootfs", str(rootfs),
+                                       "--link", "../card1::/dev/dri/by-path/x-card", "--link", "../r::/dev/dri/by-path/x-r"]}
     other = {"path": "/usr/bin/vendor-hook", "args": ["vendor-hook"]}
-    config = {"mounts": [library(host, 0)], "hooks": {"createContainer": [other, params]}}
-    folded, source = filebinds.params_hook(config, program)
-    assert folded is params and source == "/b/p"
-    assert filebinds.params_hook(config, "/elsewhere/cdi-shim-nshook") == (None, None)
+    elsewhere = dict(links, args=links["args"][:3] + ["/other/rootfs"] + links["args"][4:])
+    config = {"mounts": [library(host, 0)], "hooks": {"createContainer": [other, params, elsewhere, links]}}
+    folded, source, made_links = filebinds.folded_hooks(config, program, str(rootfs))
+    assert folded == [params, links] and source == "/b/p"
+    assert made_links == ["../card1::/dev/dri/by-path/x-card", "../r::/dev/dri/by-path/x-r"]
+    assert filebinds.folded_hooks(config, "/elsewhere/cdi-shim-nshook", str(rootfs)) == ([], None, [])
     assert chosen(rootfs, config["mounts"], **{k: v for k, v in config.items() if k != "mounts"}) == []
     with Root(str(rootfs)) as root:
         picked = filebinds.plan(config, root, set(), _is_library, minimum=1)
-    new, made = filebinds.hook(config, picked, str(rootfs), program, ["PATH=/bin"], folded, source)
-    assert new["hooks"]["createContainer"] == [made, other] and new["mounts"] == []
+    new, made = filebinds.hook(config, picked, str(rootfs), program, ["PATH=/bin"], folded, source, made_links)
+    assert new["hooks"]["createContainer"] == [made, other, elsewhere] and new["mounts"] == []
     assert made["args"] == ["cdi-shim-nshook", "binds", "--rootfs", str(rootfs), "--bind", config["mounts"][0]["source"],
-                            config["mounts"][0]["destination"], ",".join(OPTIONS), "--params", "/b/p"]
-    assert config["hooks"]["createContainer"] == [other, params]     # the caller's config is left as it was
+                            config["mounts"][0]["destination"], ",".join(OPTIONS), "--params", "/b/p",
+                            "--link", "../card1::/dev/dri/by-path/x-card", "--link", "../r::/dev/dri/by-path/x-r"]
+    assert config["hooks"]["createContainer"] == [other, params, elsewhere, links]    # left as it was

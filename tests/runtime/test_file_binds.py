@@ -151,10 +151,12 @@ def test_a_fifo_at_a_library_path_is_left_to_runc(world, libraries, tmp_path):
     assert any(line.endswith(first) and not line.startswith("mount ") for line in run.stdout.splitlines())
 
 
-def _nshook_binds(rootfs, *binds, show=""):
-    """`cdi-shim-nshook binds` in a private mount namespace; then SHOW (a shell line) in it."""
+def _nshook_binds(rootfs, *binds, show="", extra=()):
+    """`cdi-shim-nshook binds` (then EXTRA arguments) in a private mount namespace; then SHOW (a
+    shell line) in it."""
     hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
-    args = " ".join(f"--bind {shlex.quote(s)} {shlex.quote(d)} {shlex.quote(o)}" for s, d, o in binds)
+    args = " ".join([f"--bind {shlex.quote(s)} {shlex.quote(d)} {shlex.quote(o)}" for s, d, o in binds]
+                    + [shlex.quote(arg) for arg in extra])
     line = f"{hook} binds --rootfs {shlex.quote(str(rootfs))} {args} </dev/null; echo rc=$?; {show}"
     return subprocess.run([rh.need("unshare", "util-linux"), "-m", "--propagation", "private", "sh", "-c", line],
                           capture_output=True, text=True, timeout=30)
@@ -179,6 +181,26 @@ def test_nshook_binds_resolves_inside_the_root_and_never_opens_what_it_binds_ove
     assert os.listdir(host) == []
     assert stat.S_ISFIFO(os.lstat(rootfs / "usr/lib/fifo.so.1").st_mode)
     assert oct(os.stat(rootfs / "usr/lib/new/deeper").st_mode & 0o777) == "0o755"
+
+
+def test_nshook_binds_makes_the_links_folded_into_it(tmp_path):
+    """A node with DRM devices: the /dev/dri/by-path links of our symlinks hook, made by the binds
+    hook after its binds (one hook start, not two); a link leading out of the root is refused."""
+    rootfs, host = tmp_path / "rootfs", tmp_path / "host"
+    (rootfs / "usr/lib").mkdir(parents=True)
+    (rootfs / "dev").mkdir()
+    host.mkdir()
+    os.symlink(str(host), rootfs / "dev" / "out")
+    source = tmp_path / "libfake.so.1"
+    source.write_text("fake\n")
+    bind = (str(source), "/usr/lib/libfake.so.1", "ro,bind")
+    run = _nshook_binds(rootfs, bind, extra=["--link", "../card1::/dev/dri/by-path/pci-0000:3b:00.0-card"],
+                        show=f"cat {rootfs}/usr/lib/libfake.so.1")
+    assert run.stdout.split() == ["rc=0", "fake"], (run.stdout, run.stderr)
+    assert os.readlink(rootfs / "dev/dri/by-path/pci-0000:3b:00.0-card") == "../card1"
+    run = _nshook_binds(rootfs, bind, extra=["--link", "x::/dev/out/escape"])
+    assert run.stdout.split() == ["rc=1"] and "Error: symlinks: cannot open the directory of /dev/out/escape" in run.stderr
+    assert os.listdir(host) == []
 
 
 @pytest.mark.parametrize("dest, options, says", [
