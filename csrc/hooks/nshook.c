@@ -16,9 +16,9 @@
  *       binds the host's regular files at DEST in DIR, in order, as runc binds config.json's
  *       file mounts: DEST resolved inside DIR (links followed there), missing parents (0755) and
  *       the file itself (0755) made, OPTIONS a comma list of bind or rbind, any of ro,
- *       nosuid, nodev, noexec, and one of private, rprivate, slave, rslave. The runtime moves a device's library mounts and its own files here
- *       (shim/linker/filebinds.py): runc spends ~0.25 ms of its own on each file mount, this
- *       a few syscalls. With --params and --link, then what bind-params FILE and symlinks
+ *       nosuid, nodev, noexec, and one of private, rprivate, slave, rslave. The runtime moves
+ *       a device's library mounts and its own files here (shim/linker/filebinds.py): runc
+ *       spends ~0.25 ms of its own on each file mount, this a few syscalls. With --params and --link, then what bind-params FILE and symlinks
  *       do (one hook start, not two or three, on a GPU node).
  *
  * They run for every container start on a GPU node, so this is C: an exec and a few syscalls
@@ -91,6 +91,19 @@ static int open_params(int rootfd, const char *rootfs)
     return fd;
 }
 
+/* mount(2) of SOURCE (or NULL) with FLAGS on what FD names (through /proc/self/fd: the resolved
+ * target, never its path again); FD is closed. 0, or -1 with errno. */
+static int mount_on_fd(int fd, const char *source, unsigned long flags)
+{
+    char where[64];
+    snprintf(where, sizeof where, "/proc/self/fd/%d", fd);
+    int rc = mount(source, where, NULL, flags, NULL);
+    int err = errno;
+    close(fd);
+    errno = err;
+    return rc;
+}
+
 static int bind_params(int rootfd, const char *rootfs, const char *source)
 {
     /* The bind; then, on the path opened again (it now names the mount, not the file under
@@ -104,14 +117,9 @@ static int bind_params(int rootfd, const char *rootfs, const char *source)
         int fd = open_params(rootfd, rootfs);
         if (fd < 0)
             return 1;
-        char where[64];
-        snprintf(where, sizeof where, "/proc/self/fd/%d", fd);
-        int rc = mount(i == 0 ? source : NULL, where, NULL, steps[i].flags, NULL);
-        int err = errno;
-        close(fd);
-        if (rc != 0) {
+        if (mount_on_fd(fd, i == 0 ? source : NULL, steps[i].flags) != 0) {
             fprintf(stderr, "Error: bind-params: %s %s over " PARAMS_PATH " in %s: %s\n",
-                    steps[i].what, source, rootfs, strerror(err));
+                    steps[i].what, source, rootfs, strerror(errno));
             return 1;
         }
     }
@@ -260,9 +268,9 @@ static int open_bind_target(int rootfd, const char *rootfs, char *dest)
     return fd;
 }
 
-/* Each --bind SOURCE DEST OPTIONS, in runc's steps: the bind through /proc/self/fd (the
- * resolved target, never the path again), then the propagation and the remount, each on DEST
- * resolved anew (it now names the mount, not the file under it). */
+/* Each --bind SOURCE DEST OPTIONS, in runc's steps: the bind on the resolved target, then the
+ * propagation and the remount, each on DEST resolved anew (it now names the mount, not the
+ * file under it). */
 static int bind_files(int rootfd, const char *rootfs, char **binds, int count)
 {
     static const char *const what[] = {"bind", "set the propagation of", "remount (with its options)"};
@@ -286,14 +294,9 @@ static int bind_files(int rootfd, const char *rootfs, char **binds, int count)
                     fprintf(stderr, "Error: binds: cannot open %s in %s again: %s\n", dest, rootfs, strerror(errno));
                 return 1;
             }
-            char where[64];
-            snprintf(where, sizeof where, "/proc/self/fd/%d", fd);
-            int rc = mount(step == 0 ? source : NULL, where, NULL, flags[step], NULL);
-            int err = errno;
-            close(fd);
-            if (rc != 0) {
+            if (mount_on_fd(fd, step == 0 ? source : NULL, flags[step]) != 0) {
                 fprintf(stderr, "Error: binds: cannot %s %s at %s in %s: %s\n", what[step], source, dest, rootfs,
-                        strerror(err));
+                        strerror(errno));
                 return 1;
             }
         }

@@ -267,11 +267,11 @@ def _bind_files(config, bundle, rootfs, log):
     ours = {m["source"] for m in config.get("mounts") or () if isinstance(m, dict) and isinstance(m.get("source"), str)
             and m["source"].startswith(prefix) and m["source"][len(prefix):].startswith("cdi-shim.")
             and "/" not in m["source"][len(prefix):]}
+    folded, params, links = filebinds.folded_hooks(config, program, rootfs)
     try:
         root = Root(rootfs)
     except LdcacheError:
         return config
-    folded, params, links = filebinds.folded_hooks(config, program, rootfs)
     with root:
         chosen = filebinds.plan(config, root, ours, _is_library, 1 if folded else None)
     if not chosen:

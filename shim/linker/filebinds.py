@@ -24,10 +24,12 @@ Only mounts whose result cannot tell the difference move:
   enters it) and without prestart or createRuntime hooks (they run before createContainer
   hooks and may expect the files in place);
 - and only when at least MIN_BINDS qualify: the hook's start must be paid back (each bind
-  saves ~0.2 ms, the start costs ~2.5) -- unless our params hook (`cdi-shim-nshook
-  bind-params`, a GPU node's disable-device-node-modification) runs anyway: its bind is then
-  folded into this hook (`--params`), and one start serves both.
+  saves ~0.2 ms, the start costs ~2.5) -- unless our own hooks run anyway (`cdi-shim-nshook
+  bind-params`, a GPU node's disable-device-node-modification; `cdi-shim-nshook symlinks`, the
+  /dev/dri/by-path links of a node with DRM devices): their work is then folded into this hook
+  (`--params`, `--link`), and one start serves all.
 """
+import errno
 import os
 import posixpath
 import stat
@@ -68,14 +70,11 @@ def _movable(mount, ours, is_library):
 def _can_make(root, destination):
     """True when the hook can make DESTINATION's missing directories: the nearest one there is a
     directory, not a link that leads nowhere (runc would make its target; the hook refuses)."""
-    import errno
-
     parent = posixpath.dirname(destination)
     while parent != "/":
-        found = root.stat(parent, follow=False)
-        if found is not None:
-            return stat.S_ISDIR(found[0]) or stat.S_ISLNK(found[0]) and root.stat(parent) is not None \
-                and stat.S_ISDIR(root.stat(parent)[0])
+        if root.stat(parent, follow=False) is not None:     # there: a directory, or a link to one
+            followed = root.stat(parent)
+            return followed is not None and stat.S_ISDIR(followed[0])
         if root.errno != errno.ENOENT:
             return False
         parent = posixpath.dirname(parent)
@@ -85,8 +84,6 @@ def _can_make(root, destination):
 def plan(config, root, ours, is_library, minimum=None):
     """The indices of CONFIG's mounts the hook can bind (see above), in order; [] when fewer
     than MINIMUM (MIN_BINDS). ROOT: the rootfs (engine.Root); OURS: the bundle files this step bound."""
-    import errno
-
     linux = config.get("linux")
     namespaces = linux.get("namespaces") if isinstance(linux, dict) else None
     if isinstance(namespaces, list) and any(isinstance(ns, dict) and ns.get("type") == "user" for ns in namespaces):
