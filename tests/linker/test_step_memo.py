@@ -7,7 +7,6 @@ params file, the devices) makes the whole step run again. Containers are overlay
 layer, as containerd makes them."""
 import json
 import os
-import shutil
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from ldcache_helpers import build_library, fake_driver, roots
 from shim.linker import container, ldcache, stepmemo
 from shim.linker.toolkit_hooks import PARAMS_ENV
 from test_file_memo import overlay_mounts
+from test_plan_memo import _replace_cache
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 HOOK = "/usr/bin/nvidia-cdi-hook"
@@ -139,19 +139,13 @@ def _link_target_appears(rootfs):
     build_library(os.path.join(rootfs, LIBDIR.lstrip("/"), "libcuda.so.1"), "libcuda.so.1")
 
 
-def _cache_replaced(rootfs):
-    path = os.path.join(rootfs, "etc/ld.so.cache")
-    shutil.copyfile(path, path + ".new")
-    os.rename(path + ".new", path)
-
-
 def _cache_place_taken(rootfs):
     os.unlink(os.path.join(rootfs, "etc/ld.so.cache"))
     os.mkdir(os.path.join(rootfs, "etc/ld.so.cache"))
 
 
 IN_ROOT = {"compat-libraries-appear": _compat_libraries, "a-link-target-appears": _link_target_appears,
-           "the-image-cache-replaced": _cache_replaced, "the-cache-place-a-directory": _cache_place_taken}
+           "the-image-cache-replaced": _replace_cache, "the-cache-place-a-directory": _cache_place_taken}
 
 
 @pytest.mark.parametrize("change", sorted(IN_ROOT))
