@@ -33,6 +33,7 @@ class Config:
         "volume_mount_requests": "dev-null",
         "env_vendors": (),  # () = only default-kind's vendor
         "resident_socket": "/run/cdi-shim/runtime.sock",
+        "file_binds": "hook",  # who binds the device's library files: our hook, or runc (linker/filebinds.py)
     }
     __slots__ = tuple(DEFAULTS) + ("source",)
 
@@ -54,8 +55,8 @@ class Config:
 _TYPES = {"runtime": str, "spec_dirs": tuple, "annotation_prefixes": tuple, "device_env": str,
           "default_kind": str, "log_file": str, "log_level": str, "accept_env_unprivileged": bool,
           "resident_socket": str, "volume_mount_requests": str,
-          "env_vendors": tuple}
-_CHOICES = {"log_level": LOG_LEVELS, "volume_mount_requests": ("dev-null", "off")}
+          "env_vendors": tuple, "file_binds": str}
+_CHOICES = {"log_level": LOG_LEVELS, "volume_mount_requests": ("dev-null", "off"), "file_binds": ("hook", "runc")}
 
 
 def config_path():

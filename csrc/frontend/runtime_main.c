@@ -60,6 +60,7 @@ struct settings {
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* the resident process; "" = none */
     char log_file[4096]; /* our own log (log-file), and whether debug lines go to it (log-level) */
     int debug;
+    int runc_binds; /* file-binds = "runc": no replay (a kept step's recipe binds them by our hook) */
     int understood; /* 0: let Python read the config file (and report its problems) */
 };
 
@@ -154,6 +155,7 @@ static void load_settings(struct settings *set)
     strcpy(set->socket, "/run/cdi-shim/runtime.sock");
     set->log_file[0] = '\0';
     set->debug = 0;
+    set->runc_binds = 0;
     set->understood = 1;
     int named = path && *path;
     if (!named)
@@ -215,6 +217,13 @@ static void load_settings(struct settings *set)
                 strcpy(set->log_file, scratch);
             else
                 set->debug = strcmp(scratch, "debug") == 0;
+        } else if (strcmp(key, "file-binds") == 0) {
+            if (parse_string(&value, scratch, sizeof(scratch)) < 0
+                || (strcmp(scratch, "hook") != 0 && strcmp(scratch, "runc") != 0)) {
+                set->understood = 0;
+                return;
+            }
+            set->runc_binds = strcmp(scratch, "runc") == 0;
         } else if (strcmp(key, "spec-dirs") == 0 || strcmp(key, "default-kind") == 0
                    || strcmp(key, "accept-env-unprivileged") == 0) {
             continue; /* only Python needs these */
@@ -824,7 +833,7 @@ int main(int argc, char **argv)
         enum config_kind kind = has_device || scan.has_device ? MAY_REQUEST
                                 : config_kind(scan.bundle, &set, &json, &len, &mode);
         if (!help && !scan.help && kind != NOTHING_FOR_US
-            && !(kind == HOOKS_ONLY && replayed(&set, scan.bundle, container_id(argv, argc, command + scan.end),
+            && !(kind == HOOKS_ONLY && !set.runc_binds && replayed(&set, scan.bundle, container_id(argv, argc, command + scan.end),
                                                 json, len, mode))) {
             int status = try_resident(&set, argc, argv);
             return status >= 0 ? status : exec_python(argc, argv);

@@ -14,7 +14,8 @@ them in the container's mount namespace, resolved inside the rootfs. Last, the l
 (and the files we bound from the bundle) may leave config.json for our binds hook, which makes
 them in a few syscalls where runc spends ~0.3 ms on each (filebinds.py).
 
-`prepare_linker(config, bundle, log)` returns the new config. A cache that cannot be
+`prepare_linker(config, bundle, log, file_binds=True)` returns the new config (file_binds=False,
+the config key `file-binds = "runc"`: every mount stays in config.json for runc). A cache that cannot be
 computed or written leaves the hooks as the spec wrote them, with a warning. Two exceptions fail
 the create instead: an image past a bound on the work (include globs looking into too many
 directories, the wall-clock bound on the whole step: engine.MAX_GLOB_DIRS, LINKER_TIME_LIMIT)
@@ -179,8 +180,9 @@ def _no_place_for(rootfs, destination):
     return ""
 
 
-def prepare_linker(config, bundle, log):
-    """Return `config` with the linker cache prepared and the hooks we replaced removed."""
+def prepare_linker(config, bundle, log, file_binds=True):
+    """Return `config` with the linker cache prepared and the hooks we replaced removed; FILE_BINDS:
+    whether the library mounts and our bundle files may go to our binds hook (_bind_files)."""
     from . import stepmemo, toolkit_hooks as toolkit
 
     start = time.monotonic()
@@ -202,7 +204,7 @@ def prepare_linker(config, bundle, log):
         return config
     rootfs = rootfs_path(config, bundle) or os.path.join(bundle, "rootfs")
     if not stepmemo.enabled():
-        return _step(config, bundle, rootfs, calls, mounts, libraries, log, start)
+        return _step(config, bundle, rootfs, calls, mounts, libraries, log, start, file_binds)
     host = {}
 
     def params():       # (the file's bytes kept too: the front end's replay compares them)
@@ -210,6 +212,8 @@ def prepare_linker(config, bundle, log):
         return toolkit.modified_params(host["params"])
 
     step_key = stepmemo.key(config, calls, _is_library, lambda: toolkit.application_profile(config), params)
+    if step_key is not None:
+        step_key += (file_binds,)
     replayed = stepmemo.replay(step_key, config, bundle, rootfs, make_links, _write_file, _bind, host)
     if replayed is not None:
         log.debug(f"linker step: the one of an earlier container of these files and spec, replayed in {rootfs}")
@@ -218,7 +222,7 @@ def prepare_linker(config, bundle, log):
     with stepmemo.Recorder(config) as recorder:
         _recording = recorder
         try:
-            result = _step(config, bundle, rootfs, calls, mounts, libraries, _Noting(log, recorder), start)
+            result = _step(config, bundle, rootfs, calls, mounts, libraries, _Noting(log, recorder), start, file_binds)
         finally:
             _recording = None
     stepmemo.keep(step_key, recorder, config, result, rootfs, bundle, host)
@@ -248,10 +252,10 @@ class _Noting:
         self._log.error(message)
 
 
-def _step(config, bundle, rootfs, calls, mounts, libraries, log, start):
+def _step(config, bundle, rootfs, calls, mounts, libraries, log, start, file_binds=True):
     """The linker step itself (prepare_linker, past the memo of whole steps), its file binds last."""
     config = _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start)
-    return _bind_files(config, bundle, rootfs, log)
+    return _bind_files(config, bundle, rootfs, log) if file_binds else config
 
 
 def _bind_files(config, bundle, rootfs, log):

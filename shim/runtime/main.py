@@ -130,7 +130,7 @@ def prepare(args, settings, log):
                              f"{', '.join(devices)} (from {specs}): {err}") from None
     edited = once(config, edited)
     phases.done("apply")
-    edited = _linker(args, edited, log, f"cannot inject {', '.join(devices)}: ")
+    edited = _linker(args, edited, settings, log, f"cannot inject {', '.join(devices)}: ")
     phases.done("linker")
     _write(args, edited, info)
     phases.done("write")
@@ -167,12 +167,12 @@ def once(original, edited):
     return edited
 
 
-def _linker(args, config, log, what=""):
+def _linker(args, config, settings, log, what=""):
     from ..linker.container import LinkerLimitError, NoPlaceForCache, isolate_hooks, prepare_linker
     from ..linker.toolkit_hooks import HookFailure
 
     try:
-        return isolate_hooks(prepare_linker(config, args.bundle, log))
+        return isolate_hooks(prepare_linker(config, args.bundle, log, file_binds=settings.file_binds == "hook"))
     except NoPlaceForCache as err:
         raise RuntimeFailure(f"container {args.container_id or '?'}: {what}{err}") from None
     except (LinkerLimitError, HookFailure) as err:
@@ -195,13 +195,14 @@ def _prepare_injected(args, config, raw, info, settings, log, phases):
 
     if not has_known_hooks(config):
         return
-    edited = _linker(args, config, log)
+    edited = _linker(args, config, settings, log)
     phases.done("linker")
     if edited is not config:
         _write(args, edited, info)
         phases.done("write")
         log.debug(f"container {args.container_id or '?'}: the work of the injected spec's hooks done natively")
-        if stepmemo.enabled() and settings.resident_socket:
+        # (none for the front end while runc binds the files: it replays only what the hook mode gives)
+        if stepmemo.enabled() and settings.resident_socket and settings.file_binds == "hook":
             stepmemo.export_recipe(raw, edited, rootfs_path(config, args.bundle), args.bundle,
                                    os.path.join(os.path.dirname(settings.resident_socket), "steps"))
             phases.done("recipe")

@@ -328,3 +328,47 @@ def test_replay_under_asan_and_ubsan(image):
         create(image.container())
         with open(path, "wb") as out:
             out.write(intact)
+
+
+def test_file_binds_runc_leaves_every_mount_to_runc(world, driver, tmp_path):
+    """`file-binds = "runc"` (for `runc checkpoint`, which tells CRIU only of config.json's
+    mounts): the toolkit-sized driver's library mounts and our cache stay in config.json, no
+    binds hook; the front end replays nothing and the worker writes no recipe, so every create
+    reaches the worker. Set back to "hook", the next container gets the hook: the worker's
+    memo keeps the two modes apart."""
+    more = build_driver_libraries(str(tmp_path / "more"), 14, rh.need("gcc", "gcc"), "550.54.15")
+    made = Image(world, driver, tmp_path, more_libraries=more)
+    try:
+        world.write_config(log_level="debug", log_file=made.log, file_binds="runc")
+        results = []
+        for served in (1, 2):
+            bundle = made.container()
+            run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
+            assert run.returncode == 0 and run.stdout.startswith("linked=42"), run.stderr
+            assert made.served() == served, "the front end replayed a step while runc binds the files"
+            results.append(result(bundle))
+        assert results[1] == results[0]
+        assert not os.path.exists(made.steps) or os.listdir(made.steps) == []
+        config = results[0][0]
+        assert "createContainer" not in config.get("hooks", {}), config.get("hooks")
+        destinations = [m["destination"] for m in config["mounts"]]
+        assert sum(d.startswith(LIBDIR + "/") for d in destinations) == 16 and destinations[-1] == "/etc/ld.so.cache"
+
+        world.write_config(log_level="debug", log_file=made.log, file_binds="hook")
+        bundle = made.container()
+        run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
+        assert run.returncode == 0 and run.stdout.startswith("linked=42"), run.stderr
+        assert made.served() == 3
+        binds = result(bundle)[0]["hooks"]["createContainer"][0]["args"]
+        assert binds[:2] == ["cdi-shim-nshook", "binds"] and binds.count("--bind") == 18
+    finally:
+        made.close()
+
+
+def test_a_file_binds_value_we_do_not_know_fails_the_create_naming_it(world, tmp_path):
+    world.write_config(file_binds="kernel")
+    bundle = world.bundle()
+    create = world.shim("create", "--bundle", bundle.path, bundle.id)
+    assert create.returncode != 0
+    assert f'{world.config_toml}: "file-binds" must be one of "hook", "runc", not "kernel"' in create.stderr
+    assert bundle.unchanged()
