@@ -36,6 +36,11 @@ than 0, fails the run; one more pod of each device side then checks from inside 
 there (30 driver libraries in its ld.so.cache, the link, the profile). Reported: medians per side,
 (b) / no device (target <= 1.05x) and (a) / (b), paired per round.
 
+With ``time_runc`` (``--time-runc``) runc runs behind a small timer on every side (shim/cri/lab.py,
+RUNC_TIMER_C) and each pod's StartContainer splits into runc create, runc start and the rest
+(containerd, its shim, the runtime in front of runc); each ratio then says where the extra
+milliseconds went, paired per round.
+
 The runtime's own per-phase times come from its debug log (``log-level = "debug"``,
 ``phase=<name> took=<ms>ms`` lines). By default the lab runs the runtime's resident process
 (`cdi-shim runtime serve`), as a node would; ``resident=False`` measures the path that starts
@@ -94,6 +99,7 @@ NATIVE_SCENARIOS = {
 }
 ALL_SCENARIOS = DEFAULT_SCENARIOS + tuple(NATIVE_SCENARIOS)
 STEPS = ("runp", "create", "start", "wait", "stop", "remove")
+RUNC_TIMES = ("runc_create", "runc_start", "start_less_runc")   # with time_runc (NATIVE_SCENARIOS)
 PHASES = ("config", "requests", "resolve", "apply", "linker", "write", "recipe", "total", "replay")
 _PHASE = re.compile(r"phase=(\w+) took=([0-9.]+)ms")
 
@@ -129,14 +135,20 @@ def _tool_version(argv):
         return ""
 
 
-def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=True, containerd=None):
+def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=True, containerd=None,
+        time_runc=False):
     """Run the benchmark; returns a JSON-able dict of every measurement. The NATIVE_SCENARIOS need
-    containerd 2.1 (the lab then sets enable_cdi on); `pairs` is then the number of measured rounds."""
+    containerd 2.1 (the lab then sets enable_cdi on); `pairs` is then the number of measured rounds.
+    `time_runc`: runc runs behind a timer (Lab's RUNC_TIMER_C) on every side, and each pod of the
+    NATIVE_SCENARIOS also gets runc's create and start times: StartContainer less them is what
+    containerd, its shim and the runtime in front of runc took."""
     scenarios = list(scenarios or DEFAULT_SCENARIOS)
     unknown = [name for name in scenarios if name not in ALL_SCENARIOS]
     if unknown:
         raise BenchError(f"unknown scenario {', '.join(unknown)}: the benchmark has {', '.join(ALL_SCENARIOS)}")
     native = [name for name in scenarios if name in NATIVE_SCENARIOS]
+    if time_runc and not native:
+        raise BenchError("runc's own times (time_runc) are taken in the native-CDI scenario only (--native-cdi)")
     if native and containerd != "2.1":
         raise BenchError(f"{', '.join(native)}: containerd's own CDI with the CDIDevices field needs --containerd 2.1")
     missing = [name for name in ("grpc", "grpc_tools", "google.protobuf") if importlib.util.find_spec(name) is None]
@@ -146,7 +158,7 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
     base = tempfile.mkdtemp(prefix="cdi-shim-podbench-", dir=workdir)
     try:
         lab = Lab(base, runtime_log=True, log_level="debug", resident=resident, containerd=containerd,
-                  native_cdi=True if native else None)
+                  native_cdi=True if native else None, time_runc=time_runc)
     except LabError as err:
         shutil.rmtree(base, ignore_errors=True)
         raise BenchError(str(err)) from None
@@ -154,7 +166,7 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
         "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pairs": pairs, "warmup": warmup,
                  "containerd": _tool_version([lab.containerd, "--version"]),
                  "runc": _tool_version([lab.runc, "--version"]), "kernel": platform.release(),
-                 "cpus": os.cpu_count(), "command": COMMAND, "resident": resident},
+                 "cpus": os.cpu_count(), "command": COMMAND, "resident": resident, "time_runc": time_runc},
         "scenarios": {},
     }
     try:
@@ -237,6 +249,10 @@ def _run_sides(lab, name, devices, rounds, warmup, result, offset, log):
                 sample = {k: v * 1000 for k, v in pod.times.items()}
                 sample["phases"] = phases
                 sample["hook_processes"] = hook_processes
+                if lab.runc_times_log:
+                    runc = lab.runc_times(pod.container_id)
+                    sample["runc_create"], sample["runc_start"] = runc["create"], runc["start"]
+                    sample["start_less_runc"] = sample["start"] - runc["create"] - runc["start"]
                 samples[key].append(sample)
     check = {key: _check_side(lab, name, key, devices, sides[key]) for key in keys
              if sides[key][2] in ("hooked", "toolkit")}
@@ -342,7 +358,8 @@ def summarize_sides(scenario):
     out = {"medians": {}, "ratios": [], "phases": {}, "hook_processes": {}}
     for key, values in samples.items():
         out["medians"][key] = {metric: _median([s[metric] for s in values if metric in s])
-                               for metric in ("startup", "lifecycle") + STEPS}
+                               for metric in ("startup", "lifecycle") + STEPS + RUNC_TIMES
+                               if any(metric in s for s in values)}
         names = sorted({p for s in values for p in s["phases"]}, key=lambda p: PHASES.index(p) if p in PHASES else 99)
         out["phases"][key] = {p: _median([s["phases"].get(p, 0.0) for s in values]) for p in names if p != "resident"}
         out["phases"][key]["resident pods"] = sum(1 for s in values if s["phases"].get("resident"))
@@ -358,6 +375,11 @@ def summarize_sides(scenario):
                              if ys and _median(ys) else float("nan"),
                              "paired_min": min(paired) if paired else float("nan"),
                              "paired_max": max(paired) if paired else float("nan")}
+        if all("runc_create" in sample for sample in samples[numerator] + samples[denominator]):
+            # where the numerator's extra start-up time went, paired per round (median ms)
+            entry["extra_ms"] = {metric: _median([x[metric] - y[metric] for x, y in
+                                                  zip(samples[numerator], samples[denominator])])
+                                 for metric in ("startup", "runp", "create", "start") + RUNC_TIMES}
         out["ratios"].append(entry)
     return out
 
@@ -371,8 +393,11 @@ def _report_sides(name, scenario):
                      + f"; spec hook processes per pod {s['hook_processes'][key]}")
     width = max(len(key) for key in scenario["sides"])
     lines.append("  median ms       " + "  ".join(f"{key:>{width}}" for key in scenario["sides"]))
-    for metric in ("startup", "lifecycle") + STEPS:
-        label = {"startup": "start-up", "lifecycle": "lifecycle"}.get(metric, "  " + metric)
+    for metric in ("startup", "lifecycle") + STEPS + RUNC_TIMES:
+        if not all(metric in s["medians"][key] for key in scenario["sides"]):
+            continue
+        label = {"startup": "start-up", "lifecycle": "lifecycle", "runc_create": "    runc create",
+                 "runc_start": "    runc start", "start_less_runc": "    the rest"}.get(metric, "  " + metric)
         lines.append(f"  {label:<15}" + "  ".join(f"{s['medians'][key][metric]:>{width}.1f}"
                                                   for key in scenario["sides"]))
     for entry in s["ratios"]:
@@ -381,6 +406,12 @@ def _report_sides(name, scenario):
             lines.append(f"  {metric:<9} {entry['numerator']} / {entry['denominator']}: paired median "
                          f"{m['paired_ratio']:.3f}x [{m['paired_min']:.3f} .. {m['paired_max']:.3f}], "
                          f"of medians {m['ratio_of_medians']:.3f}x")
+        if "extra_ms" in entry:
+            extra = entry["extra_ms"]
+            lines.append(f"  extra ms of {entry['numerator']} over {entry['denominator']} (paired medians): start-up "
+                         f"{extra['startup']:+.1f}; runp {extra['runp']:+.1f}, create {extra['create']:+.1f}, "
+                         f"start {extra['start']:+.1f} (runc create {extra['runc_create']:+.1f}, runc start "
+                         f"{extra['runc_start']:+.1f}, the rest {extra['start_less_runc']:+.1f})")
         if entry["target"]:
             verdict = "meets" if entry["startup"]["paired_ratio"] <= entry["target"] else "MISSES"
             lines.append(f"  start-up target {entry['numerator']} / {entry['denominator']} <= {entry['target']:.2f}x: "

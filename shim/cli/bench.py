@@ -41,7 +41,11 @@ def bench():
               help="The containerd the lab runs: 1.6 is the system's; 1.7 and 2.1 are Debian's trixie and forky "
                    "packages, fetched once with apt-get download into $CDI_SHIM_TEST_CACHE "
                    "(/var/cache/cdi-shim-tests), each with its default enable_cdi (2.1: on).")
-def pods(pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, resident, containerd):
+@click.option("--time-runc", is_flag=True,
+              help="With --native-cdi: run runc behind a small timer on every side and split each pod's "
+                   "StartContainer into runc create, runc start and the rest (containerd, its shim, and the "
+                   "runtime in front of runc).")
+def pods(pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, resident, containerd, time_runc):
     """Pod start-up through a private containerd: the cdi-shim handler against plain runc.
 
     Each pod: RunPodSandbox, CreateContainer, StartContainer, wait for exit, StopPodSandbox,
@@ -66,7 +70,7 @@ def pods(pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, residen
     try:
         result = podbench.run(pairs=pairs, warmup=warmup, scenarios=scenarios or None, workdir=workdir,
                               log=lambda text: click.echo(text, err=True), resident=resident,
-                              containerd=containerd)
+                              containerd=containerd, time_runc=time_runc)
     except podbench.BenchError as err:
         _fail(str(err))
     click.echo(podbench.report(result))

@@ -51,6 +51,61 @@ class LabError(Exception):
     pass
 
 
+# Stands in for runc where the pod benchmark times it (Lab(time_runc=True)): runs runc with the
+# same arguments and, for create and start, appends "VERB CONTAINER-ID MS" to the log. (A fork
+# and a wait more than exec'ing runc, on every side alike.)
+RUNC_TIMER_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    const char *verb = NULL;
+    for (int i = 1; i < argc && !verb; i++)
+        if (strcmp(argv[i], "create") == 0 || strcmp(argv[i], "start") == 0)
+            verb = argv[i];
+    argv[0] = RUNC;
+    if (!verb) {
+        execv(RUNC, argv);
+        return 127;
+    }
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execv(RUNC, argv);
+        _exit(127);
+    }
+    int status = 0;
+    while (pid > 0 && waitpid(pid, &status, 0) < 0)
+        ;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    char line[512];
+    int n = snprintf(line, sizeof(line), "%s %s %.3f\n", verb, argv[argc - 1],
+                     (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6);
+    int fd = open(LOG, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0 && n > 0 && write(fd, line, (size_t)n) < 0)
+        n = 0;
+    if (fd >= 0)
+        close(fd);
+    return pid < 0 ? 127 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+"""
+
+
+def build_runc_timer(path, runc, log, gcc):
+    source = path + ".c"
+    with open(source, "w") as stream:
+        stream.write(RUNC_TIMER_C)
+    subprocess.run([gcc, "-O2", "-o", path, source, f'-DRUNC="{runc}"', f'-DLOG="{log}"'], check=True,
+                   timeout=CMD_TIMEOUT)
+    return path
+
+
 def find_tool(name, package):
     path = shutil.which(name) or next(
         (os.path.join(d, name) for d in ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
@@ -343,9 +398,10 @@ CRI_RUNTIME = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"
 
 class Lab:
     def __init__(self, base, runtime_name=RUNTIME_NAME, log_level="info", runtime_log=False, resident=False,
-                 containerd=None, native_cdi=None):
+                 containerd=None, native_cdi=None, time_runc=False):
         """`containerd`: "1.6" (None: the system's), "1.7" or "2.1" (fetched once; see releases.py).
-        `native_cdi`: True / False sets containerd's enable_cdi (1.7+), None keeps its default."""
+        `native_cdi`: True / False sets containerd's enable_cdi (1.7+), None keeps its default.
+        `time_runc`: runc runs behind RUNC_TIMER_C for both handlers (runc_times)."""
         if os.geteuid() != 0:
             raise LabError("a private containerd runs pods with runc and needs root")
         self.base = os.path.abspath(str(base))
@@ -394,6 +450,8 @@ class Lab:
         self.config = p("containerd.toml")
         self.containerd_log = p("containerd.log")
         self.runtime_log = p("runtime.log") if runtime_log else ""
+        self.runc_times_log = p("runc-times.log") if time_runc else None
+        self.runc_binary = p("runc-timer") if time_runc else self.runc   # what both handlers run as runc
         self.log_level = log_level
         self.process = None
         self.client = None
@@ -415,7 +473,7 @@ class Lab:
         return env
 
     def write_shim_config(self, **extra):
-        values = {"runtime": self.runc, "spec-dirs": [self.spec_dir], "log-level": self.log_level,
+        values = {"runtime": self.runc_binary, "spec-dirs": [self.spec_dir], "log-level": self.log_level,
                   "resident-socket": self.resident_socket}
         if self.runtime_log:
             values["log-file"] = self.runtime_log
@@ -450,6 +508,8 @@ class Lab:
         runc = cri["containerd"]["runtimes"]["runc"]["options"]
         runc["Root"] = self.runc_root
         runc["SystemdCgroup"] = False
+        if self.runc_binary != self.runc:
+            runc["BinaryName"] = self.runc_binary
         doc["plugins"]["io.containerd.internal.v1.opt"]["path"] = os.path.join(self.base, "opt")
         return tomlkit.dumps(doc)
 
@@ -574,6 +634,8 @@ class Lab:
         for directory in (self.root, self.state, self.runc_root, self.logs, os.path.join(self.cni, "bin"),
                           os.path.join(self.cni, "net.d"), self.spec_dir, self.dev_dir, self.driver_dir):
             os.makedirs(directory, exist_ok=True)
+        if self.runc_times_log:
+            build_runc_timer(self.runc_binary, self.runc, self.runc_times_log, find_tool("gcc", "gcc"))
         self.write_shim_config()
         self.write_gpu_spec()
         with open(self.config, "w") as stream:
@@ -654,6 +716,16 @@ class Lab:
             return "(no containerd log)"
 
     # -- pods --
+
+    def runc_times(self, container_id):
+        """{"create": ms, "start": ms} of runc for CONTAINER_ID, as the timer logged them (time_runc)."""
+        times = {}
+        with open(self.runc_times_log) as stream:
+            for line in stream:
+                verb, name, ms = line.split()
+                if name == container_id:
+                    times[verb] = float(ms)
+        return times
 
     def oci_spec(self, container_id):
         """The OCI spec containerd hands the runtime for a container (`ctr containers info`): what the

@@ -133,14 +133,15 @@ def test_pod_benchmark_native_cdi_scenario(cri_build_dir, tmp_path):
     library image; (a)'s six hooks ran as processes (the hook program's log, a line per process)
     and did their work, seen from inside one more pod (30 driver libraries in its ld.so.cache, the
     create-symlinks link, the application profile); (b) shows the same work with no hook process,
-    done by the resident runtime (its linker phase logged)."""
+    done by the resident runtime (its linker phase logged). With --time-runc each pod's StartContainer
+    is split into runc's create and start (timed by the lab's runc stand-in) and the rest."""
     import json
 
     from shim.bench.pods import NATIVE_SCENARIOS, STEPS
     from tests.helpers import run_cli
 
     data = tmp_path / "bench.json"
-    out = run_cli("bench", "pods", "-n", "3", "--warmup", "0", "--containerd", "2.1", "--native-cdi",
+    out = run_cli("bench", "pods", "-n", "3", "--warmup", "0", "--containerd", "2.1", "--native-cdi", "--time-runc",
                   "--workdir", str(tmp_path), "--json", str(data), check=True)
     result = json.loads(data.read_text())
     assert result["meta"]["native_cdi"]["driver_libraries"] == 30
@@ -152,6 +153,9 @@ def test_pod_benchmark_native_cdi_scenario(cri_build_dir, tmp_path):
         assert len(samples) == 3, key
         for sample in samples:
             assert all(sample[metric] > 0 for metric in ("startup", "lifecycle") + STEPS), (key, sample)
+            assert 0 < sample["runc_create"] + sample["runc_start"] < sample["start"], (key, sample)
+            assert sample["runc_start"] > 0
+            assert sample["start_less_runc"] == sample["start"] - sample["runc_create"] - sample["runc_start"]
     hooks = {key: {s["hook_processes"] for s in samples} for key, samples in scenario["samples"].items()}
     assert hooks == {"no-device-runc": {0}, "no-device-shim": {0}, "device-no-hooks-runc": {0}, "hooks-runc": {6},
                      "native-shim": {0}}
@@ -179,4 +183,6 @@ def test_pod_benchmark_native_cdi_scenario(cri_build_dir, tmp_path):
     assert set(scenario["check"]) == {"hooks-runc", "native-shim"}
     assert "start-up target native-shim / no-device-runc <= 1.05x" in out.stdout
     assert "startup   hooks-runc / native-shim: paired median" in out.stdout
+    assert "extra ms of native-shim over no-device-runc (paired medians): start-up " in out.stdout
+    assert "      runc create " in out.stdout and "      the rest " in out.stdout
     assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []
