@@ -36,6 +36,11 @@ than 0, fails the run; one more pod of each device side then checks from inside 
 there (30 driver libraries in its ld.so.cache, the link, the profile). Reported: medians per side,
 (b) / no device (target <= 1.05x) and (a) / (b), paired per round.
 
+containerd's state directory (each container's bundle: config.json, runc's log, the files the
+runtime writes there) and runc's root are tmpfs mounts of their own, as /run/containerd is on a
+node; ``--state-on-disk`` leaves them on the work directory's filesystem (before 12-03, session 6,
+every figure was taken that way). The image snapshots stay on disk, as /var/lib/containerd is.
+
 With ``time_runc`` (``--time-runc``) runc runs behind a small timer on every side (shim/cri/lab.py,
 RUNC_TIMER_C) and each pod's StartContainer splits into runc create, runc start and the rest
 (containerd, its shim, the runtime in front of runc); each ratio then says where the extra
@@ -136,12 +141,13 @@ def _tool_version(argv):
 
 
 def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=True, containerd=None,
-        time_runc=False):
+        time_runc=False, state_on_disk=False):
     """Run the benchmark; returns a JSON-able dict of every measurement. The NATIVE_SCENARIOS need
     containerd 2.1 (the lab then sets enable_cdi on); `pairs` is then the number of measured rounds.
     `time_runc`: runc runs behind a timer (Lab's RUNC_TIMER_C) on every side, and each pod of the
     NATIVE_SCENARIOS also gets runc's create and start times: StartContainer less them is what
-    containerd, its shim and the runtime in front of runc took."""
+    containerd, its shim and the runtime in front of runc took. containerd's state (the bundles)
+    and runc's root are on tmpfs mounts, as /run/containerd is on a node, unless `state_on_disk`."""
     scenarios = list(scenarios or DEFAULT_SCENARIOS)
     unknown = [name for name in scenarios if name not in ALL_SCENARIOS]
     if unknown:
@@ -158,7 +164,7 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
     base = tempfile.mkdtemp(prefix="cdi-shim-podbench-", dir=workdir)
     try:
         lab = Lab(base, runtime_log=True, log_level="debug", resident=resident, containerd=containerd,
-                  native_cdi=True if native else None, time_runc=time_runc)
+                  native_cdi=True if native else None, time_runc=time_runc, state_on_tmpfs=not state_on_disk)
     except LabError as err:
         shutil.rmtree(base, ignore_errors=True)
         raise BenchError(str(err)) from None
@@ -166,7 +172,8 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
         "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pairs": pairs, "warmup": warmup,
                  "containerd": _tool_version([lab.containerd, "--version"]),
                  "runc": _tool_version([lab.runc, "--version"]), "kernel": platform.release(),
-                 "cpus": os.cpu_count(), "command": COMMAND, "resident": resident, "time_runc": time_runc},
+                 "cpus": os.cpu_count(), "command": COMMAND, "resident": resident, "time_runc": time_runc,
+                 "state": "disk" if state_on_disk else "tmpfs"},
         "scenarios": {},
     }
     try:
@@ -432,7 +439,8 @@ def report(result):
     meta = result["meta"]
     lines = [f"pod start-up, {meta['pairs']} pairs (rounds) per scenario ({meta['warmup']} warm-up), "
              f"{meta['cpus']} CPUs, "
-             f"kernel {meta['kernel']}, resident process {'on' if meta.get('resident') else 'off'}",
+             f"kernel {meta['kernel']}, resident process {'on' if meta.get('resident') else 'off'}, "
+             f"containerd's state and runc's root on {meta.get('state', 'disk')}",
              f"  {meta['containerd']}", f"  {meta['runc'].splitlines()[0] if meta['runc'] else ''}"]
     if meta.get("load_before"):
         lines.append("  load average (1, 5, 15 min) before: " + ", ".join(f"{x:.2f}" for x in meta["load_before"])

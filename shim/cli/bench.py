@@ -45,7 +45,11 @@ def bench():
               help="With --native-cdi: run runc behind a small timer on every side and split each pod's "
                    "StartContainer into runc create, runc start and the rest (containerd, its shim, and the "
                    "runtime in front of runc).")
-def pods(pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, resident, containerd, time_runc):
+@click.option("--state-on-disk", is_flag=True,
+              help="Keep containerd's state (the bundles: config.json, the runtime's files) and runc's root on "
+                   "the work directory's filesystem; by default each is a tmpfs, as /run/containerd is on a node.")
+def pods(pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, resident, containerd, time_runc,
+         state_on_disk):
     """Pod start-up through a private containerd: the cdi-shim handler against plain runc.
 
     Each pod: RunPodSandbox, CreateContainer, StartContainer, wait for exit, StopPodSandbox,
@@ -70,7 +74,7 @@ def pods(pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, residen
     try:
         result = podbench.run(pairs=pairs, warmup=warmup, scenarios=scenarios or None, workdir=workdir,
                               log=lambda text: click.echo(text, err=True), resident=resident,
-                              containerd=containerd, time_runc=time_runc)
+                              containerd=containerd, time_runc=time_runc, state_on_disk=state_on_disk)
     except podbench.BenchError as err:
         _fail(str(err))
     click.echo(podbench.report(result))

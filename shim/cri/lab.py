@@ -398,10 +398,12 @@ CRI_RUNTIME = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"
 
 class Lab:
     def __init__(self, base, runtime_name=RUNTIME_NAME, log_level="info", runtime_log=False, resident=False,
-                 containerd=None, native_cdi=None, time_runc=False):
+                 containerd=None, native_cdi=None, time_runc=False, state_on_tmpfs=False):
         """`containerd`: "1.6" (None: the system's), "1.7" or "2.1" (fetched once; see releases.py).
         `native_cdi`: True / False sets containerd's enable_cdi (1.7+), None keeps its default.
-        `time_runc`: runc runs behind RUNC_TIMER_C for both handlers (runc_times)."""
+        `time_runc`: runc runs behind RUNC_TIMER_C for both handlers (runc_times).
+        `state_on_tmpfs`: containerd's state (the bundles) and runc's root on tmpfs mounts of their own,
+        as a node's /run/containerd is; otherwise they are on BASE's filesystem."""
         if os.geteuid() != 0:
             raise LabError("a private containerd runs pods with runc and needs root")
         self.base = os.path.abspath(str(base))
@@ -451,6 +453,7 @@ class Lab:
         self.containerd_log = p("containerd.log")
         self.runtime_log = p("runtime.log") if runtime_log else ""
         self.runc_times_log = p("runc-times.log") if time_runc else None
+        self.state_on_tmpfs = state_on_tmpfs
         self.runc_binary = p("runc-timer") if time_runc else self.runc   # what both handlers run as runc
         self.log_level = log_level
         self.process = None
@@ -634,6 +637,10 @@ class Lab:
         for directory in (self.root, self.state, self.runc_root, self.logs, os.path.join(self.cni, "bin"),
                           os.path.join(self.cni, "net.d"), self.spec_dir, self.dev_dir, self.driver_dir):
             os.makedirs(directory, exist_ok=True)
+        if self.state_on_tmpfs:     # (unmounted by stop, as every mount under BASE)
+            for directory in (self.state, self.runc_root):
+                subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0711", "cdi-shim-lab-state", directory],
+                               check=True, timeout=CMD_TIMEOUT)
         if self.runc_times_log:
             build_runc_timer(self.runc_binary, self.runc, self.runc_times_log, find_tool("gcc", "gcc"))
         self.write_shim_config()
