@@ -833,8 +833,8 @@ int main(int argc, char **argv)
         enum config_kind kind = has_device || scan.has_device ? MAY_REQUEST
                                 : config_kind(scan.bundle, &set, &json, &len, &mode);
         if (!help && !scan.help && kind != NOTHING_FOR_US
-            && !(kind == HOOKS_ONLY && !set.runc_binds && replayed(&set, scan.bundle, container_id(argv, argc, command + scan.end),
-                                                json, len, mode))) {
+            && !(kind == HOOKS_ONLY && !set.runc_binds
+                 && replayed(&set, scan.bundle, container_id(argv, argc, command + scan.end), json, len, mode))) {
             int status = try_resident(&set, argc, argv);
             return status >= 0 ? status : exec_python(argc, argv);
         }

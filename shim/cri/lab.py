@@ -55,6 +55,7 @@ class LabError(Exception):
 # same arguments and, for create and start, appends "VERB CONTAINER-ID MS" to the log. (A fork
 # and a wait more than exec'ing runc, on every side alike.)
 RUNC_TIMER_C = r"""
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -81,18 +82,22 @@ int main(int argc, char **argv)
         _exit(127);
     }
     int status = 0;
-    while (pid > 0 && waitpid(pid, &status, 0) < 0)
-        ;
+    if (pid < 0)
+        return 127;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return 127;
     clock_gettime(CLOCK_MONOTONIC, &b);
     char line[512];
     int n = snprintf(line, sizeof(line), "%s %s %.3f\n", verb, argv[argc - 1],
                      (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6);
     int fd = open(LOG, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-    if (fd >= 0 && n > 0 && write(fd, line, (size_t)n) < 0)
-        n = 0;
-    if (fd >= 0)
+    if (fd >= 0) {
+        if (write(fd, line, (size_t)n) != n)
+            fprintf(stderr, "runc-timer: cannot log to %s\n", LOG);
         close(fd);
-    return pid < 0 ? 127 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 """
 
