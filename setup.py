@@ -1,34 +1,30 @@
-"""Build glue: the cffi extension (shim._native), the native runtime front end, the params
-hook and the hook script.
+"""Build glue: the cffi extension (shim._native) and the native programs installed as scripts
+(csrc/programs.py: cdi-shim, cdi-shim-runtime, cdi-shim-hook, cdi-shim-nshook).
 
-pyproject.toml holds the metadata. The front end `cdi-shim-runtime` is a small C program
-installed as a script; it needs to know which interpreter and which import directories run
-the Python half, so those are compiled in here. `cdi-shim-nshook` (csrc/hooks), the hooks the
-runtime leaves in config.json (work under a mount runc makes: /proc, /dev; the library binds it
-takes from runc), is C for the same reason: it starts for every GPU container. `cdi-shim-hook` (the OCI hooks podman or
-containerd with plain runc run as processes) is a Python script written here the same way:
-`python -IS` in its first line, the import directories in its text.
+pyproject.toml holds the metadata. No program has a path of the build machine compiled in: they
+find their interpreter and packages relative to where they are installed
+(csrc/launcher/pylaunch.h), so a wheel built here works installed anywhere. Everything is built
+under a fresh temporary build folder: a build never writes into the source tree, and a stale
+build/lib cannot leak removed modules into a later wheel.
 """
+import atexit
 import os
-import shlex
-import subprocess
+import shutil
 import sys
-import sysconfig
+import tempfile
 
 from setuptools import setup
+from setuptools.command.build import build
+from setuptools.command.egg_info import egg_info
 from distutils.command.build_scripts import build_scripts  # setuptools ships this distutils
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FRONT_END_SOURCES = [os.path.join("csrc", "frontend", name) for name in ("runtime_main.c", "replay.c")] + [
-    os.path.join("csrc", "engine", name) for name in ("ociconf.c", "inroot.c", "filememo.c")]
-FRONT_END = os.path.join("build", "native", "cdi-shim-runtime")
-HOOK_SCRIPT = os.path.join("build", "native", "cdi-shim-hook")
-NS_HOOK_SOURCES = [os.path.join("csrc", "hooks", name) for name in ("nshook.c", "ocistate.c")] + [
-    os.path.join("csrc", "engine", "inroot.c")]
-NS_HOOK = os.path.join("build", "native", "cdi-shim-nshook")
+sys.path.insert(0, os.path.join(HERE, "csrc"))
+import programs  # noqa: E402 - the table of native programs, beside their sources
 
 
-def _version():
+def version():
+    """The one version (cdi/__init__.py), also what pyproject.toml's dynamic version reads."""
     with open(os.path.join(HERE, "cdi", "__init__.py")) as source:
         for line in source:
             if line.startswith("__version__"):
@@ -36,78 +32,43 @@ def _version():
     raise RuntimeError("cdi/__init__.py has no __version__")
 
 
-def _import_dirs():
-    # The installed packages first (a normal install), then the source tree (an editable one).
-    dirs = []
-    for key in ("platlib", "purelib"):
-        path = sysconfig.get_path(key)
-        if path not in dirs:
-            dirs.append(path)
-    dirs.append(HERE)
-    for path in dirs + [sys.executable]:
-        if any(char in path for char in "\"\\'\n"):
-            raise RuntimeError(f"cannot compile the path {path!r} into the runtime front end")
-    return "[" + ", ".join(f"'{path}'" for path in dirs) + "]"
+class FreshBuildFolder(build):
+    """setuptools' build folder in a new temporary folder, removed at exit."""
+
+    def initialize_options(self):
+        super().initialize_options()
+        self.build_base = tempfile.mkdtemp(prefix="cdi-shim-build-")
+        atexit.register(shutil.rmtree, self.build_base, True)
 
 
-def build_program(output, sources, defines=()):
-    """Compile SOURCES into the program OUTPUT (both relative to this directory)."""
-    os.makedirs(os.path.dirname(os.path.join(HERE, output)), exist_ok=True)
-    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[:1] or ["cc"]
-    command = compiler + ["-O2", "-Wall", "-Wextra", "-std=gnu11", *defines, "-o", os.path.join(HERE, output)]
-    command += [os.path.join(HERE, source) for source in sources]
-    # Static when the C library allows it: no dynamic loading on every exec probe.
-    # Stripped, with unused sections dropped: fewer pages to fault in on every exec.
-    static = ["-static", "-s", "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections"]
-    if subprocess.run(command + static, stderr=subprocess.DEVNULL).returncode != 0:
-        subprocess.run(command, check=True)
+class MetadataOutsideTheTree(egg_info):
+    """The .egg-info folder in a temporary folder too, unless a build front end named one."""
+
+    def initialize_options(self):
+        super().initialize_options()
+        self.egg_base = tempfile.mkdtemp(prefix="cdi-shim-egg-info-")
+        atexit.register(shutil.rmtree, self.egg_base, True)
 
 
-def build_front_end():
-    build_program(FRONT_END, FRONT_END_SOURCES, [
-        f'-DCDS_PYTHON="{sys.executable}"',
-        f'-DCDS_PYPATH="{_import_dirs()}"',
-        f'-DCDS_VERSION="{_version()}"',
-    ])
+class NativePrograms(build_scripts):
+    """The scripts are the native programs, compiled here into the build folder."""
 
-
-def write_hook_script():
-    shebang = f"#!{sys.executable} -IS"
-    if len(shebang) > 250:            # the kernel reads 256 bytes of it
-        raise RuntimeError(f"the interpreter path {sys.executable!r} is too long for a script's first line")
-    text = (f"{shebang}\n"
-            '"""cdi-shim-hook: OCI hooks (see shim/cli/hook_main.py). Written by setup.py."""\n'
-            "import sys\n"
-            f"sys.path[:0] = {_import_dirs()}\n"
-            "from shim.cli.hook_main import main\n"
-            "sys.exit(main())\n")
-    path = os.path.join(HERE, HOOK_SCRIPT)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as out:
-        out.write(text)
-    os.chmod(path, 0o755)
-
-
-class CopyNativeScripts(build_scripts):
-    """Our scripts are made for this interpreter already: copy them as they are (no shebang
-    rewriting)."""
+    def get_source_files(self):
+        return sorted({source for sources, _ in programs.PROGRAMS.values() for source in sources})
 
     def copy_scripts(self):
         self.mkpath(self.build_dir)
         outfiles = []
-        for script in self.scripts:
-            target = os.path.join(self.build_dir, os.path.basename(script))
-            self.copy_file(script, target)
+        for name in programs.PROGRAMS:
+            target = os.path.join(self.build_dir, name)
+            programs.build(name, HERE, target, version())
             os.chmod(target, 0o755)
             outfiles.append(target)
         return outfiles, outfiles
 
 
-build_front_end()
-build_program(NS_HOOK, NS_HOOK_SOURCES)
-write_hook_script()
 setup(
     cffi_modules=["csrc/engine/build_native.py:ffibuilder"],
-    scripts=[FRONT_END, NS_HOOK, HOOK_SCRIPT],
-    cmdclass={"build_scripts": CopyNativeScripts},
+    scripts=list(programs.PROGRAMS),           # names: NativePrograms builds them
+    cmdclass={"build": FreshBuildFolder, "egg_info": MetadataOutsideTheTree, "build_scripts": NativePrograms},
 )

@@ -5,4 +5,4 @@ library head (strict parsing, version gates, directory priority, conflict deleti
 error texts carry over verbatim.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -45,3 +45,48 @@ def run_cli(*args, env=None, check=None):
     elif check is False:
         assert out.returncode != 0, out.stdout
     return out
+
+
+def python_prefix(directory, programs=(), python_options=()):
+    """A Python prefix in DIRECTORY shaped like a venv, for the native programs, which find their
+    interpreter (bin/python3) and packages (lib/pythonX.Y/site-packages) relative to themselves:
+    bin/python3 runs this interpreter (with PYTHON_OPTIONS, e.g. -X importtime, when given),
+    site-packages is this venv's, and bin/ holds copies of the installed PROGRAMS. Returns bin/."""
+    import sysconfig
+
+    bin_dir = os.path.join(str(directory), "bin")
+    lib_dir = os.path.join(str(directory), "lib", "python%d.%d" % sys.version_info[:2])
+    os.makedirs(bin_dir, exist_ok=True)
+    os.makedirs(lib_dir, exist_ok=True)
+    os.symlink(sysconfig.get_path("purelib"), os.path.join(lib_dir, "site-packages"))
+    python = os.path.join(bin_dir, "python3")
+    if python_options:
+        with open(python, "w") as script:
+            script.write("#!/bin/sh\nexec %s %s \"$@\"\n" % (sys.executable, " ".join(python_options)))
+        os.chmod(python, 0o755)
+    else:
+        os.symlink(sys.executable, python)
+    for name in programs:
+        shutil.copy(os.path.join(VENV_BIN, name), os.path.join(bin_dir, name))
+    return bin_dir
+
+
+def native_programs():
+    """csrc/programs.py, the table of native programs setup.py builds (sources, how to compile)."""
+    import importlib.util
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("cdi_shim_programs", os.path.join(repo, "csrc", "programs.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def node_release(directory, name="test"):
+    """A node prefix in DIRECTORY as `install` lays it out: releases/NAME (a python_prefix with
+    the installed programs) and `current` linking to it. Returns the prefix."""
+    prefix = os.path.join(str(directory), "opt", "cdi-shim")
+    python_prefix(os.path.join(prefix, "releases", name),
+                  ["cdi-shim", "cdi-shim-runtime", "cdi-shim-hook", "cdi-shim-nshook"])
+    os.symlink(os.path.join("releases", name), os.path.join(prefix, "current"))
+    return prefix

@@ -29,7 +29,7 @@ ffibuilder.set_source(
     "\n".join(f'#include "{name}"' for name in HEADERS),
     sources=[os.path.relpath(os.path.join(HERE, name)) for name in SOURCES],
     include_dirs=[os.path.relpath(HERE)],
-    extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror",
+    extra_compile_args=["-O2", "-g0", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror",
                         "-std=gnu11", "-fno-strict-aliasing"],
 )
 

@@ -10,7 +10,7 @@
  * raw byte patterns a request needs (an annotation key with a configured prefix, the device
  * env var, a device-plugin mount). If any pattern, or any JSON escape that could hide one,
  * appears, or if our config file holds anything this small reader does not understand, the
- * Python implementation decides (exec'd with the interpreter and paths baked in at build).
+ * Python implementation decides (the interpreter beside this program: pylaunch.h).
  * A false "maybe" costs time; a false "no" cannot happen.
  *
  * A config without a request but with a hook program's name in it (injected by containerd's
@@ -33,13 +33,8 @@
 #include <unistd.h>
 
 #include "replay.h"
+#include "../launcher/pylaunch.h"
 
-#ifndef CDS_PYTHON
-#error "CDS_PYTHON (the interpreter) must be defined by the build"
-#endif
-#ifndef CDS_PYPATH
-#error "CDS_PYPATH (a Python list literal of import dirs) must be defined by the build"
-#endif
 #ifndef CDS_VERSION
 #define CDS_VERSION "unknown"
 #endif
@@ -538,26 +533,10 @@ static int exec_runtime(const struct settings *set, char **argv_out)
 
 static int exec_python(int argc, char **argv)
 {
-    static const char boot[] =
-        "import sys\n"
-        "sys.path[:0] = " CDS_PYPATH "\n"
-        "from shim.runtime.main import main\n"
-        "sys.exit(main())\n";
-    char **args = calloc((size_t)argc + 6, sizeof(char *));
-    if (!args)
-        return 127;
-    int n = 0;
-    args[n++] = CDS_PYTHON;
-    args[n++] = "-I"; /* the environment (PYTHONPATH, ...) must not steer the runtime */
-    args[n++] = "-S"; /* no site: the import dirs are known; saves start-up time */
-    args[n++] = "-c";
-    args[n++] = (char *)boot;
-    for (int i = 1; i < argc; i++)
-        args[n++] = argv[i];
-    execv(CDS_PYTHON, args);
-    char message[4096];
-    snprintf(message, sizeof(message), "cdi-shim: cannot start %s: %s", CDS_PYTHON, strerror(errno));
-    report(message);
+    char message[8192], line[8300];
+    cds_exec_python("shim.runtime.main", argc, argv, message, sizeof(message));
+    snprintf(line, sizeof(line), "cdi-shim: %s", message);
+    report(line);
     return 127;
 }
 

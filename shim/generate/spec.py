@@ -82,17 +82,25 @@ class Result:
 
 
 def default_hook_program():
-    """The cdi-shim-hook installed beside this interpreter."""
-    return os.path.join(os.path.dirname(sys.executable), HOOK_PROGRAM)
+    """This install's cdi-shim-hook, by the path that outlives the release (installation.py)."""
+    from ..installation import stable_program
+
+    return stable_program(HOOK_PROGRAM)
 
 
 def _hook_program(given, warnings):
     if given is None:
+        from ..installation import DEFAULT_PREFIX, bin_dir, node_prefix
+
         path = default_hook_program()
-        if not os.access(path, os.X_OK):
-            raise GenerateError(f"{HOOK_PROGRAM} is not installed beside {sys.executable} ({path}): "
+        if not os.access(os.path.join(bin_dir(), HOOK_PROGRAM), os.X_OK):
+            raise GenerateError(f"{HOOK_PROGRAM} is not installed beside {sys.executable}: "
                                 "reinstall cdi-shim, or name a hook program with --hook-program "
                                 "(e.g. /usr/bin/nvidia-cdi-hook)")
+        if node_prefix() is None:
+            warnings.append(f"the spec names the hook program {path}, of a development install: the spec "
+                            f"breaks when that folder moves; generate it with the node's cdi-shim "
+                            f"({DEFAULT_PREFIX}/current/bin/cdi-shim), or name --hook-program")
         return path
     if not posixpath.isabs(given):
         raise GenerateError(f"--hook-program {given}: an absolute path is needed (runtimes run hooks by path)")

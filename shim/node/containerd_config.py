@@ -60,9 +60,10 @@ def runtime_binary(explicit=None, root=None):
         if not os.access(path, os.X_OK) and not (inside and os.access(inside, os.X_OK)):
             raise ContainerdConfigError(f"{inside or path} is not an executable file")
         return path
-    beside = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), RUNTIME_EXECUTABLE)
-    if os.access(beside, os.X_OK):
-        return beside
+    from ..installation import bin_dir, stable_program
+
+    if os.access(os.path.join(bin_dir(), RUNTIME_EXECUTABLE), os.X_OK):
+        return stable_program(RUNTIME_EXECUTABLE)   # the node prefix's `current` for a release
     found = shutil.which(RUNTIME_EXECUTABLE)
     if found:
         return os.path.abspath(found)

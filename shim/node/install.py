@@ -30,7 +30,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 
 from .containerd import ContainerdConfigError, pid1_init
 from .containerd_toml import CRI_PLUGIN, RUNC_V2, file_version, parse_toml, read_text
@@ -403,9 +402,11 @@ def install_node(installer, restart=False, report=print):
 # --- helpers ---------------------------------------------------------------------------------------
 
 def _beside_interpreter(name):
-    path = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), name)
-    if os.access(path, os.X_OK):
-        return path
+    """NAME of this install, by its stable path (the node prefix's `current` for a release)."""
+    from ..installation import bin_dir, stable_program
+
+    if os.access(os.path.join(bin_dir(), name), os.X_OK):
+        return stable_program(name)
     found = shutil.which(name)
     return os.path.abspath(found) if found else None
 

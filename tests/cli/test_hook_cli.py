@@ -1,23 +1,23 @@
 """`cdi-shim-hook`, the lean hook program: -h and --version as `cdi-shim` has them, without
 importing click where a container start runs it."""
+import os
 import re
 import subprocess
-import sys
 
 import pytest
 
 from cdi import __version__
 from tests.conftest import tool
+from tests.helpers import python_prefix
 
 
-def hook(*args, importtime=False, stdin=""):
-    """Run the installed script as its first line does (python -IS), optionally with -X importtime."""
-    with open(tool("cdi-shim-hook")) as f:
-        first = f.readline()
-    assert first.startswith("#!") and first.rstrip().endswith(" -IS"), first
-    extra = ["-X", "importtime"] if importtime else []
-    return subprocess.run([sys.executable, "-IS", *extra, tool("cdi-shim-hook"), *args],
-                          input=stdin, capture_output=True, text=True)
+def hook(*args, importtime=False, stdin="", tmp_path=None):
+    """Run the installed program; with IMPORTTIME, a copy of it in a prefix whose python3 adds
+    -X importtime (the program starts the python3 beside it)."""
+    program = tool("cdi-shim-hook")
+    if importtime:
+        program = os.path.join(python_prefix(tmp_path, ["cdi-shim-hook"], ["-X", "importtime"]), "cdi-shim-hook")
+    return subprocess.run([program, *args], input=stdin, capture_output=True, text=True)
 
 
 def imported(stderr):
@@ -34,15 +34,15 @@ def test_help(option):
     assert sub.returncode == 0 and sub.stdout.startswith("Usage: cdi-shim-hook update-ldcache [OPTIONS]")
 
 
-def test_version_like_cdi_shim_and_without_click():
-    result = hook("--version", importtime=True)
+def test_version_like_cdi_shim_and_without_click(tmp_path):
+    result = hook("--version", importtime=True, tmp_path=tmp_path)
     assert (result.returncode, result.stdout) == (0, f"cdi-shim-hook, version {__version__}\n"), result.stderr
     ours = subprocess.run([tool("cdi-shim"), "--version"], capture_output=True, text=True).stdout
     assert re.sub(r"^cdi-shim,", "cdi-shim-hook,", ours) == result.stdout
     assert "click" not in imported(result.stderr)
 
 
-def test_hook_run_does_not_import_click():
-    result = hook("update-ldcache", "--folder", "/usr/lib", stdin="not json", importtime=True)
+def test_hook_run_does_not_import_click(tmp_path):
+    result = hook("update-ldcache", "--folder", "/usr/lib", stdin="not json", importtime=True, tmp_path=tmp_path)
     assert result.returncode == 1 and "Error: " in result.stderr
     assert "click" not in imported(result.stderr) and "shim.linker.hooks" in imported(result.stderr)

@@ -299,7 +299,22 @@ class FakeDriver:
         self._socket.close()
 
 
-CLI = os.path.join(os.path.dirname(sys.executable), "cdi-shim")
+_node = []
+
+
+def node_cli():
+    """cdi-shim of a node release (tests.helpers.node_release), made once: generate names the
+    hook program by the release's stable path, `<prefix>/current/bin/cdi-shim-hook`."""
+    if not _node:
+        import atexit
+        import tempfile
+
+        from tests.helpers import node_release
+
+        top = tempfile.mkdtemp(prefix="cdi-shim-node-")
+        atexit.register(shutil.rmtree, top, True)
+        _node.append(os.path.join(node_release(top), "current", "bin", "cdi-shim"))
+    return _node[0]
 
 
 class Runner:
@@ -325,7 +340,7 @@ class Runner:
         return env
 
     def cli(self, *argv, check=None):
-        done = subprocess.run([CLI, *argv], capture_output=True, text=True, env=self.env(), timeout=120)
+        done = subprocess.run([node_cli(), *argv], capture_output=True, text=True, env=self.env(), timeout=120)
         if check is not None:
             assert done.returncode == check, (done.returncode, done.stdout, done.stderr)
         return done

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import fakedriver
-from fakedriver import CLI
+from fakedriver import node_cli
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime"))
 import runtime_helpers as rh  # noqa: E402
@@ -71,7 +71,7 @@ class Node:
         return ["--driver-root", self.driver.root, "--dev-root", self.driver.dev_root]
 
     def cli(self, *argv, env=None):
-        return subprocess.run([CLI, *argv], capture_output=True, text=True, env=env or self.env(), timeout=120)
+        return subprocess.run([node_cli(), *argv], capture_output=True, text=True, env=env or self.env(), timeout=120)
 
     def generate(self, *extra):
         done = self.cli("cdi", "generate", *self.roots(), "--output", self.spec, *extra)
@@ -103,7 +103,7 @@ class Node:
             return done, stream.read(), bundle
 
     def watch(self, *extra):
-        argv = [CLI, "cdi", "generate", "--watch", *self.roots(), "--output", self.spec, "--proc-root", self.proc,
+        argv = [node_cli(), "cdi", "generate", "--watch", *self.roots(), "--output", self.spec, "--proc-root", self.proc,
                 "--interval", "0.2", "--nvml-interval", "60", "--max-backoff", "1", *extra]
         log = open(os.path.join(self.base, "watch.log"), "w+")
         env = self.env()
@@ -319,12 +319,12 @@ def test_generate_units_verify_and_name_options_that_exist(tmp_path):
     for name in UNITS:
         with open(os.path.join(CONTRIB, name)) as stream:
             text = stream.read()
-        (tmp_path / name).write_text(text.replace("/usr/local/bin/cdi-shim", CLI))
+        (tmp_path / name).write_text(text.replace("/usr/local/bin/cdi-shim", node_cli()))
         for line in text.splitlines():
             if line.startswith("ExecStart="):
                 argv = line[len("ExecStart="):].split()
                 assert argv[0] == "/usr/local/bin/cdi-shim"
-                done = subprocess.run([CLI, *argv[1:], "--help"], capture_output=True, text=True, timeout=60)
+                done = subprocess.run([node_cli(), *argv[1:], "--help"], capture_output=True, text=True, timeout=60)
                 assert done.returncode == 0, (line, done.stderr)
     done = subprocess.run([analyze, "verify", *[str(tmp_path / name) for name in UNITS]], capture_output=True,
                           text=True, timeout=60)
@@ -334,7 +334,7 @@ def test_generate_units_verify_and_name_options_that_exist(tmp_path):
 def test_watch_usage_errors_stop_it_before_it_starts(tmp_path):
     """What retrying cannot fix is a usage error (exit 2, which the service does not restart)."""
     def cli(*argv):
-        return subprocess.run([CLI, "cdi", "generate", "--output", str(tmp_path / "nvidia.yaml"), *argv],
+        return subprocess.run([node_cli(), "cdi", "generate", "--output", str(tmp_path / "nvidia.yaml"), *argv],
                               capture_output=True, text=True, timeout=60)
     for argv, expected in ((["--once"], "--once goes with --watch"),
                            (["--watch", "--dry-run"], "--dry-run does not go with it"),

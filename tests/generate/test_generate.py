@@ -95,7 +95,9 @@ def test_spec_for_the_gpus_validates_and_lists_them(run, count):
     assert mounts["/run/nvidia-persistenced/socket"]["options"] == ["nosuid", "nodev", "rbind", "rprivate", "noexec"]
     assert mounts["/etc/vulkan/icd.d/nvidia_icd.json"]["hostPath"] == root + "/usr/share/vulkan/icd.d/nvidia_icd.json"
 
-    assert all(h["path"].endswith("/cdi-shim-hook") and os.access(h["path"], os.X_OK) and h["hookName"] ==
+    # the hook by the node prefix's stable path, not the release's (nor a venv's)
+    assert all(h["path"].endswith("/opt/cdi-shim/current/bin/cdi-shim-hook") and os.access(h["path"], os.X_OK)
+               and h["hookName"] ==
                "createContainer" and "env" not in h for h in edits["hooks"]), edits["hooks"]
     assert hook_args(doc, "update-ldcache") == ["cdi-shim-hook", "update-ldcache", "--folder", LIBDIR,
                                                 "--folder", LIBDIR + "/vdpau"]

@@ -18,6 +18,7 @@ import pytest
 
 import runtime_helpers as rh
 from shim.cri.lab import build_driver_libraries
+from tests.helpers import native_programs, python_prefix
 from test_runtime_resident import debug_world, served_lines, start_server
 from test_runtime_toolkit_hooks import LIBDIR, PARAMS, _image, driver, preinject, toolkit_spec  # noqa: F401 (a fixture)
 
@@ -285,19 +286,16 @@ def test_replay_under_asan_and_ubsan(image):
     with bytes changed or cut (seeded), with no sanitizer report; each create still succeeds
     (the worker does what the front end refused)."""
     import random
-    import sys
 
     from cdi import __version__
 
-    gcc = rh.need("gcc", "gcc")
+    rh.need("gcc", "gcc")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    binary = image.tmp_path / "cdi-shim-runtime-asan"
-    sources = [os.path.join(repo, "csrc", part) for part in ("frontend/runtime_main.c", "frontend/replay.c",
-                                                               "engine/ociconf.c", "engine/inroot.c", "engine/filememo.c")]
-    build = subprocess.run([gcc, "-std=gnu11", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-                            f'-DCDS_PYTHON="{sys.executable}"', f"-DCDS_PYPATH=\"['{repo}']\"",
-                            f'-DCDS_VERSION="{__version__}"', "-o", str(binary), *sources, "-lpthread"],
-                           capture_output=True, text=True, timeout=180)
+    # in a prefix of its own: the front end starts the python3 beside it when it falls back
+    binary = os.path.join(python_prefix(image.tmp_path / "asan"), "cdi-shim-runtime-asan")
+    command = native_programs().command("cdi-shim-runtime", repo, binary, __version__,
+                                        ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"])
+    build = subprocess.run(command + ["-lpthread"], capture_output=True, text=True, timeout=180)
     assert build.returncode == 0, build.stderr + "\n(gcc's sanitizer runtimes: apt-get install libasan8 libubsan1)"
     world = image.world
     env = dict(image.env(), ASAN_OPTIONS="detect_leaks=1")

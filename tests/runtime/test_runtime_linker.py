@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -226,7 +227,7 @@ def test_update_ldcache_hook_refuses_bad_state(tmp_path, hook_command):
 
 
 def test_lean_hook_ignores_the_python_environment(tmp_path):
-    """cdi-shim-hook runs `python -IS`: PYTHONPATH and friends in a hook's environment (the
+    """cdi-shim-hook runs `python -I -S`: PYTHONPATH and friends in a hook's environment (the
     image's, under a runtime that passes it) cannot bring code into the hook."""
     marker = tmp_path / "imported"
     planted = tmp_path / "planted"
@@ -238,9 +239,11 @@ def test_lean_hook_ignores_the_python_environment(tmp_path):
                             env=env, capture_output=True, text=True)
     assert result.returncode == 1 and "not JSON" in result.stderr, result.stderr
     assert not marker.exists()
-    # the console script, for comparison, does honour PYTHONPATH
+    # nor into `cdi-shim hook` (the same launcher); a plain interpreter, for comparison, takes it
     subprocess.run([os.path.join(rh.VENV_BIN, "cdi-shim"), "hook", "update-ldcache"], input="not json",
                    env=env, capture_output=True, text=True)
+    assert not marker.exists()
+    subprocess.run([sys.executable, "-c", "import shim"], env=env, capture_output=True, text=True)
     assert marker.exists()
 
 
