@@ -4,11 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/apt.sh
-[ -x .venv/bin/cdi-shim ] || fail "no .venv/bin/cdi-shim: run scripts/setup.sh first"
+# CDI_SHIM_BIN: the bin/ folder of another install (the installed-package tests' venvs)
+bin=${CDI_SHIM_BIN:-.venv/bin}
+[ -x "$bin/cdi-shim" ] || fail "no $bin/cdi-shim: run scripts/setup.sh first"
 # The container's root is one static busybox: the demo's only need beyond scripts/setup.sh.
 apt_install "the demo container's rootfs" busybox-static
 work=$(mktemp -d /tmp/cdi-shim-demo.XXXXXX)
-trap 'runc delete -f cdi-shim-demo >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+id=cdi-shim-demo-$$
+trap 'runc delete -f "$id" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 mkdir -p "$work/bundle/rootfs/bin" "$work/specs" "$work/dev"
 cp /bin/busybox "$work/bundle/rootfs/bin/busybox"
@@ -42,19 +45,19 @@ json.dump(config, open(path, "w"))
 PY
 cp "$work/bundle/config.json" "$work/config.json.orig"
 echo "== cdi-shim cdi list"
-CDI_SHIM_CONFIG="$work/config.toml" .venv/bin/cdi-shim cdi list
+CDI_SHIM_CONFIG="$work/config.toml" "$bin"/cdi-shim cdi list
 echo "== cdi-shim-runtime --device nvidia.com/gpu=0 run (injects, then execs runc)"
-CDI_SHIM_CONFIG="$work/config.toml" .venv/bin/cdi-shim-runtime --device nvidia.com/gpu=0 \
-    run --bundle "$work/bundle" cdi-shim-demo
+CDI_SHIM_CONFIG="$work/config.toml" "$bin"/cdi-shim-runtime --device nvidia.com/gpu=0 \
+    run --bundle "$work/bundle" "$id"
 
 echo "== the same through the resident process (cdi-shim runtime serve): no interpreter start"
 cp "$work/config.json.orig" "$work/bundle/config.json"     # the bundle as containerd would give it
 printf 'spec-dirs = ["%s"]\nresident-socket = "%s"\nlog-file = "%s"\nlog-level = "debug"\n' \
     "$work/specs" "$work/run/runtime.sock" "$work/shim.log" > "$work/config.toml"
-CDI_SHIM_CONFIG="$work/config.toml" .venv/bin/cdi-shim runtime serve --socket "$work/run/runtime.sock" &
+CDI_SHIM_CONFIG="$work/config.toml" "$bin"/cdi-shim runtime serve --socket "$work/run/runtime.sock" &
 server=$!
-trap 'kill $server 2>/dev/null; runc delete -f cdi-shim-demo >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+trap 'kill $server 2>/dev/null; runc delete -f "$id" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 for _ in $(seq 300); do [ -S "$work/run/runtime.sock" ] && break; sleep 0.02; done
-CDI_SHIM_CONFIG="$work/config.toml" .venv/bin/cdi-shim-runtime --device nvidia.com/gpu=0 \
-    run --bundle "$work/bundle" cdi-shim-demo
+CDI_SHIM_CONFIG="$work/config.toml" "$bin"/cdi-shim-runtime --device nvidia.com/gpu=0 \
+    run --bundle "$work/bundle" "$id"
 grep -o 'phase=total[^"]*' "$work/shim.log"

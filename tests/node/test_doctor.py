@@ -27,7 +27,7 @@ import textwrap
 
 import pytest
 
-from shim.node.doctor import FAIL, OK, Node, Options, run_checks
+from shim.node.doctor import FAIL, OK, WARN, Node, Options, run_checks
 from tests.helpers import need, run_cli
 
 DRIVER = "570.86.10"
@@ -796,3 +796,38 @@ def test_kubespray_rendered_config_warns_to_edit_the_inventory(node):
     assert check.status == "warn" and "kubespray" in check.saw
     assert check.fix.startswith("edit the kubespray inventory, not config.toml")
     assert "containerd_additional_runtimes" in check.fix
+
+
+# --- where the runtime is installed -----------------------------------------------------------------
+
+def _runtime_in(node, folder):
+    """Move the node's runtime (and its hook) into FOLDER and name it in containerd's config."""
+    os.makedirs(node.path(folder), exist_ok=True)
+    for name in ("cdi-shim-runtime", "cdi-shim-nshook"):
+        os.rename(node.path(f"/usr/bin/{name}"), node.path(f"{folder}/{name}"))
+    node.edit("/etc/containerd/config.toml", 'BinaryName = "/usr/bin/cdi-shim-runtime"',
+              f'BinaryName = "{folder}/cdi-shim-runtime"')
+
+
+def test_runtime_under_the_node_prefix_is_fine(node):
+    _runtime_in(node, "/opt/cdi-shim/releases/0.2.0/bin")
+    os.symlink("releases/0.2.0", node.path("/opt/cdi-shim/current"))
+    node.edit("/etc/containerd/config.toml", "/opt/cdi-shim/releases/0.2.0/bin", "/opt/cdi-shim/current/bin")
+    assert node.checks()["runtime.install"].status == OK
+
+
+def test_runtime_in_a_git_checkout_warns(node):
+    _runtime_in(node, "/root/src/cdi-shim/.venv/bin")
+    os.makedirs(node.path("/root/src/cdi-shim/.git"))
+    check = node.checks()["runtime.install"]
+    assert check.status == WARN and "git working tree /root/src/cdi-shim" in check.saw, check.saw
+    assert "/opt/cdi-shim" in check.fix
+
+
+@pytest.mark.parametrize("owner, mode", [(1000, 0o755), (0, 0o775)])
+def test_runtime_in_a_folder_others_can_write_warns(node, owner, mode):
+    _runtime_in(node, "/home/user/venv/bin")
+    os.chown(node.path("/home/user/venv"), owner, 0)
+    os.chmod(node.path("/home/user/venv"), mode)
+    check = node.checks()["runtime.install"]
+    assert check.status == WARN and f"/home/user/venv is owned by uid {owner}, mode {mode:04o}" in check.saw, check.saw

@@ -86,6 +86,45 @@ def check_hook_program(ctx):
                      "reinstall cdi-shim (pip install, or the node image): it installs both programs together")
     return _ok("runtime", "hooks", ", ".join(found))
 
+def check_runtime_install(ctx):
+    """Where each registered cdi-shim-runtime is installed. A node's container runtime belongs
+    under a root-owned prefix (/opt/cdi-shim/current), not in a git working tree (a checkout's
+    .venv: `git pull` or a rebuild changes it under running containers) nor anywhere another user
+    can write to (they could replace what every container start runs as root)."""
+    from ...installation import DEFAULT_PREFIX
+
+    view, node = ctx.containerd, ctx.node
+    if view.error or view.version is None:
+        return None
+    binaries = sorted({binary for binary in (_get(entry, "options", "BinaryName")
+                                             for entry in view.shim_runtimes().values())
+                       if isinstance(binary, str) and binary.startswith("/") and node.is_executable(binary)})
+    if not binaries:
+        return None
+    problems = []
+    for binary in binaries:
+        resolved = "/" + os.path.relpath(node.host(binary), node.root)   # links followed inside the root
+        path = resolved
+        while True:
+            info = node.stat(path)
+            if info is not None and stat.S_ISDIR(info.st_mode) and node.exists(os.path.join(path, ".git")):
+                problems.append(f"{binary} lies in the git working tree {path}")
+                break
+            if info is not None and (info.st_uid != 0 or info.st_mode & 0o022) and not (
+                    stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX):
+                problems.append(f"{binary}: {path} is owned by uid {info.st_uid}, mode "
+                                f"{stat.S_IMODE(info.st_mode):04o} (not root-owned, or writable by others)")
+                break
+            if path == "/":
+                break
+            path = os.path.dirname(path)
+    if problems:
+        return Check("runtime", "install", WARN, "; ".join(problems),
+                     f"install cdi-shim under {DEFAULT_PREFIX} (docs/install.md: the wheel or the node image) and "
+                     f"rerun `{DEFAULT_PREFIX}/current/bin/cdi-shim install --node`")
+    return _ok("runtime", "install", ", ".join(binaries))
+
+
 def probe_resident(path, timeout=2.0):
     """Ask the resident process at PATH: a request of an unknown version, which it declines with
     b"F" before touching anything (its claim byte stays unread). Returns (answered, text)."""
