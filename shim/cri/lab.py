@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import platform
 import shutil
 import signal
@@ -464,6 +465,10 @@ class Lab:
         self.process = None
         self.client = None
         self._count = 0
+        # (host path, path) bound in containerd's private mount namespace (containerd 2.x), in
+        # order; None for a tmpfs: a node's /opt/cdi-shim, say, over a tmpfs /opt, without
+        # touching this machine's
+        self.mounts = []
 
     # -- set-up --
 
@@ -636,9 +641,11 @@ class Lab:
             stream.write(text)
         return path
 
-    def setup(self, extra_runtimes=None, library_image=False):
+    def setup(self, extra_runtimes=None, library_image=False, config_text=None):
         """Directories, configs, images; then start containerd. `extra_runtimes`: {name: keys to drop}.
-        `library_image`: LIB_IMAGE too (busybox plus the library tree: library_layer)."""
+        `library_image`: LIB_IMAGE too (busybox plus the library tree: library_layer).
+        `config_text`: containerd's config as given (a node's, written by `install --node`) instead
+        of the default one with our runtime configured."""
         for directory in (self.root, self.state, self.runc_root, self.logs, os.path.join(self.cni, "bin"),
                           os.path.join(self.cni, "net.d"), self.spec_dir, self.dev_dir, self.driver_dir):
             os.makedirs(directory, exist_ok=True)
@@ -651,8 +658,9 @@ class Lab:
         self.write_shim_config()
         self.write_gpu_spec()
         with open(self.config, "w") as stream:
-            stream.write(self.base_config_text())
-        self.configure()
+            stream.write(config_text or self.base_config_text())
+        if config_text is None:
+            self.configure()
         for name, drop in (extra_runtimes or {}).items():
             self.add_runtime_copy(name, drop)
         self.start()
@@ -699,8 +707,12 @@ class Lab:
         command = [self.containerd, "--config", self.config]
         if self.private_run:
             # containerd 2.x puts state under /run/containerd whatever `state` says: a /run of its own
+            script = "mount -t tmpfs -o mode=0755 cdi-shim-lab-run /run && " + "".join(
+                f"mount -t tmpfs -o mode=0755 cdi-shim-lab {shlex.quote(target)} && " if source is None else
+                f"mkdir -p {shlex.quote(target)} && mount --bind {shlex.quote(source)} {shlex.quote(target)} && "
+                for source, target in self.mounts)
             command = [find_tool("unshare", "util-linux"), "--mount", "--propagation", "private", "--", "/bin/sh",
-                       "-c", 'mount -t tmpfs -o mode=0755 cdi-shim-lab-run /run && exec "$@"', "sh"] + command
+                       "-c", script + 'exec "$@"', "sh"] + command
         try:
             self.process = subprocess.Popen(command, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),

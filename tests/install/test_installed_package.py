@@ -222,7 +222,8 @@ def test_install_node_into_an_empty_node_tree(venv, built, tmp_path):
     assert done.returncode == 0, done.stderr
     config = (root / "etc/containerd/config.toml").read_text()
     unit = (root / "etc/systemd/system/cdi-shim-resident.service").read_text()
-    assert f'BinaryName = "{venv}/bin/cdi-shim-runtime"' in config, config
+    assert f"BinaryName = '{venv}/bin/cdi-shim-runtime'" in config or \
+        f'BinaryName = "{venv}/bin/cdi-shim-runtime"' in config, config
     assert f"ExecStart={venv}/bin/cdi-shim runtime serve" in unit, unit
     again = installed(venv, "cdi-shim", "install", "--node", "--root", str(root), cwd=built["outside"])
     assert again.returncode == 0 and "changed:" not in again.stderr.replace("unchanged:", ""), again.stderr
