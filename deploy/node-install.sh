@@ -31,6 +31,12 @@ copy_only=false
 [ "${1:-}" = "--copy-only" ] && copy_only=true
 
 mkdir -p "$HOST_OPT/releases" || fail "cannot make $HOST_OPT/releases (is the host's /opt/cdi-shim mounted read-write?)"
+# What every container start runs as root comes from here: nobody but root may be able to swap it.
+for dir in "$HOST_OPT" "$HOST_OPT/releases"; do
+    owner=$(stat -c %u "$dir") mode=$(stat -c %a "$dir")
+    [ "$owner" = 0 ] || fail "$dir is owned by uid $owner, not root: chown root:root $dir (or remove it), then rerun"
+    case $mode in *[2367]? | *[2367]) fail "$dir has mode $mode, writable by group or others: chmod go-w $dir, then rerun" ;; esac
+done
 [ -w "$HOST_OPT/releases" ] || fail "$HOST_OPT/releases is not writable (mount the host's /opt/cdi-shim read-write)"
 exec 9>"$HOST_OPT/.install.lock"
 flock -w "$LOCK_WAIT" 9 || fail "another installer holds $HOST_OPT/.install.lock for over $LOCK_WAIT s: not installing"

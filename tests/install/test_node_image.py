@@ -180,3 +180,31 @@ def test_installed_node_runs_gpu_pods_and_takes_a_new_release_under_load(image, 
     print(f"{len(results)} GPU pods started during the switch, none failed")
     after = lab.run_pod("nvidia", ["sh", "-c", PROBE], envs=REQUEST)
     assert after.status.exit_code == 0, after.output
+
+
+@pytest.mark.parametrize("owner, mode, said", [(1000, 0o755, "is owned by uid 1000, not root"),
+                                               (0, 0o777, "has mode 777, writable by group or others")])
+def test_installer_refuses_a_prefix_others_control(image, tmp_path, owner, mode, said):
+    node = tmp_path / "node"
+    prefix = node / "opt" / "cdi-shim"
+    prefix.mkdir(parents=True)
+    os.chown(prefix, owner, 0)
+    os.chmod(prefix, mode)
+    done = installer(image, node)
+    assert done.returncode == 1 and f"/host/opt/cdi-shim {said}" in done.stderr, done.stderr
+    assert os.listdir(prefix) == ["releases"] and not os.listdir(prefix / "releases")
+
+
+def test_release_artefacts(image, tmp_path):
+    """scripts/release.sh: the sdist, the wheel, the node tree tarball and SHA256SUMS of them."""
+    from cdi import __version__
+
+    out = tmp_path / "release"
+    done = subprocess.run(["bash", os.path.join(REPO, "scripts", "release.sh"), str(out)], capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    sums = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=out, capture_output=True, text=True)
+    assert sums.returncode == 0 and sums.stdout.count(": OK") == 3, sums.stdout + sums.stderr
+    listing = subprocess.run(["tar", "tzf", str(out / f"cdi-shim-node-{__version__}.tar.gz")], capture_output=True,
+                             text=True).stdout.split()
+    assert {"current/bin/cdi-shim-runtime", "current/bin/python3", "current/node-install.sh"} <= set(listing)

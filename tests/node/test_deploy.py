@@ -128,25 +128,31 @@ def test_daemonset_runs_the_image_s_installer_with_options_install_has():
     _check_install_words(["install", "--node"] + shlex.split(env["CDI_SHIM_INSTALL_ARGS"]))
     assert "--restart" in env["CDI_SHIM_INSTALL_ARGS"]
     containerfile = read(os.path.join(DEPLOY, "Containerfile"))
-    assert f"install -m 0755 /src/deploy/node-install.sh {init['command'][0]}" in containerfile
+    assert f"COPY deploy/node-install.sh {init['command'][0]}" in containerfile
     mount = next(m for m in init["volumeMounts"] if m["mountPath"] == env["HOST_OPT"])
     volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
     assert volume["hostPath"]["path"] == "/opt/cdi-shim"
     tags = {c["image"] for c in spec["initContainers"] + spec["containers"]}
     assert len(tags) == 1  # the idle container is the same image: nothing more to pull
+    from cdi import __version__
+
+    assert tags == {f"ghcr.io/cdi-shim/cdi-shim:{__version__}"}, tags   # the one version
 
 
 def test_bootstrap_user_data():
     path = os.path.join(DEPLOY, "node-bootstrap", "cloud-init.yaml")
     text = read(path)
     assert text.startswith("#cloud-config\n")
+    from cdi import __version__
+
+    assert f"ghcr.io/cdi-shim/cdi-shim:{__version__}" in text      # the one version
     data = yaml.safe_load(text)
     unit_path = os.path.join(DEPLOY, "node-bootstrap", "cdi-shim-install.service")
     written = {f["path"]: f["content"] for f in data["write_files"]}
     assert written["/etc/systemd/system/cdi-shim-install.service"] == read(unit_path)
     exec_start = next(line for line in read(unit_path).splitlines() if line.startswith("ExecStart="))
     words = shlex.split(exec_start[len("ExecStart="):])
-    assert words[0] == "/opt/cdi-shim/current/venv/bin/cdi-shim"
+    assert words[0] == "/opt/cdi-shim/current/bin/cdi-shim"
     _check_install_words(words[1:])
     commands = [c if isinstance(c, list) else shlex.split(c) for c in data["runcmd"]]
     assert ["systemctl", "enable", "cdi-shim-install.service"] in commands
@@ -157,8 +163,8 @@ def test_bootstrap_user_data():
 
 def _tree(tmp_path, release):
     tree = tmp_path / f"image-{release}"
-    (tree / "venv" / "bin").mkdir(parents=True, exist_ok=True)
-    (tree / "venv" / "bin" / "cdi-shim").write_text("#!/bin/sh\n")
+    (tree / "bin").mkdir(parents=True, exist_ok=True)
+    (tree / "bin" / "cdi-shim").write_text("#!/bin/sh\n")
     (tree / "RELEASE").write_text(release + "\n")
     return tree
 
@@ -180,10 +186,10 @@ def _node_install(tmp_path, tree, *args):
 
 def test_node_install_script_copies_switches_and_installs(tmp_path):
     host = tmp_path / "host-opt"
-    install = "/opt/cdi-shim/current/venv/bin/cdi-shim install --node --drop-in --restart"
+    install = "/opt/cdi-shim/current/bin/cdi-shim install --node --drop-in --restart"
     out, calls = _node_install(tmp_path, _tree(tmp_path, "aaaa"))
     assert os.readlink(host / "current") == "releases/aaaa"
-    assert (host / "releases" / "aaaa" / "venv" / "bin" / "cdi-shim").is_file()
+    assert (host / "releases" / "aaaa" / "bin" / "cdi-shim").is_file()
     assert calls == [install, "systemctl try-restart cdi-shim-resident.service"]
     out, calls = _node_install(tmp_path, _tree(tmp_path, "aaaa"))  # a node restart: same image
     assert out == "" and calls == [install]
