@@ -55,8 +55,8 @@ fi
 
 # ---- the bases: debootstrap, then podman import ---------------------------------------------
 mirror=$(CDI_SHIM_TEST_CACHE=${cache%/node-image} .venv/bin/python -c 'import sys; sys.path.insert(0, "tests/linker"); import roots; print(roots.MIRROR)')
-base() {   # base NAME [PACKAGE,...]: the image localhost/cdi-shim-base:NAME
-    local name=$1 include=${2:-} tar=$cache/base-$1.tar
+base() {   # base NAME TAR [PACKAGE,...]: the image localhost/cdi-shim-base:NAME
+    local name=$1 tar=$2 include=${3:-}
     podman image exists "localhost/cdi-shim-base:$name" && return 0
     if [ ! -e "$tar" ]; then
         local work
@@ -71,8 +71,9 @@ base() {   # base NAME [PACKAGE,...]: the image localhost/cdi-shim-base:NAME
     step "podman import $tar localhost/cdi-shim-base:$name"
     podman import -q "$tar" "localhost/cdi-shim-base:$name" >/dev/null
 }
-base bookworm-minbase
-base bookworm-python python3,patchelf
+# the minbase root is the tests' (tests/linker/roots.py), made by the same recipe when missing
+base bookworm-minbase "${cache%/node-image}/debootstrap-bookworm-minbase.tar"
+base bookworm-python "$cache/base-bookworm-python.tar" python3,patchelf
 
 # ---- the context: the wheels, the tree's build script and the installer -----------------------
 context=$(mktemp -d /var/tmp/cdi-shim-image.XXXXXX)

@@ -208,3 +208,13 @@ def test_release_artefacts(image, tmp_path):
     listing = subprocess.run(["tar", "tzf", str(out / f"cdi-shim-node-{__version__}.tar.gz")], capture_output=True,
                              text=True).stdout.split()
     assert {"current/bin/cdi-shim-runtime", "current/bin/python3", "current/node-install.sh"} <= set(listing)
+
+
+def test_installer_on_a_node_without_containerd_config_names_the_file_and_the_fix(image, tmp_path):
+    node = tmp_path / "node"
+    node.mkdir()
+    done = installer(image, node)
+    assert done.returncode == 1, done.stderr
+    assert ("/host/etc/containerd/config.toml is missing and containerd is not installed" in done.stderr
+            and "pass --config-version" in done.stderr), done.stderr
+    assert not (node / "etc" / "containerd").exists() or not os.listdir(node / "etc" / "containerd")
