@@ -408,7 +408,8 @@ def _put(table, key, value, version):
         return
     _add(table, key, item)
     if isinstance(table, Table):
-        table[key].trivia.indent = _key_indent(table, table.trivia.indent + "  " if table.trivia.indent else "")
+        # item(), not [key]: a tomlkit table gives a boolean out as a plain bool, without trivia
+        table.item(key).trivia.indent = _key_indent(table, table.trivia.indent + "  " if table.trivia.indent else "")
 
 
 def cdi_capable(version, installed, sections):

@@ -716,3 +716,30 @@ def test_v3_drop_in_carries_cdi_dirs_and_containerd_2_1_merges_it(tmp_path, shim
     assert "cdi_spec_dirs" in main_before and f"'{our_dirs[0]}'" not in read(path)  # the main file keeps its own
     section = release_dump(c21, path)["plugins"][CRI3]
     assert section["cdi_spec_dirs"] == our_dirs and set(section["containerd"]["runtimes"]) == {"runc", "nvidia"}
+
+
+# --- issue 31: a new user's first hour -----------------------------------------------------------
+
+@pytest.mark.parametrize("release, text, cri", [("1.7", "version = 2\n", CRI2),
+                                                ("1.7", f'version = 2\n\n[plugins."{CRI2}"]\n  sandbox_image = "p:1"\n',
+                                                 CRI2),
+                                                ("2.1", "version = 3\n", CRI3)],
+                         ids=["v2-bare", "v2-cri-section", "v3-bare"])
+@pytest.mark.parametrize("enable", ["true", "false"])
+def test_enable_cdi_on_a_config_without_an_enable_cdi_line(tmp_path, shim_env, fake_binary, containerd_release,
+                                                           release, text, cri, enable):
+    """A hand-written config naming no enable_cdi: --enable-cdi wrote the key, then crashed
+    (`'bool' object has no attribute 'trivia'`: tomlkit hands a boolean out as a plain bool)."""
+    binary = containerd_release(release)
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    out = configure(path, fake_binary, "--enable-cdi", enable, env=shim_env, containerd_binary=binary, check=None)
+    assert "Traceback" not in out.stderr, out.stderr
+    if (release, enable) in (("1.7", "false"), ("2.1", "true")):  # each version's default: nothing to set
+        assert out.returncode == 0 and "enable_cdi = " + enable + " (was " not in out.stderr, out.stderr
+    else:
+        assert out.returncode == 0 and f"enable_cdi = {enable} (was " in out.stderr, out.stderr
+    assert "loaded and checked by the installed containerd" in out.stderr
+    assert release_dump(binary, path)["plugins"][cri]["enable_cdi"] is (enable == "true")
+    again = configure(path, fake_binary, "--enable-cdi", enable, env=shim_env, containerd_binary=binary)
+    assert "nothing changed" in again.stderr
