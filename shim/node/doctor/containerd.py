@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 
+from ..containerd import MIGRATE_BY_HAND
 from .base import CRI_RUNTIME, FAIL, KUBELET_CONFIG, NEW_CRI_PLUGINS, OLD_CRI, RUNC_V2, RUNTIME_EXECUTABLE, V3_OLD_CRI_KEYS, WARN, Check, _ok
 
 
@@ -290,7 +291,7 @@ def check_containerd_version(ctx):
     if installed is None:
         return _ok("containerd", "config", saw)
     major, minor = installed
-    migrate = "`containerd config migrate > NEW` and install NEW as the config"
+    migrate = MIGRATE_BY_HAND
     if major < 2:
         if version >= 3 and view.refuses_version:
             return Check("containerd", "config", FAIL, f"{saw}: containerd {major}.{minor} knows versions 1 and 2 "
