@@ -63,10 +63,11 @@ def validate(paths, spec_dirs):
     """Validate CDI spec files or directories (default: the spec directories).
 
     Prints one line per problem, "error: ..." or "warning: ..." (a warning says why a file
-    will be ignored: wrong extension, sub-directory, outside the spec directories). A spec
-    generated for another driver version than the loaded one (/proc/driver/nvidia/version)
-    is stale: an error when a file it mounts is gone, else a warning. Exits 1 if there is any
-    error.
+    will be ignored: wrong extension, sub-directory, outside the spec directories). A host
+    file a spec needs that is not there (a bind-mount source, a device node whose numbers come
+    from the host) is an error naming the file and its device, at any driver version; a spec
+    generated for another driver version than the loaded one (/proc/driver/nvidia/version) is
+    stale: a warning. Exits 1 if there is any error.
     """
     spec_dirs = spec_dirs_or_configured(spec_dirs)
     problems, checked = [], 0

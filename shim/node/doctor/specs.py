@@ -122,17 +122,17 @@ def check_spec_conflicts(ctx):
 
 def _spec_paths(spec):
     """(device nodes, mount sources, driver versions named) of a spec."""
+    from cdi.host_files import DEVICE_NODE, host_files
+
     blocks = [spec.edits] + [(d.get("containerEdits") or {}) for d in spec.devices.values()]
     nodes, sources, versions = [], [], set()
     for edits in blocks:
-        for dev in edits.get("deviceNodes") or ():
-            path = dev.get("hostPath") or dev.get("path")
-            if path and path not in nodes:
-                nodes.append(path)
-        for mount in edits.get("mounts") or ():
-            source = mount.get("hostPath") or ""
-            kind = mount.get("type") or ""
-            if source.startswith("/") and kind in ("", "bind", "rbind", "none"):
+        for what, path, _ in host_files(edits):   # every device node: on a GPU node each should be there
+            if what == DEVICE_NODE:
+                if path not in nodes:
+                    nodes.append(path)
+            else:
+                source = path
                 if source not in sources:
                     sources.append(source)
                 version = _version_of(source)
