@@ -113,7 +113,8 @@ def validate(paths, spec_dirs):
 def list_devices(spec_dirs, as_json):
     """List the qualified names of every resolvable CDI device, one a line.
 
-    Spec files that fail to load are reported on stderr; their devices are not listed.
+    Spec files that fail to load (and devices defined twice in one directory) are reported on
+    stderr, their devices not listed; the others are still listed, and the exit status is 1.
     """
     spec_dirs = spec_dirs_or_configured(spec_dirs)
     registry = Registry(spec_dirs).refresh()
@@ -127,12 +128,15 @@ def list_devices(spec_dirs, as_json):
     else:
         for name in names:
             click.echo(name)
-    for where, messages in registry.errors().items():
+    errors = registry.errors()
+    for where, messages in errors.items():
         for message in messages:
-            click.echo(f"warning: {_warning_line(where, message)}", err=True)
+            click.echo(f"error: {_warning_line(where, message)}", err=True)
     if not names:
-        found = registry.spec_paths() or registry.errors()
+        found = registry.spec_paths() or errors
         click.echo(f"no CDI devices found{'' if found else ' (no spec files)'}; {_searched(spec_dirs)}", err=True)
+    if errors:  # a script must not take a partial list for the node's devices
+        sys.exit(1)
 
 
 def _device_arguments(ctx, param, values):
