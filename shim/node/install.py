@@ -376,7 +376,7 @@ def install_node(installer, restart=False, report=print):
                        ("resident", installer.resident_unit), ("cdi-spec", installer.cdi_spec)):
         try:
             done = step()
-        except InstallError as err:
+        except (InstallError, ContainerdConfigError) as err:  # e.g. a file it must read is a FIFO
             failed.append(f"{name}: {err}")
             report(f"{name}: failed: {err}")
             continue

@@ -793,3 +793,24 @@ def test_migrate_needs_containerd_2(tmp_path, shim_env, fake_binary, containerd_
     assert read(path) == read(V2_DEFAULT)
     out = configure(path, fake_binary, env=shim_env, containerd_binary=containerd_release("1.7"))
     assert "config version 2 (containerd 1.x), from the file's version key; installed: containerd 1.7" in out.stderr
+
+
+@pytest.mark.parametrize("shape", ["fifo", "loop"])
+def test_configure_on_a_config_path_that_is_no_regular_file(tmp_path, shim_env, fake_binary, shape):
+    """configure (and install, through the same read) opened the file with a blocking open."""
+    path = tmp_path / "config.toml"
+    if shape == "fifo":
+        os.mkfifo(path)
+        why = "a FIFO, not a regular file"
+    else:
+        os.symlink(tmp_path / "other.toml", path)
+        os.symlink(path, tmp_path / "other.toml")
+        why = "a link loop (too many levels of symbolic links)"
+    try:
+        out = run_cli("runtime", "configure", "--config", str(path), "--runtime-binary", fake_binary,
+                      "--containerd-binary", containerd(), env=shim_env, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("configure hung")
+    assert out.stderr.splitlines()[-1].startswith("Error: cannot read ") and out.stderr.strip().endswith(why), \
+        out.stderr
+    assert "Traceback" not in out.stderr

@@ -28,7 +28,7 @@ import textwrap
 import pytest
 
 from shim.node.doctor import FAIL, OK, Node, Options, run_checks
-from tests.helpers import need, run_cli
+from tests.helpers import cdi_shim_cli, need, run_cli
 
 DRIVER = "570.86.10"
 NEW_DRIVER = "575.51.02"
@@ -796,3 +796,62 @@ def test_kubespray_rendered_config_warns_to_edit_the_inventory(node):
     assert check.status == "warn" and "kubespray" in check.saw
     assert check.fix.startswith("edit the kubespray inventory, not config.toml")
     assert "containerd_additional_runtimes" in check.fix
+
+
+# --- issue 31: files that are not regular files ------------------------------------------------------
+
+def _not_regular(node, path, shape):
+    """Make the node's PATH a FIFO, a link loop (two links naming each other) or a directory."""
+    full = node.path(path)
+    if os.path.lexists(full):
+        os.unlink(full)
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    if shape == "fifo":
+        os.mkfifo(full)
+    elif shape == "loop":
+        os.symlink(os.path.basename(full) + ".other", full)
+        os.symlink(os.path.basename(full), full + ".other")
+    else:
+        os.mkdir(full)
+
+
+SHAPES = {"fifo": "a FIFO, not a regular file", "loop": "a link loop (too many levels of symbolic links)",
+          "dir": "a directory, not a regular file"}
+
+
+def _doctor(node, env, *extra):
+    """`cdi-shim doctor --root` in a child with a time limit: a hang fails the test, not the run."""
+    try:
+        return subprocess.run([cdi_shim_cli(), "doctor", "--root", node.root, "--containerd-binary",
+                               need("containerd", "containerd"), *extra], capture_output=True, text=True, env=env,
+                              timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"doctor {' '.join(extra)} hung (a blocking open of a FIFO)")
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_cdi_shim_config_that_is_no_regular_file_is_one_line_never_a_hang(node, doctor_env, shape):
+    """doctor --root opened ROOT/etc/cdi-shim/config.toml with a blocking open (a FIFO hung it)
+    and resolved a link loop on the way with a traceback."""
+    _not_regular(node, "/etc/cdi-shim/config.toml", shape)
+    out = _doctor(node, doctor_env)
+    assert out.returncode == 1 and out.stdout == "", out.stdout
+    assert out.stderr.splitlines() == [
+        f"Error: cannot read cdi-shim config {node.path('/etc/cdi-shim/config.toml')}: {SHAPES[shape]}"], out.stderr
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_containerd_config_spec_and_runtimeclass_that_are_no_regular_files(node, doctor_env, shape):
+    runtimeclass = node.path("/k8s/runtimeclass-broken.yaml")
+    _not_regular(node, "/k8s/runtimeclass-broken.yaml", shape)
+    _not_regular(node, "/etc/cdi/broken.yaml", shape)
+    extra = ["--runtimeclass", runtimeclass] if shape != "dir" else []  # click refuses a directory itself
+    checks = {c["check"]: c for c in json.loads(_doctor(node, doctor_env, "--json", *extra).stdout)}
+    if extra:
+        assert f"{runtimeclass}: cannot be read: {SHAPES[shape]}" in checks["runtimeclass.handler"]["saw"]
+        # a directory named *.yaml in a spec directory is a sub-directory, not read
+        assert f"/etc/cdi/broken.yaml: cannot be read: {SHAPES[shape]}" in checks["cdi.specs"]["saw"]
+    _not_regular(node, "/etc/containerd/config.toml", shape)
+    config = {c["check"]: c for c in json.loads(_doctor(node, doctor_env, "--json").stdout)}["containerd.config"]
+    assert config["status"] == FAIL
+    assert config["saw"] == f"/etc/containerd/config.toml is unreadable: {SHAPES[shape]}; containerd will not start"

@@ -4,6 +4,8 @@ import os
 import re
 import subprocess
 
+from cdi.safeio import UnsafeFile
+
 from ..containerd import MIGRATE_BY_HAND
 from .base import CRI_RUNTIME, FAIL, KUBELET_CONFIG, NEW_CRI_PLUGINS, OLD_CRI, RUNC_V2, RUNTIME_EXECUTABLE, V3_OLD_CRI_KEYS, WARN, Check, _ok
 
@@ -76,10 +78,15 @@ class ContainerdView:
                 view.installed = parse_containerd_version(view.installed_text)
             except (OSError, subprocess.TimeoutExpired) as err:
                 view.installed_text = str(err)
-        text = node.read_text(view.path)
-        if text is None:
-            view.error = "missing" if not node.exists(view.path) else "not readable here (run doctor as root)"
+        try:
+            data = node.read_checked(view.path)
+        except UnsafeFile as err:
+            view.error = f"unreadable: {err}" + (" (run doctor as root)" if "permission" in str(err) else "")
             return view
+        if data is None:
+            view.error = "missing"
+            return view
+        text = data.decode("utf-8", "replace")
         try:
             doc = _toml(text)
         except Exception as err:  # noqa: BLE001 - tomllib's and tomlkit's errors

@@ -5,7 +5,9 @@ import socket
 import stat
 import struct
 
-from .base import FAIL, RUNTIME_EXECUTABLE, WARN, Check, _ok
+from cdi.safeio import UnsafeFile, read_config_file
+
+from .base import FAIL, MAX_READ, RUNTIME_EXECUTABLE, WARN, Check, _ok
 from .containerd import CONFIGURE_AS, _get
 
 
@@ -29,10 +31,16 @@ def check_runtimeclasses(ctx):
     problems, warnings, seen = [], [], []
     for path in files:
         try:
-            with open(path, encoding="utf-8") as stream:
-                docs = [d for d in yaml.safe_load_all(stream) if isinstance(d, dict)]
-        except (OSError, yaml.YAMLError) as err:
-            problems.append(f"{path}: {err}")
+            data = read_config_file(path, MAX_READ)
+            if data is None:
+                problems.append(f"{path}: does not exist")
+                continue
+            docs = [d for d in yaml.safe_load_all(data) if isinstance(d, dict)]
+        except UnsafeFile as err:
+            problems.append(f"{path}: cannot be read: {err}")
+            continue
+        except yaml.YAMLError as err:
+            problems.append(f"{path}: {' '.join(str(err).split())}".replace('"<byte string>"', f'"{path}"'))
             continue
         classes = [d for d in docs if d.get("kind") == "RuntimeClass"]
         if not classes:

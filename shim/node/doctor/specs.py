@@ -2,6 +2,8 @@
 import os
 import stat
 
+from cdi.safeio import UnsafeFile
+
 from .base import _DIR_VERSION, FAIL, WARN, Check, _ok
 from .driver import _version_of
 
@@ -55,12 +57,13 @@ def load_specs(ctx):
             info = node.stat(path)
             if info is not None and stat.S_ISDIR(info.st_mode):
                 continue
-            data = node.read_bytes(path, MAX_SPEC_BYTES + 1)
-            if data is None:
-                results.append((priority, path, f"{path}: cannot be read (missing link target, or not a file)"))
+            try:
+                data = node.read_checked(path, MAX_SPEC_BYTES)
+            except UnsafeFile as err:
+                results.append((priority, path, f"{path}: cannot be read: {err}"))
                 continue
-            if len(data) > MAX_SPEC_BYTES:
-                results.append((priority, path, f"{path}: larger than {MAX_SPEC_BYTES} bytes, refused"))
+            if data is None:
+                results.append((priority, path, f"{path}: cannot be read: its link leads nowhere"))
                 continue
             try:
                 results.append((priority, path, parse_spec(data, path, priority)))
