@@ -760,8 +760,12 @@ def test_v2_config_under_containerd_2_1_refused_with_doctors_cause(tmp_path, shi
     assert read(path) == read(V2_DEFAULT) and not backups(path)
     doctor = run_cli("doctor", "--config", str(path), "--containerd-binary", c21, "--json", env=shim_env)
     line = next(c for c in yaml.safe_load(doctor.stdout) if c["check"] == "containerd.config")
-    for said in ("migrated to version 3 in memory at every start", line["fix"]):
-        assert said in line["saw"] + line["fix"] and said in out.stderr, (said, out.stderr)
+    from shim.node.containerd import MIGRATE_BY_HAND
+    for said in ("migrated to version 3 in memory at every start", MIGRATE_BY_HAND,
+                 f"cdi-shim runtime configure --runtime=containerd --config {path} --migrate"):
+        assert said in line["saw"] + line["fix"], (said, line)
+    for said in ("migrated to version 3 in memory at every start", MIGRATE_BY_HAND, "--migrate"):
+        assert said in out.stderr, (said, out.stderr)
 
 
 def test_v2_config_migrated_by_real_containerd_2_1(tmp_path, shim_env, fake_binary, containerd_release):

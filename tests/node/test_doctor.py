@@ -478,7 +478,14 @@ def test_relative_binary_name(node):
     node.edit("/etc/containerd/config.toml", 'BinaryName = "/usr/bin/cdi-shim-runtime"',
               'BinaryName = "cdi-shim-runtime"')
     check = only_failure(node, "containerd.runtime")
-    assert "not an absolute path" in check.saw and "runtime configure" in check.fix
+    assert "not an absolute path" in check.saw
+    # the values doctor knows, not placeholders (`--runtime-name NAME`, no --config)
+    config = node.path("/etc/containerd/config.toml")
+    assert f"rewrite the entry: `cdi-shim runtime configure --runtime=containerd --config {config}`" in check.fix
+    node.edit("/etc/containerd/config.toml", "runtimes.nvidia", "runtimes.gpu-a")
+    check = only_failure(node, "containerd.runtime", runtimeclasses=[node.runtimeclass("gpu-a")])
+    assert f"`cdi-shim runtime configure --runtime=containerd --runtime-name gpu-a --config {config}`" in check.fix
+    assert "NAME" not in check.fix
 
 
 def test_hook_program_missing_beside_the_runtime(node):
@@ -504,6 +511,10 @@ def test_hook_program_found_beside_a_linked_runtime(node):
 def test_handler_mismatch(node):
     check = only_failure(node, "runtimeclass.handler", runtimeclasses=[node.runtimeclass("gpu")])
     assert 'no runtime for "gpu" is configured' in check.saw
+    config = node.path("/etc/containerd/config.toml")
+    assert check.fix.endswith(f"register that name: `cdi-shim runtime configure --runtime=containerd "
+                              f"--runtime-name gpu --config {config}`"), check.fix
+    assert "HANDLER" not in check.fix
 
 
 def test_default_runtime_is_the_shim(node):

@@ -8,7 +8,7 @@ import struct
 from cdi.safeio import UnsafeFile, read_config_file
 
 from .base import FAIL, MAX_READ, RUNTIME_EXECUTABLE, WARN, Check, _ok
-from .containerd import CONFIGURE_AS, _get
+from .containerd import _get, configure_fix
 
 
 
@@ -28,7 +28,7 @@ def check_runtimeclasses(ctx):
     # containerd 1.x: a file's runtimes replace the built-in "runc"; 2.x merges them with it
     names = set(view.runtimes) if view.read_as == 2 and view.runtimes else set(view.runtimes) | {"runc"}
     shim = set(view.shim_runtimes())
-    problems, warnings, seen = [], [], []
+    problems, warnings, seen, missing = [], [], [], []
     for path in files:
         try:
             data = read_config_file(path, MAX_READ)
@@ -49,6 +49,7 @@ def check_runtimeclasses(ctx):
             handler = doc.get("handler")
             name = _get(doc, "metadata", "name")
             if handler not in names:
+                missing.append(handler)
                 problems.append(f'RuntimeClass "{name}" ({path}): {no_runtime_error(handler)} (containerd has '
                                 f"{', '.join(sorted(names))})")
             elif handler not in shim:
@@ -58,7 +59,9 @@ def check_runtimeclasses(ctx):
     if problems:
         return Check("runtimeclass", "handler", FAIL, "; ".join(problems),
                      "set handler to the containerd runtime name of cdi-shim (`cdi-shim runtimeclass --config "
-                     f"{view.path}` checks it), or register that name: {CONFIGURE_AS}")
+                     f"{view.path}` checks it), or register that name: "
+                     + configure_fix(ctx, missing[0] if missing else None)
+                     + (f" (and so for {', '.join(missing[1:])})" if missing[1:] else ""))
     if warnings:
         return Check("runtimeclass", "handler", WARN, "; ".join(warnings), "")
     return _ok("runtimeclass", "handler", ", ".join(seen))
