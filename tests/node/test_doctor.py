@@ -866,3 +866,19 @@ def test_containerd_config_spec_and_runtimeclass_that_are_no_regular_files(node,
     config = {c["check"]: c for c in json.loads(_doctor(node, doctor_env, "--json").stdout)}["containerd.config"]
     assert config["status"] == FAIL
     assert config["saw"] == f"/etc/containerd/config.toml is unreadable: {SHAPES[shape]}; containerd will not start"
+
+
+def test_kubernetes_node_accepting_env_requests_of_unprivileged_containers_warns(node):
+    """The image picks the GPUs (issue 31, item 3): warned with the fix on a Kubernetes node only."""
+    from shim.config import Config
+
+    check = node.checks()["runtime.env-requests"]   # the fake node has /var/lib/kubelet/config.yaml
+    assert check.status == "warn"
+    assert "a Kubernetes node (/var/lib/kubelet/config.yaml) accepts NVIDIA_VISIBLE_DEVICES from unprivileged " \
+        "containers (accept-env-unprivileged = true, the default)" in check.saw
+    assert check.fix.startswith("set accept-env-unprivileged = false in /etc/cdi-shim/config.toml (in "), check.fix
+    assert "CDI annotations (cdi.k8s.io/*)" in check.fix and "not envvar" in check.fix
+    off = node.checks(settings=Config(accept_env_unprivileged=False, source="/etc/cdi-shim/config.toml"))
+    assert off["runtime.env-requests"].status == OK
+    os.unlink(node.path("/var/lib/kubelet/config.yaml"))
+    assert "runtime.env-requests" not in node.checks()   # docker, podman, plain runc: env is the interface

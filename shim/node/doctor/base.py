@@ -20,7 +20,7 @@ OLD_CRI = "io.containerd.grpc.v1.cri"
 V3_OLD_CRI_KEYS = {"disable_tcp_service", "stream_server_address", "stream_server_port", "stream_idle_timeout",
                    "enable_tls_streaming", "x509_key_pair_streaming"}
 NEW_CRI_PLUGINS = ("io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images")
-KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
+from ..kubernetes import KUBELET_CONFIG  # noqa: E402,F401  (one definition, shared with install)
 DRIVER_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
 _SO_VERSION = re.compile(r"\.so\.(\d+\.\d+(?:\.\d+)?)$")
 _DIR_VERSION = re.compile(r"/(\d{3,}\.\d+(?:\.\d+)?)(?:/|$)")  # /lib/firmware/nvidia/570.86.10/gsp.bin

@@ -176,3 +176,28 @@ def check_runtime_log(ctx):
                      f"check that the runtime may rename files in {directory}; truncate it")
     return _ok("runtime", "log", f"log-file {path} ({size} bytes): the runtime rotates it past {MAX_LOG_BYTES} "
                "bytes, one old copy kept")
+
+
+def check_env_requests(ctx):
+    """A Kubernetes node that takes device requests from the env var of unprivileged containers:
+    an image that sets NVIDIA_VISIBLE_DEVICES=all gets every GPU, past the device plugin."""
+    from ...config import DEFAULT_CONFIG_PATH
+    from ..kubernetes import PLUGIN_STRATEGIES, kubernetes_marker, other_ways
+
+    settings = ctx.options.settings
+    marker = kubernetes_marker(ctx.node.exists)
+    if marker is None or not settings.device_env:
+        return None  # env requests are the interface of docker, podman and plain runc
+    where = settings.source or ctx.node.show(DEFAULT_CONFIG_PATH)
+    if not settings.accept_env_unprivileged:
+        return _ok("runtime", "env-requests", f"a Kubernetes node ({marker}): {settings.device_env} of unprivileged "
+                   f"containers is ignored (accept-env-unprivileged = false in {where})")
+    ways = other_ways(settings, (ctx.containerd.effective_cri() or {}).get("enable_cdi")
+                      if not ctx.containerd.error else None)
+    return Check("runtime", "env-requests", WARN,
+                 f"a Kubernetes node ({marker}) accepts {settings.device_env} from unprivileged containers "
+                 f"(accept-env-unprivileged = true{' in ' + where if settings.source else ', the default'}): an image "
+                 f"that sets {settings.device_env}=all gets every GPU, past the device plugin's allocation",
+                 f"set accept-env-unprivileged = false in {where}, and have the device plugin pass its devices by "
+                 + (", ".join(ways) if ways else "CDI annotations or volume mounts")
+                 + f" ({PLUGIN_STRATEGIES}, not envvar)")
