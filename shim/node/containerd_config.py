@@ -155,6 +155,8 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
     installed = containerd_version(containerd)
     newest = _newest_version(installed)
     raw_version = unwrap(doc.get("version", 1)) if doc else None
+    if isinstance(raw_version, bool):
+        raw_version = None  # file_version says what is wrong with it
     migrated_from = None
     if migrate and (installed is None or installed[0] < 2):
         which = f"containerd {installed[0]}.{installed[1]}" if installed else "no containerd (not installed)"
