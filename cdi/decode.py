@@ -222,17 +222,21 @@ def _join(field, key):
     return f"{field}.{key}" if field else key
 
 
-def decode_spec(data):
+def decode_spec(data, name=None):
     """Decode spec bytes into a dict with canonical keys; None for an empty document.
 
     Raises DecodeError (with the field path) on any syntax, type, unknown-key or duplicate-key
-    problem. Only the first YAML document is read, as the reference does.
+    problem; a syntax error's position names NAME (the file), not PyYAML's "<byte string>".
+    Only the first YAML document is read, as the reference does.
     """
     try:
         documents = yaml.compose_all(data, Loader=_Loader)
         node = next(documents, None)
     except yaml.YAMLError as err:
-        raise DecodeError("", "yaml: " + " ".join(str(err).split())) from None
+        text = " ".join(str(err).split())
+        if name:  # libyaml's marks are read-only: their text is mended instead
+            text = text.replace('"<byte string>"', q(name))
+        raise DecodeError("", "yaml: " + text) from None
     if node is None or (isinstance(node, yaml.ScalarNode) and _scalar_value(node, "") is None):
         return None
     return _Walker().value(node, SPEC, "")

@@ -1,4 +1,5 @@
 """Reading a file we do not trust: no blocking on FIFOs, no trusting its size."""
+import errno
 import os
 import stat
 
@@ -17,6 +18,15 @@ class UnsafeFile(Exception):
     """The file is there but must not be read (not regular, or too large)."""
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def file_kind(mode):
+    """"a FIFO", "a directory", ... for a stat mode that is not a regular file's."""
+    return next((name for test, name in _KINDS if test(mode)), "of another type")
+
+
 def read_regular_file(path, limit, follow_links=True):
     """(bytes, stat_result) of a regular file of at most `limit` bytes.
 
@@ -28,7 +38,7 @@ def read_regular_file(path, limit, follow_links=True):
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise UnsafeFile("not a regular file")
+            raise UnsafeFile(f"{file_kind(info.st_mode)}, not a regular file")
         if info.st_size > limit:
             raise UnsafeFile(f"{info.st_size} bytes, more than the {limit} accepted")
         chunks, total = [], 0
@@ -43,6 +53,29 @@ def read_regular_file(path, limit, follow_links=True):
         return b"".join(chunks), info
     finally:
         os.close(fd)
+
+
+def open_problem(err):
+    """The reason an OSError of open() gives, as a message's tail ("a link loop ...")."""
+    if err.errno == errno.ELOOP:
+        return "a link loop (too many levels of symbolic links)"
+    return (err.strerror or str(err))[:1].lower() + (err.strerror or str(err))[1:]
+
+
+def read_config_file(path, limit, follow_links=True):
+    """The bytes of a config or spec file we are told to read, or None when it does not exist.
+
+    The one rule of the runtime's config, doctor, configure and install: opened without
+    blocking (a FIFO there must not wedge every create), and refused unless a regular file of
+    at most LIMIT bytes. Any other reason raises UnsafeFile with the reason ("a FIFO, not a
+    regular file", "a link loop (...)", "permission denied"), for the caller to name PATH.
+    """
+    try:
+        return read_regular_file(path, limit, follow_links)[0]
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise UnsafeFile(open_problem(err)) from None
 
 
 def write_file_atomic(path, data, mode=0o644, prefix=".tmp.", sync=False, temp_name=None):

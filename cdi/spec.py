@@ -86,7 +86,7 @@ def parse_spec(data, path, priority=0):
     from .decode import DecodeError, decode_spec  # PyYAML loads only when a file is parsed
 
     try:
-        doc = decode_spec(data)
+        doc = decode_spec(data, path)
     except DecodeError as err:
         raise SpecError(path, err.field, "failed to unmarshal CDI Spec: " + err.reason, kind="parse") from None
     if doc is None:

@@ -7,11 +7,12 @@ the wrong type is an error naming the file (and the key), never a silent default
 import os
 import time
 
-from cdi.safeio import RACY_WINDOW_NS, file_identity
+from cdi.safeio import RACY_WINDOW_NS, UnsafeFile, file_identity, read_config_file
 
 DEFAULT_CONFIG_PATH = "/etc/cdi-shim/config.toml"
 CONFIG_ENV = "CDI_SHIM_CONFIG"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class ConfigError(Exception):
@@ -158,16 +159,28 @@ def load_config(path=None):
     return config
 
 
+def _suggestion(key):
+    """': did you mean "log-level"?' for log_level or a near miss, else the known keys."""
+    import difflib  # only on this error path
+
+    known = [name.replace("_", "-") for name in Config.DEFAULTS]
+    spelled = key.replace("_", "-").lower()
+    close = [spelled] if spelled in known else difflib.get_close_matches(spelled, known, n=1)
+    if close:
+        return f': did you mean "{close[0]}"? (keys are written with "-")' if "_" in key else \
+            f': did you mean "{close[0]}"?'
+    return f" (known keys: {', '.join(known)})"
+
+
 def _load(path, named):
     try:
-        with open(path, "rb") as stream:
-            raw = stream.read(1 << 20)
-    except FileNotFoundError:
+        raw = read_config_file(path, MAX_CONFIG_BYTES)
+    except UnsafeFile as err:
+        raise ConfigError(f"cannot read cdi-shim config {path}: {err}") from None
+    if raw is None:
         if named:
             raise ConfigError(f"cdi-shim config {path} does not exist (named by ${CONFIG_ENV})") from None
         return Config()
-    except OSError as err:
-        raise ConfigError(f"cannot read cdi-shim config {path}: {err.strerror}") from None
     try:
         values = _parse_toml(raw.decode("utf-8"))
     except Exception as err:  # tomllib and tomlkit raise their own error types
@@ -177,8 +190,7 @@ def _load(path, named):
         name = key.replace("-", "_")
         expected = _TYPES.get(name)
         if expected is None or "_" in key:
-            known = ", ".join(name.replace("_", "-") for name in Config.DEFAULTS)
-            raise ConfigError(f'cdi-shim config {path}: unknown key "{key}" (known keys: {known})')
+            raise ConfigError(f'cdi-shim config {path}: unknown key "{key}"{_suggestion(key)}')
         if expected is tuple:
             if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
                 raise ConfigError(f'cdi-shim config {path}: "{key}" must be a list of strings, not {value!r}')

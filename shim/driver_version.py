@@ -65,42 +65,41 @@ def recorded_driver_version(doc):
     return None
 
 
-def missing_mount_sources(edit_blocks):
-    """hostPaths of the mounts in EDIT_BLOCKS (containerEdits dicts) that do not exist."""
-    missing = []
-    for edits in edit_blocks:
-        for mount in (edits or {}).get("mounts") or ():
-            source = mount.get("hostPath", "")
-            if source.startswith("/") and not os.path.exists(source) and source not in missing:
-                missing.append(source)
-    return missing
-
-
 def stale_message(path, recorded, host):
     return (f"the CDI spec {path} was generated for NVIDIA driver {recorded}; the host has {host}; "
             f"run `cdi-shim cdi generate`")
 
 
-def missing_text(missing):
-    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-    return f"its mount source {missing[0]}{more} no longer exist{'s' if len(missing) == 1 else ''}"
+def check_spec(doc, path, edit_blocks=None, owners=None, host=None):
+    """(level, message) for a spec, else None: "error" when a host file its edits need is missing
+    (cdi/host_files.py: at any driver version), naming each with the device that needs it (the
+    stale note first when the spec was made for another driver); "warning" for a stale spec whose
+    files are there. EDIT_BLOCKS (default: every edit block of DOC) and OWNERS, the device names
+    each block is for (None: the spec's own edits). HOST: the host's version, read here when not
+    given (and only when DOC records one)."""
+    from cdi.host_files import describe_missing, missing_host_files
 
-
-def check_spec(doc, path, edit_blocks=None, host=None):
-    """(level, message) for a stale spec, else None. LEVEL is "error" when a mount source of
-    EDIT_BLOCKS (default: every edit block of DOC) is missing, else "warning". HOST: the host's
-    version, read here when not given (and only when DOC records one)."""
-    recorded = recorded_driver_version(doc)
-    if not recorded:
-        return None
-    if host is None:
-        host = host_driver_version()
-    if not host or host == recorded:
-        return None
     if edit_blocks is None:
-        edit_blocks = [doc.get("containerEdits")] + [d.get("containerEdits") for d in doc.get("devices") or ()]
-    missing = missing_mount_sources(edit_blocks)
-    message = stale_message(path, recorded, host)
+        devices = [d for d in doc.get("devices") or () if isinstance(d, dict)]
+        edit_blocks = [doc.get("containerEdits")] + [d.get("containerEdits") for d in devices]
+        kind = doc.get("kind", "")
+        owners = [None] + [f"{kind}={d.get('name', '')}" for d in devices]
+    owners = owners or [None] * len(edit_blocks)
+    missing = []
+    for owner, edits in zip(owners, edit_blocks):
+        missing += [(owner, what, file) for what, file in missing_host_files(edits)]
+    stale = None
+    recorded = recorded_driver_version(doc)
+    if recorded:
+        if host is None:
+            host = host_driver_version()
+        if host and host != recorded:
+            stale = stale_message(path, recorded, host)
     if missing:
-        return "error", f"{message} ({missing_text(missing)})"
-    return "warning", message
+        if stale:
+            return "error", f"{stale} (missing: {describe_missing(missing)})"
+        return "error", (f"the CDI spec {path} names host files that do not exist: {describe_missing(missing)}; "
+                         "restore them, or regenerate the spec (`cdi-shim cdi generate`)")
+    if stale:
+        return "warning", stale
+    return None

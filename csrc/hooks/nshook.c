@@ -47,7 +47,8 @@
 #define PARAMS_PATH "/proc/driver/nvidia/params"
 #define MAX_LINKS 1024
 
-static int usage(void)
+/* To stdout with status 0 when asked for (--help), else to stderr with status 2 (a wrong call). */
+static int usage_to(FILE *out, int status)
 {
     fputs("usage: cdi-shim-nshook bind-params [--rootfs DIR] --source FILE\n"
           "       cdi-shim-nshook symlinks [--rootfs DIR] --link TARGET::LINK...\n"
@@ -58,8 +59,18 @@ static int usage(void)
           "   at DEST with OPTIONS (bind or rbind, ro, nosuid, nodev, noexec, [r]private, [r]slave);\n"
           "   every path resolved inside DIR, the rootfs; without --rootfs, the rootfs of the OCI\n"
           "   state on stdin)\n",
-          stderr);
-    return 2;
+          out);
+    return status;
+}
+
+static int usage(void)
+{
+    return usage_to(stderr, 2);
+}
+
+static int asks_help(const char *arg)
+{
+    return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0 || strcmp(arg, "help") == 0;
 }
 
 /* runc writes the container's state to our stdin: read it (bounded) so its write never
@@ -308,6 +319,8 @@ int main(int argc, char **argv)
 {
     if (argc < 2)
         return usage();
+    if (asks_help(argv[1]) || (argc == 3 && asks_help(argv[2])))  /* --help, or COMMAND --help */
+        return usage_to(stdout, 0);
     const char *command = argv[1], *source = NULL;
     char *rootfs = NULL;
     char *links[MAX_LINKS];     /* --link values */

@@ -31,7 +31,13 @@ def doctor(containerd_config, cdi_dirs, runtimeclasses, root, containerd_binary,
     from ..config import ConfigError, DEFAULT_CONFIG_PATH, CONFIG_ENV, load_config
     from ..node.doctor import FAIL, Node, Options, run_checks
 
-    config_path = os.environ.get(CONFIG_ENV) or Node(root).host(DEFAULT_CONFIG_PATH)
+    from cdi.safeio import open_problem
+
+    try:
+        config_path = os.environ.get(CONFIG_ENV) or Node(root).host(DEFAULT_CONFIG_PATH)
+    except OSError as err:  # a link loop on the way, inside ROOT
+        _fail(f"cannot read cdi-shim config {os.path.join(root, DEFAULT_CONFIG_PATH.lstrip('/'))}: "
+              f"{open_problem(err)}")
     try:
         config = load_config(config_path)
     except ConfigError as err:

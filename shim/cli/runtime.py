@@ -45,6 +45,10 @@ def _runtimeclass_hint(config_path, runtime_name):
               help="Set containerd's own CDI injection (1.7+; default: keep the file's). On, containerd injects "
                    "requested devices from cdi_spec_dirs (kept equal to cdi-shim's spec-dirs) and "
                    "cdi-shim-runtime does their hooks; off, cdi-shim-runtime does both.")
+@click.option("--migrate", is_flag=True,
+              help="A config older than the installed containerd 2.x writes (version 2 under 2.x) is first "
+                   "rewritten by that containerd's `config migrate` (a backup kept); without it such a file is "
+                   "refused.")
 @click.option("--drop-in", "drop_in", metavar="DIR",
               help="Write the entry to DIR/99-cdi-shim.toml and make the main file import it.")
 @click.option("--dry-run", is_flag=True, help="Print the diff; change nothing.")
@@ -53,8 +57,8 @@ def _runtimeclass_hint(config_path, runtime_name):
               help="BinaryName to register (default: cdi-shim-runtime beside this interpreter, else on PATH).")
 @click.option("--containerd-binary", default="containerd", show_default=True, metavar="PATH",
               help="containerd executable used to tell the version and to check the new config.")
-def configure(engine, config_path, runtime_name, set_as_default, config_version, enable_cdi, drop_in, dry_run,
-              restart, runtime_binary, containerd_binary):
+def configure(engine, config_path, runtime_name, set_as_default, config_version, enable_cdi, migrate, drop_in,
+              dry_run, restart, runtime_binary, containerd_binary):
     """Add (or update) the cdi-shim runtime in containerd's config.toml.
 
     Comments, order and unrelated settings are kept; a second run changes nothing. The new file
@@ -79,19 +83,20 @@ def configure(engine, config_path, runtime_name, set_as_default, config_version,
     try:
         _configure_locked(cc, restart_containerd, config_path, runtime_name, set_as_default, config_version,
                           drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes, spec_dirs,
-                          enable_cdi)
+                          enable_cdi, migrate)
     finally:
         lock.__exit__(None, None, None)
 
 
 def _configure_locked(cc, restart_containerd, config_path, runtime_name, set_as_default, config_version,
-                      drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes, spec_dirs, enable_cdi):
+                      drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes, spec_dirs, enable_cdi,
+                      migrate=False):
     """configure's work, under the lock on the config file (read to rename)."""
     try:
         plan = cc.plan_configure(config_path, runtime_name=runtime_name, binary=runtime_binary,
                                  annotation_prefixes=prefixes, set_as_default=set_as_default,
                                  config_version=config_version, drop_in=drop_in, containerd=containerd_binary,
-                                 spec_dirs=spec_dirs, enable_cdi=enable_cdi)
+                                 spec_dirs=spec_dirs, enable_cdi=enable_cdi, migrate=migrate)
     except cc.ContainerdConfigError as err:
         _fail(str(err))
     for note in plan.notes:

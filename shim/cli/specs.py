@@ -63,10 +63,11 @@ def validate(paths, spec_dirs):
     """Validate CDI spec files or directories (default: the spec directories).
 
     Prints one line per problem, "error: ..." or "warning: ..." (a warning says why a file
-    will be ignored: wrong extension, sub-directory, outside the spec directories). A spec
-    generated for another driver version than the loaded one (/proc/driver/nvidia/version)
-    is stale: an error when a file it mounts is gone, else a warning. Exits 1 if there is any
-    error.
+    will be ignored: wrong extension, sub-directory, outside the spec directories). A host
+    file a spec needs that is not there (a bind-mount source, a device node whose numbers come
+    from the host) is an error naming the file and its device, at any driver version; a spec
+    generated for another driver version than the loaded one (/proc/driver/nvidia/version) is
+    stale: a warning. Exits 1 if there is any error.
     """
     spec_dirs = spec_dirs_or_configured(spec_dirs)
     problems, checked = [], 0
@@ -112,7 +113,8 @@ def validate(paths, spec_dirs):
 def list_devices(spec_dirs, as_json):
     """List the qualified names of every resolvable CDI device, one a line.
 
-    Spec files that fail to load are reported on stderr; their devices are not listed.
+    Spec files that fail to load (and devices defined twice in one directory) are reported on
+    stderr, their devices not listed; the others are still listed, and the exit status is 1.
     """
     spec_dirs = spec_dirs_or_configured(spec_dirs)
     registry = Registry(spec_dirs).refresh()
@@ -126,12 +128,15 @@ def list_devices(spec_dirs, as_json):
     else:
         for name in names:
             click.echo(name)
-    for where, messages in registry.errors().items():
+    errors = registry.errors()
+    for where, messages in errors.items():
         for message in messages:
-            click.echo(f"warning: {_warning_line(where, message)}", err=True)
+            click.echo(f"error: {_warning_line(where, message)}", err=True)
     if not names:
-        found = registry.spec_paths() or registry.errors()
+        found = registry.spec_paths() or errors
         click.echo(f"no CDI devices found{'' if found else ' (no spec files)'}; {_searched(spec_dirs)}", err=True)
+    if errors:  # a script must not take a partial list for the node's devices
+        sys.exit(1)
 
 
 def _device_arguments(ctx, param, values):

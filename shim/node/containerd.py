@@ -65,6 +65,28 @@ def containerd_dump(main_path, containerd="containerd"):
     return True, out.stdout
 
 
+# doctor's fix and configure's refusal for a file older than the installed containerd writes
+MIGRATE_BY_HAND = "`containerd config migrate > NEW` and install NEW as the config"
+
+
+def containerd_migrate(path, containerd="containerd"):
+    """The text of `containerd --config PATH config migrate` (containerd 2.x): the file in the
+    newest version that containerd writes, imported files' settings folded in."""
+    binary = containerd_path(containerd)
+    if not binary:
+        raise ContainerdConfigError("containerd is not installed: --migrate runs its `config migrate`")
+    try:
+        out = subprocess.run([binary, "--config", path, "config", "migrate"], capture_output=True, text=True,
+                             timeout=DUMP_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ContainerdConfigError(f"`{binary} --config {path} config migrate` failed: {err}") from None
+    if out.returncode != 0:
+        lines = [line for line in (out.stderr or out.stdout).strip().splitlines() if line.strip()]
+        raise ContainerdConfigError(f"`{binary} --config {path} config migrate` failed: "
+                                    f"{lines[-1] if lines else f'exit status {out.returncode}'}; nothing was changed")
+    return out.stdout
+
+
 def restart_containerd():
     """Restart containerd through systemd; returns a message, raises when this host cannot."""
     systemd, init = pid1_init()

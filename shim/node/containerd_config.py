@@ -30,13 +30,14 @@ import difflib
 import glob
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
 
 import tomlkit
 
-from .containerd import ContainerdConfigError, containerd_dump, containerd_version
+from .containerd import MIGRATE_BY_HAND, ContainerdConfigError, containerd_dump, containerd_migrate, containerd_version
 from .containerd_toml import (CRI_PLUGIN, DEFAULT_CDI_SPEC_DIRS, LOADS_FROM, RUNTIME_EXECUTABLE, Edit, apply_cdi,
                               apply_runtime, dropin_document, ensure_import, file_version, lookup, parse_toml,
                               read_text, unwrap)
@@ -78,6 +79,19 @@ def check_runtime_name(name):
             "a RuntimeClass handler must be one, so no pod could select it")
 
 
+def _configure_words(path, containerd):
+    """`cdi-shim runtime configure` for PATH with the containerd asked, as words to paste."""
+    words = ["cdi-shim", "runtime", "configure", "--config", path]
+    return words + (["--containerd-binary", containerd] if containerd != "containerd" else [])
+
+
+def _newest_version(installed):
+    """The config version the installed containerd's `config default` writes (None: not installed)."""
+    if installed is None:
+        return None
+    return max(v for v, first in LOADS_FROM.items() if tuple(installed[:2]) >= first)
+
+
 # --- the whole operation -------------------------------------------------------------------------
 
 class FileChange:
@@ -115,7 +129,7 @@ class Plan:
 def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary=None,
                    annotation_prefixes=("cdi.k8s.io/",), set_as_default=False, config_version="auto",
                    drop_in=None, containerd="containerd", import_as=None, binary_root=None,
-                   spec_dirs=DEFAULT_CDI_SPEC_DIRS, enable_cdi=None):
+                   spec_dirs=DEFAULT_CDI_SPEC_DIRS, enable_cdi=None, migrate=False):
     """Decide the new text of the config file(s); reads only.
 
     `import_as` is the text the main file's `imports` names the drop-in by (default: its absolute
@@ -123,7 +137,9 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
     elsewhere (a node image under --root), since containerd resolves it against the main file.
     `binary_root`: the tree in which an explicit `binary` must be executable (besides here).
     On containerd 1.7+ also keeps its enable_cdi / cdi_spec_dirs consistent with `spec_dirs`
-    (cdi-shim's); `enable_cdi` True/False sets enable_cdi, None keeps it."""
+    (cdi-shim's); `enable_cdi` True/False sets enable_cdi, None keeps it. `migrate`: a file older
+    than the installed containerd 2.x writes is first rewritten by its `config migrate`; without
+    it such a file is refused, with that fix."""
     check_runtime_name(runtime_name)
     path = os.path.realpath(path)  # a linked config stays linked: the file it names is edited
     binary = runtime_binary(binary, root=binary_root)
@@ -137,8 +153,34 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
                                     "annotation to the runtime")
     old = read_text(path)
     doc = parse_toml(path, old) if old is not None else tomlkit.document()
-    declared = file_version(doc, path)
     installed = containerd_version(containerd)
+    newest = _newest_version(installed)
+    raw_version = unwrap(doc.get("version", 1)) if doc else None
+    if isinstance(raw_version, bool):
+        raw_version = None  # file_version says what is wrong with it
+    migrated_from = None
+    if migrate and (installed is None or installed[0] < 2):
+        which = f"containerd {installed[0]}.{installed[1]}" if installed else "no containerd (not installed)"
+        raise ContainerdConfigError(f"--migrate runs the installed containerd's `config migrate`, which containerd "
+                                    f"2.0 and later have; here there is {which}")
+    old_sections = isinstance(raw_version, int) and newest is not None and installed[0] >= 2 and \
+        CRI_PLUGIN.get(raw_version) != CRI_PLUGIN[newest]
+    if isinstance(raw_version, int) and newest is not None and raw_version < newest and (migrate or old_sections):
+        if not migrate:
+            # what doctor says of it: 2.x migrates it in memory at every start, so the runtime
+            # entry and enable_cdi must be written where the migrated file has them
+            raise ContainerdConfigError(
+                f"{path} is a version {raw_version} config; the installed containerd {installed[0]}.{installed[1]} "
+                f"reads version {newest}: this file is migrated to version {newest} in memory at every start, so "
+                f"entries written in version {raw_version}'s sections are not what it uses: migrate it first, "
+                f"`{shlex.join(_configure_words(path, containerd) + ['--migrate'])}` (runs this containerd's "
+                f"`config migrate` and installs its output, after a backup), or {MIGRATE_BY_HAND}")
+        doc = parse_toml(f"`containerd config migrate` of {path}", containerd_migrate(path, containerd))
+        migrated_from = raw_version
+    declared = file_version(doc, path)
+    if migrated_from is not None and declared != newest:
+        raise ContainerdConfigError(f"`containerd config migrate` of {path} gave version {declared}, not {newest}; "
+                                    "nothing was changed")
     wanted = None if config_version in (None, "auto") else int(config_version)
     if wanted is not None and wanted not in CRI_PLUGIN:
         raise ContainerdConfigError(f"config version {wanted} is not one cdi-shim writes (2, 3 or 4)")
@@ -148,11 +190,13 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
                 f"{path} is a version {declared} config, but --config-version {wanted} was given: headers of the "
                 f"wrong version would be ignored by containerd; convert the file first (`containerd config migrate`)")
         version, source = declared, "the file's version key"
+        if migrated_from is not None:
+            source = f"`containerd config migrate` of the file's version {migrated_from}"
     elif wanted is not None:
         version, source = wanted, "--config-version"
     elif installed is not None:
         # what the installed containerd's `config default` writes
-        version = max(v for v, first in LOADS_FROM.items() if tuple(installed[:2]) >= first)
+        version = newest
         source = f"the installed containerd {installed[0]}.{installed[1]} (the file is {'empty' if old else 'missing'})"
     else:
         raise ContainerdConfigError(
@@ -165,7 +209,11 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
             f"cannot load (version {version} needs containerd {first[0]}.{first[1]} or later"
             + (": run `containerd config migrate` on a newer containerd only" if version == 4 else "") + ")")
     plan = Plan(path, version, source, runtime_name, binary, patterns)
-    plan.notes.append(f"config version {version} ({CONTAINERD_FOR[version]}), from {source}")
+    plan.notes.append(f"config version {version} ({CONTAINERD_FOR[version]}), from {source}"
+                      + (f"; installed: containerd {installed[0]}.{installed[1]}" if installed else ""))
+    if migrated_from is not None:
+        plan.notes.append(f"migrated {path} from version {migrated_from} to {version} with the installed containerd's "
+                          "`config migrate` (imported files' settings folded in, the imports kept)")
     if declared is None:
         doc["version"] = version  # before the first table
     edit = Edit()

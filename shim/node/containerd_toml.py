@@ -7,6 +7,7 @@ import os
 import re
 
 import tomlkit
+from cdi.safeio import UnsafeFile, read_config_file
 from tomlkit.items import AoT, InlineTable, KeyType, SingleKey, Table
 
 from .containerd import ContainerdConfigError, pid1_init
@@ -26,13 +27,16 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 # --- reading ------------------------------------------------------------------------------------
 
+MAX_CONFIG_BYTES = 16 << 20  # containerd's config.toml with every default written is ~10 KiB
+
+
 def read_text(path):
+    """The text of a file configure or install edits, None when missing (cdi.safeio's rule: a
+    FIFO, a device or a link loop there is an error naming it, never a hang)."""
     try:
-        with open(path, encoding="utf-8") as stream:
-            return stream.read()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as err:
+        data = read_config_file(path, MAX_CONFIG_BYTES)
+        return None if data is None else data.decode("utf-8")
+    except (UnsafeFile, UnicodeDecodeError) as err:
         raise ContainerdConfigError(f"cannot read {path}: {err}") from None
 
 
@@ -408,7 +412,8 @@ def _put(table, key, value, version):
         return
     _add(table, key, item)
     if isinstance(table, Table):
-        table[key].trivia.indent = _key_indent(table, table.trivia.indent + "  " if table.trivia.indent else "")
+        # item(), not [key]: a tomlkit table gives a boolean out as a plain bool, without trivia
+        table.item(key).trivia.indent = _key_indent(table, table.trivia.indent + "  " if table.trivia.indent else "")
 
 
 def cdi_capable(version, installed, sections):

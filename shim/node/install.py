@@ -8,7 +8,8 @@ is a command that changes nothing when run again, and is run again at each node 
 The steps, each returning a `Step` that says what it changed:
 
 1. `cdi_shim_config`: /etc/cdi-shim/config.toml with the defaults, when it is missing (an
-   existing file is the admin's, kept as it is).
+   existing file is the admin's, kept as it is); on a Kubernetes node (shim/node/kubernetes.py)
+   with `accept-env-unprivileged = false`: the device plugin, not the image, picks the GPUs.
 2. `register_runtime`: the runtime entry in containerd's config through `runtime configure`'s
    own plan (the lock, the check by `containerd config dump`, the atomic rename); with
    `drop_in`, in /etc/containerd/conf.d/99-cdi-shim.toml imported by the main file. On k3s and
@@ -63,6 +64,13 @@ default-kind = "nvidia.com/gpu"
 log-file = ""                                  # "" = only runc's --log file and stderr
 log-level = "info"                             # "debug" adds per-phase timings
 resident-socket = "/run/cdi-shim/runtime.sock" # the resident process; "" = always start the interpreter
+"""
+
+KUBERNETES_CONFIG_TEXT = """\
+# A Kubernetes node (install --node found its kubelet): the device plugin allocates the GPUs and
+# passes them as CDI annotations, the CRI CDI field or volume mounts, so an unprivileged
+# container's own NVIDIA_VISIBLE_DEVICES (set by its image) requests nothing.
+accept-env-unprivileged = false
 """
 
 UNIT_TEXT = """\
@@ -147,9 +155,26 @@ class Installer:
     # --- 1. cdi-shim's config --------------------------------------------------------------------
 
     def cdi_shim_config(self):
+        from ..config import Config
+        from .kubernetes import PLUGIN_STRATEGIES, kubernetes_marker, other_ways
+
         path = self.path(CDI_SHIM_CONFIG)
+        marker = kubernetes_marker(lambda p: os.path.lexists(self.path(p)))
+        ways = other_ways(Config())  # the defaults this file starts with
         if os.path.lexists(path):
-            return Step("config", False, f"{path} exists (kept as it is)")
+            settings = self.settings()
+            notes = [f"warning: a Kubernetes node ({marker}) and accept-env-unprivileged is true in {path}: an image "
+                     "can pick GPUs past the device plugin; set it to false (`cdi-shim doctor` says so too)"] \
+                if marker and settings.accept_env_unprivileged and settings.device_env else []
+            return Step("config", False, f"{path} exists (kept as it is)", notes=notes)
+        if marker and ways:
+            # the image must not pick GPUs past the device plugin, which has other ways in
+            _write(path, DEFAULT_CONFIG_TEXT + KUBERNETES_CONFIG_TEXT)
+            return Step("config", True, f"wrote {path} (the defaults; a Kubernetes node, {marker}: "
+                        "accept-env-unprivileged = false)",
+                        notes=[f"env requests ({Config().device_env}) of unprivileged containers are ignored; the "
+                               f"device plugin's devices reach containers by {', '.join(ways)}: use its "
+                               f"{PLUGIN_STRATEGIES}, not envvar"])
         _write(path, DEFAULT_CONFIG_TEXT)
         return Step("config", True, f"wrote {path} (the defaults)")
 
@@ -375,7 +400,7 @@ def install_node(installer, restart=False, report=print):
                        ("resident", installer.resident_unit), ("cdi-spec", installer.cdi_spec)):
         try:
             done = step()
-        except InstallError as err:
+        except (InstallError, ContainerdConfigError) as err:  # e.g. a file it must read is a FIFO
             failed.append(f"{name}: {err}")
             report(f"{name}: failed: {err}")
             continue

@@ -56,9 +56,11 @@ class _Phases:
 
 
 def check_freshness(blocks, origins, container, log):
-    """Report a generated spec made for another driver than the loaded one (see
-    shim/driver_version.py): fail the create when a mount source the requested devices need is
-    gone (runc would fail on it, obscurely, inside its own error), else warn.
+    """Fail the create when a host file the requested devices need is gone (a mount source, a
+    device node: cdi/host_files.py), naming the spec, the device and the file, whatever driver
+    the spec was made for (runc would fail on it, obscurely, inside its own error); warn of a
+    generated spec made for another driver than the loaded one (shim/driver_version.py).
+    One stat a needed file.
 
     BLOCKS and ORIGINS are Registry.resolve's: a spec's own edits come just before its first
     requested device's, so each spec's blocks are known without loading it again. The version
@@ -77,7 +79,7 @@ def check_freshness(blocks, origins, container, log):
         edits.append(blocks[at])
         at += 1
     for path, (names, edits) in per_spec.items():
-        problem = check_spec({"containerEdits": edits[0]}, path, edits)
+        problem = check_spec({"containerEdits": edits[0]}, path, edits, [", ".join(names)] + names)
         if problem is None:
             continue
         level, message = problem

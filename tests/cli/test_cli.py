@@ -28,18 +28,31 @@ def test_list_plain_and_json(specs):
 
 
 def test_list_reports_broken_files_on_stderr(specs):
-    """`warning: <file>: <error>`, the file first (the registry's own texts stay the library's)."""
+    """`error: <file>: <error>`, the file first (the registry's own texts stay the library's); the
+    good devices still listed, and exit status 1 (it was 0: a script took the partial list)."""
     broken = write_spec(specs, "broken.yaml", "kind: x.com/y\n")
     unparsable = write_spec(specs, "unparsable.json", "{")
     write_spec(specs, "twin.yaml", simple_spec(kind="nvidia.com/gpu", devices=("1",)))
     result = cdi_shim("cdi", "list", "--spec-dir", specs)
-    assert result.returncode == 0 and result.stdout == "nvidia.com/gpu=0\n"
+    assert result.returncode == 1 and result.stdout == "nvidia.com/gpu=0\n"
     lines = result.stderr.splitlines()
-    assert f'warning: {broken}: invalid CDI Spec: cdiVersion: invalid version ""' in lines
-    assert any(line.startswith(f"warning: {unparsable}: failed to parse CDI Spec: ") for line in lines), lines
-    assert f'warning: {os.path.join(specs, "twin.yaml")}: conflicting device "nvidia.com/gpu=1" (specs ' \
+    assert f'error: {broken}: invalid CDI Spec: cdiVersion: invalid version ""' in lines
+    assert any(line.startswith(f"error: {unparsable}: failed to parse CDI Spec: ") for line in lines), lines
+    assert f'error: {os.path.join(specs, "twin.yaml")}: conflicting device "nvidia.com/gpu=1" (specs ' \
         f'"{os.path.join(specs, "twin.yaml")}", "{os.path.join(specs, "gpu.yaml")}")' in lines, lines
     assert "failed to load" not in result.stderr and f'"{broken}"' not in result.stderr
+
+
+def test_list_exits_1_on_one_unparsable_spec_and_yaml_errors_name_the_file(specs):
+    bad = write_spec(specs, "bad.yaml", 'cdiVersion: "0.5.0"\nkind: x.com/y\ndevices: [\n')
+    result = cdi_shim("cdi", "list", "--spec-dir", specs)
+    assert result.returncode == 1 and result.stdout == "nvidia.com/gpu=0\nnvidia.com/gpu=1\n"
+    assert "<byte string>" not in result.stderr
+    assert f'error: {bad}: failed to parse CDI Spec: failed to unmarshal CDI Spec: yaml: ' in result.stderr
+    assert f'did not find expected node content in "{bad}", line 4, column 1' in result.stderr, result.stderr
+    validated = cdi_shim("cdi", "validate", "--spec-dir", specs, bad)
+    assert validated.returncode == 1 and f'in "{bad}", line 4' in validated.stdout
+    assert "<byte string>" not in validated.stdout
 
 
 def test_list_and_validate_without_specs_say_where_they_looked(tmp_path, cache_dir):

@@ -33,6 +33,8 @@ def help_texts():
         yield "cdi-shim " + " ".join(path + ("--help",)), run("cdi-shim", *path, "--help")
     for path in (("-h",), ("update-ldcache", "-h"), ("create-symlinks", "-h")):
         yield "cdi-shim-hook " + " ".join(path), run("cdi-shim-hook", *path)
+    for path in (("--help",), ("binds", "--help")):
+        yield "cdi-shim-nshook " + " ".join(path), run("cdi-shim-nshook", *path)
     runtime_help = run("cdi-shim-runtime", "--help")
     yield "cdi-shim-runtime --help", runtime_help[:runtime_help.index("NAME:\n")]  # runc's own follows
     for name in ("README.md", "contrib/cdi-shim-resident.service"):
@@ -75,3 +77,14 @@ def test_resident_unit_describes_long_lived_workers_and_the_saving():
     assert "+2-3 ms over plain runc per create instead of +17-23 ms" in comment
     serve = " ".join(run("cdi-shim", "runtime", "serve", "--help").split())
     assert "long-lived, warm workers" in serve and "+2-3 ms over plain runc per create instead of +17-23 ms" in serve
+
+
+def test_nshook_help_exits_0_on_stdout_and_a_wrong_call_2_on_stderr():
+    """`cdi-shim-nshook --help` exited 2 with its usage on stderr, as a wrong call does."""
+    for args in (("--help",), ("-h",), ("symlinks", "--help")):
+        asked = subprocess.run([tool("cdi-shim-nshook"), *args], capture_output=True, text=True, timeout=30)
+        assert (asked.returncode, asked.stderr) == (0, ""), (args, asked.stderr)
+        assert asked.stdout.startswith("usage: cdi-shim-nshook bind-params [--rootfs DIR] --source FILE\n")
+    for args in ((), ("frobnicate",), ("symlinks",)):
+        wrong = subprocess.run([tool("cdi-shim-nshook"), *args], capture_output=True, text=True, timeout=30)
+        assert wrong.returncode == 2 and wrong.stdout == "" and wrong.stderr.startswith("usage: "), args

@@ -716,3 +716,105 @@ def test_v3_drop_in_carries_cdi_dirs_and_containerd_2_1_merges_it(tmp_path, shim
     assert "cdi_spec_dirs" in main_before and f"'{our_dirs[0]}'" not in read(path)  # the main file keeps its own
     section = release_dump(c21, path)["plugins"][CRI3]
     assert section["cdi_spec_dirs"] == our_dirs and set(section["containerd"]["runtimes"]) == {"runc", "nvidia"}
+
+
+# --- issue 31: a new user's first hour -----------------------------------------------------------
+
+@pytest.mark.parametrize("release, text, cri", [("1.7", "version = 2\n", CRI2),
+                                                ("1.7", f'version = 2\n\n[plugins."{CRI2}"]\n  sandbox_image = "p:1"\n',
+                                                 CRI2),
+                                                ("2.1", "version = 3\n", CRI3)],
+                         ids=["v2-bare", "v2-cri-section", "v3-bare"])
+@pytest.mark.parametrize("enable", ["true", "false"])
+def test_enable_cdi_on_a_config_without_an_enable_cdi_line(tmp_path, shim_env, fake_binary, containerd_release,
+                                                           release, text, cri, enable):
+    """A hand-written config naming no enable_cdi: --enable-cdi wrote the key, then crashed
+    (`'bool' object has no attribute 'trivia'`: tomlkit hands a boolean out as a plain bool)."""
+    binary = containerd_release(release)
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    out = configure(path, fake_binary, "--enable-cdi", enable, env=shim_env, containerd_binary=binary, check=None)
+    assert "Traceback" not in out.stderr, out.stderr
+    if (release, enable) in (("1.7", "false"), ("2.1", "true")):  # each version's default: nothing to set
+        assert out.returncode == 0 and "enable_cdi = " + enable + " (was " not in out.stderr, out.stderr
+    else:
+        assert out.returncode == 0 and f"enable_cdi = {enable} (was " in out.stderr, out.stderr
+    assert "loaded and checked by the installed containerd" in out.stderr
+    assert release_dump(binary, path)["plugins"][cri]["enable_cdi"] is (enable == "true")
+    again = configure(path, fake_binary, "--enable-cdi", enable, env=shim_env, containerd_binary=binary)
+    assert "nothing changed" in again.stderr
+
+
+def test_v2_config_under_containerd_2_1_refused_with_doctors_cause(tmp_path, shim_env, fake_binary,
+                                                                   containerd_release):
+    """What every 1.7 -> 2.x upgrade leaves: a version-2 file. configure said `containerd sees
+    enable_cdi = true, not false` and announced "containerd 1.x"; it now says what doctor says
+    (migrated in memory at every start; `containerd config migrate`) and offers --migrate."""
+    c21 = containerd_release("2.1")
+    path = copy(V2_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, env=shim_env, containerd_binary=c21, check=False)
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "containerd 1.x" not in out.stderr and "enable_cdi" not in out.stderr
+    assert f"{path} is a version 2 config; the installed containerd 2.1 reads version 3" in out.stderr
+    assert "--migrate" in out.stderr
+    assert read(path) == read(V2_DEFAULT) and not backups(path)
+    doctor = run_cli("doctor", "--config", str(path), "--containerd-binary", c21, "--json", env=shim_env)
+    line = next(c for c in yaml.safe_load(doctor.stdout) if c["check"] == "containerd.config")
+    from shim.node.containerd import MIGRATE_BY_HAND
+    for said in ("migrated to version 3 in memory at every start", MIGRATE_BY_HAND,
+                 f"cdi-shim runtime configure --runtime=containerd --config {path} --migrate"):
+        assert said in line["saw"] + line["fix"], (said, line)
+    for said in ("migrated to version 3 in memory at every start", MIGRATE_BY_HAND, "--migrate"):
+        assert said in out.stderr, (said, out.stderr)
+
+
+def test_v2_config_migrated_by_real_containerd_2_1(tmp_path, shim_env, fake_binary, containerd_release):
+    c21 = containerd_release("2.1")
+    path = copy(V2_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, "--migrate", env=shim_env, containerd_binary=c21)
+    assert "config version 3 (containerd 2.x), from `containerd config migrate` of the file's version 2; " \
+        "installed: containerd 2.1" in out.stderr
+    assert "loaded and checked by the installed containerd" in out.stderr
+    assert backups(path) and read(backups(path)[0]) == read(V2_DEFAULT)
+    assert toml_loads(read(path))["version"] == 3
+    section = release_dump(c21, path)["plugins"][CRI3]
+    nvidia = section["containerd"]["runtimes"]["nvidia"]
+    assert nvidia["options"]["BinaryName"] == fake_binary and nvidia["container_annotations"] == ["cdi.k8s.io/*"]
+    assert section["enable_cdi"] is True
+    # the 1.6 default's sandbox image survives the migration
+    assert release_dump(c21, path)["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == \
+        toml_loads(read(V2_DEFAULT))["plugins"][CRI2]["sandbox_image"]
+    before = read(path)
+    again = configure(path, fake_binary, "--migrate", env=shim_env, containerd_binary=c21)
+    assert "nothing changed" in again.stderr and read(path) == before
+
+
+def test_migrate_needs_containerd_2(tmp_path, shim_env, fake_binary, containerd_release):
+    path = copy(V2_DEFAULT, tmp_path)
+    out = configure(path, fake_binary, "--migrate", env=shim_env, containerd_binary=containerd_release("1.7"),
+                    check=False)
+    assert "which containerd 2.0 and later have; here there is containerd 1.7" in out.stderr
+    assert read(path) == read(V2_DEFAULT)
+    out = configure(path, fake_binary, env=shim_env, containerd_binary=containerd_release("1.7"))
+    assert "config version 2 (containerd 1.x), from the file's version key; installed: containerd 1.7" in out.stderr
+
+
+@pytest.mark.parametrize("shape", ["fifo", "loop"])
+def test_configure_on_a_config_path_that_is_no_regular_file(tmp_path, shim_env, fake_binary, shape):
+    """configure (and install, through the same read) opened the file with a blocking open."""
+    path = tmp_path / "config.toml"
+    if shape == "fifo":
+        os.mkfifo(path)
+        why = "a FIFO, not a regular file"
+    else:
+        os.symlink(tmp_path / "other.toml", path)
+        os.symlink(path, tmp_path / "other.toml")
+        why = "a link loop (too many levels of symbolic links)"
+    try:
+        out = run_cli("runtime", "configure", "--config", str(path), "--runtime-binary", fake_binary,
+                      "--containerd-binary", containerd(), env=shim_env, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("configure hung")
+    assert out.stderr.splitlines()[-1].startswith("Error: cannot read ") and out.stderr.strip().endswith(why), \
+        out.stderr
+    assert "Traceback" not in out.stderr

@@ -28,7 +28,7 @@ import textwrap
 import pytest
 
 from shim.node.doctor import FAIL, OK, WARN, Node, Options, run_checks
-from tests.helpers import need, run_cli
+from tests.helpers import cdi_shim_cli, need, run_cli
 
 DRIVER = "570.86.10"
 NEW_DRIVER = "575.51.02"
@@ -478,7 +478,14 @@ def test_relative_binary_name(node):
     node.edit("/etc/containerd/config.toml", 'BinaryName = "/usr/bin/cdi-shim-runtime"',
               'BinaryName = "cdi-shim-runtime"')
     check = only_failure(node, "containerd.runtime")
-    assert "not an absolute path" in check.saw and "runtime configure" in check.fix
+    assert "not an absolute path" in check.saw
+    # the values doctor knows, not placeholders (`--runtime-name NAME`, no --config)
+    config = node.path("/etc/containerd/config.toml")
+    assert f"rewrite the entry: `cdi-shim runtime configure --runtime=containerd --config {config}`" in check.fix
+    node.edit("/etc/containerd/config.toml", "runtimes.nvidia", "runtimes.gpu-a")
+    check = only_failure(node, "containerd.runtime", runtimeclasses=[node.runtimeclass("gpu-a")])
+    assert f"`cdi-shim runtime configure --runtime=containerd --runtime-name gpu-a --config {config}`" in check.fix
+    assert "NAME" not in check.fix
 
 
 def test_hook_program_missing_beside_the_runtime(node):
@@ -504,6 +511,10 @@ def test_hook_program_found_beside_a_linked_runtime(node):
 def test_handler_mismatch(node):
     check = only_failure(node, "runtimeclass.handler", runtimeclasses=[node.runtimeclass("gpu")])
     assert 'no runtime for "gpu" is configured' in check.saw
+    config = node.path("/etc/containerd/config.toml")
+    assert check.fix.endswith(f"register that name: `cdi-shim runtime configure --runtime=containerd "
+                              f"--runtime-name gpu --config {config}`"), check.fix
+    assert "HANDLER" not in check.fix
 
 
 def test_default_runtime_is_the_shim(node):
@@ -831,3 +842,78 @@ def test_runtime_in_a_folder_others_can_write_warns(node, owner, mode):
     os.chmod(node.path("/home/user/venv"), mode)
     check = node.checks()["runtime.install"]
     assert check.status == WARN and f"/home/user/venv is owned by uid {owner}, mode {mode:04o}" in check.saw, check.saw
+
+
+# --- issue 31: files that are not regular files ------------------------------------------------------
+
+def _not_regular(node, path, shape):
+    """Make the node's PATH a FIFO, a link loop (two links naming each other) or a directory."""
+    full = node.path(path)
+    if os.path.lexists(full):
+        os.unlink(full)
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    if shape == "fifo":
+        os.mkfifo(full)
+    elif shape == "loop":
+        os.symlink(os.path.basename(full) + ".other", full)
+        os.symlink(os.path.basename(full), full + ".other")
+    else:
+        os.mkdir(full)
+
+
+SHAPES = {"fifo": "a FIFO, not a regular file", "loop": "a link loop (too many levels of symbolic links)",
+          "dir": "a directory, not a regular file"}
+
+
+def _doctor(node, env, *extra):
+    """`cdi-shim doctor --root` in a child with a time limit: a hang fails the test, not the run."""
+    try:
+        return subprocess.run([cdi_shim_cli(), "doctor", "--root", node.root, "--containerd-binary",
+                               need("containerd", "containerd"), *extra], capture_output=True, text=True, env=env,
+                              timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"doctor {' '.join(extra)} hung (a blocking open of a FIFO)")
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_cdi_shim_config_that_is_no_regular_file_is_one_line_never_a_hang(node, doctor_env, shape):
+    """doctor --root opened ROOT/etc/cdi-shim/config.toml with a blocking open (a FIFO hung it)
+    and resolved a link loop on the way with a traceback."""
+    _not_regular(node, "/etc/cdi-shim/config.toml", shape)
+    out = _doctor(node, doctor_env)
+    assert out.returncode == 1 and out.stdout == "", out.stdout
+    assert out.stderr.splitlines() == [
+        f"Error: cannot read cdi-shim config {node.path('/etc/cdi-shim/config.toml')}: {SHAPES[shape]}"], out.stderr
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_containerd_config_spec_and_runtimeclass_that_are_no_regular_files(node, doctor_env, shape):
+    runtimeclass = node.path("/k8s/runtimeclass-broken.yaml")
+    _not_regular(node, "/k8s/runtimeclass-broken.yaml", shape)
+    _not_regular(node, "/etc/cdi/broken.yaml", shape)
+    extra = ["--runtimeclass", runtimeclass] if shape != "dir" else []  # click refuses a directory itself
+    checks = {c["check"]: c for c in json.loads(_doctor(node, doctor_env, "--json", *extra).stdout)}
+    if extra:
+        assert f"{runtimeclass}: cannot be read: {SHAPES[shape]}" in checks["runtimeclass.handler"]["saw"]
+        # a directory named *.yaml in a spec directory is a sub-directory, not read
+        assert f"/etc/cdi/broken.yaml: cannot be read: {SHAPES[shape]}" in checks["cdi.specs"]["saw"]
+    _not_regular(node, "/etc/containerd/config.toml", shape)
+    config = {c["check"]: c for c in json.loads(_doctor(node, doctor_env, "--json").stdout)}["containerd.config"]
+    assert config["status"] == FAIL
+    assert config["saw"] == f"/etc/containerd/config.toml is unreadable: {SHAPES[shape]}; containerd will not start"
+
+
+def test_kubernetes_node_accepting_env_requests_of_unprivileged_containers_warns(node):
+    """The image picks the GPUs (issue 31, item 3): warned with the fix on a Kubernetes node only."""
+    from shim.config import Config
+
+    check = node.checks()["runtime.env-requests"]   # the fake node has /var/lib/kubelet/config.yaml
+    assert check.status == "warn"
+    assert "a Kubernetes node (/var/lib/kubelet/config.yaml) accepts NVIDIA_VISIBLE_DEVICES from unprivileged " \
+        "containers (accept-env-unprivileged = true, the default)" in check.saw
+    assert check.fix.startswith("set accept-env-unprivileged = false in /etc/cdi-shim/config.toml (in "), check.fix
+    assert "CDI annotations (cdi.k8s.io/*)" in check.fix and "not envvar" in check.fix
+    off = node.checks(settings=Config(accept_env_unprivileged=False, source="/etc/cdi-shim/config.toml"))
+    assert off["runtime.env-requests"].status == OK
+    os.unlink(node.path("/var/lib/kubelet/config.yaml"))
+    assert "runtime.env-requests" not in node.checks()   # docker, podman, plain runc: env is the interface

@@ -521,3 +521,52 @@ def test_node_image_names_the_node_s_own_paths(tmp_path, shim_env):
     assert entry["options"]["BinaryName"] == binary
     assert "ExecStart=/opt/cdi-shim/current/venv/bin/cdi-shim runtime serve" in read(
         root / "etc" / "systemd" / "system" / UNIT_NAME)
+
+
+# --- issue 31: request defaults fit the node --------------------------------------------------------
+
+def _runtime_settings(root, env):
+    """The settings the runtime reads from ROOT's config (the real loader, in a child)."""
+    code = ("import sys\nfrom shim.config import load_config\n"
+            "c = load_config(sys.argv[1])\nprint(c.accept_env_unprivileged, c.device_env)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(root / "etc" / "cdi-shim" / "config.toml")],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+@pytest.mark.parametrize("marker", ["var/lib/kubelet/config.yaml", "etc/kubernetes/kubelet.conf", None])
+def test_install_on_a_kubernetes_node_turns_env_requests_of_unprivileged_containers_off(
+        tmp_path, shim_env, fake_binary, marker):
+    root = node_root(tmp_path)
+    if marker:
+        (root / marker).parent.mkdir(parents=True, exist_ok=True)
+        (root / marker).write_text("kind: KubeletConfiguration\n")
+    out = install(root, env=shim_env, binary=fake_binary, check=None)
+    assert "config: changed: wrote" in out.stderr, out.stderr
+    if marker:
+        assert f"a Kubernetes node, /{marker}: accept-env-unprivileged = false" in out.stderr
+        assert "deviceListStrategy cdi-annotations, cdi-cri or volume-mounts, not envvar" in out.stderr
+        assert _runtime_settings(root, shim_env) == ["False", "NVIDIA_VISIBLE_DEVICES"]
+    else:  # docker, podman, plain runc: env requests are the interface
+        assert "accept-env-unprivileged" not in out.stderr
+        assert _runtime_settings(root, shim_env) == ["True", "NVIDIA_VISIBLE_DEVICES"]
+    doctor = run_cli("doctor", "--root", str(root), "--containerd-binary", containerd(), "--json",
+                     env={k: v for k, v in shim_env.items() if k != "CDI_SHIM_CONFIG"})
+    import json
+    checks = {c["check"]: c for c in json.loads(doctor.stdout)}
+    if marker:
+        assert checks["runtime.env-requests"]["status"] == "ok", checks["runtime.env-requests"]
+    else:
+        assert "runtime.env-requests" not in checks
+
+
+def test_install_keeps_an_operators_config_and_warns_on_a_kubernetes_node(tmp_path, shim_env, fake_binary):
+    root = node_root(tmp_path)
+    (root / "var/lib/kubelet").mkdir(parents=True)
+    (root / "var/lib/kubelet/config.yaml").write_text("kind: KubeletConfiguration\n")
+    config = node_config(root, 'log-level = "debug"\n')
+    out = install(root, env=shim_env, binary=fake_binary, check=None)
+    assert read(config) == 'log-level = "debug"\n'
+    assert f"config: warning: a Kubernetes node (/var/lib/kubelet/config.yaml) and accept-env-unprivileged is " \
+        f"true in {config}" in out.stderr, out.stderr

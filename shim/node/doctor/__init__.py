@@ -18,8 +18,8 @@ from .containerd import (ContainerdView, check_cgroup_driver, check_config_owner
                          check_containerd_version, check_cri_cdi, check_default_runtime, check_ignored_sections,
                          check_runtime_entry)
 from .driver import check_kernel_devices, check_kernel_module, check_libraries, check_nvidia_smi, check_versions
-from .runtime import (check_hook_program, check_resident, check_runtime_install, check_runtime_log,
-                      check_runtimeclasses)
+from .runtime import (check_env_requests, check_hook_program, check_resident, check_runtime_install,
+                      check_runtime_log, check_runtimeclasses)
 from .specs import check_spec_conflicts, check_spec_paths, check_specs
 
 
@@ -33,7 +33,7 @@ CHECKS = (
     check_containerd_loads,
     check_runtime_entry, check_cri_cdi, check_cgroup_driver, check_default_runtime,
     check_runtimeclasses,
-    check_hook_program, check_runtime_install, check_resident, check_runtime_log,
+    check_hook_program, check_runtime_install, check_resident, check_runtime_log, check_env_requests,
 )
 
 

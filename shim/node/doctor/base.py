@@ -5,6 +5,8 @@ import os
 import re
 import stat
 
+from cdi.safeio import UnsafeFile, open_problem, read_config_file
+
 OK, WARN, FAIL = "ok", "warn", "fail"
 STATUSES = (OK, WARN, FAIL)
 NVIDIA_MAJOR = 195
@@ -18,7 +20,7 @@ OLD_CRI = "io.containerd.grpc.v1.cri"
 V3_OLD_CRI_KEYS = {"disable_tcp_service", "stream_server_address", "stream_server_port", "stream_idle_timeout",
                    "enable_tls_streaming", "x509_key_pair_streaming"}
 NEW_CRI_PLUGINS = ("io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images")
-KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
+from ..kubernetes import KUBELET_CONFIG  # noqa: E402,F401  (one definition, shared with install)
 DRIVER_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
 _SO_VERSION = re.compile(r"\.so\.(\d+\.\d+(?:\.\d+)?)$")
 _DIR_VERSION = re.compile(r"/(\d{3,}\.\d+(?:\.\d+)?)(?:/|$)")  # /lib/firmware/nvidia/570.86.10/gsp.bin
@@ -116,25 +118,23 @@ class Node:
         return info is not None and stat.S_ISREG(info.st_mode) and info.st_mode & 0o111 != 0
 
     def read_bytes(self, path, limit=MAX_READ):
-        """The bytes of a regular file (None when missing); FIFOs and devices are not opened."""
-        info = self.stat(path)
-        if info is None or not stat.S_ISREG(info.st_mode):
-            return None
+        """The bytes of a regular file of at most LIMIT bytes; None when it is missing or cannot
+        be read (read_checked says why)."""
         try:
-            fd = os.open(self.host(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
+            return self.read_checked(path, limit)
+        except UnsafeFile:
             return None
+
+    def read_checked(self, path, limit=MAX_READ):
+        """The bytes of the node's PATH, None when it does not exist; UnsafeFile with the reason
+        (a FIFO or device, a link loop, too large, permission denied) when it cannot be read.
+        cdi.safeio's rule: opened without blocking, only a regular file is read."""
         try:
-            chunks, size = [], 0
-            while size < limit:
-                chunk = os.read(fd, min(1 << 16, limit - size))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            return b"".join(chunks)
-        finally:
-            os.close(fd)
+            host = self.host(path)
+        except OSError as err:
+            raise UnsafeFile(open_problem(err)) from None
+        # host() resolved every link inside ROOT: one appearing since is not followed out of it
+        return read_config_file(host, limit, follow_links=False)
 
     def read_text(self, path, limit=MAX_READ):
         data = self.read_bytes(path, limit)

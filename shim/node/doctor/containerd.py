@@ -4,6 +4,9 @@ import os
 import re
 import subprocess
 
+from cdi.safeio import UnsafeFile
+
+from ..containerd import MIGRATE_BY_HAND
 from .base import CRI_RUNTIME, FAIL, KUBELET_CONFIG, NEW_CRI_PLUGINS, OLD_CRI, RUNC_V2, RUNTIME_EXECUTABLE, V3_OLD_CRI_KEYS, WARN, Check, _ok
 
 
@@ -75,10 +78,15 @@ class ContainerdView:
                 view.installed = parse_containerd_version(view.installed_text)
             except (OSError, subprocess.TimeoutExpired) as err:
                 view.installed_text = str(err)
-        text = node.read_text(view.path)
-        if text is None:
-            view.error = "missing" if not node.exists(view.path) else "not readable here (run doctor as root)"
+        try:
+            data = node.read_checked(view.path)
+        except UnsafeFile as err:
+            view.error = f"unreadable: {err}" + (" (run doctor as root)" if "permission" in str(err) else "")
             return view
+        if data is None:
+            view.error = "missing"
+            return view
+        text = data.decode("utf-8", "replace")
         try:
             doc = _toml(text)
         except Exception as err:  # noqa: BLE001 - tomllib's and tomlkit's errors
@@ -253,8 +261,41 @@ def _quote(version):
     return '"' if version == 2 else "'"
 
 
-CONFIGURE = "`cdi-shim runtime configure --runtime=containerd`"
-CONFIGURE_AS = "`cdi-shim runtime configure --runtime=containerd --runtime-name HANDLER`"
+DEFAULT_RUNTIME_NAME = "nvidia"
+
+
+def configure_fix(ctx, name=None, *extra):
+    """`cdi-shim runtime configure ...` with the values doctor knows (the runtime's name, the
+    config it read), to paste: a placeholder would be one more thing to get wrong. NAME: the
+    runtime; default the one registered (or the RuntimeClass's handler), else "nvidia"."""
+    import shlex
+
+    if name is None:
+        names = sorted(ctx.containerd.shim_runtimes()) or sorted(_handlers(ctx))
+        name = names[0] if len(names) == 1 else DEFAULT_RUNTIME_NAME
+    words = ["cdi-shim", "runtime", "configure", "--runtime=containerd"]
+    if name != DEFAULT_RUNTIME_NAME:
+        words += ["--runtime-name", name]
+    path, root = ctx.containerd.path, ctx.node.root
+    words += ["--config", path if root == "/" else os.path.join(root, path.lstrip("/"))]
+    return f"`{shlex.join(words + list(extra))}`"
+
+
+def _handlers(ctx):
+    """The handlers of the RuntimeClass files doctor was given (best effort; the runtimeclass
+    check reports what is wrong with them)."""
+    import yaml
+
+    from cdi.safeio import read_config_file
+
+    found = set()
+    for path in ctx.options.runtimeclasses:
+        try:
+            docs = list(yaml.safe_load_all(read_config_file(path, 1 << 20) or b""))
+        except (UnsafeFile, yaml.YAMLError):
+            continue
+        found |= {d.get("handler") for d in docs if isinstance(d, dict) and isinstance(d.get("handler"), str)}
+    return found
 
 
 def check_containerd_binaries(ctx):
@@ -277,10 +318,10 @@ def check_containerd_version(ctx):
     view = ctx.containerd
     if view.error == "missing":
         return Check("containerd", "config", FAIL, f"{view.path} does not exist: containerd runs with built-in "
-                     "defaults, which know no cdi-shim runtime", f"create it: {CONFIGURE}")
+                     "defaults, which know no cdi-shim runtime", f"create it: {configure_fix(ctx)}")
     if view.error:
         return Check("containerd", "config", FAIL, f"{view.path} is {view.error}; containerd will not start",
-                     "fix the file (`containerd config default` shows a valid one)")
+                     f"make {view.path} a valid regular file (`containerd config default` shows one)")
     version, installed = view.version, view.installed
     who = f"containerd {installed[0]}.{installed[1]}" if installed else "containerd (not found; assumed from the file)"
     saw = f"{view.path}: version = {version}; {who}"
@@ -290,16 +331,16 @@ def check_containerd_version(ctx):
     if installed is None:
         return _ok("containerd", "config", saw)
     major, minor = installed
-    migrate = "`containerd config migrate > NEW` and install NEW as the config"
+    migrate = MIGRATE_BY_HAND
     if major < 2:
         if version >= 3 and view.refuses_version:
             return Check("containerd", "config", FAIL, f"{saw}: containerd {major}.{minor} knows versions 1 and 2 "
                          f"only and refuses a version {version} file: it will not start",
-                         "write a version 2 config (`containerd config default`), then " + CONFIGURE)
+                         "write a version 2 config (`containerd config default`), then " + configure_fix(ctx))
         if version >= 3:
             return Check("containerd", "config", FAIL, f"{saw}: containerd {major}.{minor} knows versions 1 and 2 "
                          "only and reads this file as version 2, ignoring every section of the version-3 plugins",
-                         "write a version 2 config (`containerd config default`), then " + CONFIGURE)
+                         "write a version 2 config (`containerd config default`), then " + configure_fix(ctx))
         if version == 1:
             return Check("containerd", "config", WARN, f"{saw}: version 1 is deprecated", migrate)
         return _ok("containerd", "config", saw)
@@ -312,7 +353,8 @@ def check_containerd_version(ctx):
                      f"{newest}", f"write a version {newest} config, or upgrade containerd")
     if version < newest:
         return Check("containerd", "config", WARN, f"{saw}: migrated to version {newest} in memory at every start",
-                     migrate)
+                     f"{migrate}; or {configure_fix(ctx, None, '--migrate')}, which runs it and registers "
+                     "the runtime in the result")
     return _ok("containerd", "config", saw)
 
 
@@ -348,7 +390,7 @@ def check_ignored_sections(ctx):
         return Check("containerd", "ignored-sections", FAIL, "containerd ignores, silently: " + "; ".join(ignored),
                      "move the settings under the headers of the file's version (version 3: "
                      "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.NAME], version 2: "
-                     f'[plugins."{OLD_CRI}".containerd.runtimes.NAME]), or rewrite the entry with {CONFIGURE}')
+                     f'[plugins."{OLD_CRI}".containerd.runtimes.NAME]), or rewrite the entry with {configure_fix(ctx)}')
     return _ok("containerd", "ignored-sections", "every CRI section is one containerd reads")
 
 
@@ -378,9 +420,10 @@ def check_runtime_entry(ctx):
     if not entries:
         names = ", ".join(sorted(view.runtimes)) or "none"
         return Check("containerd", "runtime", FAIL, f"no runtime in {view.where()} runs {RUNTIME_EXECUTABLE} "
-                     f"(runtimes: {names})", f"register it: {CONFIGURE}")
-    problems, seen = [], []
+                     f"(runtimes: {names})", f"register it: {configure_fix(ctx)}")
+    problems, seen, broken = [], [], []
     for name, entry in sorted(entries.items()):
+        before = len(problems)
         kind = entry.get("runtime_type")
         binary = _get(entry, "options", "BinaryName")
         if kind != RUNC_V2:
@@ -399,11 +442,13 @@ def check_runtime_entry(ctx):
             problems.append(f'"{name}": pod_annotations {entry["pod_annotations"]} lets any pod request any '
                             "device past the device plugin")
         seen.append(f'"{name}" -> {binary}')
+        if len(problems) > before:
+            broken.append(name)
     if problems:
         return Check("containerd", "runtime", FAIL, "; ".join(problems),
-                     f"rewrite the entry: {CONFIGURE_AS.replace('HANDLER', 'NAME')} (it sets runtime_type, the "
-                     "absolute "
-                     "BinaryName and the annotation allow-list)")
+                     f"rewrite the entry: {configure_fix(ctx, broken[0])}"
+                     + (f" (and so for {', '.join(broken[1:])})" if broken[1:] else "")
+                     + " (it sets runtime_type, the absolute BinaryName and the annotation allow-list)")
     return _ok("containerd", "runtime", ", ".join(seen))
 
 

@@ -5,8 +5,10 @@ import socket
 import stat
 import struct
 
-from .base import FAIL, RUNTIME_EXECUTABLE, WARN, Check, _ok
-from .containerd import CONFIGURE_AS, _get
+from cdi.safeio import UnsafeFile, read_config_file
+
+from .base import FAIL, MAX_READ, RUNTIME_EXECUTABLE, WARN, Check, _ok
+from .containerd import _get, configure_fix
 
 
 
@@ -26,13 +28,19 @@ def check_runtimeclasses(ctx):
     # containerd 1.x: a file's runtimes replace the built-in "runc"; 2.x merges them with it
     names = set(view.runtimes) if view.read_as == 2 and view.runtimes else set(view.runtimes) | {"runc"}
     shim = set(view.shim_runtimes())
-    problems, warnings, seen = [], [], []
+    problems, warnings, seen, missing = [], [], [], []
     for path in files:
         try:
-            with open(path, encoding="utf-8") as stream:
-                docs = [d for d in yaml.safe_load_all(stream) if isinstance(d, dict)]
-        except (OSError, yaml.YAMLError) as err:
-            problems.append(f"{path}: {err}")
+            data = read_config_file(path, MAX_READ)
+            if data is None:
+                problems.append(f"{path}: does not exist")
+                continue
+            docs = [d for d in yaml.safe_load_all(data) if isinstance(d, dict)]
+        except UnsafeFile as err:
+            problems.append(f"{path}: cannot be read: {err}")
+            continue
+        except yaml.YAMLError as err:
+            problems.append(f"{path}: {' '.join(str(err).split())}".replace('"<byte string>"', f'"{path}"'))
             continue
         classes = [d for d in docs if d.get("kind") == "RuntimeClass"]
         if not classes:
@@ -41,6 +49,7 @@ def check_runtimeclasses(ctx):
             handler = doc.get("handler")
             name = _get(doc, "metadata", "name")
             if handler not in names:
+                missing.append(handler)
                 problems.append(f'RuntimeClass "{name}" ({path}): {no_runtime_error(handler)} (containerd has '
                                 f"{', '.join(sorted(names))})")
             elif handler not in shim:
@@ -50,7 +59,9 @@ def check_runtimeclasses(ctx):
     if problems:
         return Check("runtimeclass", "handler", FAIL, "; ".join(problems),
                      "set handler to the containerd runtime name of cdi-shim (`cdi-shim runtimeclass --config "
-                     f"{view.path}` checks it), or register that name: {CONFIGURE_AS}")
+                     f"{view.path}` checks it), or register that name: "
+                     + configure_fix(ctx, missing[0] if missing else None)
+                     + (f" (and so for {', '.join(missing[1:])})" if missing[1:] else ""))
     if warnings:
         return Check("runtimeclass", "handler", WARN, "; ".join(warnings), "")
     return _ok("runtimeclass", "handler", ", ".join(seen))
@@ -204,3 +215,28 @@ def check_runtime_log(ctx):
                      f"check that the runtime may rename files in {directory}; truncate it")
     return _ok("runtime", "log", f"log-file {path} ({size} bytes): the runtime rotates it past {MAX_LOG_BYTES} "
                "bytes, one old copy kept")
+
+
+def check_env_requests(ctx):
+    """A Kubernetes node that takes device requests from the env var of unprivileged containers:
+    an image that sets NVIDIA_VISIBLE_DEVICES=all gets every GPU, past the device plugin."""
+    from ...config import DEFAULT_CONFIG_PATH
+    from ..kubernetes import PLUGIN_STRATEGIES, kubernetes_marker, other_ways
+
+    settings = ctx.options.settings
+    marker = kubernetes_marker(ctx.node.exists)
+    if marker is None or not settings.device_env:
+        return None  # env requests are the interface of docker, podman and plain runc
+    where = settings.source or ctx.node.show(DEFAULT_CONFIG_PATH)
+    if not settings.accept_env_unprivileged:
+        return _ok("runtime", "env-requests", f"a Kubernetes node ({marker}): {settings.device_env} of unprivileged "
+                   f"containers is ignored (accept-env-unprivileged = false in {where})")
+    ways = other_ways(settings, (ctx.containerd.effective_cri() or {}).get("enable_cdi")
+                      if not ctx.containerd.error else None)
+    return Check("runtime", "env-requests", WARN,
+                 f"a Kubernetes node ({marker}) accepts {settings.device_env} from unprivileged containers "
+                 f"(accept-env-unprivileged = true{' in ' + where if settings.source else ', the default'}): an image "
+                 f"that sets {settings.device_env}=all gets every GPU, past the device plugin's allocation",
+                 f"set accept-env-unprivileged = false in {where}, and have the device plugin pass its devices by "
+                 + (", ".join(ways) if ways else "CDI annotations or volume mounts")
+                 + f" ({PLUGIN_STRATEGIES}, not envvar)")

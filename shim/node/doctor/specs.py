@@ -2,6 +2,8 @@
 import os
 import stat
 
+from cdi.safeio import UnsafeFile
+
 from .base import _DIR_VERSION, FAIL, WARN, Check, _ok
 from .driver import _version_of
 
@@ -55,12 +57,13 @@ def load_specs(ctx):
             info = node.stat(path)
             if info is not None and stat.S_ISDIR(info.st_mode):
                 continue
-            data = node.read_bytes(path, MAX_SPEC_BYTES + 1)
-            if data is None:
-                results.append((priority, path, f"{path}: cannot be read (missing link target, or not a file)"))
+            try:
+                data = node.read_checked(path, MAX_SPEC_BYTES)
+            except UnsafeFile as err:
+                results.append((priority, path, f"{path}: cannot be read: {err}"))
                 continue
-            if len(data) > MAX_SPEC_BYTES:
-                results.append((priority, path, f"{path}: larger than {MAX_SPEC_BYTES} bytes, refused"))
+            if data is None:
+                results.append((priority, path, f"{path}: cannot be read: its link leads nowhere"))
                 continue
             try:
                 results.append((priority, path, parse_spec(data, path, priority)))
@@ -122,17 +125,17 @@ def check_spec_conflicts(ctx):
 
 def _spec_paths(spec):
     """(device nodes, mount sources, driver versions named) of a spec."""
+    from cdi.host_files import DEVICE_NODE, host_files
+
     blocks = [spec.edits] + [(d.get("containerEdits") or {}) for d in spec.devices.values()]
     nodes, sources, versions = [], [], set()
     for edits in blocks:
-        for dev in edits.get("deviceNodes") or ():
-            path = dev.get("hostPath") or dev.get("path")
-            if path and path not in nodes:
-                nodes.append(path)
-        for mount in edits.get("mounts") or ():
-            source = mount.get("hostPath") or ""
-            kind = mount.get("type") or ""
-            if source.startswith("/") and kind in ("", "bind", "rbind", "none"):
+        for what, path, _ in host_files(edits):   # every device node: on a GPU node each should be there
+            if what == DEVICE_NODE:
+                if path not in nodes:
+                    nodes.append(path)
+            else:
+                source = path
                 if source not in sources:
                     sources.append(source)
                 version = _version_of(source)
