@@ -50,6 +50,7 @@ class Node:
         self.driver = fakedriver.FakeDriver(os.path.join(self.base, "driver"), gpus=2)
         self.proc = os.path.join(self.base, "proc")
         os.makedirs(self.proc + "/driver/nvidia")
+        fakedriver.write_proc_devices(self.proc)
         self.version_file = self.proc + "/driver/nvidia/version"
         self.module(OLD)
         self.world = rh.World(os.path.join(self.base, "world"))
@@ -74,7 +75,7 @@ class Node:
         return subprocess.run([CLI, *argv], capture_output=True, text=True, env=env or self.env(), timeout=120)
 
     def generate(self, *extra):
-        done = self.cli("cdi", "generate", *self.roots(), "--output", self.spec, *extra)
+        done = self.cli("cdi", "generate", *self.roots(), "--output", self.spec, "--proc-root", self.proc, *extra)
         assert done.returncode == 0, done.stderr
         return done
 
@@ -271,7 +272,7 @@ def test_watch_sees_a_mig_change_through_nvml(node):
     nodes = os.path.join(node.driver.dev_root, "dev", "nvidia-caps")
     os.makedirs(nodes)
     for minor in (12, 13):
-        os.mknod(os.path.join(nodes, f"nvidia-cap{minor}"), 0o444 | stat.S_IFCHR, os.makedev(508, minor))
+        os.mknod(os.path.join(nodes, f"nvidia-cap{minor}"), 0o444 | stat.S_IFCHR, os.makedev(fakedriver.CAPS_MAJOR, minor))
     node.generate("--proc-root", node.proc)
     watch, log = node.watch("--nvml-interval", "0.5")
     try:
