@@ -16,6 +16,7 @@ On top of the walk, three refusals, each a warning in `warnings`:
 * with `leaf_link=False`, a path that is itself a link (the IPC sockets and folders: they are
   mounted read-write, so only the real thing, where it is named, is accepted).
 """
+import errno
 import os
 import posixpath
 import stat
@@ -202,33 +203,66 @@ class Tree:
                           "left out")
         return names
 
-    # -- writing (a node tree) --------------------------------------------------------------
+    # -- a node tree: paths to read and write --------------------------------------------------
+
+    def locate(self, path):
+        """The host path at which to read tree path PATH (nothing made): its longest existing
+        directory resolved inside the tree, the rest as named; a final link followed inside the
+        tree. Raises OSError (one line naming it) for a final link that leads nowhere in it."""
+        parts = [p for p in posixpath.normpath("/" + path).split("/") if p]
+        for cut in range(len(parts), -1, -1):
+            directory = self.resolve_dir("/" + "/".join(parts[:cut]))
+            if directory is not None:
+                break
+        rest = parts[cut:]
+        if not rest:
+            return self.host(directory)
+        if len(rest) > 1:
+            # Something at the first missing folder's place (a dangling or looping link, a file)
+            # would be followed on the host if we named a path through it.
+            blocker = posixpath.join(directory, rest[0])
+            text = self.readlink(blocker)
+            if text is not None:
+                raise OSError(f"{self.host(blocker)} is a link to {text}, which leads to no folder in the "
+                              f"{self.what} {self.path}")
+            fd = self.tree.open(blocker, os.O_PATH | os.O_NOFOLLOW)
+            if fd >= 0:
+                os.close(fd)
+                raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), self.host(blocker))
+            return self.host(posixpath.join(directory, *rest))
+        return self._final(posixpath.join(directory, rest[0]))
 
     def writable_path(self, path):
-        """The host path at which to write tree path PATH: its directory resolved (and the
-        missing ones made, 0755) inside the tree, its last component as named (a link there is
-        followed inside the tree, as `ln -s` users expect of a config file). Raises OSError
-        naming the tree path that failed."""
+        """The host path at which to write tree path PATH: its directory resolved, the missing
+        ones made (0755), inside the tree; a final link followed inside the tree (a linked
+        config file stays linked). Raises OSError naming the tree path that failed."""
+        parent, name = posixpath.split(posixpath.normpath("/" + path))
+        return self._final(posixpath.join(self.make_dirs(parent), name))
+
+    def entry_path(self, path):
+        """The host path of the entry PATH itself (a link stays a link), its directory made and
+        resolved inside the tree."""
+        parent, name = posixpath.split(posixpath.normpath("/" + path))
+        return self.host(posixpath.join(self.make_dirs(parent), name))
+
+    def _final(self, path):
         from .linker.engine import O_NOFOLLOW, O_PATH
 
-        path = posixpath.normpath("/" + path)
-        parent, name = posixpath.split(path)
-        directory = self.make_dirs(parent)
-        target = posixpath.join(directory, name)
-        fd = self.tree.open(target, O_PATH | O_NOFOLLOW)
-        if fd >= 0:
-            try:
-                is_link = stat.S_ISLNK(os.fstat(fd).st_mode)
-            finally:
-                os.close(fd)
-            if is_link:
-                found = self.lookup(target)
-                if found is None:
-                    why = next((w for w in self.warnings if w.startswith(self.host(target) + " ")),
-                               f"{self.host(target)} is a link to {self.readlink(target)}, which is not there")
-                    raise OSError(why)
-                target = found[0]
-        return self.host(target)
+        fd = self.tree.open(path, O_PATH | O_NOFOLLOW)
+        if fd < 0:
+            return self.host(path)
+        try:
+            is_link = stat.S_ISLNK(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+        if not is_link:
+            return self.host(path)
+        found = self.lookup(path)
+        if found is None:
+            raise OSError(next((w for w in self.warnings if w.startswith(self.host(path) + " ")),
+                               f"{self.host(path)} is a link to {self.readlink(path)}, which leads nowhere in the "
+                               f"{self.what} {self.path}"))
+        return self.host(found[0])
 
     def make_dirs(self, path):
         """Tree path of directory PATH, made (0755) where missing, inside the tree."""
