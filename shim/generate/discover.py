@@ -1,9 +1,11 @@
 """The driver's files in the driver root, and the device nodes under the dev root.
 
-Everything inside the driver root is resolved inside it (shim.linker's in-root opens: a link
-in a driver container's root never leads to the host's files). Paths come back as pairs:
-the host path (the driver root's file, links resolved) and the container path (where the
-toolkit puts it: the same path relative to the driver root).
+Both roots are untrusted (docs/security.md): every path inside them is resolved inside them
+(shim/inroot.py over shim.linker's in-root opens: a link in a driver container's root never
+leads to the host's files). Paths come back as pairs: the host path (the root's file, links
+resolved: what the spec hands runc) and the container path (where the toolkit puts it: the same
+path relative to the driver root). IPC sockets and folders that are links are refused; device
+nodes must be character devices of their driver's major (DevRoot).
 
 Libraries, as the toolkit 1.20 finds them (pkg/nvcdi/driver-nvml.go, internal/lookup/root):
 the driver root's own ld.so.cache names libnvidia-ml.so.1 (what NVML is loaded from); once

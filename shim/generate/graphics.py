@@ -25,9 +25,11 @@ internal/lookup/root, internal/platform-support/dgpu, internal/edits/device.go):
   dev root; the links
   /dev/dri/by-path/pci-<bus id>-card and -render, with the dev root's own targets, when they
   lead to those nodes (a create-symlinks hook of the device);
-- a node neither world-readable nor world-writable whose group is not root's: that group in
-  the device's additionalGids (cdiVersion 0.7.0) and on the node (so that the process's
-  supplementary group is the node's group in the container too).
+- a node whose group is not root's: that gid on the node; one neither world-readable nor
+  world-writable also puts the group in the device's additionalGids (cdiVersion 0.7.0), so
+  that the process's supplementary group is the node's group in the container too (spec.py);
+- each DRM node resolved inside the dev root and checked for DRM's major (226) like every
+  other node (discover.DevRoot).
 
 The toolkit's main branch (after 1.20) adds the xcb and xlib EGL platform files and
 libraries; we mount them too when the driver ships them (580 and later).

@@ -12,11 +12,15 @@ libraries, IPC sockets, GSP firmware, binaries).
 
 Device nodes carry their path and, when it differs (a --dev-root), their hostPath; major,
 minor and mode are left to injection time, which reads them from the host node, so the spec
-does not go stale when nvidia-uvm gets another major number after a module reload. A node
-that only its group may use (not world-readable and -writable, a group other than root's:
-DRM nodes, typically) carries that gid, and its device's edits name the group in
-additionalGids, as the toolkit's do (internal/edits/device.go); that alone needs cdiVersion
-0.7.0.
+does not go stale when nvidia-uvm gets another major number after a module reload. Every
+node whose group is not root's carries that gid, as nvidia-ctk 1.20 writes it (world-accessible
+render nodes included); one that only its group may use (not world-readable and -writable: DRM
+nodes, typically) also names the group in its device's additionalGids, as the toolkit's edits
+do (internal/edits/device.go); that alone needs cdiVersion 0.7.0. Every host path is resolved
+inside the driver or dev root (shim/inroot.py; docs/security.md).
+
+The output's extension (.yaml, .json) decides its format, as nvidia-ctk's: a --format that
+disagrees is a warning.
 
 cdiVersion is the minimum the content needs (0.5.0 with index names: they start with a
 digit), or --spec-version when that is enough. The driver version the spec was made for is

@@ -69,13 +69,13 @@ class Node:
         return env
 
     def roots(self):
-        return ["--driver-root", self.driver.root, "--dev-root", self.driver.dev_root]
+        return ["--driver-root", self.driver.root, "--dev-root", self.driver.dev_root, "--proc-root", self.proc]
 
     def cli(self, *argv, env=None):
         return subprocess.run([CLI, *argv], capture_output=True, text=True, env=env or self.env(), timeout=120)
 
     def generate(self, *extra):
-        done = self.cli("cdi", "generate", *self.roots(), "--output", self.spec, "--proc-root", self.proc, *extra)
+        done = self.cli("cdi", "generate", *self.roots(), "--output", self.spec, *extra)
         assert done.returncode == 0, done.stderr
         return done
 
