@@ -55,6 +55,7 @@ class Tree:
             raise TreeError(f"{what}: {err}") from None
         self.real = os.readlink(f"/proc/self/fd/{self.tree.fd}")
         self.warnings = []
+        self._dirs = {}
 
     def close(self):
         self.tree.close()
@@ -89,7 +90,7 @@ class Tree:
             if fd >= 0:
                 try:
                     if stat.S_ISLNK(os.fstat(fd).st_mode):
-                        self.warn(f"{self.host(path)} is a symbolic link (to {_link_text(fd)}): refused, "
+                        self.warn(f"{printable(self.host(path))} is a symbolic link (to {printable(_link_text(fd))}): refused, "
                                   "only the real file where it is named is used")
                         return None
                 finally:
@@ -111,11 +112,13 @@ class Tree:
             self.warn(f"{printable(self.host(path))} leads to {printable(self.host(resolved))}, whose name is not "
                       "valid UTF-8: left out")
             return None
-        climbing = self._climbing_link(path)
+        # Only a path that went through a link can climb (nothing is above /).
+        links = resolved != posixpath.normpath("/" + path) and self.real != "/"
+        climbing = self._climbing_link(path) if links else None
         if climbing:
             link, text = climbing
-            self.warn(f"{self.host(link)} is a link to {text}, which leads out of the {self.what} {self.path}: "
-                      "refused")
+            self.warn(f"{printable(self.host(link))} is a link to {printable(text)}, which leads out of the "
+                      f"{self.what} {self.path}: refused")
             return None
         return resolved, info
 
@@ -169,16 +172,23 @@ class Tree:
         return None
 
     def resolve_dir(self, path):
-        """The tree path of directory PATH, links resolved by the walk (no checks of its own)."""
+        """The tree path of directory PATH, links resolved by the walk (no checks of its own).
+        Found ones are remembered: a generation or an install looks into a few folders often."""
         from .linker.engine import O_DIRECTORY, O_PATH
 
+        found = self._dirs.get(path)
+        if found is not None:
+            return found
         fd = self.tree.open(path, O_PATH | O_DIRECTORY)
         if fd < 0:
             return None
         try:
-            return self._inside(os.readlink(f"/proc/self/fd/{fd}"))
+            found = self._inside(os.readlink(f"/proc/self/fd/{fd}"))
         finally:
             os.close(fd)
+        if found is not None:
+            self._dirs[path] = found
+        return found
 
     def readlink(self, path):
         """The text of the link at PATH (its directory resolved in the tree), or None."""
