@@ -10,6 +10,7 @@
 #   sudo scripts/gpu-check.sh               # GPU 0
 #   sudo DEVICE=all scripts/gpu-check.sh    # another device name of the spec
 # DRIVER_ROOT / DEV_ROOT: a driver container's root (passed to --driver-root / --dev-root).
+# PROC_ROOT: where /proc is (the tests' fake one: its devices file gives nvidia-uvm's major).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -17,6 +18,7 @@ bin=$repo/.venv/bin
 device=${DEVICE:-0}
 driver_root=${DRIVER_ROOT:-/}
 dev_root=${DEV_ROOT:-$driver_root}
+proc_root=${PROC_ROOT:-/proc}
 
 say() { printf '== %s\n' "$*"; }
 die() { printf 'gpu-check: FAILED: %s\n' "$*" >&2; exit 1; }
@@ -52,7 +54,8 @@ trap cleanup EXIT
 spec=$work/cdi/nvidia.yaml
 
 say "cdi generate"
-"$bin/cdi-shim" cdi generate --driver-root "$driver_root" --dev-root "$dev_root" --output "$spec" --timings \
+"$bin/cdi-shim" cdi generate --driver-root "$driver_root" --dev-root "$dev_root" --proc-root "$proc_root" \
+    --output "$spec" --timings \
     || die "cdi generate failed (above): NVML or the driver's files are not usable; nvidia-smi on the host says more"
 
 say "cdi validate"

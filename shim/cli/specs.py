@@ -177,7 +177,8 @@ def inject(devices, spec_dirs, config_json):
 @click.option("--output", default=None, metavar="PATH",
               help="Where to write the spec (default /var/run/cdi/nvidia.yaml; replaced atomically, mode 0644).")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
-              help="Spec format (default: the output's extension, else yaml).")
+              help="Spec format of an output without extension (default yaml); an output's .yaml or .json "
+                   "extension decides, a --format disagreeing with it is a warning (as nvidia-ctk).")
 @click.option("--vendor", default="nvidia.com", show_default=True, help="The vendor part of the kind.")
 @click.option("--class", "cls", default="gpu", show_default=True, help="The class part of the kind.")
 @click.option("--device-name-strategy", "strategies", multiple=True,
@@ -251,18 +252,21 @@ def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_p
 
 
 def _watch(options, once, interval, nvml_interval, max_backoff):
+    from ..generate.spec import output_path
     from ..generate.watch import Watcher
     from cdi import parser
-    from cdi.spec import spec_path
     from cdi.version import normalize_version
 
     # A user's errors stop the watcher before it starts (the rest it retries).
     try:
         parser.validate_vendor_name(options.vendor)
         parser.validate_class_name(options.cls)
-        options.output = spec_path(options.output, options.fmt)
     except CDIError as err:
         raise click.UsageError(str(err)) from None
+    warnings = []
+    options.output = output_path(options.output, options.fmt, warnings)
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
     if options.spec_version is not None and normalize_version(options.spec_version) is None:
         raise click.UsageError(f"--spec-version {options.spec_version}: not a CDI version (known: 0.3.0 ... 1.1.0)")
     watcher = Watcher(options, interval=interval, nvml_interval=nvml_interval, max_backoff=max_backoff)

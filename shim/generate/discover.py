@@ -1,9 +1,11 @@
 """The driver's files in the driver root, and the device nodes under the dev root.
 
-Everything inside the driver root is resolved inside it (shim.linker's in-root opens: a link
-in a driver container's root never leads to the host's files). Paths come back as pairs:
-the host path (the driver root's file, links resolved) and the container path (where the
-toolkit puts it: the same path relative to the driver root).
+Both roots are untrusted (docs/security.md): every path inside them is resolved inside them
+(shim/inroot.py over shim.linker's in-root opens: a link in a driver container's root never
+leads to the host's files). Paths come back as pairs: the host path (the root's file, links
+resolved: what the spec hands runc) and the container path (where the toolkit puts it: the same
+path relative to the driver root). IPC sockets and folders that are links are refused; device
+nodes must be character devices of their driver's major (DevRoot).
 
 Libraries, as the toolkit 1.20 finds them (pkg/nvcdi/driver-nvml.go, internal/lookup/root):
 the driver root's own ld.so.cache names libnvidia-ml.so.1 (what NVML is loaded from); once
@@ -23,6 +25,7 @@ import stat
 from . import GenerateError
 from .graphics import by_path_links, discover_graphics, drm_nodes, pci_bus_id
 from .nvml import LIBRARY as NVML_LIBRARY
+from ..inroot import Tree, TreeError, printable
 
 MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
 IPC_MOUNT_OPTIONS = ["nosuid", "nodev", "rbind", "rprivate", "noexec"]
@@ -115,60 +118,17 @@ class DriverFiles:
         self.warnings = []
 
 
-class DriverRoot:
-    """The driver root, opened once; paths inside it are resolved inside it."""
+class DriverRoot(Tree):
+    """The driver root, opened once; paths inside it are resolved inside it (shim.inroot:
+    host(), resolve(), lookup(), listdir(), and the warnings of what they refused)."""
 
     def __init__(self, root, machine=None):
-        from ..linker.engine import LdcacheError, Root
-
-        self.path = os.path.abspath(root)
+        try:
+            super().__init__(root, "driver root")
+        except TreeError as err:
+            raise GenerateError(str(err)) from None
         self.machine = machine or platform.machine()
-        try:
-            self.tree = Root(self.path)
-        except LdcacheError as err:
-            raise GenerateError(f"driver root: {err}") from None
-        self.real = os.path.realpath(self.path)
         self._cache = None
-
-    def close(self):
-        self.tree.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    # -- paths -------------------------------------------------------------------------
-
-    def host(self, path):
-        """The host path of container path PATH (no resolution)."""
-        return path if self.path == "/" else self.path + path
-
-    def resolve(self, path, kind=None):
-        """Container path of what PATH (inside the root) resolves to, or None if it is not
-        there (or, with KIND, is not that stat.S_IF* type)."""
-        from ..linker.engine import O_PATH
-
-        fd = self.tree.open(path, O_PATH | os.O_CLOEXEC)
-        if fd < 0:
-            return None
-        try:
-            if kind is not None and stat.S_IFMT(os.fstat(fd).st_mode) != kind:
-                return None
-            real = os.readlink(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
-        if self.real == "/":
-            return real
-        if real == self.real:
-            return "/"
-        if not real.startswith(self.real + "/"):
-            return None  # cannot happen with in-root resolution; never trust it anyway
-        return real[len(self.real):]
-
-    def listdir(self, path):
-        return self.tree.listdir(path) or []
 
     def soname(self, path):
         """DT_SONAME of the library at container path PATH ("" if none), or None when it is
@@ -231,6 +191,7 @@ def discover_files(root, version):
     _firmware(root, version, found)
     _ipc(root, found)
     discover_graphics(root, version, found)
+    found.warnings += root.warnings
     return found
 
 
@@ -337,51 +298,134 @@ def _firmware(root, version, found):
 
 
 def _ipc(root, found):
+    # Mounted read-write: the resolved socket or folder only, never one that is itself a link
+    # (a planted link would hand containers the host's / or containerd's socket).
     for socket in IPC_SOCKETS:
         for directory in IPC_SOCKET_DIRS:
             path = directory + socket
-            if root.resolve(path, stat.S_IFSOCK) is not None:
-                found.ipc.append((root.host(path), path))
+            resolved = root.resolve(path, stat.S_IFSOCK, leaf_link=False)
+            if resolved is not None:
+                found.ipc.append((root.host(resolved), path))
                 break
-    if root.resolve(MPS_DIR, stat.S_IFDIR) is not None:
-        found.ipc.append((root.host(MPS_DIR), MPS_DIR))
+    resolved = root.resolve(MPS_DIR, stat.S_IFDIR, leaf_link=False)
+    if resolved is not None:
+        found.ipc.append((root.host(resolved), MPS_DIR))
 
 
 # -- device nodes -------------------------------------------------------------------------
 
-def _char_device(dev_root, path):
-    host = path if dev_root == "/" else os.path.abspath(dev_root) + path
-    try:
-        info = os.stat(host)
-    except OSError:
-        return None
-    return host if stat.S_ISCHR(info.st_mode) else None
+NVIDIA_MAJOR = 195       # /dev/nvidiaN, /dev/nvidiactl, /dev/nvidia-modeset: the driver's fixed major
+DRM_MAJOR = 226          # /dev/dri/*
+# Nodes whose major the kernel gives out at module load: the driver name in /proc/devices.
+PROC_MAJORS = (("/dev/nvidia-uvm", "nvidia-uvm"), ("/dev/nvidia-caps/", "nvidia-caps"))
+
+
+class Node:
+    """A device node found under the dev root: its container PATH, its HOST path (resolved
+    inside the dev root) and its owner group and mode (for gid and additionalGids)."""
+
+    __slots__ = ("path", "host", "gid", "mode")
+
+    def __init__(self, path, host, gid, mode):
+        self.path, self.host, self.gid, self.mode = path, host, gid, mode
+
+    def group_only(self):
+        """A process needs the node's group to use it: not both world-readable and -writable,
+        and the group is not root's (the toolkit's edits/device.go)."""
+        return self.gid != 0 and (self.mode & 0o006) != 0o006
+
+
+class DevRoot(Tree):
+    """The dev root, opened once: each device node resolved inside it and checked against the
+    major number it must have (a planted /dev/nvidia0 that is /dev/mem, or a link to a disk's
+    node, would be allowed by the container's device cgroup)."""
+
+    def __init__(self, root, proc="/proc"):
+        try:
+            super().__init__(root, "dev root")
+        except TreeError as err:
+            raise GenerateError(str(err)) from None
+        self.proc = proc
+        self._majors = None
+
+    def proc_majors(self):
+        """{driver name: major} of the character devices in PROC/devices ({} when unreadable)."""
+        if self._majors is None:
+            from cdi.safeio import UnsafeFile, read_regular_file
+
+            self._majors = {}
+            try:
+                text = read_regular_file(f"{self.proc}/devices", 1 << 20)[0].decode("utf-8", "replace")
+            except (OSError, UnsafeFile):
+                return self._majors
+            section = None
+            for line in text.splitlines():
+                if line.endswith(":"):
+                    section = line
+                    continue
+                parts = line.split()
+                if section == "Character devices:" and len(parts) == 2 and parts[0].isdigit():
+                    self._majors.setdefault(parts[1], int(parts[0]))
+        return self._majors
+
+    def expected_major(self, path):
+        """(major, where it comes from) that the node at PATH must have; major None when unknown."""
+        if path.startswith("/dev/dri/"):
+            return DRM_MAJOR, "DRM"
+        for prefix, name in PROC_MAJORS:
+            if path == prefix or path.startswith(prefix + "-") or prefix.endswith("/") and path.startswith(prefix):
+                return self.proc_majors().get(name), f"{name} in {self.proc}/devices"
+        return NVIDIA_MAJOR, "NVIDIA"
+
+    def char_device(self, path):
+        """The Node at PATH (a character device of the right major, resolved inside the dev
+        root), or None: missing, or refused with a warning naming it."""
+        found = self.lookup(path)
+        if found is None:
+            return None
+        resolved, info = found
+        host = self.host(resolved)
+        if not stat.S_ISCHR(info.st_mode):
+            if resolved != path:
+                self.warn(f"{self.host(path)} leads to {host}, which is not a character device: left out")
+            return None
+        major, where = self.expected_major(path)
+        got = os.major(info.st_rdev)
+        if major is None:
+            self.warn(f"{host} ({path}): {where} has no major number for it (the module is not loaded?), so the "
+                      f"node ({got}:{os.minor(info.st_rdev)}) cannot be checked: left out")
+            return None
+        if got != major:
+            self.warn(f"{host} ({path}) is the character device {got}:{os.minor(info.st_rdev)}, not one of major "
+                      f"{major} ({where}): left out")
+            return None
+        return Node(path, host, info.st_gid, info.st_mode)
 
 
 def control_nodes(dev_root, warnings):
-    """[(path, host path)] of the control device nodes present; /dev/nvidiactl is required."""
+    """[Node] of the control device nodes present; /dev/nvidiactl is required."""
     nodes = []
     for path, required in CONTROL_NODES:
-        host = _char_device(dev_root, path)
-        if host is not None:
-            nodes.append((path, host))
+        node = dev_root.char_device(path)
+        if node is not None:
+            nodes.append(node)
         elif required:
             raise GenerateError(_missing_node(dev_root, path, "the NVIDIA control device"))
     return nodes
 
 
 def gpu_nodes(dev_root, gpu, sysfs="/sys"):
-    """([(path, host path)], [create-symlinks link]) of GPU: its /dev/nvidiaN (required) and
-    its DRM nodes (graphics.py), and the /dev/dri/by-path links to those."""
+    """([Node], [create-symlinks link]) of GPU: its /dev/nvidiaN (required) and its DRM nodes
+    (graphics.py), and the /dev/dri/by-path links to those."""
     path = f"/dev/nvidia{gpu.minor}"
-    host = _char_device(dev_root, path)
-    if host is None:
+    node = dev_root.char_device(path)
+    if node is None:
         raise GenerateError(_missing_node(dev_root, path, f"GPU {gpu.index} ({gpu.uuid}, minor number {gpu.minor})"))
     bus_id = pci_bus_id(gpu.bus_id)
     if bus_id is None:
-        return [(path, host)], []
+        return [node], []
     drm = drm_nodes(dev_root, bus_id, sysfs)
-    return [(path, host)] + drm, by_path_links(dev_root, bus_id, drm)
+    return [node] + drm, by_path_links(dev_root, bus_id, drm)
 
 
 def mig_caps(proc="/proc"):
@@ -401,32 +445,36 @@ def mig_caps(proc="/proc"):
 
 
 def mig_nodes(dev_root, gpu, mig, caps, proc="/proc"):
-    """[(path, host path)] of a MIG device: its GPU's /dev/nvidiaN and the device nodes of its
+    """[Node] of a MIG device: its GPU's /dev/nvidiaN and the device nodes of its
     GPU-instance and compute-instance capabilities (/dev/nvidia-caps/nvidia-capM)."""
     what = f"GPU {gpu.index} ({gpu.uuid}) MIG device {mig.index} ({mig.uuid})"
     if caps is None:
         raise GenerateError(f"{what}: {proc}/driver/nvidia-caps/mig-minors is missing, so its capability device "
                             "nodes are unknown: is the NVIDIA driver loaded with MIG support (lsmod | grep nvidia)?")
     path = f"/dev/nvidia{gpu.minor}"
-    host = _char_device(dev_root, path)
-    if host is None:
+    node = dev_root.char_device(path)
+    if node is None:
         raise GenerateError(_missing_node(dev_root, path, f"GPU {gpu.index} ({gpu.uuid}, minor number {gpu.minor})"))
-    nodes = [(path, host)]
+    nodes = [node]
     for cap in (f"gpu{gpu.minor}/gi{mig.gi}/access", f"gpu{gpu.minor}/gi{mig.gi}/ci{mig.ci}/access"):
         if cap not in caps:
             raise GenerateError(f"{what}: no capability {cap} in {proc}/driver/nvidia-caps/mig-minors")
         path = f"/dev/nvidia-caps/nvidia-cap{caps[cap]}"
-        host = _char_device(dev_root, path)
-        if host is None:
+        node = dev_root.char_device(path)
+        if node is None:
             raise GenerateError(_missing_node(dev_root, path, f"{what}, capability {cap}").replace(
                 "Run `nvidia-smi` once, or `nvidia-modprobe -c N` / `nvidia-ctk system create-device-nodes`",
                 f"Run `nvidia-modprobe -f /proc/driver/nvidia/capabilities/{cap.replace('/', '/mig/', 1)}`"))
-        nodes.append((path, host))
+        nodes.append(node)
     return nodes
 
 
 def _missing_node(dev_root, path, what):
-    where = "" if dev_root == "/" else f" under the dev root {dev_root}"
+    where = "" if dev_root.path == "/" else f" under the dev root {dev_root.path}"
+    refused = next((w for w in dev_root.warnings if w.startswith(dev_root.host(path) + " ")
+                    or f"({path})" in w), None)
+    if refused:
+        return f"{path}{where} ({what}): {refused}"
     return (f"{path}{where} ({what}) is missing or not a character device: the driver has not made its device "
             "nodes yet. Run `nvidia-smi` once, or `nvidia-modprobe -c N` / `nvidia-ctk system create-device-nodes`, "
             "then generate again")

@@ -25,9 +25,11 @@ internal/lookup/root, internal/platform-support/dgpu, internal/edits/device.go):
   dev root; the links
   /dev/dri/by-path/pci-<bus id>-card and -render, with the dev root's own targets, when they
   lead to those nodes (a create-symlinks hook of the device);
-- a node neither world-readable nor world-writable whose group is not root's: that group in
-  the device's additionalGids (cdiVersion 0.7.0) and on the node (so that the process's
-  supplementary group is the node's group in the container too).
+- a node whose group is not root's: that gid on the node; one neither world-readable nor
+  world-writable also puts the group in the device's additionalGids (cdiVersion 0.7.0), so
+  that the process's supplementary group is the node's group in the container too (spec.py);
+- each DRM node resolved inside the dev root and checked for DRM's major (226) like every
+  other node (discover.DevRoot).
 
 The toolkit's main branch (after 1.20) adds the xcb and xlib EGL platform files and
 libraries; we mount them too when the driver ships them (580 and later).
@@ -186,54 +188,34 @@ def pci_bus_id(nvml_bus_id):
     return f"{domain}:{rest}"
 
 
-def _host(dev_root, path):
-    return path if dev_root == "/" else os.path.abspath(dev_root) + path
-
-
 def drm_nodes(dev_root, bus_id, sysfs="/sys"):
-    """[(path, host path)] of the DRM nodes of the PCI device BUS_ID (kernel form): the names
-    in its sysfs drm directory that are character devices in DEV_ROOT's /dev/dri."""
+    """[Node] of the DRM nodes of the PCI device BUS_ID (kernel form): the names in its sysfs
+    drm directory that are DRM character devices in DEV_ROOT's /dev/dri (a discover.DevRoot)."""
     try:
         names = os.listdir(f"{sysfs}/bus/pci/devices/{bus_id}/drm")
     except OSError:
         return []
     nodes = []
     for name in sorted(names):
-        path = f"{DRM_DIR}/{name}"
-        host = _host(dev_root, path)
-        try:
-            if stat.S_ISCHR(os.stat(host).st_mode):
-                nodes.append((path, host))
-        except OSError:
-            pass
+        if "/" in name or name in (".", ".."):
+            continue
+        node = dev_root.char_device(f"{DRM_DIR}/{name}")
+        if node is not None:
+            nodes.append(node)
     return nodes
 
 
 def by_path_links(dev_root, bus_id, nodes):
     """create-symlinks arguments for /dev/dri/by-path/pci-BUS_ID-{card,render}: the dev
-    root's link target, when it leads to one of NODES ([(path, host path)])."""
-    hosts = {host for _path, host in nodes}
+    root's link text, when the link leads (inside the dev root) to one of NODES."""
+    hosts = {node.host for node in nodes}
     links = []
     for kind in BY_PATH_KINDS:
         path = f"{DRM_DIR}/by-path/pci-{bus_id}-{kind}"
-        host = _host(dev_root, path)
-        try:
-            target = os.readlink(host)
-        except OSError:
+        target = dev_root.readlink(path)
+        if target is None:
             continue
-        node = posixpath.normpath(posixpath.join(posixpath.dirname(host), target))
-        if node in hosts:
+        resolved = dev_root.resolve(path)
+        if resolved is not None and dev_root.host(resolved) in hosts:
             links.append(f"{target}::{path}")
     return links
-
-
-def additional_gid(host):
-    """The group of device node HOST when a process needs it to use the node (the node is
-    not both world-readable and world-writable, and its group is not root's); else None."""
-    try:
-        info = os.stat(host)
-    except OSError:
-        return None
-    if info.st_gid == 0 or (info.st_mode & 0o006) == 0o006:
-        return None
-    return info.st_gid

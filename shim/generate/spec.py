@@ -12,11 +12,15 @@ libraries, IPC sockets, GSP firmware, binaries).
 
 Device nodes carry their path and, when it differs (a --dev-root), their hostPath; major,
 minor and mode are left to injection time, which reads them from the host node, so the spec
-does not go stale when nvidia-uvm gets another major number after a module reload. A node
-that only its group may use (not world-readable and -writable, a group other than root's:
-DRM nodes, typically) carries that gid, and its device's edits name the group in
-additionalGids, as the toolkit's do (internal/edits/device.go); that alone needs cdiVersion
-0.7.0.
+does not go stale when nvidia-uvm gets another major number after a module reload. Every
+node whose group is not root's carries that gid, as nvidia-ctk 1.20 writes it (world-accessible
+render nodes included); one that only its group may use (not world-readable and -writable: DRM
+nodes, typically) also names the group in its device's additionalGids, as the toolkit's edits
+do (internal/edits/device.go); that alone needs cdiVersion 0.7.0. Every host path is resolved
+inside the driver or dev root (shim/inroot.py; docs/security.md).
+
+The output's extension (.yaml, .json) decides its format, as nvidia-ctk's: a --format that
+disagrees is a warning.
 
 cdiVersion is the minimum the content needs (0.5.0 with index names: they start with a
 digit), or --spec-version when that is enough. The driver version the spec was made for is
@@ -35,9 +39,8 @@ import time
 
 from ..driver_version import ANNOTATION
 from . import GenerateError
-from .graphics import additional_gid
-from .discover import (IPC_MOUNT_OPTIONS, MOUNT_OPTIONS, DriverRoot, control_nodes, discover_files, gpu_nodes,
-                       mig_caps, mig_nodes)
+from .discover import (IPC_MOUNT_OPTIONS, MOUNT_OPTIONS, DevRoot, DriverRoot, control_nodes, discover_files,
+                       gpu_nodes, mig_caps, mig_nodes)
 
 DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"
 DEFAULT_STRATEGIES = ("index", "uuid")
@@ -162,19 +165,18 @@ def _hooks(program, files, version):
     return hooks
 
 
-def _node(path, host):
-    node = {"path": path, "hostPath": host} if host != path else {"path": path}
-    gid = additional_gid(host)
-    if gid is not None:
-        node["gid"] = gid
-    return node
+def _node(node):
+    entry = {"path": node.path, "hostPath": node.host} if node.host != node.path else {"path": node.path}
+    if node.gid != 0:   # as nvidia-ctk 1.20: every node whose group is not root's, world-accessible or not
+        entry["gid"] = node.gid
+    return entry
 
 
 def _node_edits(nodes, links, program):
-    """Container edits of device NODES ([(path, host path)]) and create-symlinks LINKS: the
-    nodes, the groups a process needs to use them (additionalGids), the links' hook."""
-    edits = {"deviceNodes": [_node(path, host) for path, host in nodes]}
-    gids = sorted({gid for gid in (additional_gid(host) for _path, host in nodes) if gid is not None})
+    """Container edits of device NODES ([discover.Node]) and create-symlinks LINKS: the nodes,
+    the groups a process needs to use them (additionalGids), the links' hook."""
+    edits = {"deviceNodes": [_node(node) for node in nodes]}
+    gids = sorted({node.gid for node in nodes if node.group_only()})
     if gids:
         edits["additionalGids"] = gids
     if links:
@@ -186,7 +188,7 @@ def _mount(host, path, options):
     return {"hostPath": host, "containerPath": path, "options": list(options)}
 
 
-def device_entries(options, info, warnings):
+def device_entries(options, dev_root, info, warnings):
     """[(names, nodes, links)]: a GPU's names, device nodes and /dev/dri/by-path links, or, for
     a GPU in MIG mode, each of its MIG devices' (names "<gpu>:<slot>" and the MIG UUID; the
     toolkit gives such a GPU no device of its own)."""
@@ -194,7 +196,7 @@ def device_entries(options, info, warnings):
     for gpu in info.gpus:
         if not gpu.mig_enabled:
             names = [_gpu_name(s, gpu) for s in options.strategies]
-            entries.append((names, *gpu_nodes(options.dev_root, gpu, options.sysfs)))
+            entries.append((names, *gpu_nodes(dev_root, gpu, options.sysfs)))
             continue
         if not gpu.migs:
             warnings.append(f"GPU {gpu.index} ({gpu.uuid}) is in MIG mode and has no MIG device: "
@@ -204,7 +206,7 @@ def device_entries(options, info, warnings):
             caps = mig_caps(options.proc)
         for mig in gpu.migs:
             names = [_mig_name(s, gpu, mig) for s in options.strategies]
-            entries.append((names, mig_nodes(options.dev_root, gpu, mig, caps, options.proc), []))
+            entries.append((names, mig_nodes(dev_root, gpu, mig, caps, options.proc), []))
     return entries
 
 
@@ -225,8 +227,8 @@ def build_doc(options, info, files, control, entries, hook_program):
         edits = _node_edits(nodes, links, hook_program)
         for name in names:
             devices.append({"name": name, "containerEdits": copy.deepcopy(edits)})  # no YAML aliases
-        everything += [(path, host) for path, host in nodes if path not in seen]
-        seen.update(path for path, _host in nodes)
+        everything += [node for node in nodes if node.path not in seen]
+        seen.update(node.path for node in nodes)
         every_link += [link for link in links if link not in every_link]
     devices.append({"name": "all", "containerEdits": _node_edits(everything, every_link, hook_program)})
     mounts = [_mount(h, p, MOUNT_OPTIONS) for h, p in files.graphics + files.configs]
@@ -268,10 +270,24 @@ def _version(options, doc):
     return version
 
 
+def output_path(output, fmt, warnings=None):
+    """Where the spec goes and so its format: OUTPUT's extension (.yaml, .json) says it, as
+    nvidia-ctk 1.20 decides; --format only names the extension of an OUTPUT that has none.
+    A --format that disagrees with the extension is a warning (nvidia-ctk's too), not an error."""
+    from cdi.spec import spec_path
+
+    if fmt is not None and output.endswith((".json", ".yaml")) and not output.endswith("." + fmt):
+        if warnings is not None:
+            warnings.append(f"--format {fmt} disagrees with the output file {output}: written as "
+                            f"{output.rpartition('.')[2]}, by its extension")
+        fmt = None
+    return spec_path(output, fmt)
+
+
 def generate(options):
     """Result for OPTIONS; raises GenerateError (nothing written, nothing changed)."""
     from cdi.errors import CDIError
-    from cdi.spec import render_spec, spec_path
+    from cdi.spec import render_spec
 
     from . import nvml
 
@@ -286,10 +302,7 @@ def generate(options):
             raise GenerateError(f"{option} {value}: {err}") from None
     warnings = []
     hook_program = _hook_program(options.hook_program, warnings)
-    try:
-        path = spec_path(options.output, options.fmt)
-    except CDIError as err:
-        raise GenerateError(str(err)) from None
+    path = output_path(options.output, options.fmt, warnings)
     with DriverRoot(options.driver_root, options.machine) as root:
         t0 = time.perf_counter()
         library = root.nvml_library()
@@ -304,8 +317,12 @@ def generate(options):
                             f"({info.driver_version}): the driver root's files may not match the loaded driver")
         files = discover_files(root, info.driver_version)
         warnings += files.warnings
-    control = control_nodes(options.dev_root, warnings)
-    entries = device_entries(options, info, warnings)
+    with DevRoot(options.dev_root, options.proc) as dev_root:
+        try:
+            control = control_nodes(dev_root, warnings)
+            entries = device_entries(options, dev_root, info, warnings)
+        finally:
+            warnings += dev_root.warnings
     if not entries:
         raise GenerateError("no GPU or MIG device to put in a spec (see the warnings); nothing written")
     t3 = time.perf_counter()

@@ -17,7 +17,10 @@ differs, and only after:
   and device node it names exists.
 
 Failures are retried with back-off (--interval doubling up to --max-backoff); a change of the
-fingerprint retries at the next poll. The watcher never exits on a failure (so a systemd unit
+fingerprint retries at the next poll. A write that fails (a full or read-only /run: ENOSPC,
+EROFS, EACCES) is such a failure. The output folder must be one only root (or we) can write,
+as the runtime's own folders (cdi.safeio.private_dir_problem); the spec is read without
+following a link at its path or blocking on a FIFO there. The watcher never exits on a failure (so a systemd unit
 running it never enters a failed state); it logs one line per event on stderr. A spec that
 cannot be validated is an "error:" line each attempt and is never written.
 
@@ -55,11 +58,14 @@ def _stat(path):
     return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _read(path, limit=65536):
+def _read(path, limit=65536, follow_links=True):
+    """PATH's bytes, or None when it is not a regular file of at most LIMIT bytes (a FIFO
+    planted there does not block us: cdi.safeio)."""
+    from cdi.safeio import UnsafeFile, read_regular_file
+
     try:
-        with open(path, "rb") as stream:
-            return stream.read(limit)
-    except OSError:
+        return read_regular_file(path, limit, follow_links=follow_links)[0]
+    except (OSError, UnsafeFile):
         return None
 
 
@@ -174,13 +180,23 @@ class Watcher:
             raise Failure(f"waiting for the user-space libraries of driver {host or got['version']} (the loaded "
                           f"kernel module): the driver root's NVML ({got['library']}) reports {got['version']}, "
                           f"its files are {made_for}")
-        old = _read(self.options.output, 64 << 20)
+        # The spec as it is (a link or a FIFO there is no spec of ours: replaced by the rename).
+        old = _read(self.options.output, 64 << 20, follow_links=False)
         if old == got["text"].encode():
             return "current", got
         validate_text(got["text"], self.options.output)
+        from cdi.safeio import private_dir_problem
+
         from .spec import Result, write
 
-        write(Result(got["doc"], got["text"], self.options.output, got["warnings"], None, {}))
+        # As the runtime's own folders: one that others can write to is not ours to fill.
+        problem = private_dir_problem(os.path.dirname(os.path.abspath(self.options.output)), must_exist=False)
+        if problem:
+            raise Failure(f"will not write {self.options.output}: {problem}", transient=False)
+        try:
+            write(Result(got["doc"], got["text"], self.options.output, got["warnings"], None, {}))
+        except OSError as err:   # ENOSPC, EROFS, EACCES...: retried with back-off, never fatal
+            raise Failure(f"cannot write {self.options.output}: {err.strerror or err}") from None
         for warning in got["warnings"]:
             self.say(f"warning: {warning}")
         was = recorded_driver_version(_doc_of(old)) if old else None

@@ -369,13 +369,31 @@ class configure_lock:
         self.fd = -1
 
 
+def config_mode(mode):
+    """The mode a config file containerd (root) reads is written with: its old mode, never more
+    than 0644 (a file others could write would let them choose what root runs)."""
+    return mode & 0o644
+
+
 def _backup(path):
     stamp = time.strftime("%Y%m%d-%H%M%S")
     backup, n = f"{path}.bak-{stamp}", 1
-    while os.path.exists(backup):
+    while os.path.lexists(backup):
         n += 1
         backup = f"{path}.bak-{stamp}.{n}"
-    shutil.copy2(path, backup)
+    info = os.stat(path)
+    with open(path, "rb") as stream:
+        data = stream.read()
+    # Made private, then given the config's mode at most: never a moment writable by others.
+    fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, config_mode(info.st_mode))
+        os.utime(fd, ns=(info.st_atime_ns, info.st_mtime_ns))
+    finally:
+        os.close(fd)
     return backup
 
 
@@ -390,7 +408,7 @@ def write_plan(plan, containerd="containerd", validate=True):
     candidates = {}
     try:
         for change in changes:
-            mode = os.stat(change.path).st_mode & 0o7777 if change.old is not None else 0o644
+            mode = config_mode(os.stat(change.path).st_mode) if change.old is not None else 0o644
             candidates[change.path] = _write_beside(change.path, change.new, mode)
         checked = False
         if validate:
@@ -403,7 +421,7 @@ def write_plan(plan, containerd="containerd", validate=True):
                            if os.path.normpath(os.path.join(main_dir, i)) != plan.drop_in]
                 check_doc["imports"] = imports + [candidates[plan.drop_in]]
                 main_text = tomlkit.dumps(check_doc)
-                mode = os.stat(plan.path).st_mode & 0o7777 if os.path.exists(plan.path) else 0o644
+                mode = config_mode(os.stat(plan.path).st_mode) if os.path.exists(plan.path) else 0o644
                 main_candidate = _write_beside(plan.path + ".check", main_text, mode)
                 candidates[plan.path + ".check"] = main_candidate
             if main_candidate is None:

@@ -21,7 +21,11 @@ The steps, each returning a `Step` that says what it changed:
    ExecStart naming this cdi-shim), enabled and started.
 4. `cdi_spec`: /var/run/cdi/nvidia.yaml from NVML when a GPU is present (/dev/nvidiactl).
 
-Every path is resolved inside ROOT (a node image's tree, the tests). systemctl is run only when
+Every path is resolved inside ROOT (a node image's tree, the tests) by the in-root walk of
+shim/inroot.py: an absolute link in the tree means the tree's own file, never the host's. Files
+root's programs read as config or execute are written 0644 (a rewritten file that was group- or
+world-writable too, and its backup); one found so is a warning. A step that fails is one line
+naming the file; every file is replaced whole (a temp file renamed) or not at all. systemctl is run only when
 ROOT is / and PID 1 is systemd, or when a systemctl command is given (a DaemonSet entering the
 host's namespaces); otherwise the unit is enabled the way `systemctl enable` does it offline (the
 WantedBy link) and the rest is a note. containerd is restarted only when asked and only when its
@@ -143,14 +147,40 @@ class Installer:
         self.driver_root = driver_root or self.root  # as `cdi generate`: the dev root defaults to it
         self.dev_root = dev_root or self.driver_root
         self.hook_program = hook_program
+        self._tree = None
 
     # --- paths ---------------------------------------------------------------------------------
 
+    def tree(self):
+        if self._tree is None:
+            from ..inroot import Tree, TreeError
+
+            try:
+                self._tree = Tree(self.root, "node root")
+            except TreeError as err:
+                raise InstallError(str(err)) from None
+        return self._tree
+
     def path(self, node_path):
-        """NODE_PATH inside ROOT."""
+        """The host path to read NODE_PATH at: resolved inside ROOT (nothing made)."""
         if self.root == "/":
             return node_path
-        return os.path.join(self.root, node_path.lstrip("/"))
+        return self.tree().locate(node_path)
+
+    def target(self, node_path):
+        """The host path to write NODE_PATH at: its folders resolved, and made, inside ROOT."""
+        if self.root == "/":
+            os.makedirs(os.path.dirname(node_path), mode=0o755, exist_ok=True)
+            return node_path
+        return self.tree().writable_path(node_path)
+
+    def entry(self, node_path):
+        """The host path of the entry NODE_PATH itself (a link there stays a link), its folders
+        made inside ROOT."""
+        if self.root == "/":
+            os.makedirs(os.path.dirname(node_path), mode=0o755, exist_ok=True)
+            return node_path
+        return self.tree().entry_path(node_path)
 
     # --- 1. cdi-shim's config --------------------------------------------------------------------
 
@@ -166,7 +196,9 @@ class Installer:
             notes = [f"warning: a Kubernetes node ({marker}) and accept-env-unprivileged is true in {path}: an image "
                      "can pick GPUs past the device plugin; set it to false (`cdi-shim doctor` says so too)"] \
                 if marker and settings.accept_env_unprivileged and settings.device_env else []
-            return Step("config", False, f"{path} exists (kept as it is)", notes=notes)
+            return Step("config", False, f"{path} exists (kept as it is)",
+                        notes=notes + list(_loose_mode(path, kept=True)))
+        path = self.target(CDI_SHIM_CONFIG)
         if marker and ways:
             # the image must not pick GPUs past the device plugin, which has other ways in
             _write(path, DEFAULT_CONFIG_TEXT + KUBERNETES_CONFIG_TEXT)
@@ -226,12 +258,14 @@ class Installer:
                                          spec_dirs=settings.spec_dirs, drop_in=drop_in,
                                          containerd=self.containerd, import_as=import_as, binary_root=self.root)
                 where = f"{plan.drop_in} (imported by {config})" if plan.drop_in else config
+                loose = [n for f in (config, plan.drop_in) if f for n in _loose_mode(f, kept=not plan.changed)]
                 if not plan.changed:
-                    return Step("containerd", False, f'{where} has runtime "{self.runtime_name}" as configured')
+                    return Step("containerd", False, f'{where} has runtime "{self.runtime_name}" as configured',
+                                notes=loose)
                 written, backups, checked = cc.write_plan(plan, containerd=self.containerd)
         except (ContainerdConfigError, OSError) as err:
             raise InstallError(str(err)) from None
-        notes = [f"backup: {b}" for b in backups] + plan.warnings
+        notes = loose + [f"backup: {b}" for b in backups] + plan.warnings
         how = "loaded and checked by the installed containerd" if checked else \
             "not checked: containerd is not installed here"
         return Step("containerd", True, f'registered runtime "{self.runtime_name}": wrote {", ".join(written)} ({how})',
@@ -261,13 +295,16 @@ class Installer:
         old = read_text(template)
         if old == wanted:
             return Step("containerd", False, f'{template} has runtime "{self.runtime_name}" as configured')
+        notes = _loose_mode(template, kept=old == wanted)
         if old is not None and TEMPLATE_MARKER not in old:
             raise InstallError(
                 f"{template} exists and was not written by cdi-shim; {name} renders config.toml from it at every "
                 f"start, so edit the template, not config.toml. Add these lines at its end (it must extend the "
                 f'base template, {{{{ template "base" . }}}}), then restart {name}:\n' + self.entry_text(version))
+        template = self.target(os.path.join(directory, TEMPLATE_FOR[version]))
         _write(template, wanted)
-        notes = [f"--drop-in does not apply: {name}'s containerd reads only what {name} renders"] if self.drop_in else []
+        if self.drop_in:
+            notes.append(f"--drop-in does not apply: {name}'s containerd reads only what {name} renders")
         return Step("containerd", True, f'registered runtime "{self.runtime_name}": wrote {template} ({name} renders '
                     f"{generated} from it at its next start)", restart=services, notes=notes)
 
@@ -300,15 +337,15 @@ class Installer:
             raise InstallError("cdi-shim is not installed beside this interpreter: name it with --cdi-shim-binary")
         wanted = unit_text(self.cdi_shim)
         written = read_text(path) != wanted
-        changed, done, notes = written, [], []
+        changed, done, notes = written, [], _loose_mode(path, kept=not written)
         if written:
+            path = self.target(os.path.join(UNIT_DIR, UNIT_NAME))
             _write(path, wanted)
             done.append(f"wrote {path}")
         if self.systemctl is None:
-            link = self.path(os.path.join(UNIT_DIR, "multi-user.target.wants", UNIT_NAME))
+            link = self.entry(os.path.join(UNIT_DIR, "multi-user.target.wants", UNIT_NAME))
             target = os.path.join(UNIT_DIR, UNIT_NAME)
             if not (os.path.islink(link) and os.readlink(link) == target):
-                os.makedirs(os.path.dirname(link), exist_ok=True)
                 if os.path.lexists(link):
                     os.unlink(link)
                 os.symlink(target, link)  # what `systemctl enable` makes for WantedBy=multi-user.target
@@ -347,7 +384,15 @@ class Installer:
     # --- 4. the CDI spec ----------------------------------------------------------------------------
 
     def gpu_present(self):
-        return os.path.exists(self._control_node())
+        import stat
+
+        from ..inroot import Tree, TreeError
+
+        try:   # resolved inside the dev root, as `cdi generate` finds it
+            with Tree(self.dev_root, "dev root") as tree:
+                return tree.resolve("/dev/nvidiactl", stat.S_IFCHR) is not None
+        except TreeError:
+            return False
 
     def _control_node(self):
         return os.path.join(self.dev_root, "dev/nvidiactl")
@@ -368,8 +413,10 @@ class Installer:
         notes = [f"warning: {w}" for w in result.warnings]
         what = (f"{len(result.doc['devices'])} devices ({len(result.nvml.gpus)} GPU(s), driver "
                 f"{result.nvml.driver_version})")
+        notes += _loose_mode(output, kept=read_text(output) == result.text)
         if read_text(output) == result.text:
             return Step("cdi-spec", False, f"{output} is current: {what}", notes=notes)
+        output = self.target(SPEC_PATH)
         _write(output, result.text)
         return Step("cdi-spec", True, f"wrote {output}: {what}", notes=notes)
 
@@ -404,6 +451,10 @@ def install_node(installer, restart=False, report=print):
             failed.append(f"{name}: {err}")
             report(f"{name}: failed: {err}")
             continue
+        except OSError as err:   # one line naming the file, never a traceback
+            failed.append(f"{name}: {_os_error(err)}")
+            report(f"{name}: failed: {_os_error(err)}")
+            continue
         steps.append(done)
         report(f"{done.name}: {'changed' if done.changed else 'unchanged'}: {done.message}")
         for note in done.notes:
@@ -437,10 +488,32 @@ def _beside_interpreter(name):
 
 
 def _write(path, text, mode=0o644):
+    """PATH (its folder already made, resolved inside the root) replaced whole by TEXT."""
     from cdi.safeio import write_file_atomic
 
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     write_file_atomic(path, text.encode(), mode, prefix=f".{os.path.basename(path)}.", sync=True)
+
+
+def _loose_mode(path, kept):
+    """A warning (in a list) when the file at PATH is writable by group or others: whoever can
+    write it can change what root's programs run or read. KEPT: we leave it as it is (else it is
+    rewritten 0644)."""
+    import stat
+
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return []
+    if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o022:
+        return []
+    fix = f"fix it: chmod go-w {path}" if kept else "rewritten 0644"
+    return [f"warning: {path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):o}); {fix}"]
+
+
+def _os_error(err):
+    if err.filename and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    return str(err)
 
 
 def _toml_string(value):

@@ -79,6 +79,21 @@ EGL_PLATFORM_LIBRARIES = (("libnvidia-egl-gbm.so.1.1.2", "libnvidia-egl-gbm.so.1
 XORG_DRIVER = "/usr/lib/xorg/modules/drivers/nvidia_drv.so"
 XORG_GLX_DIR = "/usr/lib/xorg/modules/extensions"
 DRM_MAJOR = 226
+# Majors the kernel hands out at module load (what /proc/devices says; the generator checks
+# nvidia-uvm's and nvidia-caps' nodes against it, NVIDIA's 195 and DRM's 226 being fixed).
+UVM_MAJOR = 511
+CAPS_MAJOR = 508
+
+
+def write_proc_devices(proc, uvm=UVM_MAJOR, caps=CAPS_MAJOR):
+    """PROC/devices as a kernel with the NVIDIA modules loaded writes it."""
+    os.makedirs(proc, exist_ok=True)
+    lines = ["Character devices:", "  1 mem", "  4 /dev/vc/0", "195 nvidia-frontend", "226 drm"]
+    lines += [f"{caps} nvidia-caps"] if caps else []
+    lines += [f"{uvm} nvidia-uvm"] if uvm else []
+    lines += ["", "Block devices:", "  8 sd", f"{uvm or 259} blkext"]
+    with open(os.path.join(proc, "devices"), "w") as out:
+        out.write("\n".join(lines) + "\n")
 
 
 def bus_id(index):
@@ -136,6 +151,8 @@ class FakeDriver:
         self.version = version
         self.root = os.path.join(self.base, "driver")
         self.dev_root = os.path.join(self.base, "devroot")
+        self.proc = os.path.join(self.base, "proc")
+        write_proc_devices(self.proc)
         self.libdir = self.root + LIBDIR
         self.absolute_links = absolute_links
         os.makedirs(self.libdir + "/vdpau", exist_ok=True)
@@ -272,7 +289,7 @@ class FakeDriver:
         dev = os.path.join(dev_root or self.dev_root, "dev")
         os.makedirs(dev + "/dri/by-path", exist_ok=True)
         nodes = [("nvidiactl", 195, 255, 0o666, 0), ("nvidia-modeset", 195, 254, 0o666, 0),
-                 ("nvidia-uvm", 511, 0, 0o666, 0), ("nvidia-uvm-tools", 511, 1, 0o666, 0)]
+                 ("nvidia-uvm", UVM_MAJOR, 0, 0o666, 0), ("nvidia-uvm-tools", UVM_MAJOR, 1, 0o666, 0)]
         nodes += [(f"nvidia{i}", 195, i, 0o666, 0) for i in range(gpus)]
         for i in range(gpus):
             card, render = drm_names(i)
@@ -349,7 +366,7 @@ class Runner:
         argv = ["cdi", "generate"]
         if roots:
             argv += ["--driver-root", self.driver.root, "--dev-root", self.driver.dev_root,
-                     "--sysfs-root", self.driver.sysfs]
+                     "--sysfs-root", self.driver.sysfs, "--proc-root", self.driver.proc]
         if output:
             argv += ["--output", self.output]
         return self.cli(*argv, *extra, check=check)

@@ -50,6 +50,7 @@ class Node:
         self.driver = fakedriver.FakeDriver(os.path.join(self.base, "driver"), gpus=2)
         self.proc = os.path.join(self.base, "proc")
         os.makedirs(self.proc + "/driver/nvidia")
+        fakedriver.write_proc_devices(self.proc)
         self.version_file = self.proc + "/driver/nvidia/version"
         self.module(OLD)
         self.world = rh.World(os.path.join(self.base, "world"))
@@ -68,7 +69,7 @@ class Node:
         return env
 
     def roots(self):
-        return ["--driver-root", self.driver.root, "--dev-root", self.driver.dev_root]
+        return ["--driver-root", self.driver.root, "--dev-root", self.driver.dev_root, "--proc-root", self.proc]
 
     def cli(self, *argv, env=None):
         return subprocess.run([node_cli(), *argv], capture_output=True, text=True, env=env or self.env(), timeout=120)
@@ -273,7 +274,7 @@ def test_watch_sees_a_mig_change_through_nvml(node):
     nodes = os.path.join(node.driver.dev_root, "dev", "nvidia-caps")
     os.makedirs(nodes)
     for minor in (12, 13):
-        os.mknod(os.path.join(nodes, f"nvidia-cap{minor}"), 0o444 | stat.S_IFCHR, os.makedev(508, minor))
+        os.mknod(os.path.join(nodes, f"nvidia-cap{minor}"), 0o444 | stat.S_IFCHR, os.makedev(fakedriver.CAPS_MAJOR, minor))
     node.generate("--proc-root", node.proc)
     watch, log = node.watch("--nvml-interval", "0.5")
     try:

@@ -55,7 +55,7 @@ def test_podman_4_3_refuses_a_spec_with_additional_gids(peer, driver, run, tmp_p
     dev_root = str(tmp_path / "devroot")
     driver.make_nodes(2, dev_root=dev_root, drm_mode=0o660, drm_gid=44)
     text = run.generate("--driver-root", driver.root, "--dev-root", dev_root, "--sysfs-root", driver.sysfs,
-                        "--dry-run", roots=False, output=False).stdout
+                        "--proc-root", driver.proc, "--dry-run", roots=False, output=False).stdout
     assert "cdiVersion: 0.7.0" in text and "additionalGids" in text
     uuid = driver.uuids(2)[1]
     scenario = peer.differential({f"{pp.SPEC_DIRS[1]}/nvidia.yaml": text}, [f"nvidia.com/gpu={uuid}"],

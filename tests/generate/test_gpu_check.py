@@ -38,7 +38,7 @@ def test_against_the_fake_driver_it_runs_the_container(tmp_path):
         source.write_text(SMI)
         smi = f"{driver.root}/usr/bin/nvidia-smi"
         subprocess.run([fakedriver.need("gcc", "gcc"), "-o", smi, str(source), "-ldl"], check=True)
-        done = run_script(DRIVER_ROOT=driver.root, DEV_ROOT=driver.dev_root)
+        done = run_script(DRIVER_ROOT=driver.root, DEV_ROOT=driver.dev_root, PROC_ROOT=driver.proc)
     finally:
         driver.close()
     assert done.returncode == 0, (done.stdout, done.stderr)

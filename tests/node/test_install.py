@@ -570,3 +570,81 @@ def test_install_keeps_an_operators_config_and_warns_on_a_kubernetes_node(tmp_pa
     assert read(config) == 'log-level = "debug"\n'
     assert f"config: warning: a Kubernetes node (/var/lib/kubelet/config.yaml) and accept-env-unprivileged is " \
         f"true in {config}" in out.stderr, out.stderr
+
+
+# --- a hostile node tree (issue 33 item 3, finding 8) -------------------------------------------------
+
+def test_absolute_links_in_the_node_tree_never_lead_out_of_it(tmp_path, shim_env, fake_binary, fake_driver):
+    """Links planted in the node tree: an absolute one means the tree's own file (the config, the
+    unit, the spec are written there); one that leads nowhere inside the tree is a one-line error
+    naming it, and the host's file of that name is never read or written."""
+    root = node_root(tmp_path)
+    outside = tmp_path / "outside"
+    (outside / "containerd").mkdir(parents=True)
+    shutil.copy(V2_DEFAULT, outside / "containerd" / "config.toml")
+    (outside / "systemd").mkdir()
+    before = snapshot(outside)
+    # /etc/cdi-shim -> /opt/cfg and /var/run -> /run: absolute, inside the tree
+    (root / "opt" / "cfg").mkdir(parents=True)
+    os.symlink("/opt/cfg", root / "etc" / "cdi-shim")
+    (root / "run").mkdir()
+    (root / "var").mkdir()
+    os.symlink("/run", root / "var" / "run")
+    # /etc/systemd/system -> the host's folder: nowhere inside the tree
+    (root / "etc" / "systemd").mkdir()
+    os.symlink(str(outside / "systemd"), root / "etc" / "systemd" / "system")
+    roots = ["--driver-root", fake_driver.root, "--dev-root", fake_driver.dev_root]
+    out = install(root, "--drop-in", *roots, env=shim_env, binary=fake_binary, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert (f"resident: failed: {root}/etc/systemd/system is a link to {outside}/systemd, which leads to no folder "
+            f"in the node root {root}") in out.stderr
+    assert (root / "opt" / "cfg" / "config.toml").is_file() and not os.path.exists("/opt/cfg/config.toml")
+    assert (root / "run" / "cdi" / "nvidia.yaml").is_file()
+    assert snapshot(outside) == before
+    # the containerd config folder linked out of the tree: refused, the host's config untouched
+    shutil.rmtree(root / "etc" / "containerd")
+    os.symlink(str(outside / "containerd"), root / "etc" / "containerd")
+    os.unlink(root / "etc" / "systemd" / "system")
+    out = install(root, "--drop-in", *roots, env=shim_env, binary=fake_binary, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"containerd: failed: {root}/etc/containerd is a link to {outside}/containerd" in out.stderr
+    assert snapshot(outside) == before
+    assert out.stderr.strip().splitlines()[-1].startswith("Error: 1 step(s) failed: containerd: ")
+
+
+def test_a_world_writable_containerd_config_is_rewritten_0644_and_so_is_its_backup(tmp_path, shim_env, fake_binary):
+    root = node_root(tmp_path)
+    main = root / "etc" / "containerd" / "config.toml"
+    main.chmod(0o666)
+    own = node_config(root, 'annotation-prefixes = ["cdi.k8s.io/"]\n')
+    own.chmod(0o664)
+    out = install(root, env=shim_env, binary=fake_binary)
+    assert f"containerd: warning: {main} is writable by group or others (mode 666); rewritten 0644" in out.stderr
+    assert f"config: warning: {own} is writable by group or others (mode 664); fix it: chmod go-w {own}" \
+        in out.stderr
+    assert stat.S_IMODE(os.stat(main).st_mode) == 0o644
+    backups = list(main.parent.glob("config.toml.bak-*"))
+    assert len(backups) == 1 and stat.S_IMODE(os.stat(backups[0]).st_mode) == 0o644
+    assert read(backups[0]) == read(V2_DEFAULT)
+    unit = root / "etc" / "systemd" / "system" / UNIT_NAME
+    assert stat.S_IMODE(os.stat(unit).st_mode) == 0o644
+    # a 0600 config stays 0600 (stricter is kept)
+    main.chmod(0o600)
+    install(root, "--runtime-name", "other", env=shim_env, binary=fake_binary)
+    assert stat.S_IMODE(os.stat(main).st_mode) == 0o600
+
+
+def test_a_failing_step_is_one_line_naming_the_file(tmp_path, shim_env, fake_binary):
+    """/etc/systemd/system a file: the unit's step fails on one line naming it, no traceback, no
+    temp file left; the steps before it are whole."""
+    root = node_root(tmp_path)
+    (root / "etc" / "systemd").mkdir()
+    (root / "etc" / "systemd" / "system").write_text("not a folder\n")
+    out = install(root, "--drop-in", env=shim_env, binary=fake_binary, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"resident: failed: {root}/etc/systemd/system: Not a directory" in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == \
+        f"Error: 1 step(s) failed: resident: {root}/etc/systemd/system: Not a directory"
+    assert "nvidia" in dump(root / "etc" / "containerd" / "config.toml")["plugins"][CRI2]["containerd"]["runtimes"]
+    assert read(root / "etc" / "systemd" / "system") == "not a folder\n"
+    assert [p.name for p in (root / "etc" / "systemd").iterdir()] == ["system"]
