@@ -42,6 +42,10 @@
 #include <unistd.h>
 
 #include "../engine/inroot.h"
+
+#ifndef CDS_VERSION
+#define CDS_VERSION "unknown"
+#endif
 #include "ocistate.h"
 
 #define PARAMS_PATH "/proc/driver/nvidia/params"
@@ -321,6 +325,10 @@ int main(int argc, char **argv)
         return usage();
     if (asks_help(argv[1]) || (argc == 3 && asks_help(argv[2])))  /* --help, or COMMAND --help */
         return usage_to(stdout, 0);
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        printf("cdi-shim-nshook version %s\n", CDS_VERSION);
+        return 0;
+    }
     const char *command = argv[1], *source = NULL;
     char *rootfs = NULL;
     char *links[MAX_LINKS];     /* --link values */
