@@ -261,7 +261,7 @@ def _step(config, bundle, rootfs, calls, mounts, libraries, log, start, file_bin
 def _bind_files(config, bundle, rootfs, log):
     """CONFIG with the library mounts and our bundle files bound by our C hook rather than by
     runc, where that cannot be told apart and pays (filebinds.py)."""
-    from . import filebinds
+    from . import filebinds, stepmemo
     from .engine import LdcacheError, Root
 
     program = our_program("cdi-shim-nshook")
@@ -269,7 +269,7 @@ def _bind_files(config, bundle, rootfs, log):
         return config
     prefix = os.path.abspath(bundle) + "/"
     ours = {m["source"] for m in config.get("mounts") or () if isinstance(m, dict) and isinstance(m.get("source"), str)
-            and m["source"].startswith(prefix) and m["source"][len(prefix):].startswith("cdi-shim.")
+            and m["source"].startswith(prefix) and m["source"][len(prefix):].startswith(stepmemo.OURS_PREFIX)
             and "/" not in m["source"][len(prefix):]}
     folded, params, links = filebinds.folded_hooks(config, program, rootfs)
     try:

@@ -6,8 +6,8 @@ config that someone else injected (containerd's own CDI) does the same linker st
 hooks parsed, the image looked at, links made, files written into the bundle, config.json
 edited -- ~1.5 ms of scattered small work in a worker that wakes with cold caches.
 
-A step is kept under a key made of what it read from config.json (its hooks, its mounts'
-destinations and the library mounts' sources) and from the host (the application profile the
+A step is kept under a key made of what it read from config.json (its hooks, its mounts whole,
+the namespaces: see key) and from the host (the application profile the
 devices give, the params file's new bytes), with the identity of every path it looked at in
 the root: those of the Roots opened during the step (engine.Root.observers) and the plan's
 (plan.Plan.looked), each as a new container shows it -- for what the step's own links changed
@@ -27,6 +27,7 @@ beside its socket (export_recipe), named by the front end's key of the config (c
 csrc/engine/ociconf.c), for the front end to replay without asking (csrc/frontend/replay.c).
 """
 import os
+import posixpath
 import stat
 import struct
 
@@ -36,6 +37,7 @@ from .engine import Root
 _MAX_STEPS = 64     # a node's images times its specs
 _PER_KEY = 4        # roots tried for one key (each try stats every path)
 _MAX_PATHS = 320    # the plan's (at most plan._MAX_PATHS) and the step's own
+OURS_PREFIX = "cdi-shim."  # the names of the bundle files a step writes
 _ROOTFS = object()  # the blank for the container's rootfs in a changed hook's arguments
 
 _steps = None       # {key: [_Recipe, newest first]} while remembering
@@ -167,21 +169,29 @@ def key(config, calls, is_library, profile, params):
     """The key of a step for CONFIG (what the step reads of it and of the host), or None when
     it cannot have one. CALLS: its parsed hooks; IS_LIBRARY: whether a mount destination names
     a library; PROFILE and PARAMS: callables giving the host-side bytes (run only when a hook
-    asks for them)."""
+    asks for them). Each mount whole (type, source, destination, options, in its own order),
+    but a mount whose destination names no library has its source only as whether it names one
+    of the step's bundle files (all the step reads of it: a pod's /etc/hosts differs per pod);
+    and the user and mount namespaces with the id mappings (the file binds' rule). The front
+    end's key (cds_step_key, csrc/engine/ociconf.c) takes the same parts of the text."""
     commands = {call.command for call in calls}
     mounts = []
     for mount in config.get("mounts") or ():
         if not isinstance(mount, dict):
             mounts.append(None)
             continue
-        destination = mount.get("destination")
-        library = isinstance(destination, str) and is_library(destination)
-        mounts.append((destination, mount.get("source") if library else None))
+        destination, source = mount.get("destination"), mount.get("source")
+        if isinstance(source, str) and not (isinstance(destination, str) and is_library(destination)):
+            mount = dict(mount, source=posixpath.basename(source).startswith(OURS_PREFIX))
+        mounts.append(mount)
+    linux = config.get("linux")
+    linux = linux if isinstance(linux, dict) else {}
     try:
-        hooks = repr(config.get("hooks"))
+        parts = repr((config.get("hooks"), mounts, linux.get("namespaces"), linux.get("uidMappings"),
+                      linux.get("gidMappings")))
     except RecursionError:
         return None
-    return (hooks, tuple(mounts),
+    return (parts,
             profile() if "update-application-profile" in commands else None,
             params() if "disable-device-node-modification" in commands else None)
 
