@@ -147,7 +147,8 @@ static int plain_path(const char *p)
     return 1;
 }
 
-/* LINKS: target NUL parent NUL name NUL, each made inside the root (one there already: left). */
+/* LINKS: target NUL parent NUL name NUL, each made inside the root as the step makes it
+ * (cds_link_at: what is there replaced, an identical link left). */
 static int make_links(int rootfd, const struct block *links)
 {
     const char *at = links->data, *end = links->data + links->len;
@@ -163,7 +164,7 @@ static int make_links(int rootfd, const struct block *links)
             return -1;
         size_t failed_at;
         cleanup_fd int dirfd = cds_inroot_open_dirs(rootfd, parent, &failed_at);
-        if (dirfd < 0 || (symlinkat(target, dirfd, name) < 0 && errno != EEXIST))
+        if (dirfd < 0 || cds_link_at(dirfd, name, target) < 0)
             return -1;
     }
     return 0;

@@ -9,8 +9,9 @@
  *       under /proc);
  *   cdi-shim-nshook symlinks [--rootfs DIR] --link TARGET::LINK...
  *       makes the links of a create-symlinks hook that lie under a mount (the toolkit's
- *       /dev/dri/by-path links, in the /dev runc mounts), parents made as needed; a LINK that
- *       exists is left as it is;
+ *       /dev/dri/by-path links, in the /dev runc mounts), parents made as needed; what is at
+ *       LINK is replaced, an identical link left, a directory there an error (cds_link_at, as
+ *       the toolkit's hook);
  *   cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS... [--params FILE]
  *                         [--link TARGET::LINK...]
  *       binds the host's regular files at DEST in DIR, in order, as runc binds config.json's
@@ -185,10 +186,10 @@ static int make_links(int rootfd, const char *rootfs, char **links, int count)
             fprintf(stderr, "Error: symlinks: cannot open the directory of %s in %s: %s\n", link, rootfs, strerror(err));
             return 1;
         }
-        int rc = symlinkat(target, dirfd, name);
+        int rc = cds_link_at(dirfd, name, target);
         err = errno;
         close(dirfd);
-        if (rc != 0 && err != EEXIST) {  /* one there already (the image's): left as it is */
+        if (rc < 0) {
             fprintf(stderr, "Error: symlinks: cannot make %s -> %s in %s: %s\n", link, target, rootfs, strerror(err));
             return 1;
         }

@@ -111,7 +111,9 @@ def _under_a_mount(path, destinations):
 
 
 def make_links(rootfs, links):
-    """Create LINK -> TARGET inside the rootfs (parents made as needed), never leaving it."""
+    """Create LINK -> TARGET inside the rootfs (parents made as needed), never leaving it, as the
+    toolkit's create-symlinks does: what is at LINK is replaced (a temporary link renamed over
+    it), an identical link left; a directory there raises IsADirectoryError (cds_link_at)."""
     from .._native import ffi, lib
 
     rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -122,10 +124,9 @@ def make_links(rootfs, links):
             fd = parents.get(parent)
             if fd is None:
                 fd = parents[parent] = _open_dir_in_root(rootfd, parent, ffi, lib)
-            try:
-                os.symlink(target, name, dir_fd=fd)
-            except FileExistsError:
-                pass  # the image (or an earlier start) has it: leave it as it is
+            if lib.cds_link_at(fd, os.fsencode(name), os.fsencode(target)) < 0:
+                error = ffi.errno
+                raise OSError(error, os.strerror(error), link)
     finally:
         for fd in parents.values():
             os.close(fd)
@@ -421,8 +422,10 @@ def _dangling_later(rootfs, pending, libraries, links_made):
         for target, link in pending:
             path = posixpath.normpath(target if target.startswith("/") else
                                       posixpath.join(posixpath.dirname(link), target))
+            # (a link replacing something of the image is made before planning: the cache
+            # follows what replaced it, as the hook's ldconfig after it would)
             if path in libraries or path in links_made or root.stat(path) is not None \
-                    or root.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    or root.errno not in (errno.ENOENT, errno.ENOTDIR) or root.stat(link, follow=False) is not None:
                 now.append((target, link))
             else:
                 later.append((target, link))
@@ -440,6 +443,11 @@ def _made_links(rootfs, call, links, log, reasons):
         make_links(rootfs, links)
         if _recording is not None:
             _recording.links += links
+    except IsADirectoryError as err:
+        # the toolkit's hook fails the create here too (its rename over a directory)
+        from .toolkit_hooks import HookFailure
+
+        raise HookFailure("create-symlinks", f"cannot create the link {err.filename}: is a directory") from None
     except OSError as err:
         log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
         reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"

@@ -429,3 +429,32 @@ def test_a_recipe_is_not_replayed_for_another_mount_or_namespace(world, driver, 
         assert len(lines) == 16 and all(line.endswith(" rw") for line in lines), lines
     finally:
         made.close()
+
+
+def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path):
+    """The image holds a file where the spec's create-symlinks puts libcuda.so (issue 32: the
+    hook replaces it): the worker's step, the front end's replay, the worker's memo and the
+    Python step alone each replace it with the link, and give the same config and files."""
+    made = Image(world, driver, tmp_path)
+    try:
+        with open(made.layer + f"{LIBDIR}/libcuda.so", "w") as out:
+            out.write("the image's stub\n")
+        time.sleep(1.2)     # (older than the memos' settle time)
+        results = []
+        for how in ("worker", "front end", "worker's memo", "python"):
+            if how == "worker's memo":
+                shutil.rmtree(made.steps)
+            if how == "python":
+                world.resident_socket = os.path.join(world.base, "no-resident.sock")
+                world.write_config(log_level="debug", log_file=made.log)
+            bundle = made.container()
+            run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
+            assert run.returncode == 0 and run.stdout.startswith("linked=42"), (how, run.stderr)
+            if how != "python":
+                assert made.served() == {"worker": 1, "front end": 1, "worker's memo": 2}[how], how
+            results.append(result(bundle))
+            assert not [n for n in os.listdir(bundle.rootfs + LIBDIR) if "cdi-shim" in n], how
+        assert all(later == results[0] for later in results[1:])
+        assert results[0][2]["libcuda.so"] == "libcuda.so.1"
+    finally:
+        made.close()

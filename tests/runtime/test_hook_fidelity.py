@@ -1,0 +1,101 @@
+"""The container sees what the toolkit's nvidia-cdi-hook would give it (issue 32).
+
+Each test runs real runc on a small glibc image, through cdi-shim-runtime with the config
+pre-injected (containerd's own CDI) or requested by annotation, and a probe inside the
+container. The expected results are facts of nvidia-cdi-hook 1.20.0 (NVIDIA/nvidia-container-
+toolkit v1.20.0, cmd/nvidia-cdi-hook/...), quoted where they come from; the real hook cannot
+run in CI (its source is not reachable there), so the facts are written here.
+"""
+import json
+import os
+import subprocess
+
+import pytest
+
+import runtime_helpers as rh
+from test_runtime_toolkit_hooks import (LIBDIR, VERSION, _absent_params, _hook, _image, _library, driver,  # noqa: F401
+                                        preinject, toolkit_spec)
+
+RESIDENT_TOO = True
+
+
+def _request(world, bundle, how):
+    """nvidia.com/gpu=0 for BUNDLE: written into its config.json (pre-injected) or asked by annotation."""
+    if how == "preinjected":
+        preinject(world, bundle)
+        return
+    config = bundle.config()
+    config.setdefault("annotations", {})["cdi.k8s.io/test"] = "nvidia.com/gpu=0"
+    with open(bundle.config_path, "w") as out:
+        json.dump(config, out)
+
+
+def _listing(output, path):
+    """The target of PATH in the probe's `ls -l` lines ('' when not a link, None when absent)."""
+    for line in output.splitlines():
+        parts = line.split()    # (busybox: mode, links, owner, group, size, month, day, time, name)
+        if parts[8:9] == [path]:
+            return parts[10] if parts[9:10] == ["->"] else ""
+    return None
+
+
+# ---- create-symlinks -----------------------------------------------------------------------
+#
+# create-symlinks.go, createLink: "If a file exists at the link path or the link points to a
+# different target this file is removed before creating the link"; "If the specified link
+# already exists and points to the same target, this operation is a no-op" (linkExists: lstat,
+# readlink, the text compared). container-root_linux.go: symlinkat of "<name>-<uuid>" in the
+# link's directory, then renameat over the name. The flag's text: "If the link exists in the
+# container root, it is removed."
+
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_create_symlinks_replaces_what_is_at_the_link_path(world, driver, tmp_path, how):
+    """The image's own libcuda.so.1 (a file, soname libcuda.so.1, an old driver: major 100), a
+    libcuda.so link to another name and an identical libnvidia-ml.so link: the spec's links
+    replace the first two (the cache follows: libcuda.so.1 loads the mounted 550 driver, as
+    ldconfig after the hook finds it), and the identical one is left (same inode)."""
+    world.write_spec("nvidia-gpu.yaml", toolkit_spec(
+        world, driver, _hook("create-symlinks", "--link", f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1")))
+    probe = f"/prog; ls -l {LIBDIR}/"
+    bundle = world.bundle(args=["sh", "-c", probe])
+    rootfs = bundle.rootfs
+    rh.glibc_image(rootfs, __import__("test_runtime_toolkit_hooks").PROGRAM,
+                   str(driver / f"libnvidia-ml.so.{VERSION}"), str(tmp_path), ["-ldl"])
+    _library(rootfs + f"{LIBDIR}/libcuda.so.1", "libcuda.so.1", "int fake_cuda_major(void) { return 100; }\n")
+    os.symlink("libcuda.so.0", rootfs + f"{LIBDIR}/libcuda.so")
+    os.symlink(f"libnvidia-ml.so.{VERSION}", rootfs + f"{LIBDIR}/libnvidia-ml.so")
+    subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
+    identical = os.lstat(rootfs + f"{LIBDIR}/libnvidia-ml.so").st_ino
+    _request(world, bundle, how)
+
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    # the image's libcuda.so.1 is gone: the spec's link to the mounted 550 library took its place
+    assert result.stdout.splitlines()[0] == "linked=42 cuda=550", result.stdout
+    assert _listing(result.stdout, "libcuda.so.1") == f"libcuda.so.{VERSION}", result.stdout
+    assert _listing(result.stdout, "libcuda.so") == "libcuda.so.1", result.stdout
+    assert _listing(result.stdout, "libnvidia-ml.so") == f"libnvidia-ml.so.{VERSION}", result.stdout
+    assert os.lstat(rootfs + f"{LIBDIR}/libnvidia-ml.so").st_ino == identical
+    assert not [name for name in os.listdir(rootfs + LIBDIR) if "cdi-shim" in name]   # no temporary link left
+
+
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_create_symlinks_onto_a_directory_fails_the_create(world, driver, tmp_path, how):
+    """renameat of the hook's temporary link over a directory fails (EISDIR): the hook exits
+    non-zero ("failed to create link [...]: failed to create symlink: ...: is a directory") and
+    runc fails the create. Here the create fails before runc, naming the link; config.json is
+    left as it was and no container exists."""
+    world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver))
+    bundle = world.bundle(args=["/prog"])
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    os.makedirs(rootfs + f"{LIBDIR}/libcuda.so/inside")
+    _request(world, bundle, how)
+    before = bundle.read_bytes()
+
+    result = world.shim("create", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode != 0
+    assert "create-symlinks" in result.stderr and f"{LIBDIR}/libcuda.so" in result.stderr, result.stderr
+    assert "is a directory" in result.stderr, result.stderr
+    assert bundle.read_bytes() == before
+    assert os.path.isdir(rootfs + f"{LIBDIR}/libcuda.so/inside")
+    assert world.runc_cmd("state", bundle.id).returncode != 0
