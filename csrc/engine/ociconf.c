@@ -433,6 +433,14 @@ int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len)
     return 0;
 }
 
+uint64_t cds_fnv1a(const uint8_t *data, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ data[i]) * 0x100000001b3ull;
+    return h;
+}
+
 void cds_step_key_free(uint8_t *key)
 {
     free(key);

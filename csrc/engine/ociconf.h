@@ -45,4 +45,8 @@ void cds_oci_view_free(struct cds_oci_view *view);
 int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len);
 void cds_step_key_free(uint8_t *key);
 
+/* FNV-1a, 64 bits, of LEN bytes at DATA: a recipe's file name (of its key) and its check sum
+ * (of its bytes before the sum), for the worker that writes it and the front end that reads it. */
+uint64_t cds_fnv1a(const uint8_t *data, size_t len);
+
 #endif

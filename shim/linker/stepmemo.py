@@ -362,17 +362,14 @@ def _layout(recorder, original, result, rootfs, in_bundle):
 
 # ---- the recipes the runtime front end replays (csrc/frontend/replay.c) -------------------
 
-RECIPE_MAGIC = b"CDSSTEP2"
+RECIPE_MAGIC = b"CDSSTEP3"
 _MAX_RECIPES = 64       # files in the steps directory; the oldest go first
 _ROOTFS_MARK, _BUNDLE_MARK = "\x01", "\x02"
 
 
 def recipe_name(key):
     """The recipe file's name for a step KEY (cds_step_key): FNV-1a, 64 bits, in hex."""
-    value = 0xcbf29ce484222325
-    for byte in key:
-        value = ((value ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
-    return f"{value:016x}"
+    return f"{lib.cds_fnv1a(key, len(key)):016x}"
 
 
 def step_key_of(raw):
@@ -439,6 +436,7 @@ def export_recipe(raw, final, rootfs, bundle, directory):
         __version__.encode(), key, recipe.params, recipe.paths, struct.pack("<I", recipe.count),
         bytes(ffi.buffer(recipe.identities, recipe.count * ffi.sizeof("struct cds_identity"))),
         links, files, programs, text(final.get("hooks")), binds))
+    data += struct.pack("<Q", lib.cds_fnv1a(data, len(data)))     # (the front end refuses it changed or cut)
     name = recipe_name(key)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
