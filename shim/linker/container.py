@@ -518,8 +518,19 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
         elif call.command == "chmod":
             if _recording is not None:
                 _recording.refuse("chmod")     # (rare: its modes and device fields are not replayed)
-            config = toolkit.chmod(config, rootfs, call, destinations)
-            drop.add(id(call.hook))
+            config, mode, later = toolkit.chmod(config, rootfs, call, destinations)
+            if not later:
+                drop.add(id(call.hook))
+                continue
+            program = our_program("cdi-shim-nshook")
+            if not os.access(program, os.X_OK):
+                raise toolkit.HookFailure(call.command, f"our hook program {program} is missing (paths under "
+                                          f"a mount runc makes: {', '.join(later)})")
+            # Under runc's mounts (the toolkit's /dev/dri): our C hook, after them, in place of the spec's
+            _become_nshook(call, program, "chmod", "--rootfs", rootfs, "--mode", mode,
+                           *[arg for path in later for arg in ("--path", path)])
+            config = dict(config)  # changed (the hook, in place): to be written
+            log.debug(f"chmod: {', '.join(later)} under a mount, changed by {program} after runc's mounts")
         elif call.command == "update-application-profile":
             data = toolkit.application_profile(config)
             if data is not None:

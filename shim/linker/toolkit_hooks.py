@@ -27,8 +27,12 @@ rest of what `nvidia-ctk cdi generate` puts in a spec, from the hooks' documente
   written into the image.
 - chmod --mode M --path P...: a path runc creates as a device node (linux.devices) gets its
   fileMode; a path of the image is changed in place, resolved inside the rootfs; a missing path
-  is skipped (as the hook does); EPERM is ignored (as the hook does); any other path (under a
-  mount, where the change would not be seen) or error fails the create with the reason.
+  is skipped (as the hook does); EPERM is ignored (as the hook does). A path under a mount (the
+  toolkit's `chmod --mode 755 --path /dev/dri`, in the /dev runc makes) can only be changed
+  after runc's mounts: those paths go to our hook program, `cdi-shim-nshook chmod` (C, ~1 ms),
+  which does the same there; the directory runc makes (0755) for device nodes under it needs no
+  hook for mode 755. Unlike the hook (a Go FileMode quirk), the sticky, setuid and setgid bits
+  of --mode are kept.
 
 Each function returns what to do, or raises HookFailure naming the hook and the reason. A hook
 whose options are not all understood is left alone by the caller (KNOWN_OPTIONS).
@@ -160,7 +164,8 @@ def application_profile(config):
 
 
 def chmod(config, rootfs, call, mount_destinations):
-    """Do chmod --mode M --path P...; returns the config (device fileModes set)."""
+    """Do chmod --mode M --path P...; returns (the config with device fileModes set, the mode's
+    text and the paths under a mount, left for a hook after runc's mounts)."""
     modes = call.options.get("mode") or [""]
     try:
         mode = int(modes[-1].strip(), 8)
@@ -175,6 +180,7 @@ def chmod(config, rootfs, call, mount_destinations):
 
     new_devices = None
     rootfd = None
+    later = []
     try:
         for path in paths:
             if not path.strip():
@@ -189,8 +195,8 @@ def chmod(config, rootfs, call, mount_destinations):
                 if norm.startswith("/dev/") and mode == 0o755 and any(
                         p.startswith(norm + "/") for p in by_path if isinstance(p, str)):
                     continue  # a directory runc makes (0755) for the device nodes under it
-                raise HookFailure("chmod", f"{norm} lies under the mount at {under[-1]}, which is "
-                                  "made by runc after this runtime has run")
+                later.append(norm)
+                continue
             if rootfd is None:
                 rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             fd = lib.cds_inroot_open(rootfd, os.fsencode(norm), os.O_PATH)
@@ -216,4 +222,4 @@ def chmod(config, rootfs, call, mount_destinations):
             os.close(rootfd)
     if new_devices is not None:
         config = dict(config, linux=dict(config["linux"], devices=new_devices))
-    return config
+    return config, "%o" % mode, later

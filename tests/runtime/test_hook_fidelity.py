@@ -99,3 +99,72 @@ def test_create_symlinks_onto_a_directory_fails_the_create(world, driver, tmp_pa
     assert bundle.read_bytes() == before
     assert os.path.isdir(rootfs + f"{LIBDIR}/libcuda.so/inside")
     assert world.runc_cmd("state", bundle.id).returncode != 0
+
+
+# ---- chmod ---------------------------------------------------------------------------------
+#
+# chmod.go (1.20.0): a createContainer hook, so it runs after runc's mounts and device nodes;
+# getPaths skips a path whose os.Stat fails ("Skipping path") and one already of the mode;
+# os.Chmod follows links; "Ignoring permission error with chmod" (EPERM). Paths under /dev are
+# runc's tmpfs by then: the create must not fail on them.
+
+DRI_NODE = "    - {path: /dev/dri/card1, hostPath: /dev/null}\n"
+
+
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_chmod_under_dev_is_done_after_runc_s_mounts(world, driver, tmp_path, how):
+    """`chmod --mode 711 --path /dev/dri --path /dev/missing` with a device node under /dev/dri:
+    the directory runc made gets 0711, the missing path is skipped; `chmod --mode 755 --path
+    /dev/dri` (what nvidia-ctk writes) leaves runc's 0755 directory as it is."""
+    spec = toolkit_spec(world, driver, _hook("chmod", "--mode", "711", "--path", "/dev/dri", "--path", "/dev/missing")
+                        + _hook("chmod", "--mode", "755", "--path", "/dev/dri/by-path"))
+    spec = spec.replace("    - {path: /dev/nvidiactl, hostPath: /dev/null}\n",
+                        "    - {path: /dev/nvidiactl, hostPath: /dev/null}\n" + DRI_NODE)
+    world.write_spec("nvidia-gpu.yaml", spec)
+    bundle = world.bundle(args=["sh", "-c", "stat -c '%a %n' /dev/dri /dev/dri/card1; test -e /dev/missing || echo no"])
+    _image(bundle, driver, tmp_path, compat=False)
+    _request(world, bundle, how)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "711 /dev/dri", result.stdout
+    assert lines[2] == "no", result.stdout
+
+
+def test_chmod_755_of_runc_s_device_directory_needs_no_hook(world, driver, tmp_path):
+    spec = toolkit_spec(world, driver, _hook("chmod", "--mode", "755", "--path", "/dev/dri"))
+    world.write_spec("nvidia-gpu.yaml", spec.replace("    - {path: /dev/nvidiactl, hostPath: /dev/null}\n",
+                                                     "    - {path: /dev/nvidiactl, hostPath: /dev/null}\n" + DRI_NODE))
+    bundle = world.bundle(args=["stat", "-c", "%a", "/dev/dri"])
+    _image(bundle, driver, tmp_path, compat=False)
+    preinject(world, bundle)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0 and result.stdout == "755\n", result.stderr
+    assert not any("chmod" in json.dumps(h) for h in bundle.config().get("hooks", {}).get("createContainer", []))
+
+
+def test_nshook_chmod_stays_in_the_root(tmp_path):
+    """Our chmod hook resolves each path inside the rootfs: a link to a host directory names
+    nothing there (skipped, the host's mode untouched); a bad mode or path is refused."""
+    hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
+    rootfs, host = tmp_path / "rootfs", tmp_path / "host"
+    (rootfs / "dev" / "dri").mkdir(parents=True)
+    host.mkdir(mode=0o755)
+    os.chmod(host, 0o755)
+    os.symlink(str(host), rootfs / "dev" / "out")
+    os.symlink("/dev/dri", rootfs / "dev" / "in")
+
+    def chmod(*args):
+        return subprocess.run([hook, "chmod", "--rootfs", str(rootfs), *args], capture_output=True, text=True,
+                              timeout=30, stdin=subprocess.DEVNULL)
+
+    run = chmod("--mode", "700", "--path", "/dev/out", "--path", "/dev/in", "--path", "/dev/none")
+    assert run.returncode == 0, run.stderr
+    assert os.stat(host).st_mode & 0o7777 == 0o755
+    assert os.stat(rootfs / "dev" / "dri").st_mode & 0o7777 == 0o700      # the link followed inside the root
+    assert chmod("--mode", "1777", "--path", "/dev/dri").returncode == 0
+    assert os.stat(rootfs / "dev" / "dri").st_mode & 0o7777 == 0o1777     # (kept: a documented difference)
+    for args in (["--mode", "9", "--path", "/dev/dri"], ["--mode", "17777", "--path", "/dev/dri"],
+                 ["--mode", "700", "--path", "relative"], ["--mode", "700", "--path", "/dev/../etc"]):
+        run = chmod(*args)
+        assert run.returncode == 1 and "Error: chmod:" in run.stderr, (args, run.stderr)
