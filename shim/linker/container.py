@@ -28,6 +28,7 @@ with a warning.
 import errno
 import os
 import posixpath
+import stat
 import sys
 import time
 
@@ -157,7 +158,6 @@ def _bind(config, destination, source):
 def _no_place_for(rootfs, destination):
     """Why runc could not bind a file at DESTINATION in the rootfs (a parent that is not a
     directory, or DESTINATION itself a directory), or "" when it can."""
-    import stat
 
     from .engine import LdcacheError, Root
 
@@ -342,13 +342,16 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             log.warning(f"linker cache not mounted for {rootfs}: {unfit}; the injected libraries are found "
                         "only in the linker's default directories")
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
-        folders = [folder for call in updates for folder in call.options.get("folder", ())]
-        if not folders:
-            folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
+        folders = _update_folders(updates, libraries)
+        # The soname links the hook's ldconfig makes beside the mounted libraries, after its
+        # scan: planned as the mounted file at that name (the cache names the link, as
+        # ldconfig's does), made once the cache is planned (a create-symlinks link to one of
+        # them dangled during ldconfig's scan, and is not listed: _dangling_later)
+        sonames = _soname_links(rootfs, folders, updates, libraries, compat, log, start)
         counting = getattr(log, "debug_enabled", True)  # the memo's counts are for the debug line only
         hits, misses, _ = memo_stats() if counting else (0, 0, 0)
         try:
-            result = plan(rootfs, list(dict.fromkeys(folders)), extra=libraries,
+            result = plan(rootfs, folders, extra=dict(libraries, **{link: source for _, link, source in sonames}),
                           deadline=Deadline(LINKER_TIME_LIMIT, start), compat=compat)
         except LdcacheLimitError as err:
             raise LinkerLimitError(f"the linker cache of {rootfs} is refused: {err}; the container is not "
@@ -396,6 +399,8 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         for destination, source in written:
             config = _bind(config, destination, source)
+        if sonames:
+            _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
         drop.update(id(call.hook) for call in updates + compat_calls)
         if compat:
             log.debug(f"enable-cuda-compat: {', '.join(compat)} first in the linker cache")
@@ -406,6 +411,74 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             log.debug(f"linker cache: {result.entries} entries ({result.mode}, {result.scanned} directories "
                       f"scanned{': ' + result.reason if result.reason else ''}{kept}){memo}")
     return _finish(config, drop, rootfs, deferred, log, calls, reasons)
+
+
+def _update_folders(updates, libraries):
+    folders = [folder for call in updates for folder in call.options.get("folder", ())]
+    if not folders:
+        folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
+    return list(dict.fromkeys(folders))
+
+
+def _soname_links(rootfs, folders, updates, libraries, compat, log, start):
+    """[(target, link, host file)]: the soname links ldconfig would make beside the mounted
+    LIBRARIES (plan.soname_links), where its create_links would: a missing name, or a link
+    that leads elsewhere (replaced); anything else there (the image's own file) is left ("is
+    not a symbolic link"). None without an update-ldcache hook (no ldconfig, no links)."""
+    if not updates or not libraries:
+        return []
+    from .engine import LdcacheError, Root
+    from .ldcache import LINKER_TIME_LIMIT, Deadline
+    from .plan import soname_links
+
+    try:
+        wanted = soname_links(rootfs, folders, extra=libraries, deadline=Deadline(LINKER_TIME_LIMIT, start),
+                              compat=compat)
+        root = Root(rootfs)
+    except (LdcacheError, OSError) as err:
+        log.debug(f"soname links not worked out ({err}): the planner says why")
+        return []
+    todo = []
+    with root:
+        for directory, soname, name in wanted:
+            link, file = posixpath.join(directory, soname), posixpath.join(directory, name)
+            if file not in libraries:
+                continue    # (the image's own file: its link is the image's)
+            found = root.stat(directory)
+            if found is None or not stat.S_ISDIR(found[0]):
+                continue    # (a directory only runc's mount will make: the cache names the file)
+            there = root.stat(link, follow=False)
+            if there is None and root.errno == errno.ENOENT or there is not None and stat.S_ISLNK(there[0]) \
+                    and _link_text(root, link) != name:
+                todo.append((name, link, libraries[file]))
+    return todo
+
+
+def _link_text(root, link):
+    """The text of the link LINK in ROOT (engine.Root), or None."""
+    parent, name = posixpath.split(link)
+    fd = root.open(parent, os.O_PATH | os.O_DIRECTORY)
+    if fd < 0:
+        return None
+    try:
+        return os.readlink(name, dir_fd=fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _make_soname_links(rootfs, links, log):
+    """Make the soname LINKS (_soname_links) once the cache is planned. A failure is
+    ldconfig's warning, not an error (the cache still names the file's soname path)."""
+    try:
+        if _recording is not None:
+            _recording.before_links(rootfs, links)
+        make_links(rootfs, links)
+        if _recording is not None:
+            _recording.links += links
+    except OSError as err:
+        log.warning(f"soname links not all made in {rootfs}: {err}")
 
 
 def _dangling_later(rootfs, pending, libraries, links_made):

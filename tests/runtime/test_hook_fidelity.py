@@ -9,6 +9,7 @@ run in CI (its source is not reachable there), so the facts are written here.
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -17,6 +18,8 @@ from test_runtime_toolkit_hooks import (LIBDIR, VERSION, _absent_params, _hook, 
                                         preinject, toolkit_spec)
 
 RESIDENT_TOO = True
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "linker"))
 
 
 def _request(world, bundle, how):
@@ -99,6 +102,76 @@ def test_create_symlinks_onto_a_directory_fails_the_create(world, driver, tmp_pa
     assert bundle.read_bytes() == before
     assert os.path.isdir(rootfs + f"{LIBDIR}/libcuda.so/inside")
     assert world.runc_cmd("state", bundle.id).returncode != 0
+
+
+# ---- update-ldcache: ldconfig's soname links ------------------------------------------------
+#
+# update-ldcache.go (1.20.0) runs the host's ldconfig in the container's root after runc's
+# mounts, as `ldconfig -f /etc/ld.so.conf -C /etc/ld.so.cache` -- without -N or -X, so glibc's
+# search_dir makes each kept library's soname link (create_links: libX.so.1 -> libX.so.<v>)
+# after reading the directory, and the cache names DIR/SONAME. The spec's create-symlinks hooks
+# come before it: a link made then to a soname link not made yet dangles during the scan.
+
+def _links_in(directory):
+    return {name: os.readlink(os.path.join(directory, name)) for name in os.listdir(directory)
+            if os.path.islink(os.path.join(directory, name))}
+
+
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_soname_links_and_cache_as_the_hook_s_ldconfig_makes_them(world, driver, tmp_path, how):
+    """The toolkit's spec (two file-mounted libraries, its create-symlinks dev links, update-
+    ldcache): the container has the links the hook's ldconfig gives the same image -- the soname
+    links beside the mounted libraries, the dev link libcuda.so -> libcuda.so.1 no longer
+    dangling -- and the cache lists what that ldconfig's lists, path for path."""
+    import shutil
+
+    import ldcache_helpers as lh
+
+    world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver))
+    probe = f"/prog; ls -l {LIBDIR}/; cat {LIBDIR}/libcuda.so > /dev/null && echo dev-link-opens"
+    bundle = world.bundle(args=["sh", "-c", probe])
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    oracle = str(tmp_path / "oracle")
+    shutil.copytree(rootfs, oracle, symlinks=True)
+    _request(world, bundle, how)
+
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("linked=42 cuda=550\n") and "dev-link-opens" in result.stdout, result.stdout
+
+    # the toolkit's way: the mounts, the create-symlinks links, then its ldconfig in place
+    for name in (f"libnvidia-ml.so.{VERSION}", f"libcuda.so.{VERSION}"):
+        shutil.copy2(driver / name, oracle + f"{LIBDIR}/{name}")
+    os.symlink("libcuda.so.1", oracle + f"{LIBDIR}/libcuda.so")
+    os.symlink(f"libnvidia-ml.so.{VERSION}", oracle + f"{LIBDIR}/libnvidia-ml.so")
+    expected = lh.toolkit_ldconfig(oracle, [LIBDIR, f"{LIBDIR}/vdpau"], in_place=True)
+    assert _links_in(oracle + LIBDIR) == {"libcuda.so": "libcuda.so.1", "libcuda.so.1": f"libcuda.so.{VERSION}",
+                                          "libnvidia-ml.so": f"libnvidia-ml.so.{VERSION}",
+                                          "libnvidia-ml.so.1": f"libnvidia-ml.so.{VERSION}"}   # (the facts)
+    seen = {name: _listing(result.stdout, name) for name in os.listdir(oracle + LIBDIR)}
+    assert {name: target for name, target in seen.items() if target} == _links_in(oracle + LIBDIR), result.stdout
+    assert _links_in(rootfs + LIBDIR) == _links_in(oracle + LIBDIR)
+
+    def entries(cache):
+        return [line for line in lh.listing(cache).decode().splitlines()[1:] if "Cache generated" not in line]
+
+    ours = open(os.path.join(bundle.path, "cdi-shim.ld.so.cache"), "rb").read()
+    assert entries(ours) == entries(expected)
+    assert f"\tlibnvidia-ml.so.1 (libc6,x86-64) => {LIBDIR}/libnvidia-ml.so.1" in entries(ours)
+
+
+def test_no_soname_links_without_update_ldcache(world, driver, tmp_path):
+    """No update-ldcache hook: no ldconfig runs under the toolkit, so no link is made."""
+    spec = toolkit_spec(world, driver).replace(_hook("update-ldcache", "--folder", LIBDIR, "--folder", f"{LIBDIR}/vdpau"), "")
+    assert "update-ldcache" not in spec
+    world.write_spec("nvidia-gpu.yaml", spec)
+    bundle = world.bundle(args=["/prog"])
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    preinject(world, bundle)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0 and result.stdout == "linked=42 cuda=550\n", result.stderr
+    assert not os.path.lexists(rootfs + f"{LIBDIR}/libnvidia-ml.so.1")
+    assert not os.path.lexists(rootfs + f"{LIBDIR}/libcuda.so.1")
 
 
 # ---- chmod ---------------------------------------------------------------------------------
