@@ -3,9 +3,9 @@
 prepare_linker (container.py) does update-ldcache and create-symlinks; this module does the
 rest of what `nvidia-ctk cdi generate` puts in a spec, from the hooks' documented behaviour:
 
-- enable-cuda-compat [--host-driver-version=V]: when the image has exactly one
-  /usr/local/cuda/compat/libcuda.so.X.Y (and an /etc/ld.so.cache and an /etc/ld.so.conf.d)
-  and X is a newer driver major than V's, the hook writes /etc/ld.so.conf.d/00-compat-*.conf
+- enable-cuda-compat [--host-driver-version=V]: nothing without V; when the image has exactly
+  one /usr/local/cuda/compat/libcuda.so.X.Y and X is a newer driver major than V's (a version
+  that does not parse: nothing), the hook writes /etc/ld.so.conf.d/00-compat-*.conf
   naming /usr/local/cuda/compat; here that folder goes to the cache planner as that drop-in
   (ldconf.LdConfig's DROPIN_COMPAT). Majors compare as numbers (the hook compares strings,
   so "99" is newer than "100" there; a number is what it means).
@@ -89,23 +89,23 @@ def _major(version):
 def cuda_compat_folder(rootfs, call):
     """The folder enable-cuda-compat's drop-in would name, or None (the hook does nothing)."""
     host = (call.options.get("host-driver-version") or [""])[-1]
+    if not host:
+        return None     # (cudacompat.go: neither a host driver nor a host CUDA version: a no-op)
     try:
         with _root(rootfs) as root:
-            for path in (COMPAT_FOLDER, "/etc/ld.so.cache", "/etc/ld.so.conf.d"):
-                if root.stat(path) is None:
-                    return None
+            if root.stat(COMPAT_FOLDER) is None:
+                return None
             listing = root.listdir(COMPAT_FOLDER)
     except OSError as err:
         raise HookFailure("enable-cuda-compat", f"cannot read {COMPAT_FOLDER} in {rootfs}: {err}") from None
-    # libcuda.so.X.Y... (no `re` on the create path: importing it costs the interpreter ~12 ms)
+    # libcuda.so.*.* (no `re` on the create path: importing it costs the interpreter ~12 ms)
     libs = [name for name, _ in listing or () if name.startswith("libcuda.so.") and "." in name[len("libcuda.so."):]]
     if len(libs) != 1:
         return None  # none, or several (the hook warns and does nothing)
     compat = _major(libs[0][len("libcuda.so."):])
-    driver = _major(host) if host else 0
+    driver = _major(host)
     if compat is None or driver is None:
-        raise HookFailure("enable-cuda-compat", f"cannot compare driver majors: compat {libs[0]!r}, "
-                          f"--host-driver-version={host!r}")
+        return None  # (a version the hook cannot parse: it leaves the compat libraries out)
     return COMPAT_FOLDER if driver < compat else None
 
 

@@ -241,3 +241,36 @@ def test_nshook_chmod_stays_in_the_root(tmp_path):
                  ["--mode", "700", "--path", "relative"], ["--mode", "700", "--path", "/dev/../etc"]):
         run = chmod(*args)
         assert run.returncode == 1 and "Error: chmod:" in run.stderr, (args, run.stderr)
+
+
+# ---- enable-cuda-compat ----------------------------------------------------------------------
+#
+# cudacompat.go (1.20.0), run: "If neither the host driver version nor the host cuda version is
+# specified the hook is a no-op"; getContainerForwardCompatDir needs only the compat folder and
+# exactly one libcuda.so.*.* in it (no /etc/ld.so.cache, no /etc/ld.so.conf.d: its drop-in
+# is made with MkdirAll); a host version that does not parse leaves the compat libraries out.
+
+@pytest.mark.parametrize("case, option, expected", [
+    ("no --host-driver-version", None, 550),
+    ("a host version that does not parse", "--host-driver-version=unknown", 550),
+    ("an image without /etc/ld.so.conf.d", f"--host-driver-version={VERSION}", 560),
+])
+def test_enable_cuda_compat_decides_as_the_hook(world, driver, tmp_path, case, option, expected):
+    spec = toolkit_spec(world, driver)
+    spec = spec.replace(_hook("enable-cuda-compat", f"--host-driver-version={VERSION}"),
+                        _hook("enable-cuda-compat", option) if option else
+                        "    - hookName: createContainer\n      path: /usr/bin/nvidia-cdi-hook\n"
+                        "      args: [nvidia-cdi-hook, enable-cuda-compat]\n      env: [NVIDIA_CTK_DEBUG=false]\n")
+    world.write_spec("nvidia-gpu.yaml", spec)
+    bundle = world.bundle(args=["/prog"])
+    rootfs = _image(bundle, driver, tmp_path)        # compat libcuda.so.560.28.03 in /usr/local/cuda/compat
+    if case == "an image without /etc/ld.so.conf.d":
+        import shutil
+
+        shutil.rmtree(rootfs + "/etc/ld.so.conf.d")
+        subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
+    preinject(world, bundle)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"linked=42 cuda={expected}\n", (case, result.stdout)
+    assert not any("enable-cuda-compat" in json.dumps(h) for h in bundle.config().get("hooks", {}).get("createContainer", []))
