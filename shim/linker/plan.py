@@ -263,8 +263,10 @@ def soname_links(root, folders=(), extra=None, *, machine=None, deadline=None, c
     mounted into (its ldconfig runs without -N): [(directory, soname, file name)] for each
     library ldconfig keeps there under a soname that is not its name (glibc's search_dir: a
     file preferred to a link, then the newest version), in the directories it scans with
-    FOLDERS (not in glibc-hwcaps ones: their entries name the file). What is at DIRECTORY/SONAME
-    decides whether ldconfig makes it (link_needed)."""
+    FOLDERS (not in glibc-hwcaps ones: their entries name the file). Only the mounted files are
+    read (the directory is asked about names only: reading its every library costs a full scan
+    on each create), so an image file of the same soname in that directory is not weighed
+    against them. What is at DIRECTORY/SONAME decides whether ldconfig makes it (the caller)."""
     machine = machine_name(machine)
     wanted = []
     with Root(root, observed=False) as tree:
@@ -273,6 +275,7 @@ def soname_links(root, folders=(), extra=None, *, machine=None, deadline=None, c
         opts = ffi.new("struct cds_scan_opts *")
         opts.target = config.target
         opts.links = LINKS["existing"]
+        opts.extras_only = 1
         lib_ = ffi.new("struct cds_dlib *")
         seen = set()
         for d in config.dirs:
