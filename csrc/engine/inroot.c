@@ -251,6 +251,37 @@ int cds_inroot_open(int rootfd, const char *path, int oflags)
     return open_with_walk(rootfd, path, oflags);
 }
 
+int cds_link_at(int dirfd, const char *name, const char *target)
+{
+    char text[PATH_MAX + 1], temp[NAME_MAX + 1];
+    size_t len = strlen(target);
+    ssize_t got = readlinkat(dirfd, name, text, sizeof text);
+    if (got >= 0 && (size_t)got == len && memcmp(text, target, len) == 0)
+        return 1;
+    if (got < 0 && errno == ENOENT) {
+        if (symlinkat(target, dirfd, name) == 0)
+            return 0;
+        if (errno != EEXIST)
+            return -1;
+    }
+    /* (a temporary name of this process: one left by a killed run of ours is replaced too) */
+    if (snprintf(temp, sizeof temp, ".%.200s.cdi-shim-%d", name, (int)getpid()) >= (int)sizeof temp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    if (symlinkat(target, dirfd, temp) < 0) {
+        if (errno != EEXIST || unlinkat(dirfd, temp, 0) < 0 || symlinkat(target, dirfd, temp) < 0)
+            return -1;
+    }
+    if (renameat(dirfd, temp, dirfd, name) < 0) {
+        int err = errno;
+        unlinkat(dirfd, temp, 0);
+        errno = err;
+        return -1;
+    }
+    return 0;
+}
+
 int cds_inroot_open_dirs(int rootfd, const char *path, size_t *failed_at)
 {
     char opened[PATH_MAX];

@@ -43,6 +43,14 @@ int cds_inroot_open(int rootfd, const char *path, int oflags);
  * reason than a missing component). */
 int cds_inroot_open_dirs(int rootfd, const char *path, size_t *failed_at);
 
+/* The symbolic link NAME -> TARGET in the directory open at DIRFD (O_PATH will do), as the
+ * toolkit's create-symlinks does it (`ln -sfn`): a link there already with TARGET as its text
+ * is left (1); anything else that is not a directory -- a file, a device, another link -- is
+ * replaced by a temporary link renamed over it, so the name never goes missing (0); a
+ * directory: -1 with EISDIR, as rename(2) gives. NAME must be a plain name, no '/'. 0, 1 or
+ * -1 with errno (the temporary link removed). */
+int cds_link_at(int dirfd, const char *name, const char *target);
+
 /* stat(2) of PATH inside the tree (FOLLOW: follow a final symlink, in the tree). 0 or -1. */
 int cds_inroot_stat(int rootfd, const char *path, int follow, struct cds_stat *st);
 

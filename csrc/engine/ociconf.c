@@ -250,6 +250,12 @@ static int linux_member(struct reader *r, const char *key, size_t len, void *dat
     struct cds_oci_view *view = data;
     if (is(key, len, "devices"))
         return take(r, &view->devices);
+    if (is(key, len, "namespaces"))
+        return take(r, &view->namespaces);
+    if (is(key, len, "uidMappings"))
+        return take(r, &view->uid_mappings);
+    if (is(key, len, "gidMappings"))
+        return take(r, &view->gid_mappings);
     return value(r);
 }
 
@@ -374,40 +380,65 @@ static void put(uint8_t *out, size_t *at, const void *data, size_t len)
     *at += len;
 }
 
+/* Whether the string (with its quotes) at S names a bundle file of the step's ("cdi-shim.*"). */
+static int ours_named(const char *s, size_t len)
+{
+    const char *slash = memrchr(s, '/', len);
+    size_t n = slash ? len - (size_t)(slash + 1 - s) : 0;
+    return n > strlen("cdi-shim.") + 1 && memcmp(slash + 1, "cdi-shim.", strlen("cdi-shim.")) == 0;
+}
+
+static void put_span(uint8_t *out, size_t *at, const char *json, const struct cds_span *span, char tag)
+{
+    put(out, at, &tag, 1);
+    put(out, at, json + span->start, span->end - span->start);
+    put(out, at, "", 1);
+}
+
 int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len)
 {
     struct cds_oci_view view;
     if (cds_oci_view(json, len, &view) < 0)
         return -1;
-    /* Each part and a NUL: never longer than the text plus four bytes a mount and the tags. */
-    size_t cap = len + 4 * view.n_mounts + 16, at = 0;
+    /* Each part and a NUL: never longer than the text plus three bytes a mount and the tags. */
+    size_t cap = len + 3 * view.n_mounts + 32, at = 0;
     uint8_t *out = malloc(cap);
     if (!out) {
         cds_oci_view_free(&view);
         errno = ENOMEM;
         return -1;
     }
-    put(out, &at, "H", 1);
-    put(out, &at, json + view.hooks.start, view.hooks.end - view.hooks.start);
-    put(out, &at, "", 1);
+    put_span(out, &at, json, &view.hooks, 'H');
     for (size_t m = 0; m < view.n_mounts; m++) {
         const struct cds_oci_mount *mount = &view.mount[m];
-        const struct cds_span *d = &mount->destination, *s = &mount->source;
+        const struct cds_span *d = &mount->destination, *s = &mount->source, *w = &mount->whole;
         put(out, &at, "M", 1);
-        put(out, &at, json + d->start, d->end - d->start);
-        put(out, &at, "", 1);
         /* (between the quotes: the name itself) */
-        if (d->end && s->end && library_named(json + d->start + 1, d->end - d->start - 2))
-            put(out, &at, json + s->start, s->end - s->start);
+        if (s->end && !(d->end && library_named(json + d->start + 1, d->end - d->start - 2))) {
+            put(out, &at, json + w->start, s->start - w->start);
+            put(out, &at, ours_named(json + s->start, s->end - s->start) ? "1" : "0", 1);
+            put(out, &at, json + s->end, w->end - s->end);
+        } else {
+            put(out, &at, json + w->start, w->end - w->start);
+        }
         put(out, &at, "", 1);
     }
-    put(out, &at, "D", 1);
-    put(out, &at, json + view.devices.start, view.devices.end - view.devices.start);
-    put(out, &at, "", 1);
+    put_span(out, &at, json, &view.devices, 'D');
+    put_span(out, &at, json, &view.namespaces, 'N');
+    put_span(out, &at, json, &view.uid_mappings, 'U');
+    put_span(out, &at, json, &view.gid_mappings, 'G');
     cds_oci_view_free(&view);
     *key = out;
     *key_len = at;
     return 0;
+}
+
+uint64_t cds_fnv1a(const uint8_t *data, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ data[i]) * 0x100000001b3ull;
+    return h;
 }
 
 void cds_step_key_free(uint8_t *key)

@@ -27,6 +27,7 @@ struct cds_oci_view {
     struct cds_span mounts;    /* the value of "mounts" (an array) */
     struct cds_span root_path; /* root.path (a string) */
     struct cds_span devices;   /* linux.devices (any value) */
+    struct cds_span namespaces, uid_mappings, gid_mappings; /* linux.namespaces, .uidMappings, .gidMappings */
     struct cds_oci_mount *mount;
     size_t n_mounts;
 };
@@ -35,10 +36,17 @@ struct cds_oci_view {
 int cds_oci_view(const char *json, size_t len, struct cds_oci_view *view);
 void cds_oci_view_free(struct cds_oci_view *view);
 
-/* The key of the linker step for the config in JSON: the hooks' text, each mount's destination
- * and (for a library-named one) source, linux.devices' text. 0 with *KEY (malloc'd: free it
- * with cds_step_key_free) and *KEY_LEN, or -1 as cds_oci_view. */
+/* The key of the linker step for the config in JSON: the hooks' text; each mount's text whole
+ * (type, source, destination, options), but for a mount whose destination names no library its
+ * source stands as one byte: whether its name is one of the step's own bundle files
+ * ("cdi-shim.*": all the step reads of it; a pod's own /etc/hosts source differs per pod);
+ * linux.devices, linux.namespaces, uidMappings and gidMappings as text. 0 with *KEY (malloc'd:
+ * free it with cds_step_key_free) and *KEY_LEN, or -1 as cds_oci_view. */
 int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len);
 void cds_step_key_free(uint8_t *key);
+
+/* FNV-1a, 64 bits, of LEN bytes at DATA: a recipe's file name (of its key) and its check sum
+ * (of its bytes before the sum), for the worker that writes it and the front end that reads it. */
+uint64_t cds_fnv1a(const uint8_t *data, size_t len);
 
 #endif

@@ -29,7 +29,7 @@
 #include "../engine/scan.h"
 #include "replay.h"
 
-#define RECIPE_MAGIC "CDSSTEP2"
+#define RECIPE_MAGIC "CDSSTEP3"
 #define MAX_RECIPE (8u << 20)
 #define MAX_PARAMS (1u << 20)
 #define PARAMS_PATH "/proc/driver/nvidia/params"
@@ -46,16 +46,6 @@ struct recipe {
 
 static void free_text(char **p) { free(*p); }
 
-/* FNV-1a, 64 bits: the recipe's file name (stepmemo.py: _recipe_name). The whole key is
- * compared after reading, so a collision only misses. */
-static uint64_t fnv1a(const uint8_t *data, size_t len)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ data[i]) * 0x100000001b3ull;
-    return h;
-}
-
 static int next_block(const char **at, const char *end, struct block *b)
 {
     uint32_t len;
@@ -71,12 +61,19 @@ static int next_block(const char **at, const char *end, struct block *b)
     return 0;
 }
 
+/* The recipe's blocks, after its magic; its last 8 bytes are the FNV-1a of all before them
+ * (a recipe changed or cut since it was written is refused as a whole). */
 static int parse_recipe(const char *text, size_t len, struct recipe *r)
 {
-    const char *at = text, *end = text + len;
     size_t magic = strlen(RECIPE_MAGIC);
-    if (len < magic || memcmp(text, RECIPE_MAGIC, magic) != 0)
+    uint64_t sum;
+    if (len < magic + 8 || memcmp(text, RECIPE_MAGIC, magic) != 0)
         return -1;
+    len -= 8;
+    memcpy(&sum, text + len, 8);
+    if (sum != cds_fnv1a((const uint8_t *)text, len))
+        return -1;
+    const char *at = text, *end = text + len;
     at += magic;
     struct block *order[] = {&r->version, &r->key, &r->params, &r->paths, &r->count, &r->identities,
                              &r->links, &r->files, &r->programs, &r->hooks, &r->binds};
@@ -147,7 +144,8 @@ static int plain_path(const char *p)
     return 1;
 }
 
-/* LINKS: target NUL parent NUL name NUL, each made inside the root (one there already: left). */
+/* LINKS: target NUL parent NUL name NUL, each made inside the root as the step makes it
+ * (cds_link_at: what is there replaced, an identical link left). */
 static int make_links(int rootfd, const struct block *links)
 {
     const char *at = links->data, *end = links->data + links->len;
@@ -163,7 +161,7 @@ static int make_links(int rootfd, const struct block *links)
             return -1;
         size_t failed_at;
         cleanup_fd int dirfd = cds_inroot_open_dirs(rootfd, parent, &failed_at);
-        if (dirfd < 0 || (symlinkat(target, dirfd, name) < 0 && errno != EEXIST))
+        if (dirfd < 0 || cds_link_at(dirfd, name, target) < 0)
             return -1;
     }
     return 0;
@@ -329,7 +327,7 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
 
     if (!plain_path(bundle) || cds_step_key(json, len, &key, &key_len) < 0)
         return 0;
-    snprintf(name, sizeof name, "%016llx", (unsigned long long)fnv1a(key, key_len));
+    snprintf(name, sizeof name, "%016llx", (unsigned long long)cds_fnv1a(key, key_len));
     __attribute__((cleanup(free_text))) char *text = NULL;
     long text_len = -1;
     {

@@ -9,8 +9,9 @@
  *       under /proc);
  *   cdi-shim-nshook symlinks [--rootfs DIR] --link TARGET::LINK...
  *       makes the links of a create-symlinks hook that lie under a mount (the toolkit's
- *       /dev/dri/by-path links, in the /dev runc mounts), parents made as needed; a LINK that
- *       exists is left as it is;
+ *       /dev/dri/by-path links, in the /dev runc mounts), parents made as needed; what is at
+ *       LINK is replaced, an identical link left, a directory there an error (cds_link_at, as
+ *       the toolkit's hook);
  *   cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS... [--params FILE]
  *                         [--link TARGET::LINK...]
  *       binds the host's regular files at DEST in DIR, in order, as runc binds config.json's
@@ -19,7 +20,13 @@
  *       nosuid, nodev, noexec, and one of private, rprivate, slave, rslave. The runtime moves
  *       a device's library mounts and its own files here (shim/linker/filebinds.py): runc
  *       spends ~0.25 ms of its own on each file mount, this a few syscalls. With --params and --link, then what bind-params FILE and symlinks
- *       do (one hook start, not two or three, on a GPU node).
+ *       do (one hook start, not two or three, on a GPU node);
+ *   cdi-shim-nshook chmod [--rootfs DIR] --mode OCTAL --path PATH...
+ *       the toolkit's chmod hook for paths under a mount runc makes (`chmod --mode 755 --path
+ *       /dev/dri`, in runc's /dev): each PATH resolved inside DIR (links followed there), one
+ *       that cannot be resolved skipped, one of that mode already left, EPERM ignored, as
+ *       nvidia-cdi-hook chmod does; the mode's sticky, setuid and setgid bits are kept (the
+ *       toolkit's Go FileMode drops them).
  *
  * They run for every container start on a GPU node, so this is C: an exec and a few syscalls
  * (~1 ms; the Python hook it replaces took ~40). DIR is the rootfs (root.path), where it still
@@ -58,9 +65,11 @@ static int usage_to(FILE *out, int status)
           "       cdi-shim-nshook symlinks [--rootfs DIR] --link TARGET::LINK...\n"
           "       cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS... [--params FILE]\n"
           "                             [--link TARGET::LINK...]\n"
+          "       cdi-shim-nshook chmod [--rootfs DIR] --mode OCTAL --path PATH...\n"
           "  (OCI createContainer hooks, run by runc in the container's mount namespace: bind FILE\n"
           "   read-only over " PARAMS_PATH ", make links under a mount, or bind host files\n"
-          "   at DEST with OPTIONS (bind or rbind, ro, nosuid, nodev, noexec, [r]private, [r]slave);\n"
+          "   at DEST with OPTIONS (bind or rbind, ro, nosuid, nodev, noexec, [r]private, [r]slave),\n"
+          "   or chmod PATHs under runc's mounts;\n"
           "   every path resolved inside DIR, the rootfs; without --rootfs, the rootfs of the OCI\n"
           "   state on stdin)\n",
           out);
@@ -200,10 +209,10 @@ static int make_links(int rootfd, const char *rootfs, char **links, int count)
             fprintf(stderr, "Error: symlinks: cannot open the directory of %s in %s: %s\n", link, rootfs, strerror(err));
             return 1;
         }
-        int rc = symlinkat(target, dirfd, name);
+        int rc = cds_link_at(dirfd, name, target);
         err = errno;
         close(dirfd);
-        if (rc != 0 && err != EEXIST) {  /* one there already (the image's): left as it is */
+        if (rc < 0) {
             fprintf(stderr, "Error: symlinks: cannot make %s -> %s in %s: %s\n", link, target, rootfs, strerror(err));
             return 1;
         }
@@ -319,6 +328,41 @@ static int bind_files(int rootfd, const char *rootfs, char **binds, int count)
     return 0;
 }
 
+/* MODE (octal text) onto each of PATHS, as the toolkit's chmod hook (see the top). */
+static int chmod_paths(int rootfd, const char *rootfs, const char *mode_text, char **paths, int count)
+{
+    char *end;
+    errno = 0;
+    unsigned long mode = mode_text ? strtoul(mode_text, &end, 8) : 0;
+    if (!mode_text || !*mode_text || *end || errno || mode > 07777) {
+        fprintf(stderr, "Error: chmod: --mode \"%s\" is not an octal file mode\n", mode_text ? mode_text : "");
+        return 1;
+    }
+    for (int i = 0; i < count; i++) {
+        if (paths[i][0] != '/' || strstr(paths[i], "/../") || strstr(paths[i], "/./")) {
+            fprintf(stderr, "Error: chmod: malformed --path \"%s\": expected an absolute path\n", paths[i]);
+            return 1;
+        }
+        int fd = cds_inroot_open(rootfd, paths[i], O_PATH);
+        struct stat st;
+        if (fd < 0)
+            continue;   /* as the hook's os.Stat error: skipped */
+        if (fstat(fd, &st) < 0 || (st.st_mode & 07777) == mode) {
+            close(fd);
+            continue;
+        }
+        char where[64];
+        snprintf(where, sizeof where, "/proc/self/fd/%d", fd);
+        int rc = chmod(where, (mode_t)mode), err = errno;
+        close(fd);
+        if (rc != 0 && err != EPERM) {
+            fprintf(stderr, "Error: chmod: cannot change the mode of %s in %s: %s\n", paths[i], rootfs, strerror(err));
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -331,20 +375,26 @@ int main(int argc, char **argv)
     }
     const char *command = argv[1], *source = NULL;
     char *rootfs = NULL;
-    char *links[MAX_LINKS];     /* --link values */
+    char *links[MAX_LINKS];     /* --link values (chmod: --path values) */
     char *binds[MAX_LINKS];     /* three values a --bind */
     int count = 0, bound = 0;
     int params = strcmp(command, "bind-params") == 0, binding = strcmp(command, "binds") == 0;
-    if (!params && !binding && strcmp(command, "symlinks") != 0)
+    int modes = strcmp(command, "chmod") == 0;
+    const char *mode = NULL;
+    if (!params && !binding && !modes && strcmp(command, "symlinks") != 0)
         return usage();
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--rootfs") == 0 && i + 1 < argc)
             rootfs = argv[++i];
+        else if (modes && strcmp(argv[i], "--mode") == 0 && i + 1 < argc && mode == NULL)
+            mode = argv[++i];
+        else if (modes && strcmp(argv[i], "--path") == 0 && i + 1 < argc && count < MAX_LINKS)
+            links[count++] = argv[++i];
         else if (params && strcmp(argv[i], "--source") == 0 && i + 1 < argc)
             source = argv[++i];
         else if (binding && strcmp(argv[i], "--params") == 0 && i + 1 < argc && source == NULL)
             source = argv[++i];
-        else if (!params && strcmp(argv[i], "--link") == 0 && i + 1 < argc && count < MAX_LINKS)
+        else if (!params && !modes && strcmp(argv[i], "--link") == 0 && i + 1 < argc && count < MAX_LINKS)
             links[count++] = argv[++i];
         else if (binding && strcmp(argv[i], "--bind") == 0 && i + 3 < argc && 3 * (bound + 1) <= MAX_LINKS) {
             binds[3 * bound] = argv[i + 1], binds[3 * bound + 1] = argv[i + 2], binds[3 * bound + 2] = argv[i + 3];
@@ -355,7 +405,7 @@ int main(int argc, char **argv)
             return usage();
     }
     if ((rootfs != NULL && rootfs[0] != '/') || (params && source == NULL) || (source != NULL && source[0] != '/')
-        || (!params && !binding && !count) || (binding && !bound))
+        || (!params && !binding && !count) || (binding && !bound) || (modes && mode == NULL))
         return usage();
     char *from_state = NULL;
     if (rootfs == NULL) {
@@ -375,6 +425,7 @@ int main(int argc, char **argv)
         rc = params ? bind_params(rootfd, rootfs, source)
              : binding ? bind_files(rootfd, rootfs, binds, bound) || (source && bind_params(rootfd, rootfs, source))
                              || (count && make_links(rootfd, rootfs, links, count))
+             : modes ? chmod_paths(rootfd, rootfs, mode, links, count)
              : make_links(rootfd, rootfs, links, count);
         close(rootfd);
     }

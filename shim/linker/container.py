@@ -28,6 +28,7 @@ with a warning.
 import errno
 import os
 import posixpath
+import stat
 import sys
 import time
 
@@ -111,7 +112,9 @@ def _under_a_mount(path, destinations):
 
 
 def make_links(rootfs, links):
-    """Create LINK -> TARGET inside the rootfs (parents made as needed), never leaving it."""
+    """Create LINK -> TARGET inside the rootfs (parents made as needed), never leaving it, as the
+    toolkit's create-symlinks does: what is at LINK is replaced (a temporary link renamed over
+    it), an identical link left; a directory there raises IsADirectoryError (cds_link_at)."""
     from .._native import ffi, lib
 
     rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -122,10 +125,9 @@ def make_links(rootfs, links):
             fd = parents.get(parent)
             if fd is None:
                 fd = parents[parent] = _open_dir_in_root(rootfd, parent, ffi, lib)
-            try:
-                os.symlink(target, name, dir_fd=fd)
-            except FileExistsError:
-                pass  # the image (or an earlier start) has it: leave it as it is
+            if lib.cds_link_at(fd, os.fsencode(name), os.fsencode(target)) < 0:
+                error = ffi.errno
+                raise OSError(error, os.strerror(error), link)
     finally:
         for fd in parents.values():
             os.close(fd)
@@ -156,7 +158,6 @@ def _bind(config, destination, source):
 def _no_place_for(rootfs, destination):
     """Why runc could not bind a file at DESTINATION in the rootfs (a parent that is not a
     directory, or DESTINATION itself a directory), or "" when it can."""
-    import stat
 
     from .engine import LdcacheError, Root
 
@@ -261,7 +262,7 @@ def _step(config, bundle, rootfs, calls, mounts, libraries, log, start, file_bin
 def _bind_files(config, bundle, rootfs, log):
     """CONFIG with the library mounts and our bundle files bound by our C hook rather than by
     runc, where that cannot be told apart and pays (filebinds.py)."""
-    from . import filebinds
+    from . import filebinds, stepmemo
     from .engine import LdcacheError, Root
 
     program = our_program("cdi-shim-nshook")
@@ -269,7 +270,7 @@ def _bind_files(config, bundle, rootfs, log):
         return config
     prefix = os.path.abspath(bundle) + "/"
     ours = {m["source"] for m in config.get("mounts") or () if isinstance(m, dict) and isinstance(m.get("source"), str)
-            and m["source"].startswith(prefix) and m["source"][len(prefix):].startswith("cdi-shim.")
+            and m["source"].startswith(prefix) and m["source"][len(prefix):].startswith(stepmemo.OURS_PREFIX)
             and "/" not in m["source"][len(prefix):]}
     folded, params, links = filebinds.folded_hooks(config, program, rootfs)
     try:
@@ -341,13 +342,16 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             log.warning(f"linker cache not mounted for {rootfs}: {unfit}; the injected libraries are found "
                         "only in the linker's default directories")
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
-        folders = [folder for call in updates for folder in call.options.get("folder", ())]
-        if not folders:
-            folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
+        folders = _update_folders(updates, libraries)
+        # The soname links the hook's ldconfig makes beside the mounted libraries, after its
+        # scan: planned as the mounted file at that name (the cache names the link, as
+        # ldconfig's does), made once the cache is planned (a create-symlinks link to one of
+        # them dangled during ldconfig's scan, and is not listed: _dangling_later)
+        sonames = _soname_links(rootfs, folders, updates, libraries, compat, log, start)
         counting = getattr(log, "debug_enabled", True)  # the memo's counts are for the debug line only
         hits, misses, _ = memo_stats() if counting else (0, 0, 0)
         try:
-            result = plan(rootfs, list(dict.fromkeys(folders)), extra=libraries,
+            result = plan(rootfs, folders, extra=dict(libraries, **{link: source for _, link, source in sonames}),
                           deadline=Deadline(LINKER_TIME_LIMIT, start), compat=compat)
         except LdcacheLimitError as err:
             raise LinkerLimitError(f"the linker cache of {rootfs} is refused: {err}; the container is not "
@@ -395,6 +399,8 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         for destination, source in written:
             config = _bind(config, destination, source)
+        if sonames:
+            _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
         drop.update(id(call.hook) for call in updates + compat_calls)
         if compat:
             log.debug(f"enable-cuda-compat: {', '.join(compat)} first in the linker cache")
@@ -405,6 +411,74 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             log.debug(f"linker cache: {result.entries} entries ({result.mode}, {result.scanned} directories "
                       f"scanned{': ' + result.reason if result.reason else ''}{kept}){memo}")
     return _finish(config, drop, rootfs, deferred, log, calls, reasons)
+
+
+def _update_folders(updates, libraries):
+    folders = [folder for call in updates for folder in call.options.get("folder", ())]
+    if not folders:
+        folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
+    return list(dict.fromkeys(folders))
+
+
+def _soname_links(rootfs, folders, updates, libraries, compat, log, start):
+    """[(target, link, host file)]: the soname links ldconfig would make beside the mounted
+    LIBRARIES (plan.soname_links), where its create_links would: a missing name, or a link
+    that leads elsewhere (replaced); anything else there (the image's own file) is left ("is
+    not a symbolic link"). None without an update-ldcache hook (no ldconfig, no links)."""
+    if not updates or not libraries:
+        return []
+    from .engine import LdcacheError, Root
+    from .ldcache import LINKER_TIME_LIMIT, Deadline
+    from .plan import soname_links
+
+    try:
+        wanted = soname_links(rootfs, folders, extra=libraries, deadline=Deadline(LINKER_TIME_LIMIT, start),
+                              compat=compat)
+        root = Root(rootfs)
+    except (LdcacheError, OSError) as err:
+        log.debug(f"soname links not worked out ({err}): the planner says why")
+        return []
+    todo = []
+    with root:
+        for directory, soname, name in wanted:
+            link, file = posixpath.join(directory, soname), posixpath.join(directory, name)
+            if file not in libraries:
+                continue    # (the image's own file: its link is the image's)
+            found = root.stat(directory)
+            if found is None or not stat.S_ISDIR(found[0]):
+                continue    # (a directory only runc's mount will make: the cache names the file)
+            there = root.stat(link, follow=False)
+            if there is None and root.errno == errno.ENOENT or there is not None and stat.S_ISLNK(there[0]) \
+                    and _link_text(root, link) != name:
+                todo.append((name, link, libraries[file]))
+    return todo
+
+
+def _link_text(root, link):
+    """The text of the link LINK in ROOT (engine.Root), or None."""
+    parent, name = posixpath.split(link)
+    fd = root.open(parent, os.O_PATH | os.O_DIRECTORY)
+    if fd < 0:
+        return None
+    try:
+        return os.readlink(name, dir_fd=fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _make_soname_links(rootfs, links, log):
+    """Make the soname LINKS (_soname_links) once the cache is planned. A failure is
+    ldconfig's warning, not an error (the cache still names the file's soname path)."""
+    try:
+        if _recording is not None:
+            _recording.before_links(rootfs, links)
+        make_links(rootfs, links)
+        if _recording is not None:
+            _recording.links += links
+    except OSError as err:
+        log.warning(f"soname links not all made in {rootfs}: {err}")
 
 
 def _dangling_later(rootfs, pending, libraries, links_made):
@@ -421,8 +495,10 @@ def _dangling_later(rootfs, pending, libraries, links_made):
         for target, link in pending:
             path = posixpath.normpath(target if target.startswith("/") else
                                       posixpath.join(posixpath.dirname(link), target))
+            # (a link replacing something of the image is made before planning: the cache
+            # follows what replaced it, as the hook's ldconfig after it would)
             if path in libraries or path in links_made or root.stat(path) is not None \
-                    or root.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    or root.errno not in (errno.ENOENT, errno.ENOTDIR) or root.stat(link, follow=False) is not None:
                 now.append((target, link))
             else:
                 later.append((target, link))
@@ -440,6 +516,11 @@ def _made_links(rootfs, call, links, log, reasons):
         make_links(rootfs, links)
         if _recording is not None:
             _recording.links += links
+    except IsADirectoryError as err:
+        # the toolkit's hook fails the create here too (its rename over a directory)
+        from .toolkit_hooks import HookFailure
+
+        raise HookFailure("create-symlinks", f"cannot create the link {err.filename}: is a directory") from None
     except OSError as err:
         log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
         reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"
@@ -510,8 +591,19 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
         elif call.command == "chmod":
             if _recording is not None:
                 _recording.refuse("chmod")     # (rare: its modes and device fields are not replayed)
-            config = toolkit.chmod(config, rootfs, call, destinations)
-            drop.add(id(call.hook))
+            config, mode, later = toolkit.chmod(config, rootfs, call, destinations)
+            if not later:
+                drop.add(id(call.hook))
+                continue
+            program = our_program("cdi-shim-nshook")
+            if not os.access(program, os.X_OK):
+                raise toolkit.HookFailure(call.command, f"our hook program {program} is missing (paths under "
+                                          f"a mount runc makes: {', '.join(later)})")
+            # Under runc's mounts (the toolkit's /dev/dri): our C hook, after them, in place of the spec's
+            _become_nshook(call, program, "chmod", "--rootfs", rootfs, "--mode", mode,
+                           *[arg for path in later for arg in ("--path", path)])
+            config = dict(config)  # changed (the hook, in place): to be written
+            log.debug(f"chmod: {', '.join(later)} under a mount, changed by {program} after runc's mounts")
         elif call.command == "update-application-profile":
             data = toolkit.application_profile(config)
             if data is not None:

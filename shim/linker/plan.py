@@ -258,6 +258,50 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     return result
 
 
+def soname_links(root, folders=(), extra=None, *, machine=None, deadline=None, compat=()):
+    """The soname links the toolkit's update-ldcache makes in the directories EXTRA files are
+    mounted into (its ldconfig runs without -N): [(directory, soname, file name)] for each
+    library ldconfig keeps there under a soname that is not its name (glibc's search_dir: a
+    file preferred to a link, then the newest version), in the directories it scans with
+    FOLDERS (not in glibc-hwcaps ones: their entries name the file). Only the mounted files are
+    read (the directory is asked about names only: reading its every library costs a full scan
+    on each create), so an image file of the same soname in that directory is not weighed
+    against them. What is at DIRECTORY/SONAME decides whether ldconfig makes it (the caller)."""
+    machine = machine_name(machine)
+    wanted = []
+    with Root(root, observed=False) as tree:
+        extras = Extras(tree, extra)
+        config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
+        opts = ffi.new("struct cds_scan_opts *")
+        opts.target = config.target
+        opts.links = LINKS["existing"]
+        opts.extras_only = 1
+        lib_ = ffi.new("struct cds_dlib *")
+        seen = set()
+        for d in config.dirs:
+            if d.hwcaps is not None or d.ident not in extras.by_dir or d.ident in seen:
+                continue
+            seen.add(d.ident)
+            packed, count = extras.packed(d.ident)
+            dirfd = tree.open(d.path, os.O_RDONLY | O_DIRECTORY) if d.real else -1
+            opts.dir_flag = d.flag
+            out = ffi.new("struct cds_scan **")
+            try:
+                rc = lib.cds_scan_dir(tree.fd, os.fsencode(d.path), dirfd, packed, len(packed), count, opts, out)
+            finally:
+                if dirfd >= 0:
+                    os.close(dirfd)
+            if rc != 0:
+                raise os_error(f"cannot read {d.path}")
+            scan = ffi.gc(out[0], lib.cds_scan_free)
+            for i in range(lib.cds_scan_count(scan)):
+                lib.cds_scan_lib(scan, i, lib_)
+                name, soname = decode_cstr(lib_.name), decode_cstr(lib_.soname)
+                if not lib_.is_link and name != soname and "/" not in soname and soname not in (".", ".."):
+                    wanted.append((d.path, soname, name))
+    return wanted
+
+
 # ---- the memo of whole plans -----------------------------------------------------------
 #
 # A node starts containers of the same few images with the same driver files, and each start

@@ -6,8 +6,8 @@ config that someone else injected (containerd's own CDI) does the same linker st
 hooks parsed, the image looked at, links made, files written into the bundle, config.json
 edited -- ~1.5 ms of scattered small work in a worker that wakes with cold caches.
 
-A step is kept under a key made of what it read from config.json (its hooks, its mounts'
-destinations and the library mounts' sources) and from the host (the application profile the
+A step is kept under a key made of what it read from config.json (its hooks, its mounts whole,
+the namespaces: see key) and from the host (the application profile the
 devices give, the params file's new bytes), with the identity of every path it looked at in
 the root: those of the Roots opened during the step (engine.Root.observers) and the plan's
 (plan.Plan.looked), each as a new container shows it -- for what the step's own links changed
@@ -27,6 +27,7 @@ beside its socket (export_recipe), named by the front end's key of the config (c
 csrc/engine/ociconf.c), for the front end to replay without asking (csrc/frontend/replay.c).
 """
 import os
+import posixpath
 import stat
 import struct
 
@@ -36,6 +37,7 @@ from .engine import Root
 _MAX_STEPS = 64     # a node's images times its specs
 _PER_KEY = 4        # roots tried for one key (each try stats every path)
 _MAX_PATHS = 320    # the plan's (at most plan._MAX_PATHS) and the step's own
+OURS_PREFIX = "cdi-shim."  # the names of the bundle files a step writes
 _ROOTFS = object()  # the blank for the container's rootfs in a changed hook's arguments
 
 _steps = None       # {key: [_Recipe, newest first]} while remembering
@@ -167,21 +169,29 @@ def key(config, calls, is_library, profile, params):
     """The key of a step for CONFIG (what the step reads of it and of the host), or None when
     it cannot have one. CALLS: its parsed hooks; IS_LIBRARY: whether a mount destination names
     a library; PROFILE and PARAMS: callables giving the host-side bytes (run only when a hook
-    asks for them)."""
+    asks for them). Each mount whole (type, source, destination, options, in its own order),
+    but a mount whose destination names no library has its source only as whether it names one
+    of the step's bundle files (all the step reads of it: a pod's /etc/hosts differs per pod);
+    and the user and mount namespaces with the id mappings (the file binds' rule). The front
+    end's key (cds_step_key, csrc/engine/ociconf.c) takes the same parts of the text."""
     commands = {call.command for call in calls}
     mounts = []
     for mount in config.get("mounts") or ():
         if not isinstance(mount, dict):
             mounts.append(None)
             continue
-        destination = mount.get("destination")
-        library = isinstance(destination, str) and is_library(destination)
-        mounts.append((destination, mount.get("source") if library else None))
+        destination, source = mount.get("destination"), mount.get("source")
+        if isinstance(source, str) and not (isinstance(destination, str) and is_library(destination)):
+            mount = dict(mount, source=posixpath.basename(source).startswith(OURS_PREFIX))
+        mounts.append(mount)
+    linux = config.get("linux")
+    linux = linux if isinstance(linux, dict) else {}
     try:
-        hooks = repr(config.get("hooks"))
+        parts = repr((config.get("hooks"), mounts, linux.get("namespaces"), linux.get("uidMappings"),
+                      linux.get("gidMappings")))
     except RecursionError:
         return None
-    return (hooks, tuple(mounts),
+    return (parts,
             profile() if "update-application-profile" in commands else None,
             params() if "disable-device-node-modification" in commands else None)
 
@@ -352,17 +362,14 @@ def _layout(recorder, original, result, rootfs, in_bundle):
 
 # ---- the recipes the runtime front end replays (csrc/frontend/replay.c) -------------------
 
-RECIPE_MAGIC = b"CDSSTEP2"
+RECIPE_MAGIC = b"CDSSTEP3"
 _MAX_RECIPES = 64       # files in the steps directory; the oldest go first
 _ROOTFS_MARK, _BUNDLE_MARK = "\x01", "\x02"
 
 
 def recipe_name(key):
     """The recipe file's name for a step KEY (cds_step_key): FNV-1a, 64 bits, in hex."""
-    value = 0xcbf29ce484222325
-    for byte in key:
-        value = ((value ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
-    return f"{value:016x}"
+    return f"{lib.cds_fnv1a(key, len(key)):016x}"
 
 
 def step_key_of(raw):
@@ -429,6 +436,7 @@ def export_recipe(raw, final, rootfs, bundle, directory):
         __version__.encode(), key, recipe.params, recipe.paths, struct.pack("<I", recipe.count),
         bytes(ffi.buffer(recipe.identities, recipe.count * ffi.sizeof("struct cds_identity"))),
         links, files, programs, text(final.get("hooks")), binds))
+    data += struct.pack("<Q", lib.cds_fnv1a(data, len(data)))     # (the front end refuses it changed or cut)
     name = recipe_name(key)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)

@@ -3,9 +3,9 @@
 prepare_linker (container.py) does update-ldcache and create-symlinks; this module does the
 rest of what `nvidia-ctk cdi generate` puts in a spec, from the hooks' documented behaviour:
 
-- enable-cuda-compat [--host-driver-version=V]: when the image has exactly one
-  /usr/local/cuda/compat/libcuda.so.X.Y (and an /etc/ld.so.cache and an /etc/ld.so.conf.d)
-  and X is a newer driver major than V's, the hook writes /etc/ld.so.conf.d/00-compat-*.conf
+- enable-cuda-compat [--host-driver-version=V]: nothing without V; when the image has exactly
+  one /usr/local/cuda/compat/libcuda.so.X.Y and X is a newer driver major than V's (a version
+  that does not parse: nothing), the hook writes /etc/ld.so.conf.d/00-compat-*.conf
   naming /usr/local/cuda/compat; here that folder goes to the cache planner as that drop-in
   (ldconf.LdConfig's DROPIN_COMPAT). Majors compare as numbers (the hook compares strings,
   so "99" is newer than "100" there; a number is what it means).
@@ -27,8 +27,12 @@ rest of what `nvidia-ctk cdi generate` puts in a spec, from the hooks' documente
   written into the image.
 - chmod --mode M --path P...: a path runc creates as a device node (linux.devices) gets its
   fileMode; a path of the image is changed in place, resolved inside the rootfs; a missing path
-  is skipped (as the hook does); EPERM is ignored (as the hook does); any other path (under a
-  mount, where the change would not be seen) or error fails the create with the reason.
+  is skipped (as the hook does); EPERM is ignored (as the hook does). A path under a mount (the
+  toolkit's `chmod --mode 755 --path /dev/dri`, in the /dev runc makes) can only be changed
+  after runc's mounts: those paths go to our hook program, `cdi-shim-nshook chmod` (C, ~1 ms),
+  which does the same there; the directory runc makes (0755) for device nodes under it needs no
+  hook for mode 755. Unlike the hook (a Go FileMode quirk), the sticky, setuid and setgid bits
+  of --mode are kept.
 
 Each function returns what to do, or raises HookFailure naming the hook and the reason. A hook
 whose options are not all understood is left alone by the caller (KNOWN_OPTIONS).
@@ -85,23 +89,23 @@ def _major(version):
 def cuda_compat_folder(rootfs, call):
     """The folder enable-cuda-compat's drop-in would name, or None (the hook does nothing)."""
     host = (call.options.get("host-driver-version") or [""])[-1]
+    if not host:
+        return None     # (cudacompat.go: neither a host driver nor a host CUDA version: a no-op)
     try:
         with _root(rootfs) as root:
-            for path in (COMPAT_FOLDER, "/etc/ld.so.cache", "/etc/ld.so.conf.d"):
-                if root.stat(path) is None:
-                    return None
+            if root.stat(COMPAT_FOLDER) is None:
+                return None
             listing = root.listdir(COMPAT_FOLDER)
     except OSError as err:
         raise HookFailure("enable-cuda-compat", f"cannot read {COMPAT_FOLDER} in {rootfs}: {err}") from None
-    # libcuda.so.X.Y... (no `re` on the create path: importing it costs the interpreter ~12 ms)
+    # libcuda.so.*.* (no `re` on the create path: importing it costs the interpreter ~12 ms)
     libs = [name for name, _ in listing or () if name.startswith("libcuda.so.") and "." in name[len("libcuda.so."):]]
     if len(libs) != 1:
         return None  # none, or several (the hook warns and does nothing)
     compat = _major(libs[0][len("libcuda.so."):])
-    driver = _major(host) if host else 0
+    driver = _major(host)
     if compat is None or driver is None:
-        raise HookFailure("enable-cuda-compat", f"cannot compare driver majors: compat {libs[0]!r}, "
-                          f"--host-driver-version={host!r}")
+        return None  # (a version the hook cannot parse: it leaves the compat libraries out)
     return COMPAT_FOLDER if driver < compat else None
 
 
@@ -160,7 +164,8 @@ def application_profile(config):
 
 
 def chmod(config, rootfs, call, mount_destinations):
-    """Do chmod --mode M --path P...; returns the config (device fileModes set)."""
+    """Do chmod --mode M --path P...; returns (the config with device fileModes set, the mode's
+    text and the paths under a mount, left for a hook after runc's mounts)."""
     modes = call.options.get("mode") or [""]
     try:
         mode = int(modes[-1].strip(), 8)
@@ -175,6 +180,7 @@ def chmod(config, rootfs, call, mount_destinations):
 
     new_devices = None
     rootfd = None
+    later = []
     try:
         for path in paths:
             if not path.strip():
@@ -189,8 +195,8 @@ def chmod(config, rootfs, call, mount_destinations):
                 if norm.startswith("/dev/") and mode == 0o755 and any(
                         p.startswith(norm + "/") for p in by_path if isinstance(p, str)):
                     continue  # a directory runc makes (0755) for the device nodes under it
-                raise HookFailure("chmod", f"{norm} lies under the mount at {under[-1]}, which is "
-                                  "made by runc after this runtime has run")
+                later.append(norm)
+                continue
             if rootfd is None:
                 rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             fd = lib.cds_inroot_open(rootfd, os.fsencode(norm), os.O_PATH)
@@ -216,4 +222,4 @@ def chmod(config, rootfs, call, mount_destinations):
             os.close(rootfd)
     if new_devices is not None:
         config = dict(config, linux=dict(config["linux"], devices=new_devices))
-    return config
+    return config, "%o" % mode, later

@@ -38,13 +38,15 @@ def require(binary, package):
 
 # ---- the oracle -------------------------------------------------------------------
 
-def toolkit_ldconfig(root, folders=(), workdir=None, extra_args=(), compat=()):
+def toolkit_ldconfig(root, folders=(), workdir=None, extra_args=(), compat=(), in_place=False):
     """The cache glibc's ldconfig gives ROOT the toolkit's way, as bytes. ROOT itself is
-    not changed (ldconfig runs on a hard-linked copy with -X: it creates no links). COMPAT:
-    the folders enable-cuda-compat's /etc/ld.so.conf.d/00-compat-<random>.conf names."""
+    not changed (ldconfig runs on a hard-linked copy with -X: it creates no links), unless
+    IN_PLACE: then it runs on ROOT as the toolkit's hook does (no -X: the soname links made,
+    the drop-ins left). COMPAT: the folders enable-cuda-compat's
+    /etc/ld.so.conf.d/00-compat-<random>.conf names."""
     tmp = tempfile.mkdtemp(prefix="oracle.", dir=workdir)
     try:
-        copy = roots.copy_tree(root, os.path.join(tmp, "root"))
+        copy = root if in_place else roots.copy_tree(root, os.path.join(tmp, "root"))
         etc = os.path.join(copy, "etc")
         conf_d = os.path.join(etc, "ld.so.conf.d")
         os.makedirs(conf_d, exist_ok=True)
@@ -65,7 +67,7 @@ def toolkit_ldconfig(root, folders=(), workdir=None, extra_args=(), compat=()):
                 with open(path, "w") as out:
                     out.write("".join(line + "\n" for line in lines))
         out_name = "/.cdi-shim-oracle.cache"
-        subprocess.run([LDCONFIG, "-X", "-r", copy, "-C", out_name, *extra_args], check=True,
+        subprocess.run([LDCONFIG, *([] if in_place else ["-X"]), "-r", copy, "-C", out_name, *extra_args], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
         with open(os.path.join(copy, out_name.lstrip("/")), "rb") as cache:
             return cache.read()

@@ -248,7 +248,7 @@ def key_of(config=CONFIG, text=None):
 
 def test_the_key_holds_what_the_step_reads_and_nothing_else():
     key = key_of()
-    assert key and b"update-ldcache" in key and b"/host/libcuda.so.550" in key and b'"proc"' not in key
+    assert key and b"update-ldcache" in key and b"/host/libcuda.so.550" in key and b'"source": 0' in key  # (not "proc": no library there)
     same = json.loads(json.dumps(CONFIG))
     same["annotations"]["other"] = "x"
     same["process"]["env"].append("HOME=/")
@@ -259,7 +259,18 @@ def test_the_key_holds_what_the_step_reads_and_nothing_else():
                    lambda c: c["mounts"][0].update(destination="/proc2"),
                    lambda c: c["mounts"].append({"destination": "/x", "source": "/y"}),
                    lambda c: c["hooks"]["createContainer"][0]["args"].append("--folder=/x"),
-                   lambda c: c["linux"]["devices"][0].update(minor=1)):
+                   lambda c: c["linux"]["devices"][0].update(minor=1),
+                   # each mount whole (issue 31): a library mount's options and type, any mount's options
+                   lambda c: c["mounts"][1].update(options=["ro", "rbind"]),
+                   lambda c: c["mounts"][1].update(type="none"),
+                   lambda c: c["mounts"][0].update(options=["nosuid"]),
+                   # a source that names one of the step's own bundle files (it may move it)
+                   lambda c: c["mounts"][0].update(source="/b/cdi-shim.ld.so.cache"),
+                   # the user and mount namespaces, the id mappings
+                   lambda c: c["linux"].update(namespaces=[{"type": "user"}]),
+                   lambda c: c["linux"].update(namespaces=[{"type": "mount"}]),
+                   lambda c: c["linux"].update(uidMappings=[{"containerID": 0, "hostID": 1000, "size": 1}]),
+                   lambda c: c["linux"].update(gidMappings=[{"containerID": 0, "hostID": 1000, "size": 1}])):
         other = json.loads(json.dumps(CONFIG))
         change(other)
         assert key_of(other) not in (None, key)
@@ -315,7 +326,30 @@ def test_what_the_key_reader_takes_is_json_python_reads_alike():
         taken += 1
         parsed = json.loads(bytes(data))         # must not raise
         assert isinstance(parsed, dict) and isinstance(parsed.get("mounts", []), list)
-        hooks = key[1:key.index(b"\0")]           # the key: H<hooks>\0, M<destination>\0<source>\0 a mount, ...
+        hooks = key[1:key.index(b"\0")]           # the key: H<hooks>\0, M<the mount>\0 a mount, ...
         assert (json.loads(hooks) if hooks else None) == parsed.get("hooks")
         assert key.count(b"\0M") == len(parsed.get("mounts", []))
     assert taken > 100
+
+
+def test_the_worker_s_key_takes_each_mount_whole_and_the_namespaces():
+    """stepmemo.key (the worker's memo): the same fields as the front end's key above."""
+    from shim.linker.container import _is_library
+
+    def worker_key(config):
+        return stepmemo.key(config, [], _is_library, lambda: None, lambda: None)
+
+    base = worker_key(CONFIG)
+    same = json.loads(json.dumps(CONFIG))
+    same["mounts"][0]["source"] = "elsewhere"
+    assert worker_key(same) == base
+    for change in (lambda c: c["mounts"][1].update(options=["ro"]),
+                   lambda c: c["mounts"][1].update(source="/host/other.so.1"),
+                   lambda c: c["mounts"][0].update(options=["nosuid"], type="tmpfs"),
+                   lambda c: c["mounts"][0].update(source="/b/cdi-shim.ld.so.cache"),
+                   lambda c: c["linux"].update(namespaces=[{"type": "user"}]),
+                   lambda c: c["linux"].update(uidMappings=[{"containerID": 0, "hostID": 1, "size": 1}]),
+                   lambda c: c["linux"].update(gidMappings=[{"containerID": 0, "hostID": 1, "size": 1}])):
+        other = json.loads(json.dumps(CONFIG))
+        change(other)
+        assert worker_key(other) != base

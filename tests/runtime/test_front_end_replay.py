@@ -45,8 +45,8 @@ class Image:
     def env(self):
         return self.world.env(CDI_SHIM_NVIDIA_PARAMS=self.params or str(self.tmp_path / "no-such-params"))
 
-    def container(self):
-        """A new container of the image: its bundle, its config pre-injected."""
+    def container(self, args=("/prog",), change=None):
+        """A new container of the image: its bundle, its config pre-injected (then CHANGE(config))."""
         n = len(self.mounts)
         upper, work, merged = (str(self.tmp_path / f"c{n}" / d) for d in ("upper", "work", "rootfs"))
         for d in (upper, work, merged):
@@ -54,9 +54,13 @@ class Image:
         subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
                         f"lowerdir={self.layer},upperdir={upper},workdir={work}", merged], check=True)
         self.mounts.append(merged)
-        bundle = self.world.bundle(args=["/prog"], edit=lambda config: config["root"].update(path=merged))
+        bundle = self.world.bundle(args=list(args), edit=lambda config: config["root"].update(path=merged))
         bundle.rootfs = merged
-        preinject(self.world, bundle)
+        config = preinject(self.world, bundle)
+        if change is not None:
+            change(config)
+            with open(bundle.config_path, "w") as out:
+                json.dump(config, out)
         return bundle
 
     def served(self):
@@ -370,3 +374,85 @@ def test_a_file_binds_value_we_do_not_know_fails_the_create_naming_it(world, tmp
     assert create.returncode != 0
     assert f'{world.config_toml}: "file-binds" must be one of "hook", "runc", not "kernel"' in create.stderr
     assert bundle.unchanged()
+
+
+def _writable_libraries(config):
+    for mount in config["mounts"]:
+        if mount["destination"].startswith(LIBDIR):
+            mount["options"] = [o for o in mount["options"] if o != "ro"]
+
+
+def _identity_user_namespace(config):
+    config["linux"]["namespaces"].append({"type": "user"})
+    for name in ("uidMappings", "gidMappings"):
+        config["linux"][name] = [{"containerID": 0, "hostID": 0, "size": 65536}]
+
+
+MOUNTINFO = ("/prog; grep -E ' " + LIBDIR + "/lib[a-z0-9-]+[.]so[.]550' /proc/self/mountinfo | "
+             "while read a b c d where opts rest; do echo \"$where ${opts%%,*}\"; done")
+
+
+@pytest.mark.parametrize("field, change", [("a library mount's options", _writable_libraries),
+                                           ("the user namespace", _identity_user_namespace)])
+def test_a_recipe_is_not_replayed_for_another_mount_or_namespace(world, driver, tmp_path, field, change):
+    """Issue 31: a step kept for one config is not replayed for a config that differs in a field
+    the step reads (here each library mount's options, or a user namespace): the worker does
+    the step, and the container sees the new value -- its library mounts read-write in its
+    mountinfo, or (user namespace) runc's own mounts, never our binds hook (filebinds.py)."""
+    more = build_driver_libraries(str(tmp_path / "more"), 14, rh.need("gcc", "gcc"), "550.54.15")
+    made = Image(world, driver, tmp_path, more_libraries=more)
+    try:
+        first = made.container(args=["sh", "-c", MOUNTINFO])
+        run = world.shim("run", "--bundle", first.path, first.id, env=made.env())
+        assert run.returncode == 0 and run.stdout.startswith("linked=42"), run.stderr
+        assert made.served() == 1 and len(os.listdir(made.steps)) == 1
+        lines = run.stdout.splitlines()[1:]
+        assert len(lines) == 16 and all(line.endswith(" ro") for line in lines), lines
+        assert result(first)[0]["hooks"]["createContainer"][0]["args"][1] == "binds"
+
+        second = made.container(args=["sh", "-c", MOUNTINFO], change=change)
+        if change is _identity_user_namespace:
+            # (runc binds device nodes in a user namespace, which this overlay root refuses for
+            # /dev/nvidiactl: the config.json the step wrote is what tells)
+            world.shim("create", "--bundle", second.path, second.id, env=made.env())
+            assert made.served() == 2, f"the recipe was replayed for another {field}"
+            config = result(second)[0]
+            assert not any("binds" in h.get("args", []) for h in config.get("hooks", {}).get("createContainer", []))
+            assert sum(m["destination"].startswith(LIBDIR) for m in config["mounts"]) == 16
+            return
+        run = world.shim("run", "--bundle", second.path, second.id, env=made.env())
+        assert run.returncode == 0 and run.stdout.startswith("linked=42"), run.stderr
+        assert made.served() == 2, f"the recipe was replayed for another {field}"
+        lines = run.stdout.splitlines()[1:]
+        assert len(lines) == 16 and all(line.endswith(" rw") for line in lines), lines
+    finally:
+        made.close()
+
+
+def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path):
+    """The image holds a file where the spec's create-symlinks puts libcuda.so (issue 32: the
+    hook replaces it): the worker's step, the front end's replay, the worker's memo and the
+    Python step alone each replace it with the link, and give the same config and files."""
+    made = Image(world, driver, tmp_path)
+    try:
+        with open(made.layer + f"{LIBDIR}/libcuda.so", "w") as out:
+            out.write("the image's stub\n")
+        time.sleep(1.2)     # (older than the memos' settle time)
+        results = []
+        for how in ("worker", "front end", "worker's memo", "python"):
+            if how == "worker's memo":
+                shutil.rmtree(made.steps)
+            if how == "python":
+                world.resident_socket = os.path.join(world.base, "no-resident.sock")
+                world.write_config(log_level="debug", log_file=made.log)
+            bundle = made.container()
+            run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
+            assert run.returncode == 0 and run.stdout.startswith("linked=42"), (how, run.stderr)
+            if how != "python":
+                assert made.served() == {"worker": 1, "front end": 1, "worker's memo": 2}[how], how
+            results.append(result(bundle))
+            assert not [n for n in os.listdir(bundle.rootfs + LIBDIR) if "cdi-shim" in n], how
+        assert all(later == results[0] for later in results[1:])
+        assert results[0][2]["libcuda.so"] == "libcuda.so.1"
+    finally:
+        made.close()

@@ -336,8 +336,9 @@ def _nshook_links(rootfs, *links):
 
 
 def test_nshook_symlinks_made_inside_the_root(tmp_path):
-    """Parents made as needed; an existing link left as it is; a link in the image's path
-    followed inside the root only; a ".." in the link path refused."""
+    """Parents made as needed; what is at the link path replaced, as the toolkit's
+    create-symlinks does (an identical link left, a directory refused); a link in the image's
+    path followed inside the root only; a ".." in the link path refused."""
     rootfs, host = tmp_path / "rootfs", tmp_path / "host"
     (rootfs / "dev").mkdir(parents=True)
     host.mkdir()
@@ -348,7 +349,16 @@ def test_nshook_symlinks_made_inside_the_root(tmp_path):
                         "new::/dev/kept", "x::/devlink/via-link")
     assert run.returncode == 0, run.stderr
     assert os.readlink(rootfs / "dev/dri/by-path/pci-0000:3b:00.0-card") == "../card1"
-    assert os.readlink(rootfs / "dev/kept") == "keep"
+    assert os.readlink(rootfs / "dev/kept") == "new"
+    same = os.lstat(rootfs / "dev/kept").st_ino
+    (rootfs / "dev" / "file").write_text("x")
+    (rootfs / "dev" / "dir").mkdir()
+    run = _nshook_links(str(rootfs), "new::/dev/kept", "f::/dev/file")
+    assert run.returncode == 0, run.stderr
+    assert os.lstat(rootfs / "dev/kept").st_ino == same and os.readlink(rootfs / "dev/file") == "f"
+    run = _nshook_links(str(rootfs), "d::/dev/dir")
+    assert run.returncode == 1 and "Is a directory" in run.stderr, run.stderr
+    assert (rootfs / "dev" / "dir").is_dir()
     assert os.readlink(rootfs / "dev/via-link") == "x"
     # /dev/out leads to the host's directory: resolved inside the root, where it names nothing
     run = _nshook_links(str(rootfs), "y::/dev/out/escape")

@@ -1,0 +1,276 @@
+"""The container sees what the toolkit's nvidia-cdi-hook would give it (issue 32).
+
+Each test runs real runc on a small glibc image, through cdi-shim-runtime with the config
+pre-injected (containerd's own CDI) or requested by annotation, and a probe inside the
+container. The expected results are facts of nvidia-cdi-hook 1.20.0 (NVIDIA/nvidia-container-
+toolkit v1.20.0, cmd/nvidia-cdi-hook/...), quoted where they come from; the real hook cannot
+run in CI (its source is not reachable there), so the facts are written here.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import runtime_helpers as rh
+from test_runtime_toolkit_hooks import (LIBDIR, VERSION, _absent_params, _hook, _image, _library, driver,  # noqa: F401
+                                        preinject, toolkit_spec)
+
+RESIDENT_TOO = True
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "linker"))
+
+
+def _request(world, bundle, how):
+    """nvidia.com/gpu=0 for BUNDLE: written into its config.json (pre-injected) or asked by annotation."""
+    if how == "preinjected":
+        preinject(world, bundle)
+        return
+    config = bundle.config()
+    config.setdefault("annotations", {})["cdi.k8s.io/test"] = "nvidia.com/gpu=0"
+    with open(bundle.config_path, "w") as out:
+        json.dump(config, out)
+
+
+def _listing(output, path):
+    """The target of PATH in the probe's `ls -l` lines ('' when not a link, None when absent)."""
+    for line in output.splitlines():
+        parts = line.split()    # (busybox: mode, links, owner, group, size, month, day, time, name)
+        if parts[8:9] == [path]:
+            return parts[10] if parts[9:10] == ["->"] else ""
+    return None
+
+
+# ---- create-symlinks -----------------------------------------------------------------------
+#
+# create-symlinks.go, createLink: "If a file exists at the link path or the link points to a
+# different target this file is removed before creating the link"; "If the specified link
+# already exists and points to the same target, this operation is a no-op" (linkExists: lstat,
+# readlink, the text compared). container-root_linux.go: symlinkat of "<name>-<uuid>" in the
+# link's directory, then renameat over the name. The flag's text: "If the link exists in the
+# container root, it is removed."
+
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_create_symlinks_replaces_what_is_at_the_link_path(world, driver, tmp_path, how):
+    """The image's own libcuda.so.1 (a file, soname libcuda.so.1, an old driver: major 100), a
+    libcuda.so link to another name and an identical libnvidia-ml.so link: the spec's links
+    replace the first two (the cache follows: libcuda.so.1 loads the mounted 550 driver, as
+    ldconfig after the hook finds it), and the identical one is left (same inode)."""
+    world.write_spec("nvidia-gpu.yaml", toolkit_spec(
+        world, driver, _hook("create-symlinks", "--link", f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1")))
+    probe = f"/prog; ls -l {LIBDIR}/"
+    bundle = world.bundle(args=["sh", "-c", probe])
+    rootfs = bundle.rootfs
+    rh.glibc_image(rootfs, __import__("test_runtime_toolkit_hooks").PROGRAM,
+                   str(driver / f"libnvidia-ml.so.{VERSION}"), str(tmp_path), ["-ldl"])
+    _library(rootfs + f"{LIBDIR}/libcuda.so.1", "libcuda.so.1", "int fake_cuda_major(void) { return 100; }\n")
+    os.symlink("libcuda.so.0", rootfs + f"{LIBDIR}/libcuda.so")
+    os.symlink(f"libnvidia-ml.so.{VERSION}", rootfs + f"{LIBDIR}/libnvidia-ml.so")
+    subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
+    identical = os.lstat(rootfs + f"{LIBDIR}/libnvidia-ml.so").st_ino
+    _request(world, bundle, how)
+
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    # the image's libcuda.so.1 is gone: the spec's link to the mounted 550 library took its place
+    assert result.stdout.splitlines()[0] == "linked=42 cuda=550", result.stdout
+    assert _listing(result.stdout, "libcuda.so.1") == f"libcuda.so.{VERSION}", result.stdout
+    assert _listing(result.stdout, "libcuda.so") == "libcuda.so.1", result.stdout
+    assert _listing(result.stdout, "libnvidia-ml.so") == f"libnvidia-ml.so.{VERSION}", result.stdout
+    assert os.lstat(rootfs + f"{LIBDIR}/libnvidia-ml.so").st_ino == identical
+    assert not [name for name in os.listdir(rootfs + LIBDIR) if "cdi-shim" in name]   # no temporary link left
+
+
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_create_symlinks_onto_a_directory_fails_the_create(world, driver, tmp_path, how):
+    """renameat of the hook's temporary link over a directory fails (EISDIR): the hook exits
+    non-zero ("failed to create link [...]: failed to create symlink: ...: is a directory") and
+    runc fails the create. Here the create fails before runc, naming the link; config.json is
+    left as it was and no container exists."""
+    world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver))
+    bundle = world.bundle(args=["/prog"])
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    os.makedirs(rootfs + f"{LIBDIR}/libcuda.so/inside")
+    _request(world, bundle, how)
+    before = bundle.read_bytes()
+
+    result = world.shim("create", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode != 0
+    assert "create-symlinks" in result.stderr and f"{LIBDIR}/libcuda.so" in result.stderr, result.stderr
+    assert "is a directory" in result.stderr, result.stderr
+    assert bundle.read_bytes() == before
+    assert os.path.isdir(rootfs + f"{LIBDIR}/libcuda.so/inside")
+    assert world.runc_cmd("state", bundle.id).returncode != 0
+
+
+# ---- update-ldcache: ldconfig's soname links ------------------------------------------------
+#
+# update-ldcache.go (1.20.0) runs the host's ldconfig in the container's root after runc's
+# mounts, as `ldconfig -f /etc/ld.so.conf -C /etc/ld.so.cache` -- without -N or -X, so glibc's
+# search_dir makes each kept library's soname link (create_links: libX.so.1 -> libX.so.<v>)
+# after reading the directory, and the cache names DIR/SONAME. The spec's create-symlinks hooks
+# come before it: a link made then to a soname link not made yet dangles during the scan.
+
+def _links_in(directory):
+    return {name: os.readlink(os.path.join(directory, name)) for name in os.listdir(directory)
+            if os.path.islink(os.path.join(directory, name))}
+
+
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_soname_links_and_cache_as_the_hook_s_ldconfig_makes_them(world, driver, tmp_path, how):
+    """The toolkit's spec (two file-mounted libraries, its create-symlinks dev links, update-
+    ldcache): the container has the links the hook's ldconfig gives the same image -- the soname
+    links beside the mounted libraries, the dev link libcuda.so -> libcuda.so.1 no longer
+    dangling -- and the cache lists what that ldconfig's lists, path for path."""
+    import shutil
+
+    import ldcache_helpers as lh
+
+    world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver))
+    probe = f"/prog; ls -l {LIBDIR}/; cat {LIBDIR}/libcuda.so > /dev/null && echo dev-link-opens"
+    bundle = world.bundle(args=["sh", "-c", probe])
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    oracle = str(tmp_path / "oracle")
+    shutil.copytree(rootfs, oracle, symlinks=True)
+    _request(world, bundle, how)
+
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("linked=42 cuda=550\n") and "dev-link-opens" in result.stdout, result.stdout
+
+    # the toolkit's way: the mounts, the create-symlinks links, then its ldconfig in place
+    for name in (f"libnvidia-ml.so.{VERSION}", f"libcuda.so.{VERSION}"):
+        shutil.copy2(driver / name, oracle + f"{LIBDIR}/{name}")
+    os.symlink("libcuda.so.1", oracle + f"{LIBDIR}/libcuda.so")
+    os.symlink(f"libnvidia-ml.so.{VERSION}", oracle + f"{LIBDIR}/libnvidia-ml.so")
+    expected = lh.toolkit_ldconfig(oracle, [LIBDIR, f"{LIBDIR}/vdpau"], in_place=True)
+    assert _links_in(oracle + LIBDIR) == {"libcuda.so": "libcuda.so.1", "libcuda.so.1": f"libcuda.so.{VERSION}",
+                                          "libnvidia-ml.so": f"libnvidia-ml.so.{VERSION}",
+                                          "libnvidia-ml.so.1": f"libnvidia-ml.so.{VERSION}"}   # (the facts)
+    seen = {name: _listing(result.stdout, name) for name in os.listdir(oracle + LIBDIR)}
+    assert {name: target for name, target in seen.items() if target} == _links_in(oracle + LIBDIR), result.stdout
+    assert _links_in(rootfs + LIBDIR) == _links_in(oracle + LIBDIR)
+
+    def entries(cache):
+        return [line for line in lh.listing(cache).decode().splitlines()[1:] if "Cache generated" not in line]
+
+    ours = open(os.path.join(bundle.path, "cdi-shim.ld.so.cache"), "rb").read()
+    assert entries(ours) == entries(expected)
+    assert f"\tlibnvidia-ml.so.1 (libc6,x86-64) => {LIBDIR}/libnvidia-ml.so.1" in entries(ours)
+
+
+def test_no_soname_links_without_update_ldcache(world, driver, tmp_path):
+    """No update-ldcache hook: no ldconfig runs under the toolkit, so no link is made."""
+    spec = toolkit_spec(world, driver).replace(_hook("update-ldcache", "--folder", LIBDIR, "--folder", f"{LIBDIR}/vdpau"), "")
+    assert "update-ldcache" not in spec
+    world.write_spec("nvidia-gpu.yaml", spec)
+    bundle = world.bundle(args=["/prog"])
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    preinject(world, bundle)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0 and result.stdout == "linked=42 cuda=550\n", result.stderr
+    assert not os.path.lexists(rootfs + f"{LIBDIR}/libnvidia-ml.so.1")
+    assert not os.path.lexists(rootfs + f"{LIBDIR}/libcuda.so.1")
+
+
+# ---- chmod ---------------------------------------------------------------------------------
+#
+# chmod.go (1.20.0): a createContainer hook, so it runs after runc's mounts and device nodes;
+# getPaths skips a path whose os.Stat fails ("Skipping path") and one already of the mode;
+# os.Chmod follows links; "Ignoring permission error with chmod" (EPERM). Paths under /dev are
+# runc's tmpfs by then: the create must not fail on them.
+
+DRI_NODE = "    - {path: /dev/dri/card1, hostPath: /dev/null}\n"
+
+
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_chmod_under_dev_is_done_after_runc_s_mounts(world, driver, tmp_path, how):
+    """`chmod --mode 711 --path /dev/dri --path /dev/missing` with a device node under /dev/dri:
+    the directory runc made gets 0711, the missing path is skipped; `chmod --mode 755 --path
+    /dev/dri` (what nvidia-ctk writes) leaves runc's 0755 directory as it is."""
+    spec = toolkit_spec(world, driver, _hook("chmod", "--mode", "711", "--path", "/dev/dri", "--path", "/dev/missing")
+                        + _hook("chmod", "--mode", "755", "--path", "/dev/dri/by-path"))
+    spec = spec.replace("    - {path: /dev/nvidiactl, hostPath: /dev/null}\n",
+                        "    - {path: /dev/nvidiactl, hostPath: /dev/null}\n" + DRI_NODE)
+    world.write_spec("nvidia-gpu.yaml", spec)
+    bundle = world.bundle(args=["sh", "-c", "stat -c '%a %n' /dev/dri /dev/dri/card1; test -e /dev/missing || echo no"])
+    _image(bundle, driver, tmp_path, compat=False)
+    _request(world, bundle, how)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "711 /dev/dri", result.stdout
+    assert lines[2] == "no", result.stdout
+
+
+def test_chmod_755_of_runc_s_device_directory_needs_no_hook(world, driver, tmp_path):
+    spec = toolkit_spec(world, driver, _hook("chmod", "--mode", "755", "--path", "/dev/dri"))
+    world.write_spec("nvidia-gpu.yaml", spec.replace("    - {path: /dev/nvidiactl, hostPath: /dev/null}\n",
+                                                     "    - {path: /dev/nvidiactl, hostPath: /dev/null}\n" + DRI_NODE))
+    bundle = world.bundle(args=["stat", "-c", "%a", "/dev/dri"])
+    _image(bundle, driver, tmp_path, compat=False)
+    preinject(world, bundle)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0 and result.stdout == "755\n", result.stderr
+    assert not any("chmod" in json.dumps(h) for h in bundle.config().get("hooks", {}).get("createContainer", []))
+
+
+def test_nshook_chmod_stays_in_the_root(tmp_path):
+    """Our chmod hook resolves each path inside the rootfs: a link to a host directory names
+    nothing there (skipped, the host's mode untouched); a bad mode or path is refused."""
+    hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
+    rootfs, host = tmp_path / "rootfs", tmp_path / "host"
+    (rootfs / "dev" / "dri").mkdir(parents=True)
+    host.mkdir(mode=0o755)
+    os.chmod(host, 0o755)
+    os.symlink(str(host), rootfs / "dev" / "out")
+    os.symlink("/dev/dri", rootfs / "dev" / "in")
+
+    def chmod(*args):
+        return subprocess.run([hook, "chmod", "--rootfs", str(rootfs), *args], capture_output=True, text=True,
+                              timeout=30, stdin=subprocess.DEVNULL)
+
+    run = chmod("--mode", "700", "--path", "/dev/out", "--path", "/dev/in", "--path", "/dev/none")
+    assert run.returncode == 0, run.stderr
+    assert os.stat(host).st_mode & 0o7777 == 0o755
+    assert os.stat(rootfs / "dev" / "dri").st_mode & 0o7777 == 0o700      # the link followed inside the root
+    assert chmod("--mode", "1777", "--path", "/dev/dri").returncode == 0
+    assert os.stat(rootfs / "dev" / "dri").st_mode & 0o7777 == 0o1777     # (kept: a documented difference)
+    for args in (["--mode", "9", "--path", "/dev/dri"], ["--mode", "17777", "--path", "/dev/dri"],
+                 ["--mode", "700", "--path", "relative"], ["--mode", "700", "--path", "/dev/../etc"]):
+        run = chmod(*args)
+        assert run.returncode == 1 and "Error: chmod:" in run.stderr, (args, run.stderr)
+
+
+# ---- enable-cuda-compat ----------------------------------------------------------------------
+#
+# cudacompat.go (1.20.0), run: "If neither the host driver version nor the host cuda version is
+# specified the hook is a no-op"; getContainerForwardCompatDir needs only the compat folder and
+# exactly one libcuda.so.*.* in it (no /etc/ld.so.cache, no /etc/ld.so.conf.d: its drop-in
+# is made with MkdirAll); a host version that does not parse leaves the compat libraries out.
+
+@pytest.mark.parametrize("case, option, expected", [
+    ("no --host-driver-version", None, 550),
+    ("a host version that does not parse", "--host-driver-version=unknown", 550),
+    ("an image without /etc/ld.so.conf.d", f"--host-driver-version={VERSION}", 560),
+])
+def test_enable_cuda_compat_decides_as_the_hook(world, driver, tmp_path, case, option, expected):
+    spec = toolkit_spec(world, driver)
+    spec = spec.replace(_hook("enable-cuda-compat", f"--host-driver-version={VERSION}"),
+                        _hook("enable-cuda-compat", option) if option else
+                        "    - hookName: createContainer\n      path: /usr/bin/nvidia-cdi-hook\n"
+                        "      args: [nvidia-cdi-hook, enable-cuda-compat]\n      env: [NVIDIA_CTK_DEBUG=false]\n")
+    world.write_spec("nvidia-gpu.yaml", spec)
+    bundle = world.bundle(args=["/prog"])
+    rootfs = _image(bundle, driver, tmp_path)        # compat libcuda.so.560.28.03 in /usr/local/cuda/compat
+    if case == "an image without /etc/ld.so.conf.d":
+        import shutil
+
+        shutil.rmtree(rootfs + "/etc/ld.so.conf.d")
+        subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
+    preinject(world, bundle)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"linked=42 cuda={expected}\n", (case, result.stdout)
+    assert not any("enable-cuda-compat" in json.dumps(h) for h in bundle.config().get("hooks", {}).get("createContainer", []))
