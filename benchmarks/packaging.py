@@ -14,6 +14,8 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD_IMAGE = os.path.join(REPO, "scripts", "build-node-image.sh")
 
@@ -65,15 +67,18 @@ def main():
                                "--ulimit", "nproc=32768:32768", "--entrypoint", "du", image, "-sm",
                                "/opt/cdi-shim/current"], capture_output=True, text=True).stdout.split()[:1]
         rows.append(("its /opt/cdi-shim/current", f"{tree[0] if tree else '?'} MB"))
+        from shim.cri import releases
+
+        containerd_dir = os.path.dirname(releases.binaries(releases.fetch("2.1"))["containerd"])
         node = os.path.join(work, "node")
         os.makedirs(node)
         taken, _ = timed(["podman", "run", "--rm", "--network=none", "--ulimit", "nofile=20000:20000",
-                          "--ulimit", "nproc=32768:32768", "-v", f"{node}:/host", "-e", "HOST_OPT=/host/opt/cdi-shim",
-                          "-e", "NSENTER=", "-e", "CDI_SHIM_INSTALL_ARGS=--root /host --config-version 3", image])
+                          "--ulimit", "nproc=32768:32768", "-v", f"{node}:/host", "-v", f"{containerd_dir}:/containerd:ro", "-e", "HOST_OPT=/host/opt/cdi-shim",
+                          "-e", "NSENTER=", "-e", "CDI_SHIM_INSTALL_ARGS=--root /host --containerd-binary /containerd/containerd", image])
         rows.append(("installer on an empty node tree (podman run: copy, switch, install --node)", f"{taken:.2f} s"))
         taken, _ = timed(["podman", "run", "--rm", "--network=none", "--ulimit", "nofile=20000:20000",
-                          "--ulimit", "nproc=32768:32768", "-v", f"{node}:/host", "-e", "HOST_OPT=/host/opt/cdi-shim",
-                          "-e", "NSENTER=", "-e", "CDI_SHIM_INSTALL_ARGS=--root /host --config-version 3", image])
+                          "--ulimit", "nproc=32768:32768", "-v", f"{node}:/host", "-v", f"{containerd_dir}:/containerd:ro", "-e", "HOST_OPT=/host/opt/cdi-shim",
+                          "-e", "NSENTER=", "-e", "CDI_SHIM_INSTALL_ARGS=--root /host --containerd-binary /containerd/containerd", image])
         rows.append(("installer again (nothing to change)", f"{taken:.2f} s"))
         subprocess.run(["podman", "rmi", "-f", image], capture_output=True)
         if options.cold:

@@ -264,7 +264,12 @@ class Installer:
                                 notes=loose)
                 written, backups, checked = cc.write_plan(plan, containerd=self.containerd)
         except (ContainerdConfigError, OSError) as err:
-            raise InstallError(str(err)) from None
+            message = str(err)
+            if "pass --config-version" in message:     # runtime configure's option; install has none
+                message = (f"{config} is missing and containerd is not installed, so the config version cannot "
+                           "be told: install containerd on the node first, or name its binary with "
+                           "--containerd-binary")
+            raise InstallError(message) from None
         notes = loose + [f"backup: {b}" for b in backups] + plan.warnings
         how = "loaded and checked by the installed containerd" if checked else \
             "not checked: containerd is not installed here"

@@ -216,5 +216,6 @@ def test_installer_on_a_node_without_containerd_config_names_the_file_and_the_fi
     done = installer(image, node)
     assert done.returncode == 1, done.stderr
     assert ("/host/etc/containerd/config.toml is missing and containerd is not installed" in done.stderr
-            and "pass --config-version" in done.stderr), done.stderr
+            and "install containerd on the node first, or name its binary with --containerd-binary" in done.stderr), \
+        done.stderr
     assert not (node / "etc" / "containerd").exists() or not os.listdir(node / "etc" / "containerd")
