@@ -58,10 +58,10 @@ def build_docker_archive(path, busybox, reference=IMAGE):
 
 
 class DockerLab:
-    def __init__(self, base, version, cdi=False, runtime_binary=None, daemon_path=None):
+    def __init__(self, base, version, cdi=False, runtime_binary=None, gpus=True):
         """`version`: "20.10", "26.1" or "28.5". `cdi`: configure with --cdi (the daemon's own CDI).
         `runtime_binary`: what daemon.json names (default: cdi-shim-runtime beside this interpreter).
-        `daemon_path`: folders put first on dockerd's PATH (where --gpus looks for its hook)."""
+        `gpus`: cdi-shim's nvidia-container-runtime-hook on dockerd's PATH (what offers --gpus)."""
         if os.geteuid() != 0:
             raise LabError("a private dockerd runs containers with runc and needs root")
         if version not in releases.DOCKER_SUITES:
@@ -93,9 +93,14 @@ class DockerLab:
         for program in (self.runtime_binary, self.cli):
             if not os.access(program, os.X_OK):
                 raise LabError(f"{program} is not installed: run scripts/setup.sh")
-        self.daemon_path = list(daemon_path or ())
         self.base = os.path.abspath(str(base))
         p = lambda *names: os.path.join(self.base, *names)  # noqa: E731
+        self.hook = os.path.join(venv_bin, "nvidia-container-runtime-hook")
+        if gpus and not os.access(self.hook, os.X_OK):
+            raise LabError(f"{self.hook} is not installed: run scripts/setup.sh")
+        # a folder holding only the hook, first on dockerd's PATH (as /usr/local/bin would be)
+        self.daemon_path = [p("hook-bin")] if gpus else []
+        self.gpus = gpus
         # unix socket paths are short: a directory of their own under /tmp
         self.socket_dir = tempfile.mkdtemp(prefix="cdi-dk.", dir="/tmp")
         self.socket = os.path.join(self.socket_dir, "d.sock")
@@ -133,7 +138,8 @@ class DockerLab:
                 stream.write(f"{key} = {json.dumps(value)}\n")
 
     def write_gpu_spec(self):
-        """nvidia.com/gpu=0: a fake GPU (char 195:0 made with mknod), an env var and a bind mount."""
+        """nvidia.com/gpu=0 and =all (as `nvidia-ctk cdi generate` writes: what --gpus all asks for):
+        a fake GPU (char 195:0 made with mknod), an env var and a bind mount."""
         make_char_device(os.path.join(self.dev_dir, "nvidia0"), 195, 0)
         with open(os.path.join(self.driver_dir, "version.txt"), "w") as stream:
             stream.write("fake driver 555.42\n")
@@ -142,6 +148,11 @@ class DockerLab:
                          "kind: nvidia.com/gpu\n"
                          "devices:\n"
                          '  - name: "0"\n'
+                         "    containerEdits:\n"
+                         '      env: ["FAKE_GPU_INDEX=0"]\n'
+                         "      deviceNodes:\n"
+                         f"        - path: /dev/nvidia0\n          hostPath: {self.dev_dir}/nvidia0\n"
+                         '  - name: "all"\n'
                          "    containerEdits:\n"
                          '      env: ["FAKE_GPU_INDEX=0"]\n'
                          "      deviceNodes:\n"
@@ -167,6 +178,11 @@ class DockerLab:
             os.makedirs(directory, exist_ok=True)
         self.write_shim_config()
         self.write_gpu_spec()
+        if self.gpus:
+            os.makedirs(self.daemon_path[0], exist_ok=True)
+            link = os.path.join(self.daemon_path[0], os.path.basename(self.hook))
+            if not os.path.lexists(link):
+                os.symlink(self.hook, link)
         with open(self.daemon_json, "w") as stream:
             json.dump({"cdi-spec-dirs": [self.spec_dir]} if self.cdi else {}, stream)
         self.configure(*(["--cdi"] if self.cdi else []))
