@@ -163,6 +163,31 @@ class DockerLab:
                          f"    - hostPath: {self.driver_dir}\n      containerPath: /usr/local/fake-driver\n"
                          "      options: [ro, nosuid, nodev, bind]\n")
 
+    def write_hooked_spec(self):
+        """cdi-shim.dev/hooked=0: the fake GPU plus a toolkit create-symlinks hook whose program (a
+        script named nvidia-cdi-hook) only appends to the returned log and fails: where cdi-shim is the
+        runtime it makes the link itself and drops the hook; under plain runc the container fails."""
+        hooks_dir = os.path.join(self.base, "hooks")
+        os.makedirs(hooks_dir, exist_ok=True)
+        log, program = os.path.join(hooks_dir, "ran.log"), os.path.join(hooks_dir, "nvidia-cdi-hook")
+        with open(program, "w") as stream:
+            stream.write(f"#!/bin/sh\necho \"$@\" >> {log}\nexit 1\n")
+        os.chmod(program, 0o755)
+        with open(os.path.join(self.spec_dir, "hooked.yaml"), "w") as stream:
+            stream.write('cdiVersion: "0.5.0"\n'
+                         "kind: cdi-shim.dev/hooked\n"
+                         "devices:\n"
+                         '  - name: "0"\n'
+                         "    containerEdits:\n"
+                         "      deviceNodes:\n"
+                         f"        - path: /dev/nvidia0\n          hostPath: {self.dev_dir}/nvidia0\n"
+                         "containerEdits:\n"
+                         "  hooks:\n"
+                         f"    - hookName: createContainer\n      path: {program}\n"
+                         "      args: [nvidia-cdi-hook, create-symlinks, --link, "
+                         "'libnvidia-fake.so.1::/usr/lib/libnvidia-fake.so']\n")
+        return log
+
     def configure(self, *args, check=True):
         """The real `cdi-shim runtime configure --runtime=docker` on this lab's daemon.json."""
         command = [self.cli, "runtime", "configure", "--runtime=docker", "--config", self.daemon_json,
@@ -178,6 +203,7 @@ class DockerLab:
             os.makedirs(directory, exist_ok=True)
         self.write_shim_config()
         self.write_gpu_spec()
+        self.hook_log = self.write_hooked_spec()
         if self.gpus:
             os.makedirs(self.daemon_path[0], exist_ok=True)
             link = os.path.join(self.daemon_path[0], os.path.basename(self.hook))
