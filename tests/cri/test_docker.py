@@ -76,6 +76,17 @@ def test_gpus_through_cdi_shim(docker, gpus):
     assert not os.path.exists(docker.hook_log)
 
 
+def test_gpus_with_env_requests_off(docker):
+    """device-env = "" turns env requests off, but --gpus is the daemon's request: the front end's
+    byte scan must send a config with the legacy hook to Python (else runc runs the failing hook)."""
+    docker.write_shim_config(**{"device-env": ""})
+    try:
+        assert not has_gpu(report(docker, "--runtime=cdi-shim", "-e", "NVIDIA_VISIBLE_DEVICES=0"))
+        assert has_gpu(report(docker, "--runtime=cdi-shim", "--gpus", "all"))
+    finally:
+        docker.write_shim_config()
+
+
 def test_gpus_count_zero_starts_without_a_device(docker):
     # `--gpus 0`: NVIDIA_VISIBLE_DEVICES=void and the hook; the hook still goes
     assert not has_gpu(report(docker, "--runtime=cdi-shim", "--gpus", "0"))
