@@ -35,6 +35,7 @@ CDI_FROM = (25, 0)          # the first Docker with CDI injection
 CDI_DEFAULT_ON_FROM = (28, 2)  # from here on unless features.cdi is false
 RELOADABLE = ("runtimes", "default-runtime")  # SIGHUP is enough for these (dockerd's reload)
 MAX_DAEMON_JSON = 1 << 20
+LEGACY_HOOK_PROGRAM = "nvidia-container-runtime-hook"  # on dockerd's PATH: --gpus offered (requests.LEGACY_HOOK)
 
 
 class DockerConfigError(Exception):
