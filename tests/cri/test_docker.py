@@ -69,7 +69,7 @@ def test_env_request_under_plain_runc_gets_nothing(docker):
     assert not has_gpu(report(docker, "-e", "NVIDIA_VISIBLE_DEVICES=0"))
 
 
-@pytest.mark.parametrize("gpus", ["all", '"device=0"', "device=0"])
+@pytest.mark.parametrize("gpus", ["all", '"device=0"', "device=0", "1"])
 def test_gpus_through_cdi_shim(docker, gpus):
     out = report(docker, "--runtime=cdi-shim", "--gpus", gpus)
     assert has_gpu(out) and "fake driver 555.42" in out
