@@ -229,3 +229,16 @@ def test_dockerd_version_is_read_from_each_release(dockerd):
     assert docker_version(dockerd["28.5"])[:2] == (28, 5)
     assert docker_version("/nonexistent/dockerd") is None
     subprocess.run([dockerd["28.5"], "--version"], check=True, capture_output=True)
+
+
+def test_restart_without_systemd_fails_saying_why_after_writing(tmp_path, dockerd, runtime_binary):
+    from shim.node.containerd import pid1_init
+
+    systemd, init = pid1_init()
+    if systemd:
+        pytest.fail("this test needs a machine whose PID 1 is not systemd (a container, as in CI)", pytrace=False)
+    path = tmp_path / "etc" / "daemon.json"
+    path.parent.mkdir()
+    out = configure(path, runtime_binary, dockerd["28.5"], "--restart", check=False)
+    assert f'cannot restart dockerd: PID 1 is "{init}", not systemd' in out.stderr
+    assert json.loads(read(path))["runtimes"]["cdi-shim"] == {"path": runtime_binary}
