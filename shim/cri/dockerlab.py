@@ -17,6 +17,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -240,21 +241,9 @@ class DockerLab:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),
                 start_new_session=True)
             self._wait_for(self.containerd_socket, self.containerd_process, "containerd")
-            command = [self.nsenter, f"--mount=/proc/{self.containerd_process.pid}/ns/mnt", "--",
-                       self.dockerd, "--config-file", self.daemon_json, "--data-root", self.data_root,
-                       "--exec-root", self.exec_root, "--pidfile", self.pidfile, "-H", f"unix://{self.socket}",
-                       "--containerd", self.containerd_socket, "--iptables=false", "--bridge=none",
-                       "--userland-proxy=false", "--storage-driver=vfs"]
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=self.env(), start_new_session=True)
         finally:
             log.close()
-        self._wait_for(self.socket, self.process, f"dockerd {self.version}")
-        deadline = time.monotonic() + 60
-        while subprocess.run(self.docker_argv("version"), capture_output=True, timeout=CMD_TIMEOUT).returncode != 0:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise LabError(f"dockerd {self.version} does not answer: {self.log_tail()}")
-            time.sleep(0.1)
+        self._start_daemon()
 
     def _wait_for(self, path, process, what):
         deadline = time.monotonic() + 60
@@ -263,23 +252,29 @@ class DockerLab:
                 raise LabError(f"{what} did not start: {self.log_tail()}")
             time.sleep(0.05)
 
+    def _start_daemon(self):
+        """dockerd in containerd's mount namespace (its /run), with this lab's paths and daemon.json."""
+        command = [self.nsenter, f"--mount=/proc/{self.containerd_process.pid}/ns/mnt", "--",
+                   self.dockerd, "--config-file", self.daemon_json, "--data-root", self.data_root,
+                   "--exec-root", self.exec_root, "--pidfile", self.pidfile, "-H", f"unix://{self.socket}",
+                   "--containerd", self.containerd_socket, "--iptables=false", "--bridge=none",
+                   "--userland-proxy=false", "--storage-driver=vfs"]
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=self.env(), start_new_session=True)
+        self._wait_for(self.socket, self.process, f"dockerd {self.version}")
+        deadline = time.monotonic() + 60
+        while subprocess.run(self.docker_argv("version"), capture_output=True, timeout=CMD_TIMEOUT).returncode != 0:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise LabError(f"dockerd {self.version} does not answer: {self.log_tail()}")
+            time.sleep(0.1)
+
     def restart_daemon(self):
         """Stop dockerd and start it again (after a daemon.json change), with the same containerd."""
         self._stop_daemon()
-        os.unlink(self.socket) if os.path.exists(self.socket) else None
-        containerd = self.containerd_process
-        log = open(self.log, "ab")
-        try:
-            command = [self.nsenter, f"--mount=/proc/{containerd.pid}/ns/mnt", "--",
-                       self.dockerd, "--config-file", self.daemon_json, "--data-root", self.data_root,
-                       "--exec-root", self.exec_root, "--pidfile", self.pidfile, "-H", f"unix://{self.socket}",
-                       "--containerd", self.containerd_socket, "--iptables=false", "--bridge=none",
-                       "--userland-proxy=false", "--storage-driver=vfs"]
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=self.env(), start_new_session=True)
-        finally:
-            log.close()
-        self._wait_for(self.socket, self.process, f"dockerd {self.version}")
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+        self._start_daemon()
 
     def log_tail(self, lines=15):
         try:
@@ -327,7 +322,6 @@ class DockerLab:
                 self.containerd_process.wait(5)
         self.containerd_process = None
         self._kill_leftovers()
-        import shutil
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def _kill_leftovers(self):

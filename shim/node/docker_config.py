@@ -26,7 +26,7 @@ import os
 import re
 import subprocess
 
-from .containerd_config import FileChange, _backup, configure_lock  # noqa: F401  (the lock is the one rule)
+from .containerd_config import FileChange, _backup
 
 DEFAULT_DOCKER_CONFIG = "/etc/docker/daemon.json"
 DEFAULT_RUNTIME_NAME = "cdi-shim"

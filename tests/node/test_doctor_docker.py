@@ -4,7 +4,6 @@ that offers --gpus. Through the real `cdi-shim doctor --root` as well as run_che
 import json
 import os
 
-import pytest
 
 from shim.config import Config
 from shim.node.doctor import FAIL, OK, WARN, Options, run_checks

@@ -5,7 +5,7 @@ Docker gets no daemon.json."""
 import json
 import os
 
-from tests.helpers import read, run_cli
+from tests.helpers import read
 from tests.node.test_install import install, node_root, snapshot
 
 

@@ -7,9 +7,8 @@ here is left out. dockerd's version is asked (`dockerd --version`, local) only f
 import json
 import os
 
-from ..docker_config import (CDI_DEFAULT_ON_FROM, CDI_FROM, DEFAULT_DOCKER_SPEC_DIRS, DockerConfigError,
-                             docker_version, parse_daemon_json)
-from ..docker_config import LEGACY_HOOK_PROGRAM
+from ..docker_config import (CDI_DEFAULT_ON_FROM, CDI_FROM, DEFAULT_DOCKER_SPEC_DIRS, LEGACY_HOOK_PROGRAM,
+                             DockerConfigError, docker_version, parse_daemon_json)
 from .base import FAIL, OK, RUNTIME_EXECUTABLE, WARN, Check
 
 CONFIGURE = "cdi-shim runtime configure --runtime=docker"
