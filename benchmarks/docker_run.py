@@ -10,9 +10,10 @@ vfs storage, no network). Sides, in interleaved rounds whose order rotates:
 - shim-cdi:    the same with --runtime=cdi-shim (26.1 and 28.5).
 
 Medians of wall time per side and each median over runc's. The runtime starts its interpreter per
-create (no resident process). Run as root:
+create, or, with --resident, hands the create to its resident process (`cdi-shim runtime serve`),
+as on a node. Run as root:
 
-    .venv/bin/python benchmarks/docker_run.py [--runs 15] [--versions 20.10,26.1,28.5]
+    .venv/bin/python benchmarks/docker_run.py [--runs 15] [--versions 20.10,26.1,28.5] [--resident]
 """
 import argparse
 import json
@@ -48,8 +49,9 @@ def one(lab, args):
     return took
 
 
-def measure(version, runs, base):
-    lab = DockerLab(tempfile.mkdtemp(prefix=f"docker-{version}.", dir=base), version, cdi=version != "20.10")
+def measure(version, runs, base, resident=False):
+    lab = DockerLab(tempfile.mkdtemp(prefix=f"docker-{version}.", dir=base), version, cdi=version != "20.10",
+                    resident=resident)
     try:
         lab.setup()
         sides = [name for name in SIDES if version != "20.10" or name not in CDI_SIDES]
@@ -61,7 +63,7 @@ def measure(version, runs, base):
             for name in order:
                 times[name].append(one(lab, SIDES[name]))
         medians = {name: statistics.median(values) for name, values in times.items()}
-        return {"version": version, "runs": runs, "median_ms": medians,
+        return {"version": version, "runs": runs, "resident": resident, "median_ms": medians,
                 "ratio_to_runc": {name: medians[name] / medians["runc"] for name in sides}}
     finally:
         lab.stop()
@@ -72,14 +74,16 @@ def main():
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--versions", default="20.10,26.1,28.5")
     parser.add_argument("--dir", default="/tmp")
+    parser.add_argument("--resident", action="store_true", help="the runtime's resident process runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    results = [measure(version, args.runs, args.dir) for version in args.versions.split(",")]
+    results = [measure(version, args.runs, args.dir, args.resident) for version in args.versions.split(",")]
     if args.json:
         print(json.dumps(results, indent=1))
         return
     for result in results:
-        print(f"Docker {result['version']} ({result['runs']} interleaved rounds; median ms, ratio to runc)")
+        print(f"Docker {result['version']} ({result['runs']} interleaved rounds; median ms, ratio to runc"
+              + ("; resident process)" if result["resident"] else "; interpreter per create)"))
         for name, ms in result["median_ms"].items():
             command = " ".join(["docker run --rm --network=none"] + SIDES[name] + [IMAGE, "true"])
             print(f"  {name:<10} {ms:8.1f} ms  {result['ratio_to_runc'][name]:5.2f}x   {command}")

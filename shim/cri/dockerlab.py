@@ -59,10 +59,12 @@ def build_docker_archive(path, busybox, reference=IMAGE):
 
 
 class DockerLab:
-    def __init__(self, base, version, cdi=False, runtime_binary=None, gpus=True):
+    def __init__(self, base, version, cdi=False, runtime_binary=None, gpus=True, resident=False):
         """`version`: "20.10", "26.1" or "28.5". `cdi`: configure with --cdi (the daemon's own CDI).
         `runtime_binary`: what daemon.json names (default: cdi-shim-runtime beside this interpreter).
-        `gpus`: cdi-shim's nvidia-container-runtime-hook on dockerd's PATH (what offers --gpus)."""
+        `gpus`: cdi-shim's nvidia-container-runtime-hook on dockerd's PATH (what offers --gpus).
+        `resident`: the runtime's resident process (`cdi-shim runtime serve`) runs, in containerd's
+        mount namespace (the server declines callers of another one)."""
         if os.geteuid() != 0:
             raise LabError("a private dockerd runs containers with runc and needs root")
         if version not in releases.DOCKER_SUITES:
@@ -113,7 +115,9 @@ class DockerLab:
         self.spec_dir, self.dev_dir, self.driver_dir = p("cdi"), p("dev"), p("driver")
         self.shim_config, self.cache_dir = p("cdi-shim.toml"), p("cache")
         self.log = p("daemon.log")
-        self.containerd_process = self.process = None
+        self.resident = resident
+        self.resident_socket = os.path.join(self.socket_dir, "r.sock" if resident else "no-resident.sock")
+        self.containerd_process = self.process = self.resident_process = None
 
     # -- set-up --
 
@@ -132,7 +136,7 @@ class DockerLab:
 
     def write_shim_config(self, **extra):
         values = {"runtime": self.runc, "spec-dirs": [self.spec_dir],
-                  "resident-socket": os.path.join(self.socket_dir, "no-resident.sock")}
+                  "resident-socket": self.resident_socket}
         values.update(extra)
         with open(self.shim_config, "w") as stream:
             for key, value in values.items():
@@ -241,6 +245,13 @@ class DockerLab:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),
                 start_new_session=True)
             self._wait_for(self.containerd_socket, self.containerd_process, "containerd")
+            if self.resident:
+                self.resident_process = subprocess.Popen(
+                    [self.nsenter, f"--mount=/proc/{self.containerd_process.pid}/ns/mnt", "--", self.cli, "runtime",
+                     "serve", "--socket", self.resident_socket],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),
+                    start_new_session=True)
+                self._wait_for(self.resident_socket, self.resident_process, "cdi-shim runtime serve")
         finally:
             log.close()
         self._start_daemon()
@@ -321,6 +332,10 @@ class DockerLab:
                 self.containerd_process.kill()
                 self.containerd_process.wait(5)
         self.containerd_process = None
+        if self.resident_process is not None:
+            self.resident_process.terminate()
+            self.resident_process.wait(15)
+            self.resident_process = None
         self._kill_leftovers()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 

@@ -224,7 +224,7 @@ def plan_configure(path=DEFAULT_DOCKER_CONFIG, runtime_name=DEFAULT_RUNTIME_NAME
         plan.notes.append("pass --cdi to have dockerd inject --device vendor/class=name itself (Docker 25+)")
 
     plan.changed_keys = sorted(key for key in set(doc) | set(before) if doc.get(key) != before.get(key))
-    text = json.dumps(doc, indent=4) + "\n"
+    text = json.dumps(doc, indent=4, ensure_ascii=False) + "\n"  # other keys' text stays as written
     plan.change = FileChange(path, old, text if plan.changed_keys or old is None else old)
     return plan
 

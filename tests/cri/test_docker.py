@@ -140,3 +140,26 @@ def test_cdi_device_hooks_done_natively_by_cdi_shim(docker):
     failed = docker.run("--device", "cdi-shim.dev/hooked=0", command=("true",))
     assert failed.returncode != 0 and os.path.exists(docker.hook_log)
     os.unlink(docker.hook_log)
+
+
+def test_gpus_and_cdi_device_through_the_resident_process(tmp_path):
+    """As on a node: `cdi-shim runtime serve` runs (in containerd's mount namespace, where the shims
+    call the runtime), and the creates that need Python go to its workers."""
+    from shim.cri.dockerlab import DockerLab
+    from shim.cri.lab import LabError
+
+    lab = DockerLab(tmp_path, "28.5", cdi=True, resident=True)
+    try:
+        try:
+            lab.setup()
+        except LabError as err:
+            pytest.fail(f"Docker 28.5 with the resident process: {err}", pytrace=False)
+        log = str(tmp_path / "runtime.log")
+        lab.write_shim_config(**{"log-file": log, "log-level": "debug"})
+        assert has_gpu(report(lab, "--runtime=cdi-shim", "--gpus", "all"))
+        assert has_gpu(report(lab, "--runtime=cdi-shim", "-e", "NVIDIA_VISIBLE_DEVICES=0"))
+        with open(log) as stream:
+            totals = [line for line in stream if "phase=total" in line]
+        assert len(totals) == 2 and all(" in resident process " in line for line in totals), totals
+    finally:
+        lab.stop()

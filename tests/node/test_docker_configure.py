@@ -242,3 +242,11 @@ def test_restart_without_systemd_fails_saying_why_after_writing(tmp_path, docker
     out = configure(path, runtime_binary, dockerd["28.5"], "--restart", check=False)
     assert f'cannot restart dockerd: PID 1 is "{init}", not systemd' in out.stderr
     assert json.loads(read(path))["runtimes"]["cdi-shim"] == {"path": runtime_binary}
+
+
+def test_non_ascii_text_of_other_keys_is_kept_as_written(tmp_path, dockerd, runtime_binary):
+    path = tmp_path / "etc" / "daemon.json"
+    path.parent.mkdir()
+    path.write_text('{"labels": ["zone=Zürich"]}', encoding="utf-8")
+    configure(path, runtime_binary, dockerd["28.5"], check=True)
+    assert '"zone=Zürich"' in path.read_text(encoding="utf-8")
