@@ -163,3 +163,33 @@ def test_gpus_and_cdi_device_through_the_resident_process(tmp_path):
         assert len(totals) == 2 and all(" in resident process " in line for line in totals), totals
     finally:
         lab.stop()
+
+
+@pytest.mark.parametrize("version, injects", [("26.1", False), ("28.5", True)])
+def test_without_the_cdi_feature_only_28_injects(tmp_path, version, injects):
+    """What doctor's docker.cdi and configure's --cdi rest on: 25.0-28.1 inject CDI devices only with
+    features.cdi, 28.2 and later unless it is false."""
+    import json
+
+    from shim.cri.dockerlab import DockerLab
+    from shim.cri.lab import LabError
+
+    lab = DockerLab(tmp_path, version, cdi=False)
+    try:
+        try:
+            lab.setup()
+            with open(lab.daemon_json) as stream:
+                doc = json.load(stream)
+            assert "features" not in doc
+            doc["cdi-spec-dirs"] = [lab.spec_dir]
+            with open(lab.daemon_json, "w") as stream:
+                json.dump(doc, stream)
+            lab.restart_daemon()
+        except LabError as err:
+            pytest.fail(f"Docker {version}: {err}", pytrace=False)
+        out = lab.run("--device", "nvidia.com/gpu=0", command=("ls", "/dev/nvidia0"))
+        assert (out.returncode == 0) == injects, out.stderr
+        if not injects:
+            assert 'could not select device driver "cdi"' in out.stderr
+    finally:
+        lab.stop()
