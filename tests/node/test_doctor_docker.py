@@ -91,6 +91,8 @@ def test_cdi_off_and_spec_dirs_that_differ(tmp_path):
 def test_no_gpus_hook(tmp_path):
     found = results(node(tmp_path, HEALTHY, hook=False))
     assert found["docker.gpus"].status == WARN and "--gpus" in found["docker.gpus"].saw
+    assert found["docker.gpus"].fix.startswith("ln -s /") and "/nvidia-container-runtime-hook /usr/local/bin/" \
+        in found["docker.gpus"].fix
 
 
 def test_through_the_cli(tmp_path):

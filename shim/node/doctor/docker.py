@@ -122,11 +122,13 @@ def check_docker_gpus(ctx):
     view = _view(ctx)
     if not view.present:
         return None
+    from ...installation import stable_program
+
     found = ctx.node.which_all(LEGACY_HOOK_PROGRAM)
     if not found:
         return Check("docker", "gpus", WARN, f"no {LEGACY_HOOK_PROGRAM} on PATH: dockerd refuses --gpus "
                      "(could not select device driver \"\" with capabilities: [[gpu]])",
-                     f"ln -s /opt/cdi-shim/current/bin/{LEGACY_HOOK_PROGRAM} /usr/local/bin/ and restart dockerd "
-                     "(cdi-shim's stand-in: the runtime does its work)")
+                     f"ln -s {stable_program(LEGACY_HOOK_PROGRAM)} /usr/local/bin/ and restart dockerd "
+                     "(cdi-shim's stand-in: the runtime does its work), or run cdi-shim install --node")
     return Check("docker", "gpus", OK, f"{found[0][0]}: --gpus offered (it needs --runtime=cdi-shim or cdi-shim "
                  "as the default runtime)")
