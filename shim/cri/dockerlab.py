@@ -143,25 +143,27 @@ class DockerLab:
                 stream.write(f"{key} = {json.dumps(value)}\n")
 
     def write_gpu_spec(self):
-        """nvidia.com/gpu=0 and =all (as `nvidia-ctk cdi generate` writes: what --gpus all asks for):
-        a fake GPU (char 195:0 made with mknod), an env var and a bind mount."""
-        make_char_device(os.path.join(self.dev_dir, "nvidia0"), 195, 0)
+        """nvidia.com/gpu=0, =1 and =all (as `nvidia-ctk cdi generate` writes: what --gpus all asks
+        for): two fake GPUs (char 195:0 and 195:1 made with mknod), an env var each, and a spec-wide
+        env var and bind mount."""
+        for index in (0, 1):
+            make_char_device(os.path.join(self.dev_dir, f"nvidia{index}"), 195, index)
         with open(os.path.join(self.driver_dir, "version.txt"), "w") as stream:
             stream.write("fake driver 555.42\n")
+
+        def node(index):
+            return f"        - path: /dev/nvidia{index}\n          hostPath: {self.dev_dir}/nvidia{index}\n"
+
+        def device(name, index_env, indexes):
+            return (f'  - name: "{name}"\n'
+                    "    containerEdits:\n"
+                    f'      env: ["FAKE_GPU_INDEX={index_env}"]\n'
+                    "      deviceNodes:\n" + "".join(node(i) for i in indexes))
+
         with open(os.path.join(self.spec_dir, "nvidia-gpu.yaml"), "w") as stream:
             stream.write('cdiVersion: "0.5.0"\n'
                          "kind: nvidia.com/gpu\n"
-                         "devices:\n"
-                         '  - name: "0"\n'
-                         "    containerEdits:\n"
-                         '      env: ["FAKE_GPU_INDEX=0"]\n'
-                         "      deviceNodes:\n"
-                         f"        - path: /dev/nvidia0\n          hostPath: {self.dev_dir}/nvidia0\n"
-                         '  - name: "all"\n'
-                         "    containerEdits:\n"
-                         '      env: ["FAKE_GPU_INDEX=0"]\n'
-                         "      deviceNodes:\n"
-                         f"        - path: /dev/nvidia0\n          hostPath: {self.dev_dir}/nvidia0\n"
+                         "devices:\n" + device("0", "0", [0]) + device("1", "1", [1]) + device("all", "0", [0, 1]) +
                          "containerEdits:\n"
                          '  env: ["FAKE_DRIVER=555.42"]\n'
                          "  mounts:\n"

@@ -76,6 +76,18 @@ def test_gpus_through_cdi_shim(docker, gpus):
     assert not os.path.exists(docker.hook_log)
 
 
+def test_gpus_the_daemons_value_wins_over_the_users(docker):
+    """dockerd appends its NVIDIA_VISIBLE_DEVICES after the image's and the user's (-e): with the
+    --gpus hook, only that last value is the request (an image such as nvidia/cuda sets =all)."""
+    out = docker.run("--runtime=cdi-shim", "-e", "NVIDIA_VISIBLE_DEVICES=all", "--gpus", "device=1",
+                     command=("sh", "-c", "ls /dev/; echo FAKE_GPU_INDEX=$FAKE_GPU_INDEX"))
+    assert out.returncode == 0, out.stderr
+    names = out.stdout.split()
+    assert "nvidia1" in names and "nvidia0" not in names and "FAKE_GPU_INDEX=1" in names
+    both = report(docker, "--runtime=cdi-shim", "--gpus", "all")
+    assert "/dev/nvidia0" in both
+
+
 def test_gpus_with_env_requests_off(docker):
     """device-env = "" turns env requests off, but --gpus is the daemon's request: the front end's
     byte scan must send a config with the legacy hook to Python (else runc runs the failing hook)."""
