@@ -18,6 +18,7 @@ as on a node. Run as root:
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -50,8 +51,8 @@ def one(lab, args):
 
 
 def measure(version, runs, base, resident=False):
-    lab = DockerLab(tempfile.mkdtemp(prefix=f"docker-{version}.", dir=base), version, cdi=version != "20.10",
-                    resident=resident)
+    work = tempfile.mkdtemp(prefix=f"docker-{version}.", dir=base)
+    lab = DockerLab(work, version, cdi=version != "20.10", resident=resident)
     try:
         lab.setup()
         sides = [name for name in SIDES if version != "20.10" or name not in CDI_SIDES]
@@ -67,6 +68,7 @@ def measure(version, runs, base, resident=False):
                 "ratio_to_runc": {name: medians[name] / medians["runc"] for name in sides}}
     finally:
         lab.stop()
+        shutil.rmtree(work, ignore_errors=True)   # the daemon's data-root (vfs layers): nothing mounted
 
 
 def main():
