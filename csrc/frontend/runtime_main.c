@@ -13,6 +13,9 @@
  * Python implementation decides (the interpreter beside this program: pylaunch.h).
  * A false "maybe" costs time; a false "no" cannot happen.
  *
+ * Docker's --gpus hook program (nvidia-container-runtime-hook) counts as a request: Python turns it
+ * into one and drops it.
+ *
  * A config without a request but with a hook program's name in it (injected by containerd's
  * own CDI or podman) is first offered to replay.c: the linker step a resident worker kept for
  * such a config, redone here without asking the worker.
@@ -326,6 +329,10 @@ static struct create_line scan_create(char **args, int n)
  * with no request left in it. Matched as a whole JSON string or its last path component. */
 static const char *const hook_programs[] = {"nvidia-cdi-hook", "nvidia-ctk", "cdi-shim", "cdi-shim-hook"};
 
+/* Docker's --gpus hook (shim/runtime/requests.py LEGACY_HOOK): it is a request, and ours to drop,
+ * whatever the env says. Matched as a whole JSON string or its last path component. */
+#define LEGACY_HOOK "nvidia-container-runtime-hook"
+
 static int starts_with(const char *at, const char *end, const char *text, size_t len)
 {
     return (size_t)(end - at) >= len && memcmp(at, text, len) == 0;
@@ -384,6 +391,10 @@ static enum config_kind config_kind(const char *bundle, const struct settings *s
             if (!starts_with(value, end, "void\"", 5) && !starts_with(value, end, "none\"", 5))
                 return MAY_REQUEST;
         }
+        size_t legacy_len = sizeof(LEGACY_HOOK) - 1;
+        if ((size_t)(p - json) > legacy_len && memcmp(p - legacy_len, LEGACY_HOOK, legacy_len) == 0
+            && (p[-(long)legacy_len - 1] == '/' || p[-(long)legacy_len - 1] == '"'))
+            return MAY_REQUEST;
         for (size_t h = 0; !hooks && h < sizeof(hook_programs) / sizeof(hook_programs[0]); h++) {
             const char *name = p - hook_len[h];
             if ((size_t)(p - json) > hook_len[h] && memcmp(name, hook_programs[h], hook_len[h]) == 0

@@ -29,15 +29,23 @@ def _runtimeclass_hint(config_path, runtime_name):
 
 
 @runtime.command()
-@click.option("--runtime", "engine", type=click.Choice(["containerd"]), default="containerd", show_default=True,
-              help="The container engine to configure.")
-@click.option("--config", "config_path", default="/etc/containerd/config.toml", show_default=True,
-              metavar="PATH", help="containerd's config file (created when missing).")
-@click.option("--runtime-name", default="nvidia", show_default=True,
-              help="Name of the CRI runtime (the RuntimeClass handler).")
+@click.option("--runtime", "engine", type=click.Choice(["containerd", "docker"]), default="containerd",
+              show_default=True, help="The container engine to configure.")
+@click.option("--config", "config_path", metavar="PATH",
+              help="The engine's config file, created when missing (default: /etc/containerd/config.toml; "
+                   "docker: /etc/docker/daemon.json).")
+@click.option("--runtime-name", metavar="NAME",
+              help="Name of the runtime (default: nvidia, the RuntimeClass handler; docker: cdi-shim, what "
+                   "docker run --runtime= names).")
 @click.option("--set-as-default", type=click.BOOL, is_flag=False, flag_value=True, default="false",
               show_default=True, metavar="[true|false]",
-              help="Also make it containerd's default_runtime_name (every pod then goes through it).")
+              help="Also make it the default runtime (containerd's default_runtime_name, docker's "
+                   "default-runtime): every container then goes through it.")
+@click.option("--cdi", "docker_cdi", is_flag=True,
+              help="docker: turn on dockerd's own CDI injection (features.cdi, Docker 25+), with cdi-spec-dirs "
+                   "equal to cdi-shim's spec-dirs.")
+@click.option("--dockerd-binary", default="dockerd", show_default=True, metavar="PATH",
+              help="docker: dockerd executable used to tell the version and to check the new daemon.json.")
 @click.option("--config-version", type=click.Choice(["auto", "2", "3", "4"]), default="auto", show_default=True,
               help="Config version to write: auto reads the file's `version` (or, for a missing file, the "
                    "installed containerd's: 2 for 1.x, 3 for 2.0-2.2, 4 for 2.3+).")
@@ -57,9 +65,9 @@ def _runtimeclass_hint(config_path, runtime_name):
               help="BinaryName to register (default: cdi-shim-runtime beside this interpreter, else on PATH).")
 @click.option("--containerd-binary", default="containerd", show_default=True, metavar="PATH",
               help="containerd executable used to tell the version and to check the new config.")
-def configure(engine, config_path, runtime_name, set_as_default, config_version, enable_cdi, migrate, drop_in,
-              dry_run, restart, runtime_binary, containerd_binary):
-    """Add (or update) the cdi-shim runtime in containerd's config.toml.
+def configure(engine, config_path, runtime_name, set_as_default, docker_cdi, dockerd_binary, config_version,
+              enable_cdi, migrate, drop_in, dry_run, restart, runtime_binary, containerd_binary):
+    """Add (or update) the cdi-shim runtime in containerd's config.toml (or Docker's daemon.json).
 
     Comments, order and unrelated settings are kept; a second run changes nothing. The new file
     is written beside the old one, loaded by the installed containerd (`containerd --config NEW
@@ -70,7 +78,23 @@ def configure(engine, config_path, runtime_name, set_as_default, config_version,
     cdi-shim's spec-dirs (the output says when they differed) and --enable-cdi sets enable_cdi.
     Config versions: 2 (containerd 1.x), 3 (2.0-2.2), 4 (2.3+); one the installed containerd
     cannot load is refused.
+
+    --runtime=docker merges daemon.json: every other key and runtime stays; adds runtimes.cdi-shim
+    with the installed cdi-shim-runtime as its path; --cdi turns on features.cdi (Docker 25+;
+    refused on older ones) and sets cdi-spec-dirs; says whether dockerd must restart.
     """
+    if engine == "docker":
+        for given, name in ((drop_in, "--drop-in"), (enable_cdi is not None, "--enable-cdi"),
+                            (config_version != "auto", "--config-version"), (migrate, "--migrate"),
+                            (containerd_binary != "containerd", "--containerd-binary")):
+            if given:
+                _fail(f"{name} applies to containerd only; for docker use --cdi")
+        return _configure_docker(config_path or "/etc/docker/daemon.json", runtime_name or "cdi-shim",
+                                 set_as_default, docker_cdi, dry_run, restart, runtime_binary, dockerd_binary)
+    if docker_cdi or dockerd_binary != "dockerd":
+        _fail("--cdi and --dockerd-binary apply to --runtime=docker only; for containerd use --enable-cdi")
+    config_path = config_path or "/etc/containerd/config.toml"
+    runtime_name = runtime_name or "nvidia"
     from ..node import containerd_config as cc
     from ..node.containerd import restart_containerd
     prefixes = settings().annotation_prefixes
@@ -84,6 +108,61 @@ def configure(engine, config_path, runtime_name, set_as_default, config_version,
         _configure_locked(cc, restart_containerd, config_path, runtime_name, set_as_default, config_version,
                           drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes, spec_dirs,
                           enable_cdi, migrate)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _configure_docker(config_path, runtime_name, set_as_default, cdi, dry_run, restart, runtime_binary, dockerd):
+    """configure --runtime=docker: plan, then write under the same lock as containerd's."""
+    from ..node import containerd_config as cc
+    from ..node import docker_config as dc
+
+    lock = cc.configure_lock(config_path, wait_note=lambda note: click.echo(f"cdi-shim: {note}", err=True))
+    try:
+        lock.__enter__()
+    except cc.ContainerdConfigError as err:
+        _fail(str(err))
+    try:
+        try:
+            plan = dc.plan_configure(config_path, runtime_name=runtime_name, binary=runtime_binary,
+                                     set_as_default=set_as_default, cdi=cdi, spec_dirs=settings().spec_dirs,
+                                     dockerd=dockerd)
+        except dc.DockerConfigError as err:
+            _fail(str(err))
+        for note in plan.notes:
+            click.echo(f"cdi-shim: {note}", err=True)
+        if dry_run:
+            click.echo(plan.diff(), nl=False)
+            if not plan.changed:
+                click.echo(f'cdi-shim: {plan.path} already has runtime "{runtime_name}" as configured; '
+                           "nothing to change", err=True)
+            return
+        if not plan.changed:
+            click.echo(f'cdi-shim: {plan.path} already has runtime "{runtime_name}" as configured; nothing changed',
+                       err=True)
+            return
+        try:
+            written, backups, checked = dc.write_plan(plan, dockerd=dockerd)
+        except (dc.DockerConfigError, OSError) as err:
+            _fail(str(err))
+        for path in backups:
+            click.echo(f"cdi-shim: backup: {path}", err=True)
+        click.echo(f"cdi-shim: wrote {', '.join(written)}"
+                   + (" (checked by dockerd --validate)" if checked else " (not checked: no dockerd with --validate)"),
+                   err=True)
+        if restart:
+            try:
+                click.echo(f"cdi-shim: {dc.restart_docker()}", err=True)
+            except dc.DockerConfigError as err:
+                _fail(str(err))
+        elif plan.needs_restart:
+            click.echo(f"cdi-shim: dockerd must restart to apply it ({', '.join(plan.changed_keys)}): "
+                       "systemctl restart docker (or pass --restart)", err=True)
+        else:
+            click.echo("cdi-shim: dockerd applies it on a reload: systemctl reload docker (or kill -HUP "
+                       "$(cat /var/run/docker.pid)); a restart works too", err=True)
+        click.echo(f"cdi-shim: then: docker run --runtime={runtime_name} -e NVIDIA_VISIBLE_DEVICES=0 IMAGE ...",
+                   err=True)
     finally:
         lock.__exit__(None, None, None)
 

@@ -1,4 +1,4 @@
-"""Newer containerd releases beside the system's, for the CRI lab and its tests.
+"""Newer containerd releases beside the system's, and Docker releases, for the labs and their tests.
 
 Debian's archive serves containerd 1.7 in trixie and 2.1 in forky; their packages depend only on
 libc6 (>= 2.34) and runc, so on bookworm `apt-get download` with a private sources list (the
@@ -7,6 +7,10 @@ real binaries (containerd, ctr, containerd-shim-runc-v2) without touching the sy
 containerd. The prefix is kept under ``$CDI_SHIM_TEST_CACHE`` (default
 ``/var/cache/cdi-shim-tests``), like the debootstrap tarball of the linker tests: the ~30 MB
 download happens once per machine.
+
+Docker the same way: Debian's docker.io 20.10 (bookworm), 26.1 (trixie) and 28.5 (forky) unpack
+into prefixes of their own (dockerd, the docker client); each runs with the containerd of its
+suite (bookworm's is the system's 1.6; trixie's 1.7 and forky's 2.1 come from fetch above).
 """
 import fcntl
 import glob
@@ -23,6 +27,11 @@ SYSTEM = "1.6"
 # containerd minor version -> the Debian suite that serves it
 SUITES = {"1.7": "trixie", "2.1": "forky"}
 VERSIONS = (SYSTEM,) + tuple(SUITES)
+# Docker major.minor -> (the Debian suite that serves docker.io, the containerd it runs with)
+DOCKER_SUITES = {"20.10": ("bookworm", SYSTEM), "26.1": ("trixie", "1.7"), "28.5": ("forky", "2.1")}
+# the packages of its daemon and client (from trixie on the client is a package of its own)
+DOCKER_PACKAGES = {"20.10": ("docker.io",), "26.1": ("docker.io", "docker-cli"), "28.5": ("docker.io", "docker-cli")}
+DOCKER_VERSIONS = tuple(DOCKER_SUITES)
 TIMEOUT = 600
 
 
@@ -74,26 +83,52 @@ def fetch(version, cache_dir=None, mirror=None, log=None):
     """The prefix holding containerd `version` ("1.7" or "2.1"), fetched and unpacked once."""
     if version not in SUITES:
         raise ReleaseError(f"no Debian suite known for containerd {version} (known: {', '.join(SUITES)})")
-    prefix = prefix_path(version, cache_dir)
-    if all(os.access(path, os.X_OK) for path in binaries(prefix).values()):
+    return _fetch_package(("containerd",), SUITES[version], prefix_path(version, cache_dir),
+                          binaries, mirror, log)
+
+
+def docker_prefix_path(version, cache_dir=None):
+    return os.path.join(cache_dir or CACHE_DIR, f"docker-{version}-{DOCKER_SUITES[version][0]}")
+
+
+def docker_binaries(prefix):
+    """{name: path} of an unpacked docker.io."""
+    return {"dockerd": os.path.join(prefix, "usr", "sbin", "dockerd"),
+            "docker": os.path.join(prefix, "usr", "bin", "docker")}
+
+
+def fetch_docker(version, cache_dir=None, mirror=None, log=None):
+    """The prefix holding Debian's docker.io `version` ("20.10", "26.1" or "28.5"), fetched once."""
+    if version not in DOCKER_SUITES:
+        raise ReleaseError(f"no Debian suite known for Docker {version} (known: {', '.join(DOCKER_SUITES)})")
+    return _fetch_package(DOCKER_PACKAGES[version], DOCKER_SUITES[version][0], docker_prefix_path(version, cache_dir),
+                          docker_binaries, mirror, log)
+
+
+def _fetch_package(packages, suite, prefix, wanted, mirror, log):
+    """PREFIX holding PACKAGES of Debian SUITE, unpacked once into it; WANTED(prefix) names the
+    files that must be executable in it."""
+    if all(os.access(path, os.X_OK) for path in wanted(prefix).values()):
         return prefix
     for tool in ("apt-get", "dpkg-deb"):
         if shutil.which(tool) is None:
-            raise ReleaseError(f"{tool} not found: fetching containerd {version} needs Debian's apt")
+            raise ReleaseError(f"{tool} not found: fetching {' '.join(packages)} of {suite} needs Debian's apt")
     parent = os.path.dirname(prefix)
     os.makedirs(parent, exist_ok=True)
-    with open(os.path.join(parent, f".containerd-{version}.lock"), "w") as lock:
+    name = os.path.basename(prefix)
+    with open(os.path.join(parent, f".{name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test sessions fetch it once
-        if all(os.access(path, os.X_OK) for path in binaries(prefix).values()):
+        if all(os.access(path, os.X_OK) for path in wanted(prefix).values()):
             return prefix
-        work = tempfile.mkdtemp(prefix=f".containerd-{version}.", dir=parent)
+        work = tempfile.mkdtemp(prefix=f".{name}.", dir=parent)
         try:
-            deb = _download(work, SUITES[version], mirror or apt_mirror(), log)
+            debs = _download(work, suite, mirror or apt_mirror(), log, packages)
             root = os.path.join(work, "root")
-            _run(["dpkg-deb", "-x", deb, root])
-            missing = [p for p in binaries(root).values() if not os.access(p, os.X_OK)]
+            for deb in debs:
+                _run(["dpkg-deb", "-x", deb, root])
+            missing = [p for p in wanted(root).values() if not os.access(p, os.X_OK)]
             if missing:
-                raise ReleaseError(f"{os.path.basename(deb)} has no {', '.join(missing)}")
+                raise ReleaseError(f"{', '.join(map(os.path.basename, debs))} have no {', '.join(missing)}")
             shutil.rmtree(prefix, ignore_errors=True)
             os.rename(root, prefix)
         finally:
@@ -101,7 +136,7 @@ def fetch(version, cache_dir=None, mirror=None, log=None):
     return prefix
 
 
-def _download(work, suite, mirror, log):
+def _download(work, suite, mirror, log, packages):
     lists, cache, dl = (os.path.join(work, d) for d in ("lists", "cache", "dl"))
     for directory in (os.path.join(lists, "partial"), os.path.join(cache, "archives", "partial"), dl):
         os.makedirs(directory)
@@ -113,13 +148,16 @@ def _download(work, suite, mirror, log):
                "-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Cache={cache}",
                "-o", "Dir::State::status=/dev/null", "-o", "APT::Sandbox::User=root"]
     if log:
-        log(f"fetching containerd from {mirror} {suite} (apt-get download, once; kept in {os.path.dirname(work)})")
+        log(f"fetching {' '.join(packages)} from {mirror} {suite} (apt-get download, once; kept in {os.path.dirname(work)})")
     _run(["apt-get", "-qq"] + options + ["update"])
-    _run(["apt-get", "-qq"] + options + ["download", "containerd"], cwd=dl)
-    debs = glob.glob(os.path.join(dl, "containerd_*.deb"))
-    if len(debs) != 1:
-        raise ReleaseError(f"apt-get download containerd ({suite}) gave {debs or 'nothing'}")
-    return debs[0]
+    _run(["apt-get", "-qq"] + options + ["download", *packages], cwd=dl)
+    debs = []
+    for package in packages:
+        found = glob.glob(os.path.join(dl, f"{package}_*.deb"))
+        if len(found) != 1:
+            raise ReleaseError(f"apt-get download {package} ({suite}) gave {found or 'nothing'}")
+        debs += found
+    return debs
 
 
 def _run(command, cwd=None):

@@ -19,6 +19,10 @@ The steps, each returning a `Step` that says what it changed:
    refused with the lines to add to it.
 3. `resident_unit`: the resident process's systemd unit (contrib/cdi-shim-resident.service,
    ExecStart naming this cdi-shim), enabled and started.
+2b. `register_docker`, where the node has dockerd or a daemon.json: runtimes.cdi-shim through
+   `runtime configure --runtime=docker`'s plan (CDI on from Docker 25), and a link to cdi-shim's
+   nvidia-container-runtime-hook in /usr/local/bin when no program of that name is on PATH (what
+   makes dockerd offer --gpus).
 4. `cdi_spec`: /var/run/cdi/nvidia.yaml from NVML when a GPU is present (/dev/nvidiactl).
 
 Every path is resolved inside ROOT (a node image's tree, the tests) by the in-root walk of
@@ -45,6 +49,7 @@ CONTAINERD_DROP_IN_DIR = "/etc/containerd/conf.d"
 UNIT_NAME = "cdi-shim-resident.service"
 UNIT_DIR = "/etc/systemd/system"
 SPEC_PATH = "/var/run/cdi/nvidia.yaml"
+DOCKER_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")  # dockerd's PATH
 # k3s and rke2 render config.toml from these at every start (the base template since Sept. 2023
 # releases: v1.24.17+k3s1, v1.25.13+k3s1, v1.26.8+k3s1, v1.27.5+k3s1, v1.28.1+k3s1 and later)
 DISTRIBUTIONS = (
@@ -331,6 +336,43 @@ class Installer:
                 f"# {name} renders config.toml from this template at every start: edit this file, not config.toml.\n"
                 '{{ template "base" . }}\n\n' + self.entry_text(version))
 
+    # --- 2b. Docker, when the node has it --------------------------------------------------------
+
+    def register_docker(self):
+        """runtimes.cdi-shim in daemon.json (runtime configure --runtime=docker's plan and lock), with
+        dockerd's CDI on from Docker 25; and the --gpus program on dockerd's PATH unless one is there."""
+        from . import docker_config as dc
+        from .containerd_config import configure_lock
+
+        dockerd = next((self.path(os.path.join(d, "dockerd")) for d in DOCKER_PATH
+                        if os.access(self.path(os.path.join(d, "dockerd")), os.X_OK)), None)
+        config = self.path(dc.DEFAULT_DOCKER_CONFIG)
+        if dockerd is None and not os.path.exists(config):
+            return Step("docker", False, "no Docker here (no dockerd, no daemon.json)")
+        version = dc.docker_version(dockerd) if dockerd and self.root == "/" else None
+        cdi = version is not None and version[:2] >= dc.CDI_FROM
+        try:
+            with configure_lock(config):
+                plan = dc.plan_configure(config, binary=self._binary(), cdi=cdi, spec_dirs=self.settings().spec_dirs,
+                                         dockerd=dockerd or "dockerd", binary_root=self.root)
+                written = dc.write_plan(plan, dockerd=dockerd or "dockerd")[0] if plan.changed else []
+        except (dc.DockerConfigError, ContainerdConfigError, OSError) as err:
+            raise InstallError(str(err)) from None
+        changed, done, notes = bool(written), [], []
+        done.append(f'registered runtime "cdi-shim" in {config}' + (" with dockerd's CDI on" if cdi else "")
+                    if written else f'{config} has runtime "cdi-shim" as configured')
+        hook = dc.LEGACY_HOOK_PROGRAM
+        if not any(os.path.lexists(self.path(os.path.join(d, hook))) for d in DOCKER_PATH):
+            link = self.path(os.path.join("/usr/local/bin", hook))
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            os.symlink(os.path.join(os.path.dirname(self._binary()), hook), link)
+            changed = True
+            done.append(f"linked {link} (docker run --gpus; dockerd finds it at its next start)")
+        if written:
+            notes.append("dockerd must " + ("restart" if plan.needs_restart else "reload") +
+                         " to apply it: systemctl " + ("restart" if plan.needs_restart else "reload") + " docker")
+        return Step("docker", changed, "; ".join(done), notes=notes)
+
     # --- 3. the resident unit -----------------------------------------------------------------------
 
     def resident_unit(self):
@@ -449,6 +491,7 @@ def install_node(installer, restart=False, report=print):
     and then InstallError names every failure."""
     steps, failed = [], []
     for name, step in (("config", installer.cdi_shim_config), ("containerd", installer.register_runtime),
+                       ("docker", installer.register_docker),
                        ("resident", installer.resident_unit), ("cdi-spec", installer.cdi_spec)):
         try:
             done = step()

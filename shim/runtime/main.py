@@ -14,7 +14,7 @@ from cdi.errors import CDIError
 
 from ..bundle import BundleError, read_config, rootfs_path, write_config
 from ..config import ConfigError, load_config
-from .requests import collect_requests
+from .requests import collect_requests, drop_legacy_hook
 from .runc_args import ArgvError, parse_runc_argv
 from .runlog import RunLog
 
@@ -102,11 +102,14 @@ def prepare(args, settings, log):
     except BundleError as err:
         raise RuntimeFailure(str(err)) from None
     phases.done("config")
+    config, legacy_hook = drop_legacy_hook(config)
     try:
-        devices = collect_requests(config, settings, args.devices, warn=log.warning)
+        devices = collect_requests(config, settings, args.devices, warn=log.warning, legacy_hook=legacy_hook)
     except CDIError as err:
         raise RuntimeFailure(str(err)) from None
     phases.done("requests")
+    if not devices and legacy_hook:
+        _write(args, config, info)  # docker --gpus with no device (count 0): the hook goes all the same
     if not devices:
         # Injected by someone else (containerd's own CDI, podman): the hooks' work is ours all the same.
         _prepare_injected(args, config, raw, info, settings, log, phases)

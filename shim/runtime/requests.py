@@ -12,6 +12,12 @@ DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices/"
 # slices; 1,024 UUIDs (~41 chars each) fit in 64 KiB.
 MAX_ENV_CHARS = 64 * 1024
 MAX_REQUESTS = 1024
+# Docker's `--gpus` (moby daemon/nvidia_linux.go, 19.03 to 28.x at least): the daemon appends
+# NVIDIA_VISIBLE_DEVICES=<the request> to the env and a prestart hook running this program, found
+# on its PATH. Its value is the request; the hook is dropped, as the toolkit's runtime does in CDI
+# mode (cdi-shim ships a program of that name that only fails: runc must never run it).
+LEGACY_HOOK = "nvidia-container-runtime-hook"
+LEGACY_HOOK_ENV = "NVIDIA_VISIBLE_DEVICES"
 SHOWN_CHARS = 120  # how much of a long value an error or warning quotes
 
 
@@ -104,13 +110,34 @@ def _check_env_vendors(devices, settings):
                 "cdi-shim config; annotations and --device are not limited)")
 
 
+def drop_legacy_hook(config):
+    """(CONFIG without the prestart hooks of LEGACY_HOOK, whether there were any). A new dict when
+    there were; CONFIG itself otherwise."""
+    hooks = config.get("hooks")
+    prestart = hooks.get("prestart") if isinstance(hooks, dict) else None
+    if not isinstance(prestart, list):
+        return config, False
+    kept = [hook for hook in prestart if not (isinstance(hook, dict) and isinstance(hook.get("path"), str)
+                                                and posixpath.basename(hook["path"]) == LEGACY_HOOK)]
+    if len(kept) == len(prestart):
+        return config, False
+    hooks = dict(hooks, prestart=kept)
+    if not kept:
+        del hooks["prestart"]
+    return dict(config, hooks=hooks), True
+
+
 def has_cap_sys_admin(config):
     caps = ((config.get("process") or {}).get("capabilities") or {}).get("bounding") or ()
     return "CAP_SYS_ADMIN" in caps
 
 
-def collect_requests(config, settings, cli_devices=(), warn=lambda message: None):
+def collect_requests(config, settings, cli_devices=(), warn=lambda message: None, legacy_hook=False):
     """The ordered, de-duplicated list of devices the container requests.
+
+    `legacy_hook`: the config had Docker's --gpus hook (drop_legacy_hook): the last value of
+    NVIDIA_VISIBLE_DEVICES is the daemon's (it appends it after the image's and the user's), so it
+    is the request, whatever device-env and accept-env-unprivileged say.
 
     `settings` is a shim.config.Config. Raises RequestError for a malformed request, naming
     where it came from.
@@ -132,7 +159,13 @@ def collect_requests(config, settings, cli_devices=(), warn=lambda message: None
         raise RequestError("config.json: process.env is not a list")
     if not isinstance(config.get("mounts") or [], list):
         raise RequestError("config.json: mounts is not a list")
-    if settings.device_env:
+    if legacy_hook:
+        values = env_values(process.get("env"), LEGACY_HOOK_ENV)[-1:]
+        devices = env_devices(values, settings.default_kind, LEGACY_HOOK_ENV)
+        _check_env_vendors(devices, settings)
+        origin = f"docker --gpus ({LEGACY_HOOK_ENV}={shown(','.join(values))} and the {LEGACY_HOOK} hook)"
+        requested += [(device, origin) for device in devices]
+    if settings.device_env and not (legacy_hook and settings.device_env == LEGACY_HOOK_ENV):
         values = env_values(process.get("env"), settings.device_env)
         devices = env_devices(values, settings.default_kind, settings.device_env)
         # one origin text for all of them: built per device it made the work quadratic

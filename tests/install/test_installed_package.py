@@ -17,7 +17,7 @@ import pytest
 from tests.helpers import need
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROGRAMS = ("cdi-shim", "cdi-shim-runtime", "cdi-shim-hook", "cdi-shim-nshook")
+PROGRAMS = ("cdi-shim", "cdi-shim-runtime", "cdi-shim-hook", "cdi-shim-nshook", "nvidia-container-runtime-hook")
 
 
 def base_python():
@@ -177,11 +177,13 @@ def test_every_program_tells_the_one_version(venv, built):
     from cdi import __version__
 
     said = {name: installed(venv, name, "--version", cwd=built["outside"]).stdout.splitlines()[:1]
-            for name in ("cdi-shim", "cdi-shim-hook", "cdi-shim-runtime", "cdi-shim-nshook")}
+            for name in ("cdi-shim", "cdi-shim-hook", "cdi-shim-runtime", "cdi-shim-nshook",
+                         "nvidia-container-runtime-hook")}
     assert said == {"cdi-shim": [f"cdi-shim, version {__version__}"],
                     "cdi-shim-hook": [f"cdi-shim-hook, version {__version__}"],
                     "cdi-shim-runtime": [f"cdi-shim-runtime version {__version__}"],
-                    "cdi-shim-nshook": [f"cdi-shim-nshook version {__version__}"]}, said
+                    "cdi-shim-nshook": [f"cdi-shim-nshook version {__version__}"],
+                    "nvidia-container-runtime-hook": [f"nvidia-container-runtime-hook version {__version__}"]}, said
     assert os.path.basename(built["wheel"]).startswith(f"cdi_shim-{__version__}-")
 
 

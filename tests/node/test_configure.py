@@ -406,8 +406,8 @@ def test_binary_defaults_to_the_installed_runtime(tmp_path, shim_env):
 def test_help_shows_set_as_default_false(shim_env):
     out = run_cli("runtime", "configure", "--help", env=shim_env, check=True)
     text = " ".join(out.stdout.split())
-    assert "--set-as-default [true|false] Also make it containerd's default_runtime_name (every pod then goes " \
-        "through it). [default: false]" in text, out.stdout
+    assert "--set-as-default [true|false] Also make it the default runtime (containerd's default_runtime_name, " \
+        "docker's default-runtime): every container then goes through it. [default: false]" in text, out.stdout
 
 
 def hinted_runtimeclass(stderr):

@@ -293,3 +293,38 @@ def test_env_vendors_lists_the_vendors_env_requests_may_name(tmp_path):
     only_example = Config(env_vendors=("example.com",))
     with pytest.raises(RequestError, match="NVIDIA_VISIBLE_DEVICES names nvidia.com/gpu=0"):
         collect_requests(cfg, only_example)
+
+
+# --- Docker's --gpus: NVIDIA_VISIBLE_DEVICES plus the legacy prestart hook ---------------------
+
+def gpus_config(*env, hook_path="/usr/local/bin/nvidia-container-runtime-hook", other_hooks=()):
+    hooks = list(other_hooks) + [{"path": hook_path, "args": ["nvidia-container-runtime-hook", "prestart"]}]
+    return {"process": {"env": list(env)}, "hooks": {"prestart": hooks}}
+
+
+def test_drop_legacy_hook_keeps_other_hooks_and_the_input():
+    from shim.runtime.requests import drop_legacy_hook
+
+    other = {"path": "/usr/bin/other-hook", "args": ["other-hook"]}
+    cfg = gpus_config("NVIDIA_VISIBLE_DEVICES=all", other_hooks=[other])
+    dropped, found = drop_legacy_hook(cfg)
+    assert found and dropped["hooks"]["prestart"] == [other]
+    assert len(cfg["hooks"]["prestart"]) == 2                       # the input is not changed
+    alone, found = drop_legacy_hook(gpus_config("NVIDIA_VISIBLE_DEVICES=0"))
+    assert found and "prestart" not in alone["hooks"]
+    plain = {"hooks": {"prestart": [other]}}
+    assert drop_legacy_hook(plain) == (plain, False)
+    # a name that only ends like it is not it
+    assert drop_legacy_hook(gpus_config(hook_path="/bin/my-nvidia-container-runtime-hook"))[1] is False
+
+
+def test_gpus_request_is_the_daemons_last_value_whatever_device_env_says():
+    # docker appends its NVIDIA_VISIBLE_DEVICES after the image's and the user's
+    cfg = gpus_config("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=1")
+    assert collect_requests(cfg, SETTINGS, legacy_hook=True) == ["nvidia.com/gpu=1"]
+    off = Config(device_env="", accept_env_unprivileged=False)
+    assert collect_requests(cfg, off, legacy_hook=True) == ["nvidia.com/gpu=1"]
+    assert collect_requests(cfg, off) == []
+    assert collect_requests(gpus_config("NVIDIA_VISIBLE_DEVICES=void"), SETTINGS, legacy_hook=True) == []
+    with pytest.raises(RequestError, match="vendor example.com"):
+        collect_requests(gpus_config("NVIDIA_VISIBLE_DEVICES=example.com/x=1"), SETTINGS, legacy_hook=True)

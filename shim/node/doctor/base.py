@@ -168,7 +168,7 @@ class Node:
 class Options:
     def __init__(self, root="/", containerd_config="/etc/containerd/config.toml", spec_dirs=None,
                  runtimeclasses=(), containerd_binary=None, settings=None, shim_as_default=False,
-                 path_dirs=None):
+                 path_dirs=None, docker_config="/etc/docker/daemon.json"):
         from ...config import Config
 
         self.root = root
@@ -179,6 +179,7 @@ class Options:
         self.containerd_binary = containerd_binary
         self.shim_as_default = shim_as_default
         self.path_dirs = path_dirs
+        self.docker_config = docker_config
 
 
 class Context:
