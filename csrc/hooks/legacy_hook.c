@@ -17,6 +17,13 @@ int main(int argc, char **argv)
                "hook, so that dockerd offers docker run --gpus; cdi-shim-runtime does its work\n", CDS_VERSION);
         return 0;
     }
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: nvidia-container-runtime-hook prestart (run by runc; under cdi-shim-runtime never)\n"
+               "cdi-shim's stand-in for the NVIDIA Container Toolkit's hook: with it on dockerd's PATH, "
+               "docker run --gpus is offered, and cdi-shim-runtime turns the request into CDI devices and "
+               "drops this hook. Run by any other runtime it fails, saying to select cdi-shim.\n");
+        return 0;
+    }
     fprintf(stderr,
             "nvidia-container-runtime-hook (cdi-shim): this container asked for GPUs (docker run --gpus), "
             "but its runtime is not cdi-shim, so nothing would inject them. Run it with --runtime=cdi-shim, or "

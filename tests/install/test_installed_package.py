@@ -163,7 +163,7 @@ def test_every_command_and_subcommand_helps(venv, built):
     assert ["install"] in paths and ["cdi", "generate"] in paths and ["runtime", "serve"] in paths, paths
     commands = [["cdi-shim", *path] for path in paths]
     commands += [["cdi-shim-hook"], ["cdi-shim-hook", "update-ldcache"], ["cdi-shim-hook", "create-symlinks"],
-                 ["cdi-shim-runtime"], ["cdi-shim-nshook"]]
+                 ["cdi-shim-runtime"], ["cdi-shim-nshook"], ["nvidia-container-runtime-hook"]]
     failed = []
     for argv in commands:
         done = installed(venv, *argv, "--help", cwd=built["outside"])
