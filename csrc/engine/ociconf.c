@@ -395,6 +395,58 @@ static void put_span(uint8_t *out, size_t *at, const char *json, const struct cd
     put(out, at, "", 1);
 }
 
+/* One namespace of the step key: its type, and its path for a user or mount namespace only (the
+ * file binds' rule reads those; a pod's network, IPC and UTS paths differ pod to pod and the step
+ * reads none of them). */
+struct namespace_key {
+    struct cds_span type, path;
+};
+
+static int namespace_member(struct reader *r, const char *key, size_t len, void *data)
+{
+    struct namespace_key *ns = data;
+    if (is(key, len, "type"))
+        return take_plain_string(r, &ns->type);
+    if (is(key, len, "path"))
+        return take_plain_string(r, &ns->path);
+    return value(r);
+}
+
+struct namespaces_out {
+    uint8_t *out;
+    size_t *at;
+};
+
+static int namespace_element(struct reader *r, void *data)
+{
+    struct namespaces_out *to = data;
+    struct namespace_key ns = {{0, 0}, {0, 0}};
+    if (members(r, namespace_member, &ns) < 0)
+        return -1;
+    const char *type = r->s + ns.type.start;
+    size_t type_len = ns.type.end - ns.type.start;
+    put(to->out, to->at, type, type_len);
+    if ((type_len == 6 && memcmp(type, "\"user\"", 6) == 0) || (type_len == 7 && memcmp(type, "\"mount\"", 7) == 0))
+        put(to->out, to->at, r->s + ns.path.start, ns.path.end - ns.path.start);
+    put(to->out, to->at, ";", 1);
+    return 0;
+}
+
+/* 'N', the key of each namespace (namespace_element), a NUL; -1 when the array is not one the
+ * key can stand for. Each element writes less than its own text. */
+static int put_namespaces(uint8_t *out, size_t *at, const char *json, const struct cds_span *span)
+{
+    put(out, at, "N", 1);
+    if (span->end) {
+        struct reader r = {.s = json, .n = span->end, .i = span->start};
+        struct namespaces_out to = {out, at};
+        if (items(&r, NULL, namespace_element, &to) < 0)
+            return -1;
+    }
+    put(out, at, "", 1);
+    return 0;
+}
+
 int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len)
 {
     struct cds_oci_view view;
@@ -424,10 +476,15 @@ int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len)
         put(out, &at, "", 1);
     }
     put_span(out, &at, json, &view.devices, 'D');
-    put_span(out, &at, json, &view.namespaces, 'N');
+    int failed = put_namespaces(out, &at, json, &view.namespaces);
     put_span(out, &at, json, &view.uid_mappings, 'U');
     put_span(out, &at, json, &view.gid_mappings, 'G');
     cds_oci_view_free(&view);
+    if (failed) {
+        free(out);
+        errno = EINVAL;
+        return -1;
+    }
     *key = out;
     *key_len = at;
     return 0;

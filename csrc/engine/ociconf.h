@@ -40,8 +40,9 @@ void cds_oci_view_free(struct cds_oci_view *view);
  * (type, source, destination, options), but for a mount whose destination names no library its
  * source stands as one byte: whether its name is one of the step's own bundle files
  * ("cdi-shim.*": all the step reads of it; a pod's own /etc/hosts source differs per pod);
- * linux.devices, linux.namespaces, uidMappings and gidMappings as text. 0 with *KEY (malloc'd:
- * free it with cds_step_key_free) and *KEY_LEN, or -1 as cds_oci_view. */
+ * linux.devices, uidMappings and gidMappings as text; of linux.namespaces each one's type, and
+ * the path of a user or mount namespace only (a pod's network, IPC and UTS paths differ per pod).
+ * 0 with *KEY (malloc'd: free it with cds_step_key_free) and *KEY_LEN, or -1 as cds_oci_view. */
 int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len);
 void cds_step_key_free(uint8_t *key);
 

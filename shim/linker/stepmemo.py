@@ -172,8 +172,9 @@ def key(config, calls, is_library, profile, params):
     asks for them). Each mount whole (type, source, destination, options, in its own order),
     but a mount whose destination names no library has its source only as whether it names one
     of the step's bundle files (all the step reads of it: a pod's /etc/hosts differs per pod);
-    and the user and mount namespaces with the id mappings (the file binds' rule). The front
-    end's key (cds_step_key, csrc/engine/ociconf.c) takes the same parts of the text."""
+    and the namespaces' types, with the paths of the user and mount ones, and the id mappings (the
+    file binds' rule). The front end's key (cds_step_key, csrc/engine/ociconf.c) takes the same
+    parts of the text."""
     commands = {call.command for call in calls}
     mounts = []
     for mount in config.get("mounts") or ():
@@ -186,8 +187,12 @@ def key(config, calls, is_library, profile, params):
         mounts.append(mount)
     linux = config.get("linux")
     linux = linux if isinstance(linux, dict) else {}
+    namespaces = linux.get("namespaces")
+    if isinstance(namespaces, list):    # a pod's network, IPC and UTS paths differ pod to pod
+        namespaces = [(ns.get("type"), ns.get("path") if ns.get("type") in ("user", "mount") else None)
+                      if isinstance(ns, dict) else ns for ns in namespaces]
     try:
-        parts = repr((config.get("hooks"), mounts, linux.get("namespaces"), linux.get("uidMappings"),
+        parts = repr((config.get("hooks"), mounts, namespaces, linux.get("uidMappings"),
                       linux.get("gidMappings")))
     except RecursionError:
         return None

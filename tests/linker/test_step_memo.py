@@ -353,3 +353,33 @@ def test_the_worker_s_key_takes_each_mount_whole_and_the_namespaces():
         other = json.loads(json.dumps(CONFIG))
         change(other)
         assert worker_key(other) != base
+
+
+POD_NAMESPACES = [{"type": "pid"}, {"type": "ipc", "path": "/proc/4242/ns/ipc"},
+                  {"type": "uts", "path": "/proc/4242/ns/uts"}, {"type": "mount"},
+                  {"type": "network", "path": "/var/run/netns/cni-1"}]
+
+
+def test_both_keys_read_of_a_namespace_its_type_and_only_a_user_or_mount_one_s_path():
+    """A pod's container joins its sandbox's network, IPC and UTS namespaces by path: those paths
+    differ pod to pod and the step reads none of them, so they must not keep the next pod's
+    create from a kept step; the types, and the user and mount namespaces' paths, do count."""
+    from shim.linker.container import _is_library
+
+    def both(namespaces):
+        config = json.loads(json.dumps(CONFIG))
+        config["linux"]["namespaces"] = namespaces
+        return key_of(config), stepmemo.key(config, [], _is_library, lambda: None, lambda: None)
+
+    base = both(POD_NAMESPACES)
+    assert base[0] is not None
+    another_pod = json.loads(json.dumps(POD_NAMESPACES).replace("4242", "777").replace("cni-1", "cni-2"))
+    assert both(another_pod) == base
+    for change in ([*POD_NAMESPACES, {"type": "user"}],
+                   [*POD_NAMESPACES[:3], {"type": "mount", "path": "/proc/1/ns/mnt"}, POD_NAMESPACES[4]],
+                   [*POD_NAMESPACES, {"type": "user", "path": "/proc/1/ns/user"}],
+                   POD_NAMESPACES[:4]):
+        changed = both(change)
+        assert changed[0] not in (None, base[0]) and changed[1] != base[1], change
+    assert both([*POD_NAMESPACES, {"type": "user", "path": "/proc/1/ns/user"}]) != \
+        both([*POD_NAMESPACES, {"type": "user", "path": "/proc/2/ns/user"}])
