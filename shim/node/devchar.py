@@ -1,10 +1,11 @@
 """/dev/char/MAJOR:MINOR links for the device nodes of the node's CDI specs (issue 30, item 3).
 
 With the systemd cgroup driver, runc hands systemd the container's device rules as
-DeviceAllow=/dev/char/MAJOR:MINOR, and systemd resolves those paths each time it applies the
-unit's properties (a `systemctl daemon-reload` does). A device without such a link is dropped
-from the container's allow-list: "Failed to initialize NVML: Unknown Error" some time after
-start. udev makes these links for the devices it knows; nvidia-modprobe makes /dev/nvidia*
+DeviceAllow=/dev/char/MAJOR:MINOR, leaving out a path that does not exist (and has no /sys/dev
+entry), while writing every rule into the cgroup itself. When systemd applies the scope's
+properties again (a `systemctl daemon-reload`), a device without its link is dropped from the
+running container: "Failed to initialize NVML: Unknown Error" some time after start. So the
+link must be there when the container is created. udev makes these links for the devices it knows; nvidia-modprobe makes /dev/nvidia*
 outside udev, so they have none (the toolkit's `nvidia-ctk system create-dev-char-symlinks`).
 
 Links are written as udev writes them: relative to /dev/char (`../nvidia0`). Every path is
