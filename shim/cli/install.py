@@ -31,14 +31,17 @@ from .common import fail as _fail
                    "is / and PID 1 is systemd, else none.")
 @click.option("--driver-root", metavar="DIR", help="The driver's root for the CDI spec (default: ROOT).")
 @click.option("--dev-root", metavar="DIR", help="The device nodes' root for the CDI spec (default: the driver root).")
+@click.option("--dev-char-only", is_flag=True,
+              help="Only make the /dev/char links of the specs' device nodes (what the udev rule runs).")
 @click.option("--hook-program", metavar="PATH", hidden=True, help="The hook program the CDI spec names.")
 def install(node, drop_in, restart, root, runtime_name, runtime_binary, cdi_shim_binary, containerd_binary,
-            systemctl, driver_root, dev_root, hook_program):
+            systemctl, driver_root, dev_root, dev_char_only, hook_program):
     """Set up this node for cdi-shim, idempotently: rerun it at every node start.
 
     Writes /etc/cdi-shim/config.toml when missing, registers the runtime with containerd (a
     drop-in with --drop-in; on k3s/rke2 their config.toml.tmpl), installs, enables and starts
-    the resident process's unit, and generates /var/run/cdi/nvidia.yaml when a GPU is present.
+    the resident process's unit, generates /var/run/cdi/nvidia.yaml when a GPU is present, and
+    links the specs' device nodes in /dev/char (with a udev rule for nodes made later).
     A second run changes nothing and says so. containerd is restarted only with --restart, and
     only when its configuration changed.
     """
@@ -48,6 +51,7 @@ def install(node, drop_in, restart, root, runtime_name, runtime_binary, cdi_shim
         installer = Installer(root=root, drop_in=drop_in, runtime_name=runtime_name, runtime_binary=runtime_binary,
                               cdi_shim=cdi_shim_binary, containerd=containerd_binary, systemctl=systemctl,
                               driver_root=driver_root, dev_root=dev_root, hook_program=hook_program)
-        install_node(installer, restart=restart, report=lambda line: click.echo(f"cdi-shim: {line}", err=True))
+        install_node(installer, restart=restart, report=lambda line: click.echo(f"cdi-shim: {line}", err=True),
+                     dev_char_only=dev_char_only)
     except InstallError as err:
         _fail(str(err))

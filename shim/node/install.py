@@ -24,6 +24,8 @@ The steps, each returning a `Step` that says what it changed:
    nvidia-container-runtime-hook in /usr/local/bin when no program of that name is on PATH (what
    makes dockerd offer --gpus).
 4. `cdi_spec`: /var/run/cdi/nvidia.yaml from NVML when a GPU is present (/dev/nvidiactl).
+5. `dev_char`: /dev/char/MAJOR:MINOR links for the specs' device nodes and the udev rule that
+   makes them for nodes made later (shim/node/devchar.py: why the systemd cgroup driver needs them).
 
 Every path is resolved inside ROOT (a node image's tree, the tests) by the in-root walk of
 shim/inroot.py: an absolute link in the tree means the tree's own file, never the host's. Files
@@ -467,6 +469,28 @@ class Installer:
         _write(output, result.text)
         return Step("cdi-spec", True, f"wrote {output}: {what}", notes=notes)
 
+    # --- 5. /dev/char links ---------------------------------------------------------------------------
+
+    def dev_char(self, rule=True):
+        from . import devchar
+
+        specs, notes = devchar.load_node_specs(self, self.settings().spec_dirs)
+        made, more, kept = devchar.make_links(self, specs)
+        notes += more
+        done = [f"linked {', '.join(made)}"] if made else []
+        if rule:  # --dev-char-only (the rule's own run) leaves the rule as it is
+            if not self.cdi_shim:
+                raise InstallError("cdi-shim is not installed beside this interpreter: name it with --cdi-shim-binary")
+            wanted = devchar.rule_text(self.cdi_shim)
+            if read_text(self.path(devchar.UDEV_RULE)) != wanted:
+                path = self.target(devchar.UDEV_RULE)
+                _write(path, wanted)
+                done.append(f"wrote {path}")
+        if done:
+            return Step("dev-char", True, "; ".join(done), notes=notes)
+        return Step("dev-char", False, f"{kept} /dev/char link(s) in place" +
+                    (f", {self.path(devchar.UDEV_RULE)} current" if rule else ""), notes=notes)
+
     # --- containerd's restart -------------------------------------------------------------------------
 
     def restart(self, services):
@@ -483,16 +507,19 @@ class Installer:
         raise InstallError(f"none of {', '.join(services)} is running here: start it")
 
 
-def install_node(installer, restart=False, report=print):
+def install_node(installer, restart=False, report=print, dev_char_only=False):
     """Run every step; REPORT gets each line. Returns the steps.
 
     A step that fails does not stop the others (a driver whose NVML fails must not keep the runtime
     registration from taking effect): the restart, when one is due and asked for, still happens,
     and then InstallError names every failure."""
     steps, failed = [], []
-    for name, step in (("config", installer.cdi_shim_config), ("containerd", installer.register_runtime),
-                       ("docker", installer.register_docker),
-                       ("resident", installer.resident_unit), ("cdi-spec", installer.cdi_spec)):
+    plan = (("config", installer.cdi_shim_config), ("containerd", installer.register_runtime),
+            ("docker", installer.register_docker),
+            ("resident", installer.resident_unit), ("cdi-spec", installer.cdi_spec), ("dev-char", installer.dev_char))
+    if dev_char_only:   # what the udev rule runs when a driver module loads
+        plan = (("dev-char", lambda: installer.dev_char(rule=False)),)
+    for name, step in plan:
         try:
             done = step()
         except (InstallError, ContainerdConfigError) as err:  # e.g. a file it must read is a FIFO

@@ -917,3 +917,30 @@ def test_kubernetes_node_accepting_env_requests_of_unprivileged_containers_warns
     assert off["runtime.env-requests"].status == OK
     os.unlink(node.path("/var/lib/kubelet/config.yaml"))
     assert "runtime.env-requests" not in node.checks()   # docker, podman, plain runc: env is the interface
+
+
+# --- /dev/char links (issue 30 item 3) ---------------------------------------------------------------
+
+def test_dev_char_links_missing_warn_with_the_systemd_cgroup_driver_only(node):
+    """The healthy node runs "nvidia" with SystemdCgroup = true and has no /dev/char: each spec
+    device node is reported with its link and the fix; with the links (as install makes them, and
+    one absolute, as nvidia-ctk makes them) it is ok; with SystemdCgroup = false it is not checked."""
+    check = node.checks()["containerd.dev-char"]
+    assert check.status == WARN, check
+    assert "/dev/char/195:0 (/dev/nvidia0)" in check.saw and "/dev/char/195:255 (/dev/nvidiactl)" in check.saw
+    assert "/dev/char/509:0 (/dev/nvidia-uvm)" in check.saw and "daemon-reload" in check.saw
+    assert "cdi-shim install --node" in check.fix
+    os.makedirs(node.path("/dev/char"))
+    os.symlink("../nvidia0", node.path("/dev/char/195:0"))
+    os.symlink("/dev/nvidiactl", node.path("/dev/char/195:255"))   # absolute: the node's own file
+    os.symlink("../nvidia0", node.path("/dev/char/509:0"))         # leads to another device
+    check = node.checks()["containerd.dev-char"]
+    assert check.status == WARN and check.saw.count("/dev/char/") == 1, check
+    assert "/dev/char/509:0 (/dev/nvidia-uvm)" in check.saw
+    os.unlink(node.path("/dev/char/509:0"))
+    os.symlink("../nvidia-uvm", node.path("/dev/char/509:0"))
+    check = node.checks()["containerd.dev-char"]
+    assert check.status == OK and "all 3 device nodes" in check.saw, check
+    shutil.rmtree(node.path("/dev/char"))
+    node.edit("/etc/containerd/config.toml", "SystemdCgroup = true", "SystemdCgroup = false")
+    assert "containerd.dev-char" not in node.checks()

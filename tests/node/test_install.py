@@ -76,6 +76,8 @@ def snapshot(root):
                 found[rel] = ("link", os.readlink(path))
             elif stat.S_ISDIR(info.st_mode):
                 found[rel] = ("dir", stat.S_IMODE(info.st_mode))
+            elif stat.S_ISCHR(info.st_mode):   # a device node: its numbers, never opened
+                found[rel] = ("char", info.st_rdev)
             else:
                 with open(path, "rb") as stream:
                     found[rel] = ("file", stream.read(), stat.S_IMODE(info.st_mode), info.st_mtime_ns)
@@ -648,3 +650,96 @@ def test_a_failing_step_is_one_line_naming_the_file(tmp_path, shim_env, fake_bin
     assert "nvidia" in dump(root / "etc" / "containerd" / "config.toml")["plugins"][CRI2]["containerd"]["runtimes"]
     assert read(root / "etc" / "systemd" / "system") == "not a folder\n"
     assert [p.name for p in (root / "etc" / "systemd").iterdir()] == ["system"]
+
+
+# --- /dev/char links (issue 30 item 3) ----------------------------------------------------------------
+
+NO_GPU = ("--dev-root", "/nonexistent-dev-root")  # the spec is the test's: no generation from the root's nodes
+
+
+def dev_char_root(tmp_path):
+    """A node root with a spec naming /dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm and a cap
+    (mknod: major 195, uvm 509, caps 235) and /dev/nvidia1, which is not there yet."""
+    if os.geteuid() != 0:
+        pytest.fail("device nodes need mknod: run as root", pytrace=False)
+    root = node_root(tmp_path)
+    dev = root / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True)
+    for name, major, minor in (("nvidia0", 195, 0), ("nvidiactl", 195, 255), ("nvidia-uvm", 509, 0),
+                               ("nvidia-caps/nvidia-cap1", 235, 1)):
+        os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    spec = root / "etc" / "cdi" / "nvidia.yaml"
+    spec.parent.mkdir(parents=True)
+    spec.write_text('cdiVersion: "0.6.0"\nkind: nvidia.com/gpu\n'
+                    'devices:\n'
+                    '- name: "0"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n'
+                    '    - path: /dev/nvidia-caps/nvidia-cap1\n'
+                    '- name: "1"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia1\n'
+                    'containerEdits:\n  deviceNodes:\n  - path: /dev/nvidiactl\n  - path: /dev/nvidia-uvm\n')
+    return root
+
+
+def char_links(root):
+    folder = root / "dev" / "char"
+    return {name: os.readlink(folder / name) for name in sorted(os.listdir(folder))} if folder.exists() else {}
+
+
+def test_dev_char_links_for_every_spec_device_node_and_the_udev_rule(tmp_path, shim_env, fake_binary):
+    root = dev_char_root(tmp_path)
+    first = install(root, *NO_GPU, env=shim_env, binary=fake_binary)
+    assert char_links(root) == {"195:0": "../nvidia0", "195:255": "../nvidiactl", "509:0": "../nvidia-uvm",
+                                "235:1": "../nvidia-caps/nvidia-cap1"}
+    assert os.stat(root / "dev" / "char" / "235:1").st_rdev == os.makedev(235, 1)  # udev's form resolves
+    assert "dev-char: changed: linked " in first.stderr and f"{root}/dev/char/195:0 -> ../nvidia0" in first.stderr
+    assert f"dev-char: {root}/dev/nvidia1 is not a character device here" in first.stderr
+    rule = read(root / "etc" / "udev" / "rules.d" / "71-cdi-shim-dev-char.rules")
+    assert ('ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia|nvidia_uvm|nvidia_modeset", '
+            'RUN+="/usr/local/bin/cdi-shim install --node --dev-char-only"') in rule.splitlines()
+    before = snapshot(root)
+    second = install(root, *NO_GPU, env=shim_env, binary=fake_binary)
+    assert snapshot(root) == before
+    assert "dev-char: unchanged: 4 /dev/char link(s) in place" in second.stderr, second.stderr
+    assert second.stderr.rstrip().endswith("nothing changed")
+    # nvidia1 appears later (what the udev rule's run does): only its link is made, the rule is kept
+    os.mknod(root / "dev" / "nvidia1", 0o666 | stat.S_IFCHR, os.makedev(195, 1))
+    later = install(root, "--dev-char-only", *NO_GPU, env=shim_env, binary=fake_binary)
+    assert [line.split(":")[1] for line in later.stderr.splitlines()] == [" dev-char", " changed"], later.stderr
+    assert char_links(root)["195:1"] == "../nvidia1"
+
+
+def test_dev_char_wrong_link_replaced_foreign_one_kept_file_left(tmp_path, shim_env, fake_binary):
+    root = dev_char_root(tmp_path)
+    folder = root / "dev" / "char"
+    folder.mkdir()
+    os.symlink("../null", folder / "195:0")              # leads elsewhere: replaced
+    os.symlink("/dev/nvidiactl", folder / "195:255")     # nvidia-ctk's absolute form, right: kept
+    (folder / "509:0").write_text("not a link\n")        # not ours to remove
+    out = install(root, *NO_GPU, env=shim_env, binary=fake_binary)
+    assert f"{folder}/195:0 -> ../nvidia0 (was -> ../null)" in out.stderr, out.stderr
+    assert f"dev-char: warning: {folder}/509:0 exists and is not a link: left as it is" in out.stderr
+    links = {n: os.readlink(folder / n) for n in ("195:0", "195:255")}
+    assert links == {"195:0": "../nvidia0", "195:255": "/dev/nvidiactl"}
+    assert read(folder / "509:0") == "not a link\n"
+    assert not [n for n in os.listdir(folder) if n.startswith(".")]  # no temp link left
+
+
+def test_dev_char_links_planted_out_of_the_root_are_not_followed(tmp_path, shim_env, fake_binary):
+    """/dev/char an absolute link to a host folder: the tree's own folder of that name is used;
+    /dev/nvidia0 a link climbing out of the root to a host device: no link for it."""
+    root = dev_char_root(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.mknod(outside / "gpu", 0o666 | stat.S_IFCHR, os.makedev(195, 7))
+    os.unlink(root / "dev" / "nvidia0")
+    os.symlink("../../../outside/gpu", root / "dev" / "nvidia0")
+    os.symlink(str(outside), root / "dev" / "char")
+    out = install(root, *NO_GPU, env=shim_env, binary=fake_binary, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"dev-char: failed: {root}/" in out.stderr and "/dev/char: File exists" in out.stderr
+    assert os.listdir(outside) == ["gpu"]
+    (root / str(outside).lstrip("/")).mkdir(parents=True)   # the tree's own folder of that name
+    out = install(root, *NO_GPU, env=shim_env, binary=fake_binary)
+    assert os.listdir(outside) == ["gpu"]
+    inside = root / str(outside).lstrip("/")
+    assert sorted(os.listdir(inside)) == ["195:255", "235:1", "509:0"]
+    assert f"dev-char: {root}/dev/nvidia0 is not a character device here: no link" in out.stderr, out.stderr

@@ -15,7 +15,7 @@ the host's. No GPU, no network, no write.
 
 from .base import FAIL, OK, WARN, Check, Context, Node, Options  # noqa: F401  (the public surface)
 from .containerd import (ContainerdView, check_cgroup_driver, check_config_owner, check_containerd_binaries, check_containerd_loads,
-                         check_containerd_version, check_cri_cdi, check_default_runtime, check_ignored_sections,
+                         check_containerd_version, check_cri_cdi, check_dev_char, check_default_runtime, check_ignored_sections,
                          check_runtime_entry)
 from .docker import check_docker_cdi, check_docker_default_runtime, check_docker_gpus, check_docker_runtime
 from .driver import check_kernel_devices, check_kernel_module, check_libraries, check_nvidia_smi, check_versions
@@ -32,7 +32,7 @@ CHECKS = (
     check_specs, check_spec_conflicts, check_spec_paths,
     check_containerd_binaries, check_containerd_version, check_config_owner, check_ignored_sections,
     check_containerd_loads,
-    check_runtime_entry, check_cri_cdi, check_cgroup_driver, check_default_runtime,
+    check_runtime_entry, check_cri_cdi, check_cgroup_driver, check_dev_char, check_default_runtime,
     check_runtimeclasses,
     check_docker_runtime, check_docker_default_runtime, check_docker_cdi, check_docker_gpus,
     check_hook_program, check_runtime_install, check_resident, check_runtime_log, check_env_requests,

@@ -550,6 +550,42 @@ def check_cgroup_driver(ctx):
     return _ok("containerd", "cgroup", "; ".join(seen + [why for _, why in wanted.values()]))
 
 
+def check_dev_char(ctx):
+    """With the systemd cgroup driver, each device node of the specs needs its /dev/char link
+    (shim/node/devchar.py says why); the link is what systemd stats, so it is stat()ed here too."""
+    import stat
+
+    from ..devchar import link_name, spec_device_nodes
+
+    view, node = ctx.containerd, ctx.node
+    if view.error or view.version is None or not ctx.specs:
+        return None
+    systemd = sorted(name for name, entry in view.shim_runtimes().items()
+                     if _get(entry, "options", "SystemdCgroup") is True)
+    if not systemd:
+        return None   # cgroupfs: runc writes the device rules itself, no daemon-reload re-applies them
+    missing, linked = [], 0
+    for path in spec_device_nodes(ctx.specs):
+        info = node.stat(path)
+        if info is None or not stat.S_ISCHR(info.st_mode):
+            continue  # a missing node is cdi.paths' and kernel.devices' to report
+        name = link_name(info.st_rdev)
+        there = node.stat(name)
+        if there is None or not stat.S_ISCHR(there.st_mode) or there.st_rdev != info.st_rdev:
+            missing.append(f"{name} ({path})")
+        else:
+            linked += 1
+    runtimes = ", ".join(f'"{n}"' for n in systemd)
+    if missing:
+        return Check("containerd", "dev-char", WARN,
+                     f"{runtimes} use(s) the systemd cgroup driver and these device nodes have no /dev/char link: "
+                     f"{', '.join(missing)}; a `systemctl daemon-reload` drops them from running containers "
+                     '("Failed to initialize NVML: Unknown Error")',
+                     "run `cdi-shim install --node` (it makes the links and a udev rule for nodes made later)")
+    return _ok("containerd", "dev-char", f"all {linked} device nodes have their /dev/char link (systemd cgroup "
+               f"driver: {runtimes})")
+
+
 def check_default_runtime(ctx):
     view = ctx.containerd
     if view.error or view.version is None:
