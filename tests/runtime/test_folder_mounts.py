@@ -92,8 +92,9 @@ def test_a_changed_host_folder_is_not_served_stale(world, driver, tmp_path):
     listings = []
     for round in range(2):
         bundle = world.bundle(args=["/prog"])
+        os.makedirs(tmp_path / str(round))
         rh.glibc_image(bundle.rootfs, PROGRAM, str(host / f"libnvidia-ml.so.{VERSION}"), str(tmp_path / str(round)),
-                       ["-ldl"]) if os.makedirs(tmp_path / str(round)) is None else None
+                       ["-ldl"])
         subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", bundle.rootfs], check=True, timeout=60)
         _request(world, bundle, "preinjected")
         result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
