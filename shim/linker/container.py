@@ -350,9 +350,13 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
         sonames = _soname_links(rootfs, folders, updates, libraries, compat, log, start)
         counting = getattr(log, "debug_enabled", True)  # the memo's counts are for the debug line only
         hits, misses, _ = memo_stats() if counting else (0, 0, 0)
+        from .mounted import directory_mounts
+
+        # (a folder a directory mount provides is read through its source: mounted.py)
+        others = directory_mounts(m for m in mounts if m.get("destination") not in libraries)
         try:
             result = plan(rootfs, folders, extra=dict(libraries, **{link: source for _, link, source in sonames}),
-                          deadline=Deadline(LINKER_TIME_LIMIT, start), compat=compat)
+                          deadline=Deadline(LINKER_TIME_LIMIT, start), compat=compat, mounts=others)
         except LdcacheLimitError as err:
             raise LinkerLimitError(f"the linker cache of {rootfs} is refused: {err}; the container is not "
                                    "created rather than its update-ldcache hook left to repeat this "
@@ -367,6 +371,9 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
                            for c in updates + compat_calls)
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         if _recording is not None:
+            if result.covered:
+                # A replay checks the plan's files, not a mounted folder's listing: not kept.
+                _recording.refuse("a directory mount provides a folder of the cache")
             _recording.plans.append(result.looked)
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")

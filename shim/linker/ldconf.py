@@ -150,6 +150,7 @@ class LdConfig:
         self.hwcaps_names = set()
         self.warnings = []
         self.conf_mtime = 0         # newest configuration file read
+        self.absent = []            # configured directories not in the tree (a mount may bring one)
         self._items = []            # ("dir", line) and ("dropin", name), in ldconfig's order
         self._files_read = 0
         # Include globs: their results by pattern (the tree does not change while it is
@@ -338,6 +339,7 @@ class LdConfig:
             d = ConfDir(path, flag, ("d", st[1], st[2]), real=stat.S_ISDIR(st[0]),
                      mtime=st[3] if stat.S_ISDIR(st[0]) else 0)
         else:
+            self.absent.append(path)
             parts = _parts(path) if self.extras.children else None
             if parts is None:
                 return

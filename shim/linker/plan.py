@@ -10,6 +10,7 @@ from .engine import (CACHE_PATH, FORMATS, GENERATOR, LINKS, MAX_CACHE_SIZE, MAX_
                      O_DIRECTORY, LdcacheError, Root, decode_cstr, os_error)
 from .globbing import join_path
 from .ldconf import ConfDir, Extras, LdConfig, child_ident, machine_name
+from . import mounted
 
 _MUSL_ARCH = {"x86_64": ("x86_64", "i386"), "aarch64": ("aarch64", "armhf")}
 _MUSL_DEFAULT_PATH = ["/lib", "/usr/local/lib", "/usr/lib"]
@@ -19,7 +20,7 @@ class Plan:
     """What plan() computed."""
 
     __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs", "scanned",
-                 "remembered", "looked")
+                 "remembered", "looked", "covered")
 
     def __init__(self):
         self.cache = b""
@@ -33,6 +34,7 @@ class Plan:
         self.scanned = 0  # directories listed and read (not taken from the image's cache)
         self.remembered = False  # a copy of an earlier plan for the same files (remember_plans)
         self.looked = None  # with the memo on: the paths it depends on (memo entries), or None past _MAX_PATHS
+        self.covered = []   # configured folders a directory mount provides (mounted.py)
 
     def copy(self):
         other = Plan()
@@ -193,9 +195,12 @@ def _plan_musl(root, machine, folders, extras):
 
 
 def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="existing",
-         format="new", generator=None, deadline=None, compat=()):
+         format="new", generator=None, deadline=None, compat=(), mounts=()):
     """The cache ROOT would have after the toolkit's update-ldcache with FOLDERS (and EXTRA
     files mounted). See the module docstring. DEADLINE (engine.Deadline) bounds the time.
+    MOUNTS: config.json's other mounts, mounted.directory_mounts(): a configured folder one of
+    them provides is read through its host source, the image's content there hidden
+    (mounted.UnknownFolder where it cannot be known).
     COMPAT: the folders of enable-cuda-compat's 00-compat-*.conf drop-in (read before the
     update-ldcache drop-in, whether the image configures them or not); the scan is full."""
     machine = machine_name(machine)
@@ -213,13 +218,24 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     # (not observed by a step memo: a step takes the plan's paths from the plan memo's record)
     with Root(root, observed=False) as tree:
         if arguments is not None:
-            kept = _recall(tree, arguments)
+            kept = _recall(tree, arguments, mounts)
             if kept is not None:
                 return kept
             started = lib.cds_memo_clock_ns()
             tree.seen = {}
         extras = Extras(tree, extra)
         config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
+        hidden = {}
+        if mounts:
+            hidden, brought = mounted.folders(mounts, _candidates(config), config.target)
+            if hidden:
+                # again, with the mounted folders' libraries (a folder only a mount makes is
+                # configured only where something is to be mounted into it)
+                files = {os.fspath(k): os.fspath(v) for k, v in (extra or {}).items()}
+                extras = Extras(tree, {**brought, **files})   # (file mounts go on top)
+                config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
+                mounted.hide(config, hidden)
+                result.covered = sorted(hidden)
         target = config.target
         result.warnings = config.warnings
         builder = _Builder(target)
@@ -229,7 +245,7 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         if compat and mode == "auto":
             mode = "full"
         if mode != "full":
-            reason = _incremental(tree, config, builder, scanner, folders, extras)
+            reason = _incremental(tree, config, builder, scanner, folders, extras, hidden)
             if reason and mode == "incremental":
                 raise LdcacheError(f"incremental update impossible: {reason}")
         if mode == "full" or reason:
@@ -252,9 +268,10 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         result.dirs = [d.path for d in config.dirs]
         if _is_musl(tree, machine):
             result.musl = _plan_musl(tree, machine, folders, extras)
-        if arguments is not None:
+        if arguments is not None and not hidden:
+            # (a plan with mounted folders is not kept: their listings are not memo entries)
             result.looked = _looked(tree, arguments, _files_read(tree, target, scanner.listed))
-            _keep(arguments, started, tree, result)
+            _keep(arguments, started, tree, result, (target, _candidates(config)))
     return result
 
 
@@ -327,10 +344,11 @@ _plans = None           # {arguments: [_Kept, newest first]} while remembering
 
 
 class _Kept:
-    __slots__ = ("paths", "count", "identities", "plan")
+    __slots__ = ("paths", "count", "identities", "plan", "folders")
 
-    def __init__(self, paths, count, identities, plan):
+    def __init__(self, paths, count, identities, plan, folders):
         self.paths, self.count, self.identities, self.plan = paths, count, identities, plan
+        self.folders = folders      # (target, configured folders): a mount providing one, no copy
 
 
 def remember_plans(enabled=True, forget=None):
@@ -347,10 +365,17 @@ def remember_plans(enabled=True, forget=None):
     return previous
 
 
-def _recall(tree, arguments):
+def _candidates(config):
+    """The folders the configuration names, found in the tree or not (mounted.folders)."""
+    return [d.path for d in config.dirs] + config.absent
+
+
+def _recall(tree, arguments, mounts):
     """A copy of the plan kept for ARGUMENTS whose paths are unchanged in TREE, or None."""
     candidates = _plans.get(arguments, ())
     for at, kept in enumerate(candidates):
+        if mounts and mounted.touches(mounts, kept.folders[1], kept.folders[0]):
+            continue
         if lib.cds_memo_same(tree.fd, kept.paths, len(kept.paths), kept.count, kept.identities) == 1:
             if at:
                 candidates.insert(0, candidates.pop(at))
@@ -388,7 +413,7 @@ def _looked(tree, arguments, files):
     return b"\0".join(entries) + b"\0"
 
 
-def _keep(arguments, started, tree, result):
+def _keep(arguments, started, tree, result, folders):
     """Keep RESULT with the identities of the paths it looked at (result.looked)."""
     paths = result.looked
     if paths is None:
@@ -400,7 +425,7 @@ def _keep(arguments, started, tree, result):
     if sum(len(kept) for kept in _plans.values()) >= _MAX_PLANS:
         _plans.clear()
     candidates = _plans.setdefault(arguments, [])
-    candidates.insert(0, _Kept(paths, count, identities, result.copy()))
+    candidates.insert(0, _Kept(paths, count, identities, result.copy(), folders))
     del candidates[_PER_ARGUMENTS:]
 
 
@@ -453,7 +478,7 @@ def _overlaps(scan, ptr, path, target):
     return False
 
 
-def _incremental(tree, config, builder, scanner, folders, extras):
+def _incremental(tree, config, builder, scanner, folders, extras, hidden):
     """Fill BUILDER from the image's cache plus rescans; '' on success, else why not.
 
     The image's cache is used when it parses, is in ldconfig's order and is no older than the
@@ -484,7 +509,7 @@ def _incremental(tree, config, builder, scanner, folders, extras):
             counts[at] = count
             continue
         parent, rest = _legacy_parent(config, path)
-        if parent is not None:
+        if parent is not None and not mounted.is_hidden(path, hidden):
             legacy.append((len(rest), config.by_ident[parent.ident], path, count, parent))
     for _depth, _rank, path, count, parent in sorted(legacy, key=lambda item: item[:3]):
         st = tree.stat(path)
