@@ -364,9 +364,9 @@ class Installer:
         done.append(f'registered runtime "cdi-shim" in {config}' + (" with dockerd's CDI on" if cdi else "")
                     if written else f'{config} has runtime "cdi-shim" as configured')
         hook = dc.LEGACY_HOOK_PROGRAM
-        if not any(os.path.lexists(self.path(os.path.join(d, hook))) for d in DOCKER_PATH):
-            link = self.path(os.path.join("/usr/local/bin", hook))
-            os.makedirs(os.path.dirname(link), exist_ok=True)
+        # the entries themselves: the link names a node path, which need not lead anywhere in ROOT
+        if not any(os.path.lexists(self.entry(os.path.join(d, hook))) for d in DOCKER_PATH):
+            link = self.entry(os.path.join("/usr/local/bin", hook))
             os.symlink(os.path.join(os.path.dirname(self._binary()), hook), link)
             changed = True
             done.append(f"linked {link} (docker run --gpus; dockerd finds it at its next start)")
