@@ -39,14 +39,3 @@ def stable_program(name):
         return os.path.join(bin_dir(), name)
     return os.path.join(prefix, "current", "bin", name)
 
-
-def working_tree(path):
-    """The git working tree PATH lies in, or None."""
-    path = os.path.abspath(path)
-    while True:
-        if os.path.exists(os.path.join(path, ".git")):
-            return path
-        parent = os.path.dirname(path)
-        if parent == path:
-            return None
-        path = parent

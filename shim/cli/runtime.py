@@ -1,4 +1,5 @@
 """`cdi-shim runtime configure | serve`: register the runtime with containerd; run its resident process."""
+import contextlib
 import os
 import shlex
 import shutil
@@ -99,23 +100,17 @@ def configure(engine, config_path, runtime_name, set_as_default, docker_cdi, doc
     from ..node.containerd import restart_containerd
     prefixes = settings().annotation_prefixes
     spec_dirs = settings().spec_dirs
-    lock = cc.configure_lock(config_path, wait_note=lambda note: click.echo(f"cdi-shim: {note}", err=True))
-    try:
-        lock.__enter__()  # from reading the file to renaming the new one: parallel runs lose nothing
-    except cc.ContainerdConfigError as err:
-        _fail(str(err))
-    try:
+    with _config_lock(config_path):
         _configure_locked(cc, restart_containerd, config_path, runtime_name, set_as_default, config_version,
                           drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes, spec_dirs,
                           enable_cdi, migrate)
-    finally:
-        lock.__exit__(None, None, None)
 
 
-def _configure_docker(config_path, runtime_name, set_as_default, cdi, dry_run, restart, runtime_binary, dockerd):
-    """configure --runtime=docker: plan, then write under the same lock as containerd's."""
+@contextlib.contextmanager
+def _config_lock(config_path):
+    """The configure lock on CONFIG_PATH, from reading the file to renaming the new one (parallel
+    runs lose nothing); a failure to take it ends the command."""
     from ..node import containerd_config as cc
-    from ..node import docker_config as dc
 
     lock = cc.configure_lock(config_path, wait_note=lambda note: click.echo(f"cdi-shim: {note}", err=True))
     try:
@@ -123,6 +118,16 @@ def _configure_docker(config_path, runtime_name, set_as_default, cdi, dry_run, r
     except cc.ContainerdConfigError as err:
         _fail(str(err))
     try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _configure_docker(config_path, runtime_name, set_as_default, cdi, dry_run, restart, runtime_binary, dockerd):
+    """configure --runtime=docker: plan, then write under the same lock as containerd's."""
+    from ..node import docker_config as dc
+
+    with _config_lock(config_path):
         try:
             plan = dc.plan_configure(config_path, runtime_name=runtime_name, binary=runtime_binary,
                                      set_as_default=set_as_default, cdi=cdi, spec_dirs=settings().spec_dirs,
@@ -163,8 +168,6 @@ def _configure_docker(config_path, runtime_name, set_as_default, cdi, dry_run, r
                        "$(cat /var/run/docker.pid)); a restart works too", err=True)
         click.echo(f"cdi-shim: then: docker run --runtime={runtime_name} -e NVIDIA_VISIBLE_DEVICES=0 IMAGE ...",
                    err=True)
-    finally:
-        lock.__exit__(None, None, None)
 
 
 def _configure_locked(cc, restart_containerd, config_path, runtime_name, set_as_default, config_version,

@@ -18,7 +18,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -26,7 +25,8 @@ import tempfile
 import time
 
 from . import releases
-from .lab import (CMD_TIMEOUT, LabError, _layer, _oci_arch, find_tool, make_char_device, static_busybox)
+from .lab import (CMD_TIMEOUT, LabError, _layer, _oci_arch, find_tool, kill_processes_naming, make_char_device,
+                  static_busybox, stop_process)
 
 IMAGE = "localhost/busybox:local"
 RUNTIME_NAME = "cdi-shim"
@@ -315,48 +315,17 @@ class DockerLab:
     # -- tear-down --
 
     def _stop_daemon(self):
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process, 30)
         self.process = None
 
     def stop(self):
         self._stop_daemon()
-        if self.containerd_process is not None and self.containerd_process.poll() is None:
-            self.containerd_process.send_signal(signal.SIGTERM)
-            try:
-                self.containerd_process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.containerd_process.kill()
-                self.containerd_process.wait(5)
+        stop_process(self.containerd_process, 15)
         self.containerd_process = None
-        if self.resident_process is not None:
-            self.resident_process.terminate()
-            self.resident_process.wait(15)
-            self.resident_process = None
-        self._kill_leftovers()
+        stop_process(self.resident_process, 15)
+        self.resident_process = None
+        kill_processes_naming(self.containerd_socket)    # shims of this lab's containerd
         shutil.rmtree(self.socket_dir, ignore_errors=True)
-
-    def _kill_leftovers(self):
-        """Shims of this lab's containerd (their command line names its socket), by pid."""
-        marker = self.containerd_socket.encode()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as stream:
-                    cmdline = stream.read()
-            except OSError:
-                continue
-            if marker in cmdline:
-                try:
-                    os.kill(int(entry), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
     def __enter__(self):
         return self

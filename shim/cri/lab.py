@@ -387,6 +387,36 @@ def toolkit_hooks(program, folder=DRIVER_FOLDER, version=DRIVER_VERSION):
 
 # --- the lab -----------------------------------------------------------------------------------
 
+def stop_process(process, timeout):
+    """SIGTERM PROCESS (a Popen, or None), SIGKILL it after TIMEOUT seconds, and reap it."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+def kill_processes_naming(text):
+    """SIGKILL every other process whose command line holds TEXT (a lab's socket: its shims)."""
+    marker = text.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as stream:
+                cmdline = stream.read()
+        except OSError:
+            continue
+        if marker in cmdline:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 class PodRun:
     """What one pod did: ids, container status, its output lines, CRI step times (seconds)."""
 
@@ -816,38 +846,13 @@ class Lab:
                 pass
             self.client.close()
             self.client = None
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process, 15)
         self.process = None
-        if self.resident_process is not None:
-            self.resident_process.terminate()
-            self.resident_process.wait(15)
-            self.resident_process = None
-        self._kill_leftovers()
+        stop_process(self.resident_process, 15)
+        self.resident_process = None
+        kill_processes_naming(self.socket)    # shims of this lab's containerd
         self._unmount_leftovers()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
-
-    def _kill_leftovers(self):
-        """Shims started by this lab's containerd (their command line names our socket), by pid."""
-        marker = self.socket.encode()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as stream:
-                    cmdline = stream.read()
-            except OSError:
-                continue
-            if marker in cmdline:
-                try:
-                    os.kill(int(entry), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
     def _unmount_leftovers(self):
         try:

@@ -475,15 +475,20 @@ def _link_text(root, link):
         os.close(fd)
 
 
+def _make_recorded_links(rootfs, links):
+    """make_links, told to the step memo's recorder (what the links change, then the links)."""
+    if _recording is not None:
+        _recording.before_links(rootfs, links)
+    make_links(rootfs, links)
+    if _recording is not None:
+        _recording.links += links
+
+
 def _make_soname_links(rootfs, links, log):
     """Make the soname LINKS (_soname_links) once the cache is planned. A failure is
     ldconfig's warning, not an error (the cache still names the file's soname path)."""
     try:
-        if _recording is not None:
-            _recording.before_links(rootfs, links)
-        make_links(rootfs, links)
-        if _recording is not None:
-            _recording.links += links
+        _make_recorded_links(rootfs, links)
     except OSError as err:
         log.warning(f"soname links not all made in {rootfs}: {err}")
 
@@ -518,11 +523,7 @@ def _made_links(rootfs, call, links, log, reasons):
     if not links:
         return True
     try:
-        if _recording is not None:
-            _recording.before_links(rootfs, links)
-        make_links(rootfs, links)
-        if _recording is not None:
-            _recording.links += links
+        _make_recorded_links(rootfs, links)
     except IsADirectoryError as err:
         # the toolkit's hook fails the create here too (its rename over a directory)
         from .toolkit_hooks import HookFailure

@@ -87,13 +87,19 @@ def containerd_migrate(path, containerd="containerd"):
     return out.stdout
 
 
-def restart_containerd():
-    """Restart containerd through systemd; returns a message, raises when this host cannot."""
+def restart_unit(unit, daemon, error=None, timeout=120):
+    """`systemctl restart UNIT` (DAEMON is what it runs, for messages); returns a message, raises
+    ERROR (default ContainerdConfigError) when this host cannot."""
+    error = error or ContainerdConfigError
     systemd, init = pid1_init()
     if not systemd:
-        raise ContainerdConfigError(f'cannot restart containerd: PID 1 is "{init}", not systemd; restart it the '
-                                    "way it was started")
-    out = subprocess.run(["systemctl", "restart", "containerd"], capture_output=True, text=True, timeout=120)
+        raise error(f'cannot restart {daemon}: PID 1 is "{init}", not systemd; restart it the way it was started')
+    out = subprocess.run(["systemctl", "restart", unit], capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
-        raise ContainerdConfigError(f"systemctl restart containerd failed: {out.stderr.strip()}")
-    return "restarted containerd (systemctl restart containerd)"
+        raise error(f"systemctl restart {unit} failed: {out.stderr.strip()}")
+    return f"restarted {daemon} (systemctl restart {unit})"
+
+
+def restart_containerd():
+    """Restart containerd through systemd; returns a message, raises when this host cannot."""
+    return restart_unit("containerd", "containerd")

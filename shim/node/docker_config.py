@@ -276,16 +276,9 @@ def write_plan(plan, dockerd="dockerd", validate=True):
 
 def restart_docker():
     """Restart dockerd through systemd; returns a message, raises when this host cannot."""
-    from .containerd import pid1_init
+    from .containerd import restart_unit
 
-    systemd, init = pid1_init()
-    if not systemd:
-        raise DockerConfigError(f'cannot restart dockerd: PID 1 is "{init}", not systemd; restart it the way it '
-                                "was started")
-    out = subprocess.run(["systemctl", "restart", "docker"], capture_output=True, text=True, timeout=180)
-    if out.returncode != 0:
-        raise DockerConfigError(f"systemctl restart docker failed: {out.stderr.strip()}")
-    return "restarted dockerd (systemctl restart docker)"
+    return restart_unit("docker", "dockerd", DockerConfigError, timeout=180)
 
 
 # --- reading (doctor) --------------------------------------------------------------------------------

@@ -93,6 +93,27 @@ def result(bundle):
     return config, files, links
 
 
+def each_way(world, made, check=None):
+    """The result of one container of MADE's image made by the worker, by the front end's replay,
+    by the worker's memo, then by the Python step alone (no resident process), in that order;
+    CHECK(how, bundle) must hold for each."""
+    results = []
+    for how in ("worker", "front end", "worker's memo", "python"):
+        if how == "worker's memo":
+            shutil.rmtree(made.steps)
+        if how == "python":
+            world.resident_socket = os.path.join(world.base, "no-resident.sock")
+            world.write_config(log_level="debug", log_file=made.log)
+        bundle = made.container()
+        run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
+        assert run.returncode == 0 and run.stdout.startswith("linked=42"), (how, run.stderr)
+        if how != "python":
+            assert made.served() == {"worker": 1, "front end": 1, "worker's memo": 2}[how], how
+        results.append(result(bundle))
+        assert check is None or check(how, bundle), how
+    return results
+
+
 def test_a_kept_step_is_replayed_by_the_front_end(image):
     world = image.world
     first = image.container()
@@ -127,19 +148,7 @@ def test_a_step_with_the_binds_hook_is_replayed_alike(world, driver, tmp_path):
     more = build_driver_libraries(str(tmp_path / "more"), 14, rh.need("gcc", "gcc"), "550.54.15")
     made = Image(world, driver, tmp_path, more_libraries=more)
     try:
-        results = []
-        for how in ("worker", "front end", "worker's memo", "python"):
-            if how == "worker's memo":
-                shutil.rmtree(made.steps)
-            if how == "python":
-                world.resident_socket = os.path.join(world.base, "no-resident.sock")
-                world.write_config(log_level="debug", log_file=made.log)
-            bundle = made.container()
-            run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
-            assert run.returncode == 0 and run.stdout.startswith("linked=42"), (how, run.stderr)
-            if how != "python":
-                assert made.served() == {"worker": 1, "front end": 1, "worker's memo": 2}[how], how
-            results.append(result(bundle))
+        results = each_way(world, made)
         assert all(later == results[0] for later in results[1:])
         config = results[0][0]
         binds = config["hooks"]["createContainer"][0]["args"]
@@ -438,20 +447,8 @@ def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path):
         with open(made.layer + f"{LIBDIR}/libcuda.so", "w") as out:
             out.write("the image's stub\n")
         time.sleep(1.2)     # (older than the memos' settle time)
-        results = []
-        for how in ("worker", "front end", "worker's memo", "python"):
-            if how == "worker's memo":
-                shutil.rmtree(made.steps)
-            if how == "python":
-                world.resident_socket = os.path.join(world.base, "no-resident.sock")
-                world.write_config(log_level="debug", log_file=made.log)
-            bundle = made.container()
-            run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
-            assert run.returncode == 0 and run.stdout.startswith("linked=42"), (how, run.stderr)
-            if how != "python":
-                assert made.served() == {"worker": 1, "front end": 1, "worker's memo": 2}[how], how
-            results.append(result(bundle))
-            assert not [n for n in os.listdir(bundle.rootfs + LIBDIR) if "cdi-shim" in n], how
+        results = each_way(world, made, lambda how, bundle: not [
+            n for n in os.listdir(bundle.rootfs + LIBDIR) if "cdi-shim" in n])
         assert all(later == results[0] for later in results[1:])
         assert results[0][2]["libcuda.so"] == "libcuda.so.1"
     finally:

@@ -72,17 +72,23 @@ def check_runtimeclasses(ctx):
 HOOK_PROGRAM = "cdi-shim-nshook"
 
 
+def _registered_runtimes(ctx):
+    """The executables containerd's cdi-shim runtime entries name (absolute, executable in the
+    node), sorted; empty when containerd's config cannot be read."""
+    view, node = ctx.containerd, ctx.node
+    if view.error or view.version is None:
+        return []
+    named = (_get(entry, "options", "BinaryName") for entry in view.shim_runtimes().values())
+    return sorted({binary for binary in named
+                   if isinstance(binary, str) and binary.startswith("/") and node.is_executable(binary)})
+
+
 def check_hook_program(ctx):
     """cdi-shim-nshook beside each registered cdi-shim-runtime (they are installed together):
     the hooks the runtime leaves to runc on a GPU node run it (the params bind of
     disable-device-node-modification, the /dev/dri/by-path links), so without it those
     creates fail."""
-    view, node = ctx.containerd, ctx.node
-    if view.error or view.version is None:
-        return None
-    binaries = sorted({binary for binary in (_get(entry, "options", "BinaryName")
-                                             for entry in view.shim_runtimes().values())
-                       if isinstance(binary, str) and binary.startswith("/") and node.is_executable(binary)})
+    node, binaries = ctx.node, _registered_runtimes(ctx)
     if not binaries:
         return None  # containerd.runtime says what is wrong with the entry
     found, missing = [], []
@@ -97,6 +103,7 @@ def check_hook_program(ctx):
                      "reinstall cdi-shim (pip install, or the node image): it installs both programs together")
     return _ok("runtime", "hooks", ", ".join(found))
 
+
 def check_runtime_install(ctx):
     """Where each registered cdi-shim-runtime is installed. A node's container runtime belongs
     under a root-owned prefix (/opt/cdi-shim/current), not in a git working tree (a checkout's
@@ -104,12 +111,7 @@ def check_runtime_install(ctx):
     can write to (they could replace what every container start runs as root)."""
     from ...installation import DEFAULT_PREFIX
 
-    view, node = ctx.containerd, ctx.node
-    if view.error or view.version is None:
-        return None
-    binaries = sorted({binary for binary in (_get(entry, "options", "BinaryName")
-                                             for entry in view.shim_runtimes().values())
-                       if isinstance(binary, str) and binary.startswith("/") and node.is_executable(binary)})
+    node, binaries = ctx.node, _registered_runtimes(ctx)
     if not binaries:
         return None
     problems = []
