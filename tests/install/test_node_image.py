@@ -105,21 +105,12 @@ def test_two_installers_at_once_give_one_release(image, tmp_path):
 
 
 @pytest.fixture
-def lab21(tmp_path, containerd_release):
+def lab21(tmp_path):
     from shim.cri.lab import Lab
 
     lab = Lab(tmp_path / "lab", containerd="2.1")
     yield lab
     lab.stop()
-
-
-@pytest.fixture
-def containerd_release():
-    from shim.cri import releases
-
-    def get(version):
-        return releases.binaries(releases.fetch(version))["containerd"]
-    return get
 
 
 def test_installed_node_runs_gpu_pods_and_takes_a_new_release_under_load(image, tmp_path, lab21, cri_build_dir):
