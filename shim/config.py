@@ -19,23 +19,36 @@ class ConfigError(Exception):
     pass
 
 
+# Every key, once: (key, type, default, allowed values or None, what the native front end does
+# with it, meaning). Config's defaults and checks, the default file `install --node` writes and
+# the front end's header (csrc/frontend/config_keys.h, written by `python -m shim.config header`)
+# come from this table; tests/runtime/test_config_keys.py fails when the header drifts.
+# The front end "reads" a key it needs to pass runc calls through, and "skips" (after checking
+# its syntax) one only the Python half needs: no key may send a passthrough call to Python.
+KEYS = (
+    ("runtime", str, "runc", None, "reads", "low-level runtime: a name on PATH or an absolute path"),
+    ("spec-dirs", tuple, ("/etc/cdi", "/var/run/cdi"), None, "skips", "CDI spec folders, in rising priority"),
+    ("annotation-prefixes", tuple, ("cdi.k8s.io/",), None, "reads",
+     "annotation keys with these prefixes request CDI devices"),
+    ("device-env", str, "NVIDIA_VISIBLE_DEVICES", None, "reads", 'the env request variable; "" turns env requests off'),
+    ("default-kind", str, "nvidia.com/gpu", None, "skips", "the kind of a bare index or UUID in an env request"),
+    ("log-file", str, "", None, "reads", 'our own log; "" = only runc\'s --log file and stderr'),
+    ("log-level", str, "info", LOG_LEVELS, "reads", '"debug" adds per-phase timings'),
+    ("accept-env-unprivileged", bool, True, None, "skips",
+     "env requests of containers without CAP_SYS_ADMIN count (false on Kubernetes nodes)"),
+    ("volume-mount-requests", str, "dev-null", ("dev-null", "off"), "skips",
+     "the device plugin's /var/run/nvidia-container-devices mounts request devices"),
+    ("env-vendors", tuple, (), None, "skips", "vendors env requests may name; [] = default-kind's only"),
+    ("resident-socket", str, "/run/cdi-shim/runtime.sock", None, "reads",
+     'the resident process; "" = always start the interpreter'),
+    ("file-binds", str, "hook", ("hook", "runc"), "reads", "who binds a device's library files: our hook, or runc"),
+)
+
+
 class Config:
     """The settings; a plain class (dataclasses costs the runtime ~10 ms of imports)."""
 
-    DEFAULTS = {
-        "runtime": "runc",
-        "spec_dirs": ("/etc/cdi", "/var/run/cdi"),
-        "annotation_prefixes": ("cdi.k8s.io/",),
-        "device_env": "NVIDIA_VISIBLE_DEVICES",
-        "default_kind": "nvidia.com/gpu",
-        "log_file": "",
-        "log_level": "info",
-        "accept_env_unprivileged": True,
-        "volume_mount_requests": "dev-null",
-        "env_vendors": (),  # () = only default-kind's vendor
-        "resident_socket": "/run/cdi-shim/runtime.sock",
-        "file_binds": "hook",  # who binds the device's library files: our hook, or runc (linker/filebinds.py)
-    }
+    DEFAULTS = {key.replace("-", "_"): default for key, _, default, *_ in KEYS}
     __slots__ = tuple(DEFAULTS) + ("source",)
 
     def __init__(self, source="", **settings):
@@ -53,11 +66,74 @@ class Config:
         return "Config(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in self.DEFAULTS) + ")"
 
 
-_TYPES = {"runtime": str, "spec_dirs": tuple, "annotation_prefixes": tuple, "device_env": str,
-          "default_kind": str, "log_file": str, "log_level": str, "accept_env_unprivileged": bool,
-          "resident_socket": str, "volume_mount_requests": str,
-          "env_vendors": tuple, "file_binds": str}
-_CHOICES = {"log_level": LOG_LEVELS, "volume_mount_requests": ("dev-null", "off"), "file_binds": ("hook", "runc")}
+_TYPES = {key.replace("-", "_"): kind for key, kind, *_ in KEYS}
+_CHOICES = {key.replace("-", "_"): choices for key, _, _, choices, *_ in KEYS if choices}
+
+
+def toml_value(value):
+    """VALUE (a str, bool or tuple of str) as our config file writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    return '"' + value + '"'
+
+
+def default_config_text(values=None, why=""):
+    """The config file `install --node` writes: every key at its default, or at VALUES[key],
+    each with its meaning; WHY (comment lines) explains the values that differ."""
+    values = values or {}
+    unknown = set(values) - {key for key, *_ in KEYS}
+    if unknown:
+        raise ValueError(f"unknown config keys {sorted(unknown)}")
+    lines = ["# cdi-shim's configuration (written by `cdi-shim install --node`; yours to edit, it is never",
+             "# rewritten). Every key is optional: a key left out takes the default written here."]
+    lines += [line for line in why.splitlines()]
+    for key, _, default, _, _, meaning in KEYS:
+        setting = f"{key} = {toml_value(values.get(key, default))}"
+        lines.append(f"{setting:<48} # {meaning}")
+    return "\n".join(lines) + "\n"
+
+
+def c_header():
+    """csrc/frontend/config_keys.h: the table above as the native front end needs it."""
+    def c_string(text):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    out = ["/* Generated from shim/config.py's KEYS by `python -m shim.config header`: do not edit.",
+           " * tests/runtime/test_config_keys.py fails when the two differ. */",
+           "#ifndef CDS_CONFIG_KEYS_H", "#define CDS_CONFIG_KEYS_H", "",
+           f"#define CDS_CONFIG_ENV {c_string(CONFIG_ENV)}",
+           f"#define CDS_DEFAULT_CONFIG_PATH {c_string(DEFAULT_CONFIG_PATH)}",
+           f"#define CDS_MAX_CONFIG_BYTES {MAX_CONFIG_BYTES}u", "",
+           "enum cds_key {"]
+    out += [f"    CDS_KEY_{key.upper().replace('-', '_')}," for key, *_ in KEYS]
+    out += ["    CDS_KEY_COUNT", "};", "",
+            "/* 's': a string, 'l': a list of strings, 'b': true or false */",
+            "struct cds_key_info {", "    const char *name;", "    char type;",
+            "    int front_end_reads; /* else checked and skipped: only Python needs it */",
+            "    const char *const *choices; /* NULL-terminated; NULL: any value */", "};", ""]
+    for key, _, _, choices, _, _ in KEYS:
+        if choices:
+            items = ", ".join(c_string(choice) for choice in choices)
+            out.append(f"static const char *const cds_choices_{key.replace('-', '_')}[] = {{{items}, NULL}};")
+    out += ["", "static const struct cds_key_info cds_keys[CDS_KEY_COUNT] = {"]
+    for key, kind, _, choices, front_end, _ in KEYS:
+        letter = {str: "s", tuple: "l", bool: "b"}[kind]
+        table = f"cds_choices_{key.replace('-', '_')}" if choices else "NULL"
+        out.append(f"    [CDS_KEY_{key.upper().replace('-', '_')}] = "
+                   f"{{{c_string(key)}, '{letter}', {int(front_end == 'reads')}, {table}}},")
+    out += ["};", "", "/* The defaults of the keys the front end reads. */"]
+    for key, kind, default, _, front_end, _ in KEYS:
+        if front_end != "reads":
+            continue
+        name = "CDS_DEFAULT_" + key.upper().replace("-", "_")
+        if kind is tuple:
+            out.append(f"#define {name} {{{', '.join([c_string(item) for item in default] + ['NULL'])}}}")
+        else:
+            out.append(f"#define {name} {c_string(default) if kind is str else int(default)}")
+    out += ["", "#endif", ""]
+    return "\n".join(out)
 
 
 def config_path():
@@ -203,3 +279,11 @@ def _load(path, named):
             raise ConfigError(f'cdi-shim config {path}: "{name.replace("_", "-")}" must be one of '
                               f'{", ".join(chr(34) + c + chr(34) for c in choices)}, not "{settings[name]}"')
     return Config(source=path, **settings)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["header"]:
+        raise SystemExit("usage: python -m shim.config header   (prints csrc/frontend/config_keys.h)")
+    sys.stdout.write(c_header())

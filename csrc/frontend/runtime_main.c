@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config_keys.h"
 #include "replay.h"
 #include "../launcher/pylaunch.h"
 
@@ -46,7 +47,6 @@
 /* How long a create waits for a resident worker to take it up before it runs the interpreter
  * itself (every worker busy); a warm worker answers within a millisecond or two. */
 #define RESIDENT_WAIT_MS 1000
-#define MAX_SETTINGS_FILE (1u << 20)
 #define MAX_PREFIXES 16
 #define DEVICE_MOUNT_PATTERN "\"/var/run/nvidia-container-devices/"
 
@@ -139,30 +139,131 @@ static int parse_string(char **p, char *out, size_t cap)
     return 0;
 }
 
+/* Parse a `["a", "b"]` list of such strings at *p into ITEMS (MAX of CAP bytes each; the
+ * count into *N), or only check it when ITEMS is NULL; advances *p. */
+static int parse_list(char **p, char *items, size_t cap, int max, int *n)
+{
+    char scratch[4096];
+    char *s = *p;
+    if (*s++ != '[')
+        return -1;
+    *n = 0;
+    for (;;) {
+        s = trim(s);
+        if (*s == ']')
+            break;
+        if (items && *n == max)
+            return -1;
+        if (parse_string(&s, items ? items + (size_t)*n * cap : scratch, items ? cap : sizeof(scratch)) < 0)
+            return -1;
+        (*n)++;
+        s = trim(s);
+        if (*s == ',')
+            s++;
+        else if (*s != ']')
+            return -1;
+    }
+    *p = s + 1;
+    return 0;
+}
+
+static int parse_bool(char **p, int *value)
+{
+    for (int v = 0; v < 2; v++) {
+        const char *word = v ? "true" : "false";
+        size_t len = strlen(word);
+        if (strncmp(*p, word, len) == 0) {
+            *p += len;
+            *value = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int one_of(const char *value, const char *const *choices)
+{
+    for (; choices && *choices; choices++)
+        if (strcmp(value, *choices) == 0)
+            return 1;
+    return choices == NULL;
+}
+
+/* The string field of the settings that KEY sets, and its size; NULL for a key without one. */
+static char *string_field(struct settings *set, enum cds_key key, size_t *cap)
+{
+    switch (key) {
+    case CDS_KEY_RUNTIME: *cap = sizeof(set->runtime); return set->runtime;
+    case CDS_KEY_DEVICE_ENV: *cap = sizeof(set->device_env); return set->device_env;
+    case CDS_KEY_RESIDENT_SOCKET: *cap = sizeof(set->socket); return set->socket;
+    case CDS_KEY_LOG_FILE: *cap = sizeof(set->log_file); return set->log_file;
+    default: return NULL;
+    }
+}
+
+/* One `key = value` line's value, of KEY's type (config_keys.h, from shim/config.py's KEYS),
+ * into SET when the front end reads that key. Returns -1 when the value is not one this reader
+ * understands, or not one Python accepts (Python then reports it). */
+static int set_value(struct settings *set, enum cds_key key, char **value)
+{
+    const struct cds_key_info *info = &cds_keys[key];
+    char scratch[4096];
+    int n, flag;
+    if (info->type == 'b')
+        return parse_bool(value, &flag);
+    if (info->type == 'l') {
+        if (key != CDS_KEY_ANNOTATION_PREFIXES)
+            return parse_list(value, NULL, 0, 0, &n);
+        if (parse_list(value, &set->prefixes[0][0], sizeof(set->prefixes[0]), MAX_PREFIXES, &n) < 0)
+            return -1;
+        set->n_prefixes = n;
+        return 0;
+    }
+    size_t cap = sizeof(scratch);
+    char *field = string_field(set, key, &cap);
+    if (parse_string(value, scratch, cap) < 0 || !one_of(scratch, info->choices))
+        return -1;
+    if (field)
+        strcpy(field, scratch);
+    else if (key == CDS_KEY_LOG_LEVEL)
+        set->debug = strcmp(scratch, "debug") == 0;
+    else if (key == CDS_KEY_FILE_BINDS)
+        set->runc_binds = strcmp(scratch, "runc") == 0;
+    return 0;
+}
+
+static void load_defaults(struct settings *set)
+{
+    static const char *const prefixes[] = CDS_DEFAULT_ANNOTATION_PREFIXES;
+    strcpy(set->runtime, CDS_DEFAULT_RUNTIME);
+    strcpy(set->device_env, CDS_DEFAULT_DEVICE_ENV);
+    strcpy(set->socket, CDS_DEFAULT_RESIDENT_SOCKET);
+    strcpy(set->log_file, CDS_DEFAULT_LOG_FILE);
+    set->n_prefixes = 0;
+    for (int i = 0; prefixes[i]; i++)
+        strcpy(set->prefixes[set->n_prefixes++], prefixes[i]);
+    set->debug = strcmp(CDS_DEFAULT_LOG_LEVEL, "debug") == 0;
+    set->runc_binds = strcmp(CDS_DEFAULT_FILE_BINDS, "runc") == 0;
+}
+
 /* The subset of TOML our config file uses: `key = "string"`, `key = ["a", "b"]` on one
  * line, `key = true|false`, comments and blank lines. Anything else: not understood. */
 static void load_settings(struct settings *set)
 {
-    const char *path = getenv("CDI_SHIM_CONFIG");
+    const char *path = getenv(CDS_CONFIG_ENV);
     __attribute__((cleanup(free_buf))) char *text = NULL;
 
-    strcpy(set->runtime, "runc");
-    strcpy(set->device_env, "NVIDIA_VISIBLE_DEVICES");
-    strcpy(set->prefixes[0], "cdi.k8s.io/");
-    set->n_prefixes = 1;
-    strcpy(set->socket, "/run/cdi-shim/runtime.sock");
-    set->log_file[0] = '\0';
-    set->debug = 0;
-    set->runc_binds = 0;
+    load_defaults(set);
     set->understood = 1;
     int named = path && *path;
     if (!named)
-        path = "/etc/cdi-shim/config.toml";
-    if (read_file(path, MAX_SETTINGS_FILE, &text) < 0) {
+        path = CDS_DEFAULT_CONFIG_PATH;
+    if (read_file(path, CDS_MAX_CONFIG_BYTES, &text) < 0) {
         if (errno != ENOENT || named)
             set->understood = 0; /* unreadable, or a named file is missing: Python reports it */
         return;
     }
+    int seen[CDS_KEY_COUNT] = {0};
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         char *s = trim(line);
         if (*s == '\0' || *s == '#')
@@ -174,59 +275,12 @@ static void load_settings(struct settings *set)
         }
         *eq = '\0';
         char *key = trim(s), *value = trim(eq + 1);
-        char scratch[4096];
-        if (strcmp(key, "runtime") == 0 || strcmp(key, "device-env") == 0
-            || strcmp(key, "resident-socket") == 0) {
-            char *target = key[0] == 'd' ? set->device_env : key[1] == 'u' ? set->runtime : set->socket;
-            size_t cap = key[0] == 'd' ? sizeof(set->device_env)
-                         : key[1] == 'u' ? sizeof(set->runtime) : sizeof(set->socket);
-            if (parse_string(&value, scratch, cap) < 0) {
-                set->understood = 0;
-                return;
-            }
-            strcpy(target, scratch);
-        } else if (strcmp(key, "annotation-prefixes") == 0) {
-            if (*value++ != '[') {
-                set->understood = 0;
-                return;
-            }
-            set->n_prefixes = 0;
-            for (;;) {
-                value = trim(value);
-                if (*value == ']')
-                    break;
-                if (set->n_prefixes == MAX_PREFIXES
-                    || parse_string(&value, set->prefixes[set->n_prefixes], sizeof(set->prefixes[0])) < 0) {
-                    set->understood = 0;
-                    return;
-                }
-                set->n_prefixes++;
-                value = trim(value);
-                if (*value == ',')
-                    value++;
-            }
-            value++;
-        } else if (strcmp(key, "log-file") == 0 || strcmp(key, "log-level") == 0) {
-            if (parse_string(&value, scratch, sizeof(set->log_file)) < 0) {
-                set->understood = 0;
-                return;
-            }
-            if (key[4] == 'f')
-                strcpy(set->log_file, scratch);
-            else
-                set->debug = strcmp(scratch, "debug") == 0;
-        } else if (strcmp(key, "file-binds") == 0) {
-            if (parse_string(&value, scratch, sizeof(scratch)) < 0
-                || (strcmp(scratch, "hook") != 0 && strcmp(scratch, "runc") != 0)) {
-                set->understood = 0;
-                return;
-            }
-            set->runc_binds = strcmp(scratch, "runc") == 0;
-        } else if (strcmp(key, "spec-dirs") == 0 || strcmp(key, "default-kind") == 0
-                   || strcmp(key, "accept-env-unprivileged") == 0) {
-            continue; /* only Python needs these */
-        } else {
-            set->understood = 0; /* unknown key: Python reports it */
+        int k = 0;
+        while (k < CDS_KEY_COUNT && strcmp(key, cds_keys[k].name) != 0)
+            k++;
+        /* an unknown or repeated key, or a value we cannot read: Python reports it */
+        if (k == CDS_KEY_COUNT || seen[k]++ || set_value(set, (enum cds_key)k, &value) < 0) {
+            set->understood = 0;
             return;
         }
         value = trim(value);

@@ -64,24 +64,11 @@ TEMPLATE_MARKER = "# Written by `cdi-shim install --node`"
 TOOLKIT_RUNTIMES = ("/usr/bin/nvidia-container-runtime", "/usr/local/nvidia/toolkit/nvidia-container-runtime",
                     "/usr/local/bin/nvidia-container-runtime")
 
-DEFAULT_CONFIG_TEXT = """\
-# cdi-shim's configuration (written by `cdi-shim install --node` with the defaults; yours to edit,
-# it is never rewritten). Every key is optional.
-runtime = "runc"                               # low-level runtime: a name on PATH or an absolute path
-spec-dirs = ["/etc/cdi", "/var/run/cdi"]       # rising priority
-annotation-prefixes = ["cdi.k8s.io/"]
-device-env = "NVIDIA_VISIBLE_DEVICES"          # "" turns env requests off
-default-kind = "nvidia.com/gpu"
-log-file = ""                                  # "" = only runc's --log file and stderr
-log-level = "info"                             # "debug" adds per-phase timings
-resident-socket = "/run/cdi-shim/runtime.sock" # the resident process; "" = always start the interpreter
-"""
-
-KUBERNETES_CONFIG_TEXT = """\
+KUBERNETES_WHY = """\
 # A Kubernetes node (install --node found its kubelet): the device plugin allocates the GPUs and
 # passes them as CDI annotations, the CRI CDI field or volume mounts, so an unprivileged
-# container's own NVIDIA_VISIBLE_DEVICES (set by its image) requests nothing.
-accept-env-unprivileged = false
+# container's own NVIDIA_VISIBLE_DEVICES (set by its image) requests nothing:
+# accept-env-unprivileged = false.
 """
 
 UNIT_TEXT = """\
@@ -192,7 +179,7 @@ class Installer:
     # --- 1. cdi-shim's config --------------------------------------------------------------------
 
     def cdi_shim_config(self):
-        from ..config import Config
+        from ..config import Config, default_config_text
         from .kubernetes import PLUGIN_STRATEGIES, kubernetes_marker, other_ways
 
         path = self.path(CDI_SHIM_CONFIG)
@@ -208,13 +195,13 @@ class Installer:
         path = self.target(CDI_SHIM_CONFIG)
         if marker and ways:
             # the image must not pick GPUs past the device plugin, which has other ways in
-            _write(path, DEFAULT_CONFIG_TEXT + KUBERNETES_CONFIG_TEXT)
+            _write(path, default_config_text({"accept-env-unprivileged": False}, why=KUBERNETES_WHY))
             return Step("config", True, f"wrote {path} (the defaults; a Kubernetes node, {marker}: "
                         "accept-env-unprivileged = false)",
                         notes=[f"env requests ({Config().device_env}) of unprivileged containers are ignored; the "
                                f"device plugin's devices reach containers by {', '.join(ways)}: use its "
                                f"{PLUGIN_STRATEGIES}, not envvar"])
-        _write(path, DEFAULT_CONFIG_TEXT)
+        _write(path, default_config_text())
         return Step("config", True, f"wrote {path} (the defaults)")
 
     def settings(self):
