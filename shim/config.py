@@ -21,8 +21,7 @@ class ConfigError(Exception):
 
 # Every key, once: (key, type, default, allowed values or None, what the native front end does
 # with it, meaning). Config's defaults and checks, the default file `install --node` writes and
-# the front end's header (csrc/frontend/config_keys.h, written by `python -m shim.config header`)
-# come from this table; tests/runtime/test_config_keys.py fails when the header drifts.
+# the front end's csrc/frontend/config_keys.h (shim/native_headers.py) come from this table.
 # The front end "reads" a key it needs to pass runc calls through, and "skips" (after checking
 # its syntax) one only the Python half needs: no key may send a passthrough call to Python.
 KEYS = (
@@ -93,47 +92,6 @@ def default_config_text(values=None, why=""):
         setting = f"{key} = {toml_value(values.get(key, default))}"
         lines.append(f"{setting:<48} # {meaning}")
     return "\n".join(lines) + "\n"
-
-
-def c_header():
-    """csrc/frontend/config_keys.h: the table above as the native front end needs it."""
-    def c_string(text):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-    out = ["/* Generated from shim/config.py's KEYS by `python -m shim.config header`: do not edit.",
-           " * tests/runtime/test_config_keys.py fails when the two differ. */",
-           "#ifndef CDS_CONFIG_KEYS_H", "#define CDS_CONFIG_KEYS_H", "",
-           f"#define CDS_CONFIG_ENV {c_string(CONFIG_ENV)}",
-           f"#define CDS_DEFAULT_CONFIG_PATH {c_string(DEFAULT_CONFIG_PATH)}",
-           f"#define CDS_MAX_CONFIG_BYTES {MAX_CONFIG_BYTES}u", "",
-           "enum cds_key {"]
-    out += [f"    CDS_KEY_{key.upper().replace('-', '_')}," for key, *_ in KEYS]
-    out += ["    CDS_KEY_COUNT", "};", "",
-            "/* 's': a string, 'l': a list of strings, 'b': true or false */",
-            "struct cds_key_info {", "    const char *name;", "    char type;",
-            "    int front_end_reads; /* else checked and skipped: only Python needs it */",
-            "    const char *const *choices; /* NULL-terminated; NULL: any value */", "};", ""]
-    for key, _, _, choices, _, _ in KEYS:
-        if choices:
-            items = ", ".join(c_string(choice) for choice in choices)
-            out.append(f"static const char *const cds_choices_{key.replace('-', '_')}[] = {{{items}, NULL}};")
-    out += ["", "static const struct cds_key_info cds_keys[CDS_KEY_COUNT] = {"]
-    for key, kind, _, choices, front_end, _ in KEYS:
-        letter = {str: "s", tuple: "l", bool: "b"}[kind]
-        table = f"cds_choices_{key.replace('-', '_')}" if choices else "NULL"
-        out.append(f"    [CDS_KEY_{key.upper().replace('-', '_')}] = "
-                   f"{{{c_string(key)}, '{letter}', {int(front_end == 'reads')}, {table}}},")
-    out += ["};", "", "/* The defaults of the keys the front end reads. */"]
-    for key, kind, default, _, front_end, _ in KEYS:
-        if front_end != "reads":
-            continue
-        name = "CDS_DEFAULT_" + key.upper().replace("-", "_")
-        if kind is tuple:
-            out.append(f"#define {name} {{{', '.join([c_string(item) for item in default] + ['NULL'])}}}")
-        else:
-            out.append(f"#define {name} {c_string(default) if kind is str else int(default)}")
-    out += ["", "#endif", ""]
-    return "\n".join(out)
 
 
 def config_path():
@@ -280,10 +238,3 @@ def _load(path, named):
                               f'{", ".join(chr(34) + c + chr(34) for c in choices)}, not "{settings[name]}"')
     return Config(source=path, **settings)
 
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] != ["header"]:
-        raise SystemExit("usage: python -m shim.config header   (prints csrc/frontend/config_keys.h)")
-    sys.stdout.write(c_header())

@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime_rules.h"
 #include "../engine/cleanup.h"
 #include "../engine/inroot.h"
 #include "../engine/ociconf.h"
@@ -32,7 +33,7 @@
 #define RECIPE_MAGIC "CDSSTEP3"
 #define MAX_RECIPE (8u << 20)
 #define MAX_PARAMS (1u << 20)
-#define PARAMS_PATH "/proc/driver/nvidia/params"
+#define PARAMS_PATH CDS_PARAMS_PATH
 #define PARAMS_ENV "CDI_SHIM_NVIDIA_PARAMS" /* testing only, as in shim/linker/toolkit_hooks.py */
 
 struct block {

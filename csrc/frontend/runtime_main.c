@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "config_keys.h"
+#include "runtime_rules.h"
 #include "replay.h"
 #include "../launcher/pylaunch.h"
 
@@ -48,7 +49,7 @@
  * itself (every worker busy); a warm worker answers within a millisecond or two. */
 #define RESIDENT_WAIT_MS 1000
 #define MAX_PREFIXES 16
-#define DEVICE_MOUNT_PATTERN "\"/var/run/nvidia-container-devices/"
+#define DEVICE_MOUNT_PATTERN "\"" CDS_DEVICE_MOUNT_ROOT
 
 struct settings {
     char runtime[4096];
@@ -291,14 +292,24 @@ static void load_settings(struct settings *set)
     }
 }
 
+/* Whether NAME (LEN bytes, not NUL-terminated) is one of the NULL-terminated NAMES. */
+static int among(const char *name, size_t len, const char *const *names)
+{
+    for (; *names; names++)
+        if (strlen(*names) == len && strncmp(name, *names, len) == 0)
+            return 1;
+    return 0;
+}
+
+static int is_device_option(const char *name, size_t len)
+{
+    return among(name, len, (const char *const[]){CDS_DEVICE_OPTION, NULL});
+}
+
 /* runc's global options that take a value, and ours. */
 static int global_takes_value(const char *name, size_t len)
 {
-    static const char *names[] = {"root", "log", "log-format", "criu", "rootless", "device", NULL};
-    for (int i = 0; names[i]; i++)
-        if (strlen(names[i]) == len && strncmp(name, names[i], len) == 0)
-            return 1;
-    return 0;
+    return among(name, len, cds_global_value_options) || is_device_option(name, len);
 }
 
 /* Option name without leading dashes and its length (up to '=' if any). */
@@ -310,10 +321,6 @@ static const char *option_name(const char *arg, size_t *len)
     return name;
 }
 
-static int is_device_option(const char *name, size_t len)
-{
-    return len == 6 && strncmp(name, "device", 6) == 0;
-}
 
 /* What a create/run command line (argv from the command word on) says to us. */
 struct create_line {
@@ -325,7 +332,7 @@ struct create_line {
 
 static int is_help_option(const char *name, size_t len)
 {
-    return (len == 4 && strncmp(name, "help", 4) == 0) || (len == 1 && name[0] == 'h');
+    return among(name, len, cds_help_options);
 }
 
 /* A --device option without "=": whether the next argument is its value (a device name never
@@ -338,10 +345,7 @@ static int device_value_follows(char **args, int i, int n)
 /* Options of create/run that take a value; the rest of theirs are booleans. */
 static int create_takes_value(const char *name, size_t len)
 {
-    return (len == 6 && strncmp(name, "bundle", 6) == 0) || (len == 1 && name[0] == 'b')
-           || (len == 14 && strncmp(name, "console-socket", 14) == 0)
-           || (len == 8 && strncmp(name, "pid-file", 8) == 0)
-           || (len == 12 && strncmp(name, "preserve-fds", 12) == 0);
+    return among(name, len, cds_create_value_options);
 }
 
 static struct create_line scan_create(char **args, int n)
@@ -378,18 +382,26 @@ static struct create_line scan_create(char **args, int n)
     return line;
 }
 
-/* The programs of the hooks whose work the Python half does (shim/linker/container.py's
- * HOOK_PROGRAMS): a config injected by someone else (containerd's own CDI, podman) carries them
- * with no request left in it. Matched as a whole JSON string or its last path component. */
-static const char *const hook_programs[] = {"nvidia-cdi-hook", "nvidia-ctk", "cdi-shim", "cdi-shim-hook"};
-
-/* Docker's --gpus hook (shim/runtime/requests.py LEGACY_HOOK): it is a request, and ours to drop,
- * whatever the env says. Matched as a whole JSON string or its last path component. */
-#define LEGACY_HOOK "nvidia-container-runtime-hook"
+/* The hook programs whose work the Python half does (cds_hook_programs): a config injected by
+ * someone else (containerd's own CDI, podman) carries them with no request left in it. Docker's
+ * --gpus hook (CDS_LEGACY_HOOK) is a request, and ours to drop, whatever the env says. Both are
+ * matched as a whole JSON string or its last path component. */
+#define N_HOOK_PROGRAMS (sizeof(cds_hook_programs) / sizeof(cds_hook_programs[0]) - 1)
 
 static int starts_with(const char *at, const char *end, const char *text, size_t len)
 {
     return (size_t)(end - at) >= len && memcmp(at, text, len) == 0;
+}
+
+/* Whether AT holds one of cds_no_request_values, closed by its quote. */
+static int no_request_value(const char *at, const char *end)
+{
+    for (const char *const *v = cds_no_request_values; *v; v++) {
+        size_t len = strlen(*v);
+        if (starts_with(at, end, *v, len) && at + len < end && at[len] == '"')
+            return 1;
+    }
+    return 0;
 }
 
 enum config_kind { NOTHING_FOR_US = 0, HOOKS_ONLY = 1, MAY_REQUEST = 2 };
@@ -411,13 +423,14 @@ static enum config_kind config_kind(const char *bundle, const struct settings *s
     long len = read_file_mode(path, MAX_CONFIG_JSON, &json, mode);
     if (len < 0)
         return MAY_REQUEST; /* Python reports the problem with the file */
-    size_t prefix_len[MAX_PREFIXES], env_len = 0, mount_len = strlen(DEVICE_MOUNT_PATTERN), hook_len[4];
+    size_t prefix_len[MAX_PREFIXES], env_len = 0, mount_len = strlen(DEVICE_MOUNT_PATTERN),
+           hook_len[N_HOOK_PROGRAMS];
     for (int i = 0; i < set->n_prefixes; i++)
         prefix_len[i] = strlen(set->prefixes[i]);
     if (set->device_env[0])
         env_len = (size_t)snprintf(env_pattern, sizeof(env_pattern), "%s=", set->device_env);
-    for (size_t h = 0; h < sizeof(hook_programs) / sizeof(hook_programs[0]); h++)
-        hook_len[h] = strlen(hook_programs[h]);
+    for (size_t h = 0; h < N_HOOK_PROGRAMS; h++)
+        hook_len[h] = strlen(cds_hook_programs[h]);
     const char *end = json + len;
     for (const char *p = json; ; p++) {
         p += strcspn(p, "\\\""); /* stops at a quote, a backslash or a NUL */
@@ -439,19 +452,19 @@ static enum config_kind config_kind(const char *bundle, const struct settings *s
             if (starts_with(p + 1, end, set->prefixes[i], prefix_len[i]))
                 return MAY_REQUEST;
         if (env_len && starts_with(p + 1, end, env_pattern, env_len)) {
-            /* "void" and "none" request nothing, and beat any other value of the variable
-             * (shim/runtime/requests.py): only when every one is such can none be a request. */
+            /* cds_no_request_values ("void", "none") request nothing, and beat any other value
+             * of the variable: only when every one is such can none be a request. */
             const char *value = p + 1 + env_len;
-            if (!starts_with(value, end, "void\"", 5) && !starts_with(value, end, "none\"", 5))
+            if (!no_request_value(value, end))
                 return MAY_REQUEST;
         }
-        size_t legacy_len = sizeof(LEGACY_HOOK) - 1;
-        if ((size_t)(p - json) > legacy_len && memcmp(p - legacy_len, LEGACY_HOOK, legacy_len) == 0
+        size_t legacy_len = sizeof(CDS_LEGACY_HOOK) - 1;
+        if ((size_t)(p - json) > legacy_len && memcmp(p - legacy_len, CDS_LEGACY_HOOK, legacy_len) == 0
             && (p[-(long)legacy_len - 1] == '/' || p[-(long)legacy_len - 1] == '"'))
             return MAY_REQUEST;
-        for (size_t h = 0; !hooks && h < sizeof(hook_programs) / sizeof(hook_programs[0]); h++) {
+        for (size_t h = 0; !hooks && h < N_HOOK_PROGRAMS; h++) {
             const char *name = p - hook_len[h];
-            if ((size_t)(p - json) > hook_len[h] && memcmp(name, hook_programs[h], hook_len[h]) == 0
+            if ((size_t)(p - json) > hook_len[h] && memcmp(name, cds_hook_programs[h], hook_len[h]) == 0
                 && (name[-1] == '/' || name[-1] == '"'))
                 hooks = 1;
         }
@@ -859,7 +872,7 @@ int main(int argc, char **argv)
     }
     /* runc shows its help for --help, no command (unless --version) and a bare `help`: ours first. */
     if (command == argc ? !version
-        : help || (argc - command == 1 && (strcmp(argv[command], "help") == 0 || strcmp(argv[command], "h") == 0))) {
+        : help || (argc - command == 1 && among(argv[command], strlen(argv[command]), cds_help_commands))) {
         help = 1;
         fputs(help_text, stdout);
         fflush(stdout);
@@ -867,7 +880,7 @@ int main(int argc, char **argv)
     if (!set.understood)
         return exec_python(argc, argv);
 
-    int create = command < argc && (strcmp(argv[command], "create") == 0 || strcmp(argv[command], "run") == 0);
+    int create = command < argc && among(argv[command], strlen(argv[command]), cds_injecting_commands);
     struct create_line scan = {".", 0, 0, 0};
     if (create) {
         scan = scan_create(argv + command, argc - command);

@@ -48,6 +48,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../frontend/runtime_rules.h"
 #include "../engine/inroot.h"
 
 #ifndef CDS_VERSION
@@ -55,7 +56,7 @@
 #endif
 #include "ocistate.h"
 
-#define PARAMS_PATH "/proc/driver/nvidia/params"
+#define PARAMS_PATH CDS_PARAMS_PATH
 #define MAX_LINKS 1024
 
 /* To stdout with status 0 when asked for (--help), else to stderr with status 2 (a wrong call). */

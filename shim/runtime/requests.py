@@ -7,6 +7,8 @@ from cdi.errors import CDIError
 from cdi.parser import is_qualified_name
 
 DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices/"
+# Values of the device env var that request nothing, and beat any other value of it.
+NO_REQUEST_VALUES = ("void", "none")
 # Bounds on the device env var (issue 14): its value comes from the image or the pod, so the work
 # it causes must be linear in its length and capped. A node has at most a few hundred GPUs or MIG
 # slices; 1,024 UUIDs (~41 chars each) fit in 64 KiB.
@@ -53,7 +55,7 @@ def env_devices(values, default_kind, name="the device env var"):
         raise RequestError(f"{name}: its value is {total} characters long; at most {MAX_ENV_CHARS} are "
                            f"accepted (value: {shown(','.join(values))})")
     stripped = [value.strip() for value in values]
-    if "void" in stripped or "none" in stripped:
+    if any(value in stripped for value in NO_REQUEST_VALUES):
         return []
     if "all" in stripped:
         return [f"{default_kind}=all"]
@@ -61,7 +63,7 @@ def env_devices(values, default_kind, name="the device env var"):
     for value in stripped:
         for item in value.split(","):
             item = item.strip()
-            if not item or item in ("none", "void"):
+            if not item or item in NO_REQUEST_VALUES:
                 continue
             devices.append(item if is_qualified_name(item) else f"{default_kind}={item}")
             if len(devices) > MAX_REQUESTS:

@@ -12,6 +12,7 @@ CREATE_VALUE_OPTIONS = {"--bundle", "-b", "--console-socket", "--pid-file", "--p
 INJECTING_COMMANDS = ("create", "run")
 HELP_OPTIONS = {"--help", "-h", "--h"}
 HELP_COMMANDS = ("help", "h")
+DEVICE_OPTION = "--device"   # ours: a CDI device to inject, taken out of what runc gets
 
 
 class ArgvError(Exception):
@@ -63,7 +64,7 @@ def parse_runc_argv(args):
         if not arg.startswith("-") or arg == "-":
             break
         name, value = _split(arg)
-        if name == "--device":
+        if name == DEVICE_OPTION:
             index, no_value = _take_device(args, index, value, parsed)
             missing |= no_value
             index += 1
@@ -118,7 +119,7 @@ def _parse_create_options(rest, parsed):
                 parsed.container_id = rest[index + 1]
             break
         name, value = _split(arg)
-        if name == "--device":
+        if name == DEVICE_OPTION:
             index, no_value = _take_device(rest, index, value, parsed)
             missing |= no_value
             index += 1

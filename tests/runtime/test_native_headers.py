@@ -1,5 +1,7 @@
-"""The configuration keys are defined once (shim/config.py's KEYS); the native front end's
-header and the file `install --node` writes are made from that table.
+"""Rules the native programs share with the Python half are defined once, in Python, and the C
+headers are made from them (shim/native_headers.py): the configuration keys (shim/config.py's
+KEYS, which also make the file `install --node` writes), runc's argv, the request patterns and
+the hook programs.
 
 The front end must understand every key Python accepts: a key it does not know sends every runc
 call, `state` included, through the interpreter. A copy of cdi-shim-runtime in a folder with no
@@ -13,11 +15,11 @@ import subprocess
 import pytest
 
 from shim import config as shim_config
+from shim import native_headers
 from shim.config import KEYS, Config, default_config_text, load_config
 from tests.helpers import VENV_BIN, need, read
 
-HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      "csrc", "frontend", "config_keys.h")
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PASSTHROUGH = (("state", "nosuch"), ("kill", "nosuch", "KILL"), ("delete", "nosuch"), ("start", "nosuch"),
                ("exec", "nosuch", "true"))
 
@@ -53,10 +55,17 @@ def run(program, config, argv, tmp_path):
     return subprocess.run([program, "--root", root, *argv], capture_output=True, text=True, env=env, timeout=30)
 
 
-def test_the_header_is_made_from_the_table():
-    assert read(HEADER) == shim_config.c_header(), \
-        "csrc/frontend/config_keys.h differs from shim/config.py's KEYS: .venv/bin/python -m shim.config header > " \
-        "csrc/frontend/config_keys.h"
+@pytest.mark.parametrize("path", list(native_headers.HEADERS))
+def test_the_headers_are_made_from_the_python_rules(path):
+    assert read(os.path.join(TOP, path)) == native_headers.HEADERS[path](), \
+        f"{path} differs from the rules it is made from: run .venv/bin/python -m shim.native_headers"
+
+
+def test_every_header_is_included_by_a_program():
+    sources = "".join(read(os.path.join(TOP, name)) for name in
+                      ("csrc/frontend/runtime_main.c", "csrc/frontend/replay.c", "csrc/hooks/nshook.c"))
+    for path in native_headers.HEADERS:
+        assert f'{os.path.basename(path)}"' in sources, path
 
 
 def test_python_takes_its_keys_from_the_table():
