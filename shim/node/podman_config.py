@@ -80,7 +80,8 @@ def parse_containers_conf(path, text):
         return tomlkit.parse(text)
     except tomlkit.exceptions.ParseError as err:
         message = re.sub(r" at line \d+ col \d+$", "", str(err))
-        raise PodmanConfigError(f"{path}: not valid TOML at line {err.line}, column {err.col}: {message}; fix the "
+        # tomlkit counts columns from 0, editors from 1
+        raise PodmanConfigError(f"{path}: not valid TOML at line {err.line}, column {err.col + 1}: {message}; fix the "
                                 "file (podman refuses it too) and run this again") from None
 
 
