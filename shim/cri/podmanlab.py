@@ -47,9 +47,11 @@ int main(void) {
 
 
 class PodmanLab:
-    def __init__(self, base, version, runtime_binary=None):
+    def __init__(self, base, version, runtime_binary=None, resident=False):
         """`version`: "4.3" (the system's podman) or "5.8" (forky's, unpacked privately).
-        `runtime_binary`: what containers.conf names (default: cdi-shim-runtime beside this interpreter)."""
+        `runtime_binary`: what containers.conf names (default: cdi-shim-runtime beside this interpreter).
+        `resident`: the runtime's resident process (`cdi-shim runtime serve`) runs, in the lab's mount
+        namespace (the server declines callers of another one)."""
         if os.geteuid() != 0:
             raise LabError("the podman lab runs root podman with runc: run it as root")
         if version not in releases.PODMAN_VERSIONS:
@@ -84,7 +86,11 @@ class PodmanLab:
         self.graph_root, self.run_root, self.tmp_dir = p("storage"), p("run"), p("tmp")
         self.spec_dir, self.rootfs, self.shim_config, self.cache_dir = p("cdi"), p("rootfs"), p("cdi-shim.toml"), p("cache")
         self.ready = p("namespace-ready")
-        self.holder = None
+        self.holder = self.resident_process = None
+        self.resident = resident
+        # a unix socket's path is short: in a folder of its own under /tmp
+        self.socket_dir = tempfile.mkdtemp(prefix="cdi-pm.", dir="/tmp")
+        self.resident_socket = os.path.join(self.socket_dir, "r.sock" if resident else "no-resident.sock")
 
     # -- set-up --
 
@@ -96,7 +102,7 @@ class PodmanLab:
         return env
 
     def write_shim_config(self, **extra):
-        values = {"runtime": self.runc, "spec-dirs": [self.spec_dir]}
+        values = {"runtime": self.runc, "spec-dirs": [self.spec_dir], "resident-socket": self.resident_socket}
         values.update(extra)
         with open(self.shim_config, "w") as stream:
             for key, value in values.items():
@@ -175,6 +181,19 @@ class PodmanLab:
             if self.holder.poll() is not None or time.monotonic() > deadline:
                 raise LabError(f"the private mount namespace was not made: {self.holder.stderr.read().decode().strip()}")
             time.sleep(0.02)
+        if self.resident:
+            log_path = os.path.join(self.base, "resident.log")
+            with open(log_path, "ab") as log:
+                self.resident_process = subprocess.Popen(
+                    [self.nsenter, f"--mount=/proc/{self.holder.pid}/ns/mnt", "--", self.cli, "runtime", "serve",
+                     "--socket", self.resident_socket], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=self.env(), start_new_session=True)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(self.resident_socket):
+                if self.resident_process.poll() is not None or time.monotonic() > deadline:
+                    with open(log_path, errors="replace") as stream:
+                        raise LabError("cdi-shim runtime serve did not start: " + stream.read().strip()[-500:])
+                time.sleep(0.05)
 
     # -- containers --
 
@@ -200,6 +219,9 @@ class PodmanLab:
     # -- tear-down --
 
     def stop(self):
+        stop_process(self.resident_process, 15)
+        self.resident_process = None
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
         if self.holder is not None:
             # containers of --rm runs are gone; the namespace (its tmpfs) goes with its last process
             stop_process(self.holder, 10)

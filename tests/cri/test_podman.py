@@ -127,3 +127,41 @@ def test_set_as_default(podman):
     finally:
         with open(podman.containers_conf, "w") as stream:
             stream.write(before)
+
+
+def test_gpus_flag(podman):
+    """podman 5's --gpus N asks for nvidia.com/gpu=N (podman injects it; cdi-shim does the hooks);
+    4.3 takes the flag and ignores it: the container starts without a GPU."""
+    out = report(podman, "--runtime", "cdi-shim", "--gpus", "0")
+    if podman.version == "4.3":
+        assert not has_gpu(out) and "No such file" in out
+    else:
+        assert has_gpu(out), out
+        assert not os.path.exists(podman.hook_log)
+
+
+def test_device_through_the_resident_process(tmp_path):
+    """As on a node: `cdi-shim runtime serve` runs (in the mount namespace podman's runtime runs
+    in), and a create that needs Python goes to its workers."""
+    from shim.cri.lab import LabError
+    from shim.cri.podmanlab import PodmanLab
+    from tests.generate.fakedriver import FakeDriver
+
+    driver = FakeDriver(tmp_path / "fake-driver", gpus=1)
+    driver.close()
+    lab = PodmanLab(tmp_path / "lab", "5.8", resident=True)
+    try:
+        try:
+            lab.setup()
+        except LabError as err:
+            pytest.fail(f"podman 5.8 with the resident process: {err}", pytrace=False)
+        _generate(lab, driver, os.path.join(lab.spec_dir, "nvidia.yaml"), "/nonexistent/nvidia-cdi-hook")
+        log = str(tmp_path / "runtime.log")
+        lab.write_shim_config(**{"log-file": log, "log-level": "debug"})
+        assert has_gpu(report(lab, "--runtime", "cdi-shim", "--device", "nvidia.com/gpu=0"))
+        assert has_gpu(report(lab, "--runtime", "cdi-shim", "-e", "NVIDIA_VISIBLE_DEVICES=0"))
+        with open(log) as stream:
+            totals = [line for line in stream if "phase=total" in line]
+        assert len(totals) == 2 and all(" in resident process " in line for line in totals), totals
+    finally:
+        lab.stop()
