@@ -138,9 +138,9 @@ def test_configuration_reference_lists_exactly_the_keys_of_shim_config():
     documented = documented_keys()
     defined = {key for key, *_ in config.KEYS}
     assert set(config.Config.DEFAULTS) == {key.replace("-", "_") for key in defined}
-    assert not defined - set(documented), f"keys missing from docs/configuration.md: {sorted(defined - set(documented))}"
-    assert not set(documented) - defined, f"docs/configuration.md lists keys shim/config.py lacks: " \
-                                          f"{sorted(set(documented) - defined)}"
+    missing, extra = sorted(defined - set(documented)), sorted(set(documented) - defined)
+    assert not missing, f"keys missing from docs/configuration.md: {missing}"
+    assert not extra, f"docs/configuration.md lists keys shim/config.py lacks: {extra}"
 
 
 def test_configuration_reference_says_what_shim_config_says():
