@@ -110,6 +110,14 @@ def test_every_relative_link_resolves():
     assert checked > 50, checked  # the pages link to one another; a parser that finds none is broken
 
 
+def test_the_index_links_every_page():
+    index = os.path.join(DOCS, "README.md")
+    linked = {os.path.normpath(os.path.join(DOCS, target.partition("#")[0]))
+              for target in LINK.findall(prose(read(index)))}
+    unlinked = [os.path.relpath(page, ROOT) for page in pages()[1:] if page != index and page not in linked]
+    assert not unlinked, f"docs/README.md does not link: {unlinked}"
+
+
 def test_link_parser_sees_links_and_ignores_code():
     text = "see [a](docs/a.md#x) and [b [c]](b.md) `[not](x.md)`\n```\n[nor](y.md)\n```\n"
     assert LINK.findall(prose(text)) == ["docs/a.md#x", "b.md"]
