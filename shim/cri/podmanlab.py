@@ -84,7 +84,8 @@ class PodmanLab:
         p = lambda *names: os.path.join(self.base, *names)  # noqa: E731
         self.containers_conf, self.storage_conf = p("containers.conf"), p("storage.conf")
         self.graph_root, self.run_root, self.tmp_dir = p("storage"), p("run"), p("tmp")
-        self.spec_dir, self.rootfs, self.shim_config, self.cache_dir = p("cdi"), p("rootfs"), p("cdi-shim.toml"), p("cache")
+        self.spec_dir, self.rootfs = p("cdi"), p("rootfs")
+        self.shim_config, self.cache_dir = p("cdi-shim.toml"), p("cache")
         self.ready = p("namespace-ready")
         self.holder = self.resident_process = None
         self.resident = resident
@@ -113,7 +114,8 @@ class PodmanLab:
             stream.write(f'[storage]\ndriver = "vfs"\ngraphroot = "{self.graph_root}"\nrunroot = "{self.run_root}"\n')
         path = "/usr/sbin:/usr/bin:/sbin:/bin"
         conmon_env = [f"PATH={path}", f"CDI_SHIM_CONFIG={self.shim_config}", f"CDI_SHIM_CACHE_DIR={self.cache_dir}"]
-        lines = ["[engine]", 'cgroup_manager = "cgroupfs"', 'events_logger = "file"', f"tmp_dir = {json.dumps(self.tmp_dir)}",
+        lines = ["[engine]", 'cgroup_manager = "cgroupfs"', 'events_logger = "file"',
+                 f"tmp_dir = {json.dumps(self.tmp_dir)}",
                  f"conmon_path = {json.dumps([self.conmon])}", f"conmon_env_vars = {json.dumps(conmon_env)}",
                  'runtime = "runc"']
         if self.helper_dir:
@@ -179,7 +181,8 @@ class PodmanLab:
         deadline = time.monotonic() + 30
         while not os.path.exists(self.ready):
             if self.holder.poll() is not None or time.monotonic() > deadline:
-                raise LabError(f"the private mount namespace was not made: {self.holder.stderr.read().decode().strip()}")
+                why = self.holder.stderr.read().decode().strip()
+                raise LabError(f"the private mount namespace was not made: {why}")
             time.sleep(0.02)
         if self.resident:
             log_path = os.path.join(self.base, "resident.log")
@@ -242,7 +245,3 @@ def ulimit_flags():
         return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     nofile, nproc = capped(resource.RLIMIT_NOFILE, 20000), capped(resource.RLIMIT_NPROC, 32768)
     return ("--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}")
-
-
-def temporary_base(prefix):
-    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
