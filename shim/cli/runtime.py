@@ -290,6 +290,7 @@ def serve(socket_path, workers):
         if not socket_path:
             _fail('resident-socket is "" in the cdi-shim config: the resident process is turned off')
     try:
-        serve_forever(socket_path, workers=workers, ready=lambda path: click.echo(f"cdi-shim: serving on {path}", err=True))
+        serve_forever(socket_path, workers=workers,
+                      ready=lambda path: click.echo(f"cdi-shim: serving on {path}", err=True))
     except (OSError, ResidentError) as err:
         _fail(f"cannot serve on {socket_path}: {err}")

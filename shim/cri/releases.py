@@ -195,7 +195,8 @@ def _download(work, suite, mirror, log, packages):
                "-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Cache={cache}",
                "-o", "Dir::State::status=/dev/null", "-o", "APT::Sandbox::User=root"]
     if log:
-        log(f"fetching {' '.join(packages)} from {mirror} {suite} (apt-get download, once; kept in {os.path.dirname(work)})")
+        log(f"fetching {' '.join(packages)} from {mirror} {suite} (apt-get download, once; kept in "
+            f"{os.path.dirname(work)})")
     _run(["apt-get", "-qq"] + options + ["update"])
     _run(["apt-get", "-qq"] + options + ["download", *packages], cwd=dl)
     debs = []
@@ -214,5 +215,6 @@ def _run(command, cwd=None):
         raise ReleaseError(f"{command[0]} failed: {err}") from None
     if out.returncode != 0:
         lines = [line for line in (out.stderr or out.stdout).strip().splitlines() if line.strip()]
-        raise ReleaseError(f"{' '.join(command[:2])} ... {command[-1]} failed: {lines[-1] if lines else out.returncode}")
+        last = lines[-1] if lines else out.returncode
+        raise ReleaseError(f"{' '.join(command[:2])} ... {command[-1]} failed: {last}")
     return out

@@ -54,7 +54,8 @@ CONTAINERD_DROP_IN_DIR = "/etc/containerd/conf.d"
 UNIT_NAME = "cdi-shim-resident.service"
 UNIT_DIR = "/etc/systemd/system"
 SPEC_PATH = "/var/run/cdi/nvidia.yaml"
-DOCKER_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")  # where dockerd and podman are looked for
+# where dockerd and podman are looked for (dockerd's PATH)
+DOCKER_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 # k3s and rke2 render config.toml from these at every start (the base template since Sept. 2023
 # releases: v1.24.17+k3s1, v1.25.13+k3s1, v1.26.8+k3s1, v1.27.5+k3s1, v1.28.1+k3s1 and later)
 DISTRIBUTIONS = (

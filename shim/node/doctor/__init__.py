@@ -14,9 +14,9 @@ the host's. No GPU, no network, no write.
 """
 
 from .base import FAIL, OK, WARN, Check, Context, Node, Options  # noqa: F401  (the public surface)
-from .containerd import (ContainerdView, check_cgroup_driver, check_config_owner, check_containerd_binaries, check_containerd_loads,
-                         check_containerd_version, check_cri_cdi, check_dev_char, check_default_runtime, check_ignored_sections,
-                         check_runtime_entry)
+from .containerd import (ContainerdView, check_cgroup_driver, check_config_owner, check_containerd_binaries,
+                         check_containerd_loads, check_containerd_version, check_cri_cdi, check_dev_char,
+                         check_default_runtime, check_ignored_sections, check_runtime_entry)
 from .docker import check_docker_cdi, check_docker_default_runtime, check_docker_gpus, check_docker_runtime
 from .podman import check_podman_default_runtime, check_podman_runtime
 from .driver import check_kernel_devices, check_kernel_module, check_libraries, check_nvidia_smi, check_versions
