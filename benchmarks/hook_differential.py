@@ -40,6 +40,7 @@ sys.path.insert(0, HERE)
 
 import ldcache_helpers as lh  # noqa: E402
 import runtime_helpers as rh  # noqa: E402
+from test_hook_fidelity import note_source  # noqa: E402
 from test_runtime_toolkit_hooks import _library, preinject  # noqa: E402
 from toolkit import ToolkitUnavailable, toolkit_programs  # noqa: E402
 
@@ -111,13 +112,6 @@ def random_case(rng, number):
 
 # ---- the pieces: libraries, image, spec ----------------------------------------------------
 
-NOTE = r"""
-__asm__(".pushsection .note.cuda.fwd_compatibility,\"a\",@note\n"
-        ".balign 4\n.long 19\n.long %(size)d\n.long 1\n.asciz \"NVIDIA Corporation\"\n.balign 4\n"
-        ".asciz \"%(text)s\"\n.balign 4\n.popsection\n");
-"""
-
-
 class Parts:
     """Libraries built once per (name, version, note) in WORK, the probe once."""
 
@@ -134,8 +128,7 @@ class Parts:
             os.makedirs(os.path.dirname(path))
             body = 'const char *fake_id(void) { return "%s"; }\n' % (ident or f"{name}.so.{version}")
             if note is not None:
-                text = json.dumps(note).replace('"', '\\\\\\"')
-                body += NOTE % {"size": len(json.dumps(note)) + 1, "text": text}
+                body += note_source(note)
             _library(path, f"{name}.so.1", body)
             self.built[key] = path
         return self.built[key]

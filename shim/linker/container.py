@@ -589,13 +589,16 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
     compat, compat_calls, destinations = [], [], [m.get("destination", "") for m in mounts]
     for call in calls:
         if call.command == "enable-cuda-compat":
-            folder = toolkit.cuda_compat_folder(rootfs, call)
+            # its drop-in counts only for an update-ldcache hook run after it (the hooks run in order)
+            later = any(c.command == "update-ldcache" for c in calls[calls.index(call) + 1:])
+            folder = toolkit.cuda_compat_folder(rootfs, call) if later else None
             if folder:
                 compat.append(folder)
                 compat_calls.append(call)
             else:
                 drop.add(id(call.hook))
-                log.debug("enable-cuda-compat: no newer CUDA compat libraries in the image: nothing to do")
+                log.debug("enable-cuda-compat: the compat libraries are not to be used"
+                          + ("" if later else " (no update-ldcache hook after it)"))
         elif call.command == "chmod":
             if _recording is not None:
                 _recording.refuse("chmod")     # (rare: its modes and device fields are not replayed)

@@ -453,3 +453,28 @@ def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path):
         assert results[0][2]["libcuda.so"] == "libcuda.so.1"
     finally:
         made.close()
+
+
+def test_a_compat_decision_by_the_elf_note_is_replayed_alike(world, driver, tmp_path):
+    """The image's CUDA compat libcuda (550.90.07: a newer minor of the host's 550) carries a
+    fwd_compatibility note listing 550, so the spec's enable-cuda-compat puts the compat folder
+    first (issue 32 item 3): the worker's step, the front end's replay, the worker's memo and the
+    Python step alone give the same config and files, the cache naming the compat library first."""
+    import ldcache_helpers as lh
+    from test_hook_fidelity import COMPAT_MARK, _note, note_source
+    from test_runtime_toolkit_hooks import COMPAT, _library
+
+    made = Image(world, driver, tmp_path)
+    try:
+        os.makedirs(made.layer + COMPAT)
+        _library(made.layer + f"{COMPAT}/libcuda.so.550.90.07", "libcuda.so.1",
+                 f"int fake_cuda_major(void) {{ return {COMPAT_MARK}; }}\n" + note_source(_note([535, 550])))
+        os.symlink("libcuda.so.550.90.07", made.layer + f"{COMPAT}/libcuda.so.1")
+        time.sleep(1.2)     # (older than the memos' settle time)
+        results = each_way(world, made)
+        assert all(later == results[0] for later in results[1:])
+        listed = lh.listing(results[0][1]["cdi-shim.ld.so.cache"][0]).decode().splitlines()
+        cuda = [line for line in listed if line.strip().startswith("libcuda.so.1 ")]
+        assert cuda[0].endswith(f"=> {COMPAT}/libcuda.so.1"), listed
+    finally:
+        made.close()
