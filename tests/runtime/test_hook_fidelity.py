@@ -296,6 +296,9 @@ COMPAT_CASES = {
     "update-ldcache before it": ("570.86.10", None, [f"--host-driver-version={VERSION}"], 550),
     "no /etc/ld.so.cache, no /etc/ld.so.conf.d": ("570.86.10", _note([550]), [f"--host-driver-version={VERSION}"],
                                                   COMPAT_MARK),
+    # (the hook's drop-in goes unread: ldconfig reads only ld.so.conf)
+    "an image ld.so.conf without an include line": ("570.86.10", _note([550]), [f"--host-driver-version={VERSION}"],
+                                                    550),
 }
 
 
@@ -321,6 +324,9 @@ def test_enable_cuda_compat_decides_as_the_hook(world, driver, tmp_path, case):
     if case == "no /etc/ld.so.cache, no /etc/ld.so.conf.d":
         shutil.rmtree(rootfs + "/etc/ld.so.conf.d")
         os.unlink(rootfs + "/etc/ld.so.cache")
+    if case == "an image ld.so.conf without an include line":
+        with open(rootfs + "/etc/ld.so.conf", "w") as out:
+            out.write(LIBDIR + "\n")
     preinject(world, bundle)
     result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
     assert result.returncode == 0, result.stderr
