@@ -243,13 +243,13 @@ def differences(a, b):
     return {key: (a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)}
 
 
-def classify(case, diff):
-    """(class, reasons) of one way's differences from the toolkit's."""
+def classify(case, diff, seen=None):
+    """(class, reasons) of one way's differences from the toolkit's (SEEN: the two ways' facts)."""
     if not diff:
         return "identical", ""
     reasons, left = set(), []
     for key, (theirs, ours) in diff.items():
-        rule = _rule(case, key, theirs, ours)
+        rule = _rule(case, key, theirs, ours) or (seen and _same_file(key, theirs, ours, *seen))
         if rule:
             reasons.add(rule)
         else:
@@ -287,12 +287,37 @@ def _rule(case, key, theirs, ours):
     return None
 
 
+def _final(facts, directory, text, hops=8):
+    """The name a chain of links in DIRECTORY (as the probe listed it) ends at, from link text TEXT."""
+    while hops and "/" not in text:
+        entry = facts.get(f"entry {directory}/{text}") or ""
+        if not entry.startswith("l "):
+            return text
+        text = entry.split(" -> ", 1)[1].rsplit(" ", 1)[0]
+        hops -= 1
+    return text
+
+
+def _same_file(key, theirs, ours, toolkit, way):
+    """harmless: a link both ways, resolving, whose chain ends at the same file of its folder
+    (ldconfig chose another of two names of one library for the soname link)."""
+    if not key.startswith("entry ") or not theirs or not ours:
+        return None
+    if not (theirs.startswith("l ") and ours.startswith("l ") and theirs.endswith(" resolves") and ours.endswith(" resolves")):
+        return None
+    directory = key[len("entry "):].rsplit("/", 1)[0]
+    text = [v.split(" -> ", 1)[1].rsplit(" ", 1)[0] for v in (theirs, ours)]
+    if _final(toolkit, directory, text[0]) == _final(way, directory, text[1]):
+        return "harmless: the link reaches the same library by another of its names"
+    return None
+
+
 def run_case(world, case, parts, verbose):
     seen = {way: facts(run_way(world, case, parts, way)) for way in WAYS}
     outcome = {}
     for way in WAYS[1:]:
         diff = differences(seen["toolkit"], seen[way])
-        outcome[way] = classify(case, diff)
+        outcome[way] = classify(case, diff, (seen["toolkit"], seen[way]))
         if verbose and diff:
             print(f"  {way}: {outcome[way][0]}")
             for key, (theirs, ours) in diff.items():
@@ -318,7 +343,7 @@ def main(argv=None):
     if args.only:
         cases = [c for c in cases if c["number"] in args.only]
     work = tempfile.mkdtemp(prefix="hookdiff.")
-    counts, records, start = collections.Counter(), [], time.monotonic()
+    counts, reasons, records, start = collections.Counter(), collections.Counter(), [], time.monotonic()
     try:
         parts = Parts(work)
         for case in cases:
@@ -333,6 +358,10 @@ def main(argv=None):
                 shutil.rmtree(world.base, ignore_errors=True)
             worst = max((o[0] for o in outcome.values()), key=CLASSES.index)
             counts[worst] += 1
+            for reason in {r for o in outcome.values() if o[0] != "left" for r in o[1].split("; ") if r}:
+                reasons[reason] += 1
+            for key in {k for o in outcome.values() if o[0] == "left" for k in o[1].split("; ")}:
+                reasons["left: " + DROPIN_NAME.sub("N", key)] += 1
             records.append({"case": case, "outcome": outcome})
             print(f"case {case['number']}: {worst}" + "".join(f"  [{w}: {o[0]}: {o[1]}]" for w, o in outcome.items()
                                                             if o[0] != "identical"), flush=True)
@@ -341,6 +370,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as out:
             json.dump(records, out, indent=1)
+    for reason, n in reasons.most_common():
+        print(f"  {n:4d} cases: {reason}")
     print(f"{len(cases)} cases, seed {args.seed}, {time.monotonic() - start:.0f} s: "
           + ", ".join(f"{k} {counts[k]}" for k in CLASSES))
     return 0
