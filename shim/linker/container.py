@@ -493,6 +493,9 @@ def _make_soname_links(rootfs, links, log):
         log.warning(f"soname links not all made in {rootfs}: {err}")
 
 
+PENDING_LINK = ".cdi-shim-pending-link"     # the text of a link made again after planning: leads nowhere
+
+
 def _dangling_later(rootfs, pending, libraries, links_made):
     """(links to make now, links to make after planning): the latter lead nowhere in the root
     (not to an image file, a mounted library or another link being made)."""
@@ -507,12 +510,17 @@ def _dangling_later(rootfs, pending, libraries, links_made):
         for target, link in pending:
             path = posixpath.normpath(target if target.startswith("/") else
                                       posixpath.join(posixpath.dirname(link), target))
-            # (a link replacing something of the image is made before planning: the cache
-            # follows what replaced it, as the hook's ldconfig after it would)
             if path in libraries or path in links_made or root.stat(path) is not None \
-                    or root.errno not in (errno.ENOENT, errno.ENOTDIR) or root.stat(link, follow=False) is not None:
+                    or root.errno not in (errno.ENOENT, errno.ENOTDIR):
                 now.append((target, link))
+            elif root.stat(link, follow=False) is None or _link_text(root, link) == target:
+                later.append((target, link))
             else:
+                # Something of the image is there: replaced before planning, so the cache drops
+                # its entry, by a link that dangles as the hook's does during its ldconfig's scan
+                # (its target a soname link ldconfig makes after the scan); the link itself
+                # after planning.
+                now.append((PENDING_LINK, link))
                 later.append((target, link))
     return now, later
 

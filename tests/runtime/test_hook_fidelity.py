@@ -83,6 +83,31 @@ def test_create_symlinks_replaces_what_is_at_the_link_path(world, driver, tmp_pa
 
 
 @pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_a_replaced_file_s_link_to_a_soname_link_dangles_during_the_scan(world, driver, tmp_path, how):
+    """The image's own file at libcuda.so (a stub, soname libcuda.so.1); the spec's dev link
+    libcuda.so -> libcuda.so.1 replaces it, but libcuda.so.1 is the soname link the hook's
+    ldconfig makes only after its scan: the link dangles during the scan and the toolkit's cache
+    lists no libcuda.so (observed with the real hook, benchmarks/hook_differential.py), while
+    the stub's entry is gone. In the container the link resolves."""
+    import ldcache_helpers as lh
+
+    world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver))
+    bundle = world.bundle(args=["sh", "-c", f"/prog; cat {LIBDIR}/libcuda.so > /dev/null && echo dev-link-opens"])
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    _library(rootfs + f"{LIBDIR}/libcuda.so", "libcuda.so.1", "int fake_cuda_major(void) { return 100; }\n")
+    subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
+    os.unlink(rootfs + f"{LIBDIR}/libcuda.so.1")     # (ldconfig's soname link to the stub: not in the image)
+    _request(world, bundle, how)
+
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "linked=42 cuda=550\ndev-link-opens\n", result.stdout
+    assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"
+    listed = lh.listing(open(os.path.join(bundle.path, "cdi-shim.ld.so.cache"), "rb").read()).decode()
+    assert f"=> {LIBDIR}/libcuda.so.1" in listed and f"=> {LIBDIR}/libcuda.so\n" not in listed, listed
+
+
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
 def test_create_symlinks_onto_a_directory_fails_the_create(world, driver, tmp_path, how):
     """renameat of the hook's temporary link over a directory fails (EISDIR): the hook exits
     non-zero ("failed to create link [...]: failed to create symlink: ...: is a directory") and
