@@ -510,10 +510,16 @@ def _dangling_later(rootfs, pending, libraries, links_made):
         for target, link in pending:
             path = posixpath.normpath(target if target.startswith("/") else
                                       posixpath.join(posixpath.dirname(link), target))
-            if path in libraries or path in links_made or root.stat(path) is not None \
-                    or root.errno not in (errno.ENOENT, errno.ENOTDIR):
+            reached = root.stat(path)
+            missing = reached is None and root.errno in (errno.ENOENT, errno.ENOTDIR)
+            there = root.stat(link, follow=False)
+            # (a target that leads to what is at the link path now -- the image's soname link
+            # to its own stub there -- loops once the link replaces it: it leads nowhere too)
+            loops = reached is not None and there is not None and reached[1:3] == there[1:3]
+            if path in libraries or path in links_made or reached is not None and not loops \
+                    or reached is None and not missing:
                 now.append((target, link))
-            elif root.stat(link, follow=False) is None or _link_text(root, link) == target:
+            elif there is None or _link_text(root, link) == target:
                 later.append((target, link))
             else:
                 # Something of the image is there: replaced before planning, so the cache drops

@@ -83,12 +83,15 @@ def test_create_symlinks_replaces_what_is_at_the_link_path(world, driver, tmp_pa
 
 
 @pytest.mark.parametrize("how", ["preinjected", "annotation"])
-def test_a_replaced_file_s_link_to_a_soname_link_dangles_during_the_scan(world, driver, tmp_path, how):
+@pytest.mark.parametrize("image_link", [False, True], ids=["stub-alone", "stub-with-its-soname-link"])
+def test_a_replaced_file_s_link_to_a_soname_link_dangles_during_the_scan(world, driver, tmp_path, how, image_link):
     """The image's own file at libcuda.so (a stub, soname libcuda.so.1); the spec's dev link
     libcuda.so -> libcuda.so.1 replaces it, but libcuda.so.1 is the soname link the hook's
     ldconfig makes only after its scan: the link dangles during the scan and the toolkit's cache
     lists no libcuda.so (observed with the real hook, benchmarks/hook_differential.py), while
-    the stub's entry is gone. In the container the link resolves."""
+    the stub's entry is gone. With the image's own soname link libcuda.so.1 -> libcuda.so (its
+    ldconfig's, to the stub) the spec's link makes a loop during the scan: the same. In the
+    container the link resolves."""
     import ldcache_helpers as lh
 
     world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver))
@@ -96,13 +99,16 @@ def test_a_replaced_file_s_link_to_a_soname_link_dangles_during_the_scan(world, 
     rootfs = _image(bundle, driver, tmp_path, compat=False)
     _library(rootfs + f"{LIBDIR}/libcuda.so", "libcuda.so.1", "int fake_cuda_major(void) { return 100; }\n")
     subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
-    os.unlink(rootfs + f"{LIBDIR}/libcuda.so.1")     # (ldconfig's soname link to the stub: not in the image)
+    assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so.1") == "libcuda.so"     # (ldconfig's, to the stub)
+    if not image_link:
+        os.unlink(rootfs + f"{LIBDIR}/libcuda.so.1")
     _request(world, bundle, how)
 
     result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
     assert result.returncode == 0, result.stderr
     assert result.stdout == "linked=42 cuda=550\ndev-link-opens\n", result.stdout
     assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"
+    assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so.1") == f"libcuda.so.{VERSION}"
     listed = lh.listing(open(os.path.join(bundle.path, "cdi-shim.ld.so.cache"), "rb").read()).decode()
     assert f"=> {LIBDIR}/libcuda.so.1" in listed and f"=> {LIBDIR}/libcuda.so\n" not in listed, listed
 
