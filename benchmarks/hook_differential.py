@@ -248,8 +248,11 @@ def classify(case, diff, seen=None):
     if not diff:
         return "identical", ""
     reasons, left = set(), []
+    # (without update-ldcache the toolkit's container keeps the image's cache: ours, built
+    # anyway, may name other files, a gain when every loader result that differs is one)
+    loads_gain = all(_gain(k, *v) for k, v in diff.items() if k.startswith("dlopen"))
     for key, (theirs, ours) in diff.items():
-        rule = _rule(case, key, theirs, ours) or (seen and _same_file(key, theirs, ours, *seen))
+        rule = _rule(case, key, theirs, ours, loads_gain) or (seen and _same_file(key, theirs, ours, *seen))
         if rule:
             reasons.add(rule)
         else:
@@ -269,7 +272,7 @@ def _gain(key, theirs, ours):
     return theirs.endswith(" dangles") and ours == theirs[:-len("dangles")] + "resolves"
 
 
-def _rule(case, key, theirs, ours):
+def _rule(case, key, theirs, ours, loads_gain=False):
     """The documented rule (docs/hooks.md) or harmless reason that covers one difference, or None."""
     hooks = [h[0] for h in case["hooks"]]
     if key.startswith(("entry /etc/ld.so.conf.d/", "bytes /etc/ld.so.conf.d/")) and ("nvcr" in key or "compat" in key):
@@ -280,7 +283,7 @@ def _rule(case, key, theirs, ours):
         chmod = next((h for h in case["hooks"] if h[0] == "chmod"), None)
         if chmod and chmod[2] == "1777" and theirs and ours and theirs.replace(" 0777", " 1777") == ours:
             return "documented: chmod keeps the sticky bit"
-    if "update-ldcache" not in hooks and _gain(key, theirs, ours):
+    if "update-ldcache" not in hooks and (_gain(key, theirs, ours) or key == "cache" and loads_gain):
         return "documented: library mounts without update-ldcache get a cache"
     if case["conf"] != "include" and _gain(key, theirs, ours):
         return "documented: an ld.so.conf without an include line still gets the folders"
