@@ -70,8 +70,9 @@ def touches(mounts, paths, target):
 
 def folders(mounts, paths, target):
     """({folder: mount destination} of PATHS a mount provides, {container path: host path} of
-    the libraries it shows there). UnknownFolder where that content cannot be known."""
-    hidden, brought = {}, {}
+    the libraries it shows there, {container paths of those that are links}). UnknownFolder
+    where that content cannot be known."""
+    hidden, brought, links = {}, {}, set()
     for path in dict.fromkeys(posixpath.normpath(p) for p in paths):
         shown = _covering(mounts, path, target)
         if shown is None:
@@ -81,14 +82,16 @@ def folders(mounts, paths, target):
             raise UnknownFolder(f"{path}: the mount at {dest} is not a bind; its content exists only once runc mounts it")
         rest = [part for part in path[len(dest):].split("/") if part]
         hidden[path] = dest
-        for name, host in _read_folder(source, rest, path, target):
+        for name, host, is_link in _read_folder(source, rest, path, target):
             brought[posixpath.join(path, name)] = host
-    return hidden, brought
+            if is_link:    # ldconfig keys a link by its own name (libcuda.so), a file by its SONAME
+                links.add(posixpath.join(path, name))
+    return hidden, brought, links
 
 
 def _read_folder(source, rest, path, target):
-    """[(name, host path)] of the library names in SOURCE/REST (nothing when it is missing or
-    not a directory: ldconfig finds no folder there either)."""
+    """[(name, host path, is a link)] of the library names in SOURCE/REST (nothing when it is
+    missing or not a directory: ldconfig finds no folder there either)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(source, flags)     # (a host path: followed as runc follows it)
@@ -119,9 +122,10 @@ def _read_folder(source, rest, path, target):
                     continue
                 if not lib.cds_is_dso_name(os.fsencode(name)):
                     continue
-                if entry.is_symlink():
+                link = entry.is_symlink()
+                if link:
                     _link_in_folder(fd, name, host, path)
-                found.append((name, posixpath.join(host, name)))
+                found.append((name, posixpath.join(host, name), link))
         return found
     finally:
         os.close(fd)

@@ -227,12 +227,13 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
         hidden = {}
         if mounts:
-            hidden, brought = mounted.folders(mounts, _candidates(config), config.target)
+            hidden, brought, linked = mounted.folders(mounts, _candidates(config), config.target)
             if hidden:
                 # again, with the mounted folders' libraries (a folder only a mount makes is
                 # configured only where something is to be mounted into it)
                 files = {os.fspath(k): os.fspath(v) for k, v in (extra or {}).items()}
-                extras = Extras(tree, {**brought, **files})   # (file mounts go on top)
+                extras = Extras(tree, {**brought, **files},   # (file mounts go on top)
+                                links={p for p in linked if p not in files})
                 config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
                 mounted.hide(config, hidden)
                 result.covered = sorted(hidden)
