@@ -273,3 +273,19 @@ def test_a_driver_upgrade_under_a_running_container(tmp_path):
     finally:
         world.cleanup()
         fake.close()
+
+
+def test_watch_keeps_the_host_directory(run, tmp_path):
+    """`generate --watch --once --layout one-mount`: the spec written, its host directory made,
+    a leftover of an older driver that no spec names and nothing binds removed; a second
+    attempt finds the spec current and changes nothing."""
+    base = tmp_path / "driver-dirs"
+    (base / "535.54.03-0123456789ab" / "lib64").mkdir(parents=True)
+    argv = ("--watch", "--once", "--layout", "one-mount", "--driver-dir", str(base))
+    done = run.generate(*argv)
+    assert "removed unused host directories 535.54.03-0123456789ab" in done.stderr, done.stderr
+    (name,) = os.listdir(base)
+    with open(run.output) as stream:
+        assert f"{base}/{name}/lib64" in stream.read()
+    again = run.generate(*argv)
+    assert "wrote" not in again.stderr and os.listdir(base) == [name], again.stderr

@@ -1,0 +1,145 @@
+"""The one-mount layout (docs/one-mount.md) against plain runc: a container's whole life
+(create, start, wait, delete: `run` of /bin/true) with a GPU of the fake driver.
+
+The driver is the tests' fake one (tests/generate/fakedriver.py: 30 gcc-built libraries with
+their real names and SONAMEs, the fake NVML, 5 tools, firmware, ICD and config files, device
+nodes), its spec made by `cdi-shim cdi generate` twice: --layout files (nvidia-ctk's shape)
+and --layout one-mount. The image is the ldcache tests' library-rich glibc root (545 cache
+entries) plus busybox; each container gets a fresh overlay of it, as containerd's snapshotter
+gives. Sides, taking turns at going first, each round:
+
+- runc: plain runc, no device;
+- runc+edits: plain runc given the one-mount spec's edits (`cdi-shim cdi inject`, its hooks
+  left out: two directory binds, the device nodes, the ICD/config/firmware/socket binds);
+- one-mount: cdi-shim-runtime with the device requested by annotation, the one-mount spec;
+- files: the same with the files spec (one bind a library).
+
+cdi-shim-runtime runs with its resident process (`cdi-shim runtime serve`), as on a node.
+Reported: each side's median, and the median of the per-round ratios to runc (and of
+one-mount to runc+edits: our part alone).
+
+    .venv/bin/python benchmarks/one_mount.py [--runs 40] [--dir /run]   (as root)
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from common import start_resident, timed
+from run_with_libraries import bundle, bundle_dir, cleanup, fresh_rootfs, interval, make_image, settle
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "generate"))
+import fakedriver  # noqa: E402
+
+BIN = os.path.dirname(sys.executable)
+SIDES = ("runc", "runc+edits", "one-mount", "files")
+
+
+def generate(driver, spec_dir, layout, driver_dir, env):
+    subprocess.run([os.path.join(BIN, "cdi-shim"), "cdi", "generate", "--driver-root", driver.root,
+                    "--dev-root", driver.dev_root, "--sysfs-root", driver.sysfs, "--proc-root", driver.proc,
+                    "--layout", layout, "--driver-dir", driver_dir, "--output", os.path.join(spec_dir, "nvidia.yaml")]
+                   if layout == "one-mount" else
+                   [os.path.join(BIN, "cdi-shim"), "cdi", "generate", "--driver-root", driver.root,
+                    "--dev-root", driver.dev_root, "--sysfs-root", driver.sysfs, "--proc-root", driver.proc,
+                    "--output", os.path.join(spec_dir, "nvidia.yaml")],
+                   check=True, env=env, capture_output=True)
+
+
+def injected(spec_dir, config_path, env):
+    """config.json with the spec's edits applied and its hooks left out (what runc is given)."""
+    done = subprocess.run([os.path.join(BIN, "cdi-shim"), "cdi", "inject", "--device", "nvidia.com/gpu=0",
+                           "--spec-dir", spec_dir, config_path], check=True, env=env, capture_output=True)
+    config = json.loads(done.stdout)
+    config.pop("hooks", None)
+    with open(config_path, "w") as out:
+        json.dump(config, out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--dir", default="/run", help="where the image, the driver and the overlays live")
+    args = parser.parse_args()
+    root = tempfile.mkdtemp(prefix="cdi-shim-one-mount-bench.", dir=args.dir)
+    driver = None
+    server = None
+    try:
+        image = os.path.join(root, "rootfs")
+        make_image(image)
+        driver = fakedriver.FakeDriver(os.path.join(root, "fake"), gpus=1)
+        env = dict(os.environ)
+        env.pop("XDG_DATA_DIRS", None)
+        specs, envs = {}, {}
+        for layout in ("one-mount", "files"):
+            spec_dir = os.path.join(root, f"specs-{layout}")
+            os.makedirs(spec_dir)
+            generate(driver, spec_dir, layout, os.path.join(root, "driver-dirs"), env)
+            specs[layout] = spec_dir
+            settings = os.path.join(root, f"{layout}.toml")
+            with open(settings, "w") as out:
+                out.write(f'spec-dirs = ["{spec_dir}"]\nresident-socket = "{root}/run/runtime.sock"\n')
+            envs[layout] = dict(env, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
+        server = start_resident(f"{root}/run/runtime.sock", envs["one-mount"])
+        bundles = bundle_dir(root)
+        sides = {}
+        for name in SIDES:
+            rootfs = os.path.join(root, f"rootfs-{name.replace('+', '-')}")
+            annotations = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"} if name in ("one-mount", "files") else None
+            path = bundle(bundles, name.replace("+", "-"), rootfs, annotations)
+            if name == "runc+edits":
+                injected(specs["one-mount"], os.path.join(path, "config.json"), env)
+            with open(os.path.join(path, "config.json"), "rb") as stream:
+                sides[name] = (path, rootfs, stream.read())
+        settle()
+        shim = os.path.join(BIN, "cdi-shim-runtime")
+        state = os.path.join(root, "state")
+        times = {name: [] for name in SIDES}
+        for index in range(args.runs + 1):
+            order = SIDES[index % len(SIDES):] + SIDES[:index % len(SIDES)]
+            for name in SIDES:
+                path, rootfs, pristine = sides[name]
+                fresh_rootfs(image, rootfs)
+                with open(os.path.join(path, "config.json"), "wb") as out:
+                    out.write(pristine)
+            for name in order:
+                path = sides[name][0]
+                if name.startswith("runc"):
+                    argv, side_env = ["runc"], env
+                else:
+                    argv, side_env = [shim], envs[name]
+                took = timed(argv + ["--root", state, "run", "--bundle", path, f"{name.replace('+', '-')}{index}"],
+                             side_env)
+                if index:   # (the first round warms the caches, as a node's first GPU pod does)
+                    times[name].append(took)
+        med = statistics.median
+        result = {"runs": args.runs, "dir": args.dir, "gpus": 1,
+                  "libraries_in_host_dir": len(os.listdir(next(
+                      os.path.join(root, "driver-dirs", n, "lib64") for n in os.listdir(os.path.join(root, "driver-dirs"))))),
+                  "median_ms": {name: round(med(times[name]), 1) for name in SIDES}}
+        ratios = {}
+        for name in SIDES[1:]:
+            per_round = [a / b for a, b in zip(times[name], times["runc"])]
+            ratios[f"{name}/runc"] = round(med(per_round), 3)
+            ratios[f"{name}/runc 95pct"] = interval(per_round)
+        ours = [a / b for a, b in zip(times["one-mount"], times["runc+edits"])]
+        ratios["one-mount/runc+edits"] = round(med(ours), 3)
+        ratios["one-mount/runc+edits 95pct"] = interval(ours)
+        result["median_paired_ratio"] = ratios
+        print(json.dumps(result, indent=2))
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait()
+        if driver is not None:
+            driver.close()
+        cleanup(root)
+
+
+if __name__ == "__main__":
+    main()
