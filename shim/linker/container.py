@@ -371,9 +371,7 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
                            for c in updates + compat_calls)
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         if _recording is not None:
-            if result.covered:
-                # A replay checks the plan's files, not a mounted folder's listing: not kept.
-                _recording.refuse("a directory mount provides a folder of the cache")
+            # (a mounted folder's host folder and files are among the plan's paths: plan.py)
             _recording.plans.append(result.looked)
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")

@@ -60,19 +60,11 @@ def _covering(mounts, path, target):
     return shown
 
 
-def touches(mounts, paths, target):
-    """Whether a mount provides any of PATHS (or a hwcap subdirectory of one)."""
-    try:
-        return any(_covering(mounts, posixpath.normpath(p), target) is not None for p in paths)
-    except UnknownFolder:
-        return True
-
-
 def folders(mounts, paths, target):
     """({folder: mount destination} of PATHS a mount provides, {container path: host path} of
-    the libraries it shows there, {container paths of those that are links}). UnknownFolder
-    where that content cannot be known."""
-    hidden, brought, links = {}, {}, set()
+    the libraries it shows there, {container paths of those that are links}, [the host folders
+    read]). UnknownFolder where that content cannot be known."""
+    hidden, brought, links, sources = {}, {}, set(), []
     for path in dict.fromkeys(posixpath.normpath(p) for p in paths):
         shown = _covering(mounts, path, target)
         if shown is None:
@@ -82,11 +74,12 @@ def folders(mounts, paths, target):
             raise UnknownFolder(f"{path}: the mount at {dest} is not a bind; its content exists only once runc mounts it")
         rest = [part for part in path[len(dest):].split("/") if part]
         hidden[path] = dest
+        sources.append(posixpath.join(source, *rest))
         for name, host, is_link in _read_folder(source, rest, path, target):
             brought[posixpath.join(path, name)] = host
             if is_link:    # ldconfig keys a link by its own name (libcuda.so), a file by its SONAME
                 links.add(posixpath.join(path, name))
-    return hidden, brought, links
+    return hidden, brought, links, sources
 
 
 def _read_folder(source, rest, path, target):

@@ -211,23 +211,27 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
     folders = [os.fspath(f) for f in folders]
+    mounts = list(mounts)
     arguments = None if _plans is None else (
-        machine, mode, links, format, generator, tuple(folders), tuple(compat),
+        machine, mode, links, format, generator, tuple(folders), tuple(compat), tuple(mounts),
         tuple((os.fspath(k), os.fspath(v)) for k, v in (extra or {}).items()))
     result = Plan()
     # (not observed by a step memo: a step takes the plan's paths from the plan memo's record)
     with Root(root, observed=False) as tree:
         if arguments is not None:
-            kept = _recall(tree, arguments, mounts)
+            kept = _recall(tree, arguments)
             if kept is not None:
                 return kept
             started = lib.cds_memo_clock_ns()
             tree.seen = {}
         extras = Extras(tree, extra)
         config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
-        hidden = {}
+        hidden, hosts = {}, []
         if mounts:
-            hidden, brought, linked = mounted.folders(mounts, _candidates(config), config.target)
+            hidden, brought, linked, sources = mounted.folders(mounts, _candidates(config), config.target)
+            # (a kept plan is checked against the host folders and what they showed: an entry
+            # added, removed or renamed changes its folder's mtime, a file rewritten its own)
+            hosts = sources + sorted(set(brought.values()))
             if hidden:
                 # again, with the mounted folders' libraries (a folder only a mount makes is
                 # configured only where something is to be mounted into it)
@@ -269,9 +273,8 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         result.dirs = [d.path for d in config.dirs]
         if _is_musl(tree, machine):
             result.musl = _plan_musl(tree, machine, folders, extras)
-        if arguments is not None and not hidden:
-            # (a plan with mounted folders is not kept: their listings are not memo entries)
-            result.looked = _looked(tree, arguments, _files_read(tree, target, scanner.listed))
+        if arguments is not None:
+            result.looked = _looked(tree, arguments, _files_read(tree, target, scanner.listed), hosts)
             _keep(arguments, started, tree, result, (target, _candidates(config)))
     return result
 
@@ -371,12 +374,11 @@ def _candidates(config):
     return [d.path for d in config.dirs] + config.absent
 
 
-def _recall(tree, arguments, mounts):
-    """A copy of the plan kept for ARGUMENTS whose paths are unchanged in TREE, or None."""
+def _recall(tree, arguments):
+    """A copy of the plan kept for ARGUMENTS (the mounts among them) whose paths are unchanged
+    in TREE, and the host folders mounts provided with it unchanged, or None."""
     candidates = _plans.get(arguments, ())
     for at, kept in enumerate(candidates):
-        if mounts and mounted.touches(mounts, kept.folders[1], kept.folders[0]):
-            continue
         if lib.cds_memo_same(tree.fd, kept.paths, len(kept.paths), kept.count, kept.identities) == 1:
             if at:
                 candidates.insert(0, candidates.pop(at))
@@ -401,14 +403,16 @@ def _files_read(tree, target, listed):
     return paths
 
 
-def _looked(tree, arguments, files):
+def _looked(tree, arguments, files, hosts=()):
     """The memo entries (kind byte, path, NUL) of what TREE looked at, the FILES its scans
-    read and the host files added; None past _MAX_PATHS."""
-    if files is None or len(tree.seen) + len(files) + len(arguments[-1]) > _MAX_PATHS:
+    read, the host files added and HOSTS (mounted folders and their files, read on the host);
+    None past _MAX_PATHS."""
+    if files is None or len(tree.seen) + len(files) + len(arguments[-1]) + len(hosts) > _MAX_PATHS:
         return None
     entries = [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in tree.seen]
     entries += [b"f" + os.fsencode(path) for path in files]
     entries += [b"h" + os.fsencode(host) for _, host in arguments[-1]]
+    entries += [b"h" + os.fsencode(host) for host in hosts]
     if any(b"\0" in entry for entry in entries):
         return None
     return b"\0".join(entries) + b"\0"
