@@ -50,7 +50,7 @@ def test_podman_runs_a_generated_spec_and_agrees_with_us(peer, driver, run):
 
 def test_podman_4_3_refuses_a_spec_with_additional_gids(peer, driver, run, tmp_path):
     """Group-only DRM nodes make the spec 0.7.0 (additionalGids); Debian 12's podman 4.3 (CDI
-    v0.5.2) refuses it, as the README says (podman 4.9.3 too: toolkit issue #1860); ours takes it."""
+    v0.5.2) refuses it, as docs/generate.md says (podman 4.9.3 too: toolkit issue #1860); ours takes it."""
     run.gpus(2)
     dev_root = str(tmp_path / "devroot")
     driver.make_nodes(2, dev_root=dev_root, drm_mode=0o660, drm_gid=44)

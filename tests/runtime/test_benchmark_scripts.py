@@ -1,4 +1,4 @@
-"""The benchmark scripts the README's figures come from still run (a run or two each, on tmpfs):
+"""The benchmark scripts the figures of benchmarks/RESULTS.md come from still run (a run or two each, on tmpfs):
 a figure that cannot be measured again is not a figure."""
 import json
 import os
