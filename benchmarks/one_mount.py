@@ -21,7 +21,10 @@ cdi-shim-runtime runs with its resident process (`cdi-shim runtime serve`), as o
 Reported: each side's median, and the median of the per-round ratios to runc (and of
 ours to runc+edits: our part alone).
 
-    .venv/bin/python benchmarks/one_mount.py [--runs 40] [--dir /run]   (as root)
+    .venv/bin/python benchmarks/one_mount.py [--runs 40] [--dir /run] [--image rich|small]   (as root)
+
+--image small: a small glibc image instead (busybox, this host's libc, libm and loader, its
+own ld.so.cache), closer to a CUDA base image's few system libraries.
 """
 import argparse
 import json
@@ -41,6 +44,21 @@ import fakedriver  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
 SIDES = ("runc", "runc+edits", "one-mount", "one-mount-injected", "files")
+
+
+def make_small_image(rootfs):
+    """busybox and this host's libc, libm and loader, with ld.so.conf and a cache."""
+    libdir = rootfs + "/usr/lib/x86_64-linux-gnu"
+    for sub in ("/bin", "/etc", "/lib64", "/usr/lib/x86_64-linux-gnu"):
+        os.makedirs(rootfs + sub, exist_ok=True)
+    shutil.copy("/bin/busybox", rootfs + "/bin/busybox")
+    os.symlink("busybox", rootfs + "/bin/true")
+    for name in ("libc.so.6", "libm.so.6"):
+        shutil.copy2(os.path.realpath(f"/lib/x86_64-linux-gnu/{name}"), f"{libdir}/{name}")
+    shutil.copy2(os.path.realpath("/lib64/ld-linux-x86-64.so.2"), rootfs + "/lib64/ld-linux-x86-64.so.2")
+    with open(rootfs + "/etc/ld.so.conf", "w") as out:
+        out.write("/usr/lib/x86_64-linux-gnu\n")
+    subprocess.run(["ldconfig", "-r", rootfs], check=True)
 
 
 def generate(driver, spec_dir, layout, driver_dir, env):
@@ -70,13 +88,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--dir", default="/run", help="where the image, the driver and the overlays live")
+    parser.add_argument("--image", choices=("rich", "small"), default="rich")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="cdi-shim-one-mount-bench.", dir=args.dir)
     driver = None
     server = None
     try:
         image = os.path.join(root, "rootfs")
-        make_image(image)
+        if args.image == "rich":
+            make_image(image)
+        else:
+            make_small_image(image)
         driver = fakedriver.FakeDriver(os.path.join(root, "fake"), gpus=1)
         env = dict(os.environ)
         env.pop("XDG_DATA_DIRS", None)
@@ -125,7 +147,7 @@ def main():
                 if index:   # (the first round warms the caches, as a node's first GPU pod does)
                     times[name].append(took)
         med = statistics.median
-        result = {"runs": args.runs, "dir": args.dir, "gpus": 1,
+        result = {"runs": args.runs, "dir": args.dir, "image": args.image, "gpus": 1,
                   "libraries_in_host_dir": len(os.listdir(next(
                       os.path.join(root, "driver-dirs", n, "lib64") for n in os.listdir(os.path.join(root, "driver-dirs"))))),
                   "median_ms": {name: round(med(times[name]), 1) for name in SIDES}}
