@@ -9,6 +9,7 @@ entries) plus busybox; each container gets a fresh overlay of it, as containerd'
 gives. Sides, taking turns at going first, each round:
 
 - runc: plain runc, no device;
+- runc+folders: plain runc given the layout's two directory binds alone (no device node);
 - runc+edits: plain runc given the one-mount spec's edits (`cdi-shim cdi inject`, its hooks
   left out: two directory binds, the device nodes, the ICD/config/firmware/socket binds);
 - one-mount: cdi-shim-runtime with the device requested by annotation, the one-mount spec;
@@ -18,8 +19,8 @@ gives. Sides, taking turns at going first, each round:
 - files: the same with the files spec (one bind a library).
 
 cdi-shim-runtime runs with its resident process (`cdi-shim runtime serve`), as on a node.
-Reported: each side's median, and the median of the per-round ratios to runc (and of
-ours to runc+edits: our part alone).
+Reported: each side's median, and the median of the per-round ratios to runc (and of ours to
+runc+edits: our part alone), to 2 decimals as its 95 % bootstrap interval.
 
     .venv/bin/python benchmarks/one_mount.py [--runs 40] [--dir /run] [--image rich|small]   (as root)
 
@@ -43,7 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "generate"))
 import fakedriver  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
-SIDES = ("runc", "runc+edits", "one-mount", "one-mount-injected", "files")
+SIDES = ("runc", "runc+folders", "runc+edits", "one-mount", "one-mount-injected", "files")
 
 
 def make_small_image(rootfs):
@@ -62,14 +63,12 @@ def make_small_image(rootfs):
 
 
 def generate(driver, spec_dir, layout, driver_dir, env):
-    subprocess.run([os.path.join(BIN, "cdi-shim"), "cdi", "generate", "--driver-root", driver.root,
-                    "--dev-root", driver.dev_root, "--sysfs-root", driver.sysfs, "--proc-root", driver.proc,
-                    "--layout", layout, "--driver-dir", driver_dir, "--output", os.path.join(spec_dir, "nvidia.yaml")]
-                   if layout == "one-mount" else
-                   [os.path.join(BIN, "cdi-shim"), "cdi", "generate", "--driver-root", driver.root,
-                    "--dev-root", driver.dev_root, "--sysfs-root", driver.sysfs, "--proc-root", driver.proc,
-                    "--output", os.path.join(spec_dir, "nvidia.yaml")],
-                   check=True, env=env, capture_output=True)
+    argv = [os.path.join(BIN, "cdi-shim"), "cdi", "generate", "--driver-root", driver.root, "--dev-root",
+            driver.dev_root, "--sysfs-root", driver.sysfs, "--proc-root", driver.proc, "--layout", layout,
+            "--output", os.path.join(spec_dir, "nvidia.yaml")]
+    if layout == "one-mount":
+        argv += ["--driver-dir", driver_dir]
+    subprocess.run(argv, check=True, env=env, capture_output=True)
 
 
 def injected(spec_dir, config_path, env, hooks=False):
@@ -80,6 +79,19 @@ def injected(spec_dir, config_path, env, hooks=False):
     config = json.loads(done.stdout)
     if not hooks:
         config.pop("hooks", None)
+    with open(config_path, "w") as out:
+        json.dump(config, out)
+
+
+def folders_only(spec_dir, config_path, env):
+    """config.json with the one-mount spec's two directory binds added, nothing else."""
+    with open(config_path) as stream:
+        config = json.load(stream)
+    injected(spec_dir, config_path, env)
+    with open(config_path) as stream:
+        edited = json.load(stream)
+    config["mounts"] += [m for m in edited["mounts"]
+                         if m["destination"] in ("/usr/local/nvidia/lib64", "/usr/local/nvidia/bin")]
     with open(config_path, "w") as out:
         json.dump(config, out)
 
@@ -119,7 +131,9 @@ def main():
             rootfs = os.path.join(root, f"rootfs-{name.replace('+', '-')}")
             annotations = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"} if name in ("one-mount", "files") else None
             path = bundle(bundles, name.replace("+", "-"), rootfs, annotations)
-            if name == "runc+edits":
+            if name == "runc+folders":
+                folders_only(specs["one-mount"], os.path.join(path, "config.json"), env)
+            elif name == "runc+edits":
                 injected(specs["one-mount"], os.path.join(path, "config.json"), env)
             elif name == "one-mount-injected":
                 injected(specs["one-mount"], os.path.join(path, "config.json"), env, hooks=True)
@@ -147,18 +161,18 @@ def main():
                 if index:   # (the first round warms the caches, as a node's first GPU pod does)
                     times[name].append(took)
         med = statistics.median
+        (host_dir,) = os.listdir(os.path.join(root, "driver-dirs"))
         result = {"runs": args.runs, "dir": args.dir, "image": args.image, "gpus": 1,
-                  "libraries_in_host_dir": len(os.listdir(next(
-                      os.path.join(root, "driver-dirs", n, "lib64") for n in os.listdir(os.path.join(root, "driver-dirs"))))),
+                  "entries_in_host_lib64": len(os.listdir(os.path.join(root, "driver-dirs", host_dir, "lib64"))),
                   "median_ms": {name: round(med(times[name]), 1) for name in SIDES}}
         ratios = {}
         for name in SIDES[1:]:
             per_round = [a / b for a, b in zip(times[name], times["runc"])]
-            ratios[f"{name}/runc"] = round(med(per_round), 3)
+            ratios[f"{name}/runc"] = round(med(per_round), 2)
             ratios[f"{name}/runc 95pct"] = interval(per_round)
         for name in ("one-mount", "one-mount-injected"):
             ours = [a / b for a, b in zip(times[name], times["runc+edits"])]
-            ratios[f"{name}/runc+edits"] = round(med(ours), 3)
+            ratios[f"{name}/runc+edits"] = round(med(ours), 2)
             ratios[f"{name}/runc+edits 95pct"] = interval(ours)
         result["median_paired_ratio"] = ratios
         print(json.dumps(result, indent=2))

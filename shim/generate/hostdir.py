@@ -207,8 +207,6 @@ def base_problem(base):
 def plan(root, files, version, base=BASE):
     """The Plan of the driver files FILES (discover.DriverFiles) found in ROOT (a DriverRoot,
     still open). Every file is opened now, inside the root; the caller closes the plan."""
-    from .discover import Library  # noqa: F401  (the type of files.libraries)
-
     made = Plan(base, version)
     digest = hashlib.sha256(_FORMAT.encode())
     names = set()

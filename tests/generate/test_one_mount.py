@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import runtime_helpers as rh  # noqa: E402
 
 import fakedriver  # noqa: E402
+from shim.driver_version import recorded_driver_version  # noqa: E402
 from fakedriver import LIBDIR, VERSION, FakeDriver, Runner  # noqa: E402
 
 LIB = "/usr/local/nvidia/lib64"
@@ -128,6 +129,7 @@ def test_the_spec_binds_one_folder_and_keeps_the_rest(driver, run, tmp_path):
     assert f"{LIB}/libnvidia-allocator.so.1::{LIBDIR}/gbm/nvidia-drm_gbm.so" in left, left   # into the folder
     assert not [a for a in left if a.partition("::")[2].startswith(LIBDIR + "/lib")], left
     assert f"NVIDIA_CTK_LIBCUDA_DIR={LIB}" in spec["containerEdits"]["env"]
+    assert recorded_driver_version(spec) == VERSION      # (stale-spec checks read it from the directory's name)
     lib = os.listdir(host + "/lib64")
     for want in (f"libcuda.so.{VERSION}", "libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libGLX_indirect.so.0"):
         assert want in lib, lib
