@@ -216,6 +216,24 @@ def test_an_image_with_its_own_usr_local_nvidia_is_shadowed(driver, run, world, 
     assert report["end"] == ["the image's own"]
 
 
+@pytest.mark.runtime_e2e
+def test_an_image_link_at_the_folder_leads_inside_the_container(driver, run, world, tmp_path):
+    """The image has /usr/local/nvidia/lib64 as a link to /opt/gpu-libs (absolute, as a hostile
+    image would): runc resolves the mount point inside the rootfs, so the bind lands on the
+    container's /opt/gpu-libs (never a host path), and the program still finds the driver
+    through the cache at the folder."""
+    _generate(run, world, str(tmp_path / "driver-dirs"))
+    bundle = _image(world, run, tmp_path, args=("sh", "-c", SCRIPT + "; ls /opt/gpu-libs | grep -c libcuda"))
+    os.makedirs(bundle.rootfs + "/opt/gpu-libs")
+    os.makedirs(bundle.rootfs + "/usr/local/nvidia")
+    os.symlink("/opt/gpu-libs", bundle.rootfs + LIB)
+    _ldconfig(bundle.rootfs)
+    report = _sections(_run(world, bundle, driver.uuids(2)[0]))
+    assert report["prog"] == [f"nvml=0 version={VERSION} cuda=42 from={LIB}/libcuda.so.1 dev=yes"], report
+    assert int(report["end"][0]) >= 3, report["end"]                 # the bind is at the link's target, inside
+    assert os.listdir(bundle.rootfs + "/opt/gpu-libs") == []           # (the image's own folder, untouched)
+
+
 def _stale_library(path, tmp_path):
     src = tmp_path / "stale.c"
     src.write_text("int fake_driver_symbol(void) { return 7; }\n")
