@@ -376,9 +376,17 @@ def write(result):
 
 
 def collect_host_dirs(host_dir, spec_dir):
-    """Remove the one-mount host directories beside HOST_DIR that no spec (in SPEC_DIR and the
-    standard spec directories) names and no container uses; returns their names."""
+    """Remove the one-mount host directories beside HOST_DIR that no spec (in SPEC_DIR, the
+    standard spec directories and the configured ones) names and no container uses; returns
+    their names."""
     from cdi.spec_dirs import DEFAULT_SPEC_DIRS
 
+    from ..config import ConfigError, load_config
+
+    try:
+        configured = list(load_config().spec_dirs)
+    except ConfigError:
+        configured = []     # (then only the standard ones: a directory in use is kept anyway)
     base, name = os.path.split(host_dir)
-    return hostdir.collect(base, keep={name}, spec_dirs=list(dict.fromkeys([spec_dir, *DEFAULT_SPEC_DIRS])))
+    dirs = list(dict.fromkeys([spec_dir, *DEFAULT_SPEC_DIRS, *configured]))
+    return hostdir.collect(base, keep={name}, spec_dirs=dirs)
