@@ -42,8 +42,7 @@ from ..driver_version import ONE_MOUNT_LIB as LIB_DIR   # (one definition: the c
 
 BASE = "/var/lib/cdi-shim/driver"
 BIN_DIR = "/usr/local/nvidia/bin"
-LAYOUTS = ("files", "one-mount")
-DEFAULT_LAYOUT = "files"
+LAYOUTS = ("files", "one-mount")    # (the first the default; the CLI's --layout choices)
 _FORMAT = "cdi-shim one-mount 1"      # in the digest: a change of this module's layout renames
 _NAME = re.compile(r"^(?P<version>[0-9][0-9A-Za-z.]*)-(?P<digest>[0-9a-f]{12})$")
 
@@ -55,6 +54,9 @@ def version_of(name):
 
 
 class Entry:
+    """One name in the directory (SUB: lib64 or bin): a file (FD, open in the driver root) or a
+    link (TARGET, a name in the same folder)."""
+
     __slots__ = ("sub", "name", "fd", "target")
 
     def __init__(self, sub, name, fd=None, target=None):
@@ -225,7 +227,7 @@ def plan(root, files, version, base=BASE):
             if directory in lib_dirs and "/" not in target and name not in names:
                 names.add(name)
                 made.entries.append(Entry("lib64", name, target=target))
-            elif directory not in lib_dirs:
+            elif directory not in lib_dirs or "/" in target:
                 made.left_links.append(link)
         for host, path in files.graphics:    # the EGL platform libraries: the ICD files name their SONAME
             directory, name = posixpath.split(path)

@@ -309,3 +309,14 @@ def test_watch_keeps_the_host_directory(run, tmp_path):
         assert f"{base}/{name}/lib64" in stream.read()
     again = run.generate(*argv)
     assert "wrote" not in again.stderr and os.listdir(base) == [name], again.stderr
+
+
+def test_the_layout_choices_are_hostdir_s():
+    """`cdi generate --layout` and `install --node --layout` offer hostdir.LAYOUTS, default first."""
+    from shim.cli.install import install
+    from shim.cli.specs import generate
+    from shim.generate import hostdir
+
+    for command in (generate, install):
+        (option,) = [p for p in command.params if p.name == "layout"]
+        assert tuple(option.type.choices) == hostdir.LAYOUTS and option.default == hostdir.LAYOUTS[0]
