@@ -68,7 +68,8 @@ for source in sources:
     steps = [lambda: os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o755)),
              lambda: libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None),
              lambda: libc.mount(None, target.encode(), None, MS_PRIVATE | MS_REC, None)
-                     + libc.mount(None, target.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)]
+                     + libc.mount(None, target.encode(), None,
+                                  MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)]
     for at, step in enumerate(steps):
         start = time.perf_counter()
         if step():

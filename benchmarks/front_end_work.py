@@ -54,7 +54,8 @@ def main():
         path = os.path.join(spec_dir, "nvidia.yaml")
         text = open(path).read()
         with open(path, "w") as out:
-            out.write(text[:text.index("  hooks:\n")] + "  hooks:\n" + bench.toolkit_hooks() + text[text.index("devices:\n"):])
+            out.write(text[:text.index("  hooks:\n")] + "  hooks:\n" + bench.toolkit_hooks()
+                      + text[text.index("devices:\n"):])
         sock = os.path.join(root, "run", "runtime.sock")
         settings = os.path.join(root, "cdi-shim.toml")
         with open(settings, "w") as out:
@@ -69,7 +70,8 @@ def main():
         trivial = bench.bundle(bundles, "trivial", rootfs)
         with open(os.path.join(trivial, "config.json")) as f:
             config = json.load(f)
-        config["hooks"] = {"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "new"]}]}
+        config["hooks"] = {"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook",
+                                                "args": ["nvidia-cdi-hook", "new"]}]}
         with open(os.path.join(trivial, "config.json"), "w") as out:
             json.dump(config, out)
         injected = subprocess.run([os.path.join(bench.BIN, "cdi-shim"), "cdi", "inject", "--spec-dir", spec_dir,
@@ -102,7 +104,8 @@ def main():
         med = {side: statistics.median(values) for side, values in times.items()}
         print(json.dumps({"runs": args.runs, "replay": not args.no_replay,
                           "median_ms": {side: round(value, 3) for side, value in med.items()},
-                          "over_bin_true_ms": {side: round(med[side] - med["true"], 3) for side in med if side != "true"}},
+                          "over_bin_true_ms": {side: round(med[side] - med["true"], 3)
+                                               for side in med if side != "true"}},
                          indent=2))
     finally:
         if server:

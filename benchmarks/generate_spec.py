@@ -33,7 +33,8 @@ def main():
         driver = fakedriver.FakeDriver(base, gpus=args.gpus)
         env = dict(os.environ, FAKE_NVML_CONFIG="")
         generate = [sys.executable, cli, "cdi", "generate", "--driver-root", driver.root, "--dev-root",
-                    driver.dev_root, "--sysfs-root", driver.sysfs, "--output", os.path.join(base, "cdi", "nvidia.yaml"), "--timings"]
+                    driver.dev_root, "--sysfs-root", driver.sysfs, "--output", os.path.join(base, "cdi", "nvidia.yaml"),
+                    "--timings"]
         floor = [sys.executable, cli, "cdi", "--help"]
         walls, floors, phases = [], [], []
         for run in range(args.runs + 1):

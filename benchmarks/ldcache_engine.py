@@ -194,7 +194,8 @@ def measure(runs, driver_libs, tmpfs="/dev/shm"):
             return lambda: subprocess.run([*command, "update-ldcache", "--folder", FOLDER], input=state,
                                           check=True)
         bare = [sys.executable, "-c",
-                "import sys; from shim.linker import ldcache; ldcache.update(sys.argv[1], [sys.argv[2]], output=sys.argv[3])",
+                "import sys; from shim.linker import ldcache; "
+                "ldcache.update(sys.argv[1], [sys.argv[2]], output=sys.argv[3])",
                 image, FOLDER, out]
         sides = {
             "ldconfig": lambda: subprocess.run([LDCONFIG, "-r", theirs], check=True),

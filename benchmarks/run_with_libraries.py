@@ -73,7 +73,8 @@ def write_spec(spec_dir, libraries, node):
         out.write('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ncontainerEdits:\n  mounts:\n' + mounts +
                   "  hooks:\n    - hookName: createContainer\n      path: /usr/bin/nvidia-cdi-hook\n"
                   f"      args: [nvidia-cdi-hook, update-ldcache, --folder, {FOLDER}]\n"
-                  f'devices:\n  - name: "0"\n    containerEdits:\n      deviceNodes: [{{path: /dev/nvidia0, hostPath: {node}}}]\n')
+                  f'devices:\n  - name: "0"\n    containerEdits:\n'
+                  f'      deviceNodes: [{{path: /dev/nvidia0, hostPath: {node}}}]\n')
 
 
 def toolkit_hooks():

@@ -76,7 +76,8 @@ def versus(args, g, plain, root, env):
         after.append(timed(g(shim) + ["state", "vs-state"], env))
     subprocess.run(g("runc") + ["delete", "--force", "vs-state"], env=env, check=True)
     results.append(dict(summary("passthrough (state): before vs after", before, after)))
-    for name, bundle in (("create, no device", plain), (f"create, no device, {os.path.getsize(os.path.join(big, 'config.json'))} B config", big)):
+    big_size = os.path.getsize(os.path.join(big, 'config.json'))
+    for name, bundle in (("create, no device", plain), (f"create, no device, {big_size} B config", big)):
         before, after = [], []
         for index in range(args.runs):
             for side, binary in ((before, args.versus), (after, shim)):

@@ -102,7 +102,8 @@ def _validate_net_devices(devices, field):
             raise EditsInvalid(f"{field}[{index}]", "invalid (nil) linux net device")
         host, name = dev.get("hostInterfaceName", ""), dev.get("name", "")
         if not host:
-            raise EditsInvalid(f"{field}[{index}].hostInterfaceName", "invalid linux net device, empty HostInterfaceName")
+            raise EditsInvalid(f"{field}[{index}].hostInterfaceName",
+                               "invalid linux net device, empty HostInterfaceName")
         if not name:
             raise EditsInvalid(f"{field}[{index}].name", "invalid linux net device, empty Name")
         if host in host_seen:

@@ -90,7 +90,8 @@ class Tree:
             if fd >= 0:
                 try:
                     if stat.S_ISLNK(os.fstat(fd).st_mode):
-                        self.warn(f"{printable(self.host(path))} is a symbolic link (to {printable(_link_text(fd))}): refused, "
+                        self.warn(f"{printable(self.host(path))} is a symbolic link "
+                                  f"(to {printable(_link_text(fd))}): refused, "
                                   "only the real file where it is named is used")
                         return None
                 finally:

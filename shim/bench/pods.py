@@ -76,7 +76,8 @@ SCENARIOS = {
     "one-device": ("one CDI device (node + env + 1 bind mount) vs a runc pod without it",
                    {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}, 1.15),
     "device-30-libs": ("one CDI device + 30 driver libraries as bind mounts vs a runc pod without it "
-                       "(cdi-shim computes the linker cache for them)", {"cdi.k8s.io/gpu": "bench.cdi-shim.dev/gpu=0"}, 1.15),
+                       "(cdi-shim computes the linker cache for them)",
+                       {"cdi.k8s.io/gpu": "bench.cdi-shim.dev/gpu=0"}, 1.15),
     "device-30-libs-vs-cri": ("the same device + 30 libraries vs a runc pod given the same node, env and "
                               "mounts through CRI fields (cdi-shim's own cost)",
                               {"cdi.k8s.io/gpu": "bench.cdi-shim.dev/gpu=0"}, None),
@@ -273,7 +274,8 @@ def _run_sides(lab, name, devices, rounds, warmup, result, offset, log):
 
 # What a device side's container sees, from inside (busybox): the driver SONAMEs its ld.so.cache lists,
 # the create-symlinks link, the application profile.
-PROBE = ("echo cache=$(tr '\\000' '\\n' < /etc/ld.so.cache | grep -o 'libnvidia-bench[0-9]*[.]so[.]1$' | sort -u | wc -l); "
+PROBE = ("echo cache=$(tr '\\000' '\\n' < /etc/ld.so.cache "
+         "| grep -o 'libnvidia-bench[0-9]*[.]so[.]1$' | sort -u | wc -l); "
          f"echo link=$(readlink {DRIVER_FOLDER}/libnvidia-bench0.so); "
          "echo profile=$(cat /etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf 2>/dev/null | wc -c)")
 
@@ -447,7 +449,8 @@ def report(result):
                      + "; after: " + ", ".join(f"{x:.2f}" for x in meta.get("load_after", ())))
     cost = meta.get("passthrough_ms")
     if cost:
-        lines.append(f"  one passthrough runtime call (`state`, median of 100): cdi-shim-runtime {cost['shim']:.2f} ms, "
+        lines.append(f"  one passthrough runtime call (`state`, median of 100): "
+                     f"cdi-shim-runtime {cost['shim']:.2f} ms, "
                      f"runc {cost['runc']:.2f} ms: +{cost['shim'] - cost['runc']:.2f} ms a call "
                      "(4 calls until a pod's container runs, 12 in its lifecycle)")
     native = meta.get("native_cdi")

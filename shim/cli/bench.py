@@ -25,8 +25,8 @@ def bench():
               help="Run the native-cdi-30-libs scenario (with any --scenario given, else alone; needs "
                    "--containerd 2.1, enable_cdi on): a device with 30 driver libraries and the toolkit's six "
                    "hooks requested through the CRI CDIDevices field, in rounds of five pods on a library-rich "
-                   "image: no device on runc, no device on cdi-shim, the device without its hooks on runc, (a) the hooks "
-                   "run by runc through a hook "
+                   "image: no device on runc, no device on cdi-shim, the device without its hooks on runc, "
+                   "(a) the hooks run by runc through a hook "
                    "program that does the toolkit's work (ldconfig -r on the rootfs) under a name cdi-shim does "
                    "not know, (b) the same spec with the program named nvidia-cdi-hook through cdi-shim, which "
                    "does the work natively and drops the hooks. -n is then the number of rounds.")

@@ -19,11 +19,14 @@ from .common import fail as _fail
               help="The shim as containerd's default_runtime_name is intended.")
 @click.option("--docker-config", default="/etc/docker/daemon.json", show_default=True, metavar="PATH",
               help="Docker's daemon.json (a path on the node, inside --root); its checks run where Docker is.")
+@click.option("--podman-config", default="/etc/containers/containers.conf", show_default=True, metavar="PATH",
+              help="root's podman containers.conf (a path on the node, inside --root; with /usr/share's and its .d "
+                   "drop-ins); its checks run where podman is.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per check, in a list.")
 def doctor(containerd_config, cdi_dirs, runtimeclasses, root, containerd_binary, shim_as_default, docker_config,
-           as_json):
+           podman_config, as_json):
     """Diagnose why a container gets no GPU: kernel, user-space driver, CDI specs, containerd,
-    RuntimeClass, Docker's daemon.json, the runtime. Offline, no GPU needed.
+    RuntimeClass, Docker's daemon.json, podman's containers.conf, the runtime. Offline, no GPU needed.
 
     Prints one line per check: ok, warn or fail, what it saw and the fix. Exits 1 when any
     check fails.
@@ -47,7 +50,8 @@ def doctor(containerd_config, cdi_dirs, runtimeclasses, root, containerd_binary,
         _fail(str(err))
     options = Options(root=root, containerd_config=containerd_config, spec_dirs=cdi_dirs,
                       runtimeclasses=runtimeclasses, containerd_binary=containerd_binary, settings=config,
-                      shim_as_default=shim_as_default, docker_config=docker_config)
+                      shim_as_default=shim_as_default, docker_config=docker_config,
+                      podman_config=podman_config)
     results = run_checks(options)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in results], indent=1))

@@ -30,23 +30,26 @@ def _runtimeclass_hint(config_path, runtime_name):
 
 
 @runtime.command()
-@click.option("--runtime", "engine", type=click.Choice(["containerd", "docker"]), default="containerd",
+@click.option("--runtime", "engine", type=click.Choice(["containerd", "docker", "podman"]), default="containerd",
               show_default=True, help="The container engine to configure.")
 @click.option("--config", "config_path", metavar="PATH",
               help="The engine's config file, created when missing (default: /etc/containerd/config.toml; "
-                   "docker: /etc/docker/daemon.json).")
+                   "docker: /etc/docker/daemon.json; podman: $CONTAINERS_CONF, else /etc/containers/containers.conf "
+                   "for root and $XDG_CONFIG_HOME/containers/containers.conf for a rootless user).")
 @click.option("--runtime-name", metavar="NAME",
-              help="Name of the runtime (default: nvidia, the RuntimeClass handler; docker: cdi-shim, what "
-                   "docker run --runtime= names).")
+              help="Name of the runtime (default: nvidia, the RuntimeClass handler; docker and podman: cdi-shim, "
+                   "what docker run --runtime= / podman run --runtime names).")
 @click.option("--set-as-default", type=click.BOOL, is_flag=False, flag_value=True, default="false",
               show_default=True, metavar="[true|false]",
               help="Also make it the default runtime (containerd's default_runtime_name, docker's "
-                   "default-runtime): every container then goes through it.")
+                   "default-runtime, podman's engine.runtime): every container then goes through it.")
 @click.option("--cdi", "docker_cdi", is_flag=True,
               help="docker: turn on dockerd's own CDI injection (features.cdi, Docker 25+), with cdi-spec-dirs "
                    "equal to cdi-shim's spec-dirs.")
 @click.option("--dockerd-binary", default="dockerd", show_default=True, metavar="PATH",
               help="docker: dockerd executable used to tell the version and to check the new daemon.json.")
+@click.option("--podman-binary", default="podman", show_default=True, metavar="PATH",
+              help="podman: podman executable used to tell the version and to load the new containers.conf.")
 @click.option("--config-version", type=click.Choice(["auto", "2", "3", "4"]), default="auto", show_default=True,
               help="Config version to write: auto reads the file's `version` (or, for a missing file, the "
                    "installed containerd's: 2 for 1.x, 3 for 2.0-2.2, 4 for 2.3+).")
@@ -66,8 +69,8 @@ def _runtimeclass_hint(config_path, runtime_name):
               help="BinaryName to register (default: cdi-shim-runtime beside this interpreter, else on PATH).")
 @click.option("--containerd-binary", default="containerd", show_default=True, metavar="PATH",
               help="containerd executable used to tell the version and to check the new config.")
-def configure(engine, config_path, runtime_name, set_as_default, docker_cdi, dockerd_binary, config_version,
-              enable_cdi, migrate, drop_in, dry_run, restart, runtime_binary, containerd_binary):
+def configure(engine, config_path, runtime_name, set_as_default, docker_cdi, dockerd_binary, podman_binary,
+              config_version, enable_cdi, migrate, drop_in, dry_run, restart, runtime_binary, containerd_binary):
     """Add (or update) the cdi-shim runtime in containerd's config.toml (or Docker's daemon.json).
 
     Comments, order and unrelated settings are kept; a second run changes nothing. The new file
@@ -83,11 +86,26 @@ def configure(engine, config_path, runtime_name, set_as_default, docker_cdi, doc
     --runtime=docker merges daemon.json: every other key and runtime stays; adds runtimes.cdi-shim
     with the installed cdi-shim-runtime as its path; --cdi turns on features.cdi (Docker 25+;
     refused on older ones) and sets cdi-spec-dirs; says whether dockerd must restart.
+
+    --runtime=podman merges containers.conf: adds [engine.runtimes] cdi-shim = [the installed
+    cdi-shim-runtime], keeps every other key and runtime; --set-as-default sets engine.runtime.
+    podman has no daemon: the next podman run reads it.
     """
+    containerd_only = ((drop_in, "--drop-in"), (enable_cdi is not None, "--enable-cdi"),
+                       (config_version != "auto", "--config-version"), (migrate, "--migrate"),
+                       (containerd_binary != "containerd", "--containerd-binary"))
+    if engine == "podman":
+        for given, name in containerd_only + ((docker_cdi, "--cdi"), (dockerd_binary != "dockerd", "--dockerd-binary"),
+                                              (restart, "--restart")):
+            if given:
+                _fail(f"{name} does not apply to podman (it reads containers.conf at each run; podman injects "
+                      "--device VENDOR/CLASS=NAME itself)")
+        return _configure_podman(config_path, runtime_name or "cdi-shim", set_as_default, dry_run, runtime_binary,
+                                 podman_binary)
+    if podman_binary != "podman":
+        _fail("--podman-binary applies to --runtime=podman only")
     if engine == "docker":
-        for given, name in ((drop_in, "--drop-in"), (enable_cdi is not None, "--enable-cdi"),
-                            (config_version != "auto", "--config-version"), (migrate, "--migrate"),
-                            (containerd_binary != "containerd", "--containerd-binary")):
+        for given, name in containerd_only:
             if given:
                 _fail(f"{name} applies to containerd only; for docker use --cdi")
         return _configure_docker(config_path or "/etc/docker/daemon.json", runtime_name or "cdi-shim",
@@ -170,6 +188,40 @@ def _configure_docker(config_path, runtime_name, set_as_default, cdi, dry_run, r
                    err=True)
 
 
+def _configure_podman(config_path, runtime_name, set_as_default, dry_run, runtime_binary, podman):
+    """configure --runtime=podman: plan, then write under the same lock as containerd's and docker's."""
+    from ..node import podman_config as pc
+
+    config_path = config_path or pc.default_path()
+    with _config_lock(config_path):
+        try:
+            plan = pc.plan_configure(config_path, runtime_name=runtime_name, binary=runtime_binary,
+                                     set_as_default=set_as_default, podman=podman)
+        except pc.PodmanConfigError as err:
+            _fail(str(err))
+        for note in plan.notes:
+            click.echo(f"cdi-shim: {note}", err=True)
+        if dry_run:
+            click.echo(plan.diff(), nl=False)
+        if not plan.changed or dry_run:
+            if not plan.changed:
+                click.echo(f'cdi-shim: {plan.path} already has runtime "{runtime_name}" as configured; nothing '
+                           + ("to change" if dry_run else "changed"), err=True)
+            return
+        try:
+            written, backups, checked = pc.write_plan(plan, podman=podman)
+        except (pc.PodmanConfigError, OSError) as err:
+            _fail(str(err))
+        for path in backups:
+            click.echo(f"cdi-shim: backup: {path}", err=True)
+        click.echo(f"cdi-shim: wrote {', '.join(written)}"
+                   + (" (loaded by podman)" if checked else " (not checked: podman is not installed here)"), err=True)
+        click.echo("cdi-shim: podman needs no restart: the next podman run reads it (only a running "
+                   "`podman system service` must restart)", err=True)
+        selector = "" if set_as_default else f" --runtime {runtime_name}"
+        click.echo(f"cdi-shim: then: podman run{selector} --device nvidia.com/gpu=0 IMAGE ...", err=True)
+
+
 def _configure_locked(cc, restart_containerd, config_path, runtime_name, set_as_default, config_version,
                       drop_in, dry_run, restart, runtime_binary, containerd_binary, prefixes, spec_dirs, enable_cdi,
                       migrate=False):
@@ -238,6 +290,7 @@ def serve(socket_path, workers):
         if not socket_path:
             _fail('resident-socket is "" in the cdi-shim config: the resident process is turned off')
     try:
-        serve_forever(socket_path, workers=workers, ready=lambda path: click.echo(f"cdi-shim: serving on {path}", err=True))
+        serve_forever(socket_path, workers=workers,
+                      ready=lambda path: click.echo(f"cdi-shim: serving on {path}", err=True))
     except (OSError, ResidentError) as err:
         _fail(f"cannot serve on {socket_path}: {err}")

@@ -11,6 +11,12 @@ download happens once per machine.
 Docker the same way: Debian's docker.io 20.10 (bookworm), 26.1 (trixie) and 28.5 (forky) unpack
 into prefixes of their own (dockerd, the docker client); each runs with the containerd of its
 suite (bookworm's is the system's 1.6; trixie's 1.7 and forky's 2.1 come from fetch above).
+
+Podman 5.8 (forky; bookworm's system podman is 4.3, trixie's 5.4) links glibc 2.38+ and newer
+gpgme, seccomp and subid libraries than bookworm has: they unpack beside it (forky's libc6,
+libgpgme45, libassuan9, libgpg-error0, libseccomp2, libsubid6), and patchelf points podman and its
+netavark at that loader with an RPATH of that library folder, so they run on bookworm with their
+own glibc while every other program keeps the system's (conmon and runc are bookworm's).
 """
 import fcntl
 import glob
@@ -32,6 +38,12 @@ DOCKER_SUITES = {"20.10": ("bookworm", SYSTEM), "26.1": ("trixie", "1.7"), "28.5
 # the packages of its daemon and client (from trixie on the client is a package of its own)
 DOCKER_PACKAGES = {"20.10": ("docker.io",), "26.1": ("docker.io", "docker-cli"), "28.5": ("docker.io", "docker-cli")}
 DOCKER_VERSIONS = tuple(DOCKER_SUITES)
+# podman major.minor -> the Debian suite that serves it (4.3 is bookworm's own, /usr/bin/podman)
+PODMAN_SUITES = {"5.8": "forky"}
+PODMAN_PACKAGES = ("podman", "netavark", "libc6", "libgpgme45", "libassuan9", "libgpg-error0", "libseccomp2",
+                   "libsubid6")
+SYSTEM_PODMAN = "4.3"
+PODMAN_VERSIONS = (SYSTEM_PODMAN,) + tuple(PODMAN_SUITES)
 TIMEOUT = 600
 
 
@@ -105,9 +117,42 @@ def fetch_docker(version, cache_dir=None, mirror=None, log=None):
                           docker_binaries, mirror, log)
 
 
-def _fetch_package(packages, suite, prefix, wanted, mirror, log):
+def podman_prefix_path(version, cache_dir=None):
+    return os.path.join(cache_dir or CACHE_DIR, f"podman-{version}-{PODMAN_SUITES[version]}")
+
+
+def podman_binaries(prefix):
+    """{name: path} of an unpacked podman (netavark: its network backend, found through
+    containers.conf's helper_binaries_dir)."""
+    return {"podman": os.path.join(prefix, "usr", "bin", "podman"),
+            "netavark": os.path.join(prefix, "usr", "lib", "podman", "netavark")}
+
+
+def fetch_podman(version, cache_dir=None, mirror=None, log=None):
+    """The prefix holding Debian's podman `version` ("5.8"), its own glibc beside it, fetched once."""
+    if version not in PODMAN_SUITES:
+        raise ReleaseError(f"no Debian suite known for podman {version} (known: {', '.join(PODMAN_SUITES)}; "
+                           f"{SYSTEM_PODMAN} is bookworm's own: apt-get install podman)")
+    return _fetch_package(PODMAN_PACKAGES, PODMAN_SUITES[version], podman_prefix_path(version, cache_dir),
+                          podman_binaries, mirror, log, prepare=_own_glibc)
+
+
+def _own_glibc(root, prefix):
+    """Point the podman and netavark unpacked in ROOT (to become PREFIX) at PREFIX's loader, with
+    RPATH (not RUNPATH: it serves their libraries' own dependencies too) PREFIX's library folder."""
+    patchelf = shutil.which("patchelf")
+    if patchelf is None:
+        raise ReleaseError("patchelf not found: apt-get install patchelf (podman 5.8 runs with forky's glibc)")
+    libdir = os.path.join(prefix, "usr", "lib", "x86_64-linux-gnu")
+    for program in podman_binaries(root).values():
+        _run([patchelf, "--set-interpreter", os.path.join(libdir, "ld-linux-x86-64.so.2"), "--force-rpath",
+              "--set-rpath", libdir, program])
+
+
+def _fetch_package(packages, suite, prefix, wanted, mirror, log, prepare=None):
     """PREFIX holding PACKAGES of Debian SUITE, unpacked once into it; WANTED(prefix) names the
-    files that must be executable in it."""
+    files that must be executable in it; PREPARE(root, prefix), when given, adjusts the unpacked
+    tree ROOT before it is renamed to PREFIX."""
     if all(os.access(path, os.X_OK) for path in wanted(prefix).values()):
         return prefix
     for tool in ("apt-get", "dpkg-deb"):
@@ -129,6 +174,8 @@ def _fetch_package(packages, suite, prefix, wanted, mirror, log):
             missing = [p for p in wanted(root).values() if not os.access(p, os.X_OK)]
             if missing:
                 raise ReleaseError(f"{', '.join(map(os.path.basename, debs))} have no {', '.join(missing)}")
+            if prepare:
+                prepare(root, prefix)
             shutil.rmtree(prefix, ignore_errors=True)
             os.rename(root, prefix)
         finally:
@@ -148,7 +195,8 @@ def _download(work, suite, mirror, log, packages):
                "-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Cache={cache}",
                "-o", "Dir::State::status=/dev/null", "-o", "APT::Sandbox::User=root"]
     if log:
-        log(f"fetching {' '.join(packages)} from {mirror} {suite} (apt-get download, once; kept in {os.path.dirname(work)})")
+        log(f"fetching {' '.join(packages)} from {mirror} {suite} (apt-get download, once; kept in "
+            f"{os.path.dirname(work)})")
     _run(["apt-get", "-qq"] + options + ["update"])
     _run(["apt-get", "-qq"] + options + ["download", *packages], cwd=dl)
     debs = []
@@ -167,5 +215,6 @@ def _run(command, cwd=None):
         raise ReleaseError(f"{command[0]} failed: {err}") from None
     if out.returncode != 0:
         lines = [line for line in (out.stderr or out.stdout).strip().splitlines() if line.strip()]
-        raise ReleaseError(f"{' '.join(command[:2])} ... {command[-1]} failed: {lines[-1] if lines else out.returncode}")
+        last = lines[-1] if lines else out.returncode
+        raise ReleaseError(f"{' '.join(command[:2])} ... {command[-1]} failed: {last}")
     return out

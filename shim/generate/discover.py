@@ -25,7 +25,7 @@ import stat
 from . import GenerateError
 from .graphics import by_path_links, discover_graphics, drm_nodes, pci_bus_id
 from .nvml import LIBRARY as NVML_LIBRARY
-from ..inroot import Tree, TreeError, printable
+from ..inroot import Tree, TreeError
 
 MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
 IPC_MOUNT_OPTIONS = ["nosuid", "nodev", "rbind", "rprivate", "noexec"]

@@ -92,7 +92,8 @@ __all__ = [
     "LdcacheError", "LdcacheLimitError", "Deadline", "MAX_GLOB_DIRS", "MAX_GLOB_NAMES",
     "LINKER_TIME_LIMIT", "Cache", "Entry", "Plan", "read_cache", "read_root_cache", "read_host_bytes",
     "read_root_bytes", "format_listing", "plan", "plan_cache", "write_cache", "write_in_root", "update",
-    "remember_files", "remember_plans", "memo_stats", "MACHINES", "CACHE_PATH", "DROPIN_FIRST", "DROPIN_LAST", "GENERATOR",
+    "remember_files", "remember_plans", "memo_stats", "MACHINES", "CACHE_PATH", "DROPIN_FIRST", "DROPIN_LAST",
+    "GENERATOR",
 ]
 
 

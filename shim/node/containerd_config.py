@@ -397,6 +397,47 @@ def _backup(path):
     return backup
 
 
+def read_config_text(path, limit, error):
+    """The UTF-8 text of the config file PATH (at most LIMIT bytes), or None when it does not exist;
+    ERROR (an exception class) names the file for anything else."""
+    from cdi.safeio import UnsafeFile, read_regular_file
+
+    try:
+        data, _ = read_regular_file(path, limit)
+    except FileNotFoundError:
+        return None
+    except UnsafeFile as err:
+        raise error(f"{path}: {err}") from None
+    except OSError as err:
+        raise error(f"cannot read {path}: {err.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not UTF-8 text (byte {err.start}); its engine cannot read it either") from None
+
+
+def write_single(change, check=None):
+    """Write one changed file: a candidate beside it, CHECK(candidate) (raises to refuse it), then
+    a backup of the old file and the rename. Returns (written, backups, check's result); nothing
+    changes when the check raises."""
+    if not change.changed:
+        return [], [], None
+    mode = config_mode(os.stat(change.path).st_mode) if change.old is not None else 0o644
+    candidate = _write_beside(change.path, change.new, mode)
+    try:
+        checked = check(candidate) if check else None
+        backups = [_backup(change.path)] if change.old is not None else []
+        os.replace(candidate, change.path)
+        candidate = None
+        return [change.path], backups, checked
+    finally:
+        if candidate is not None:
+            try:
+                os.unlink(candidate)
+            except FileNotFoundError:
+                pass
+
+
 def write_plan(plan, containerd="containerd", validate=True):
     """Write the changed files: candidates beside the old ones, checked by containerd, then renamed.
 

@@ -369,8 +369,9 @@ def dropin_document(main_doc, old_text, version, path):
         doc.add("version", version)
         return doc
     # version 2: containerd 1.x would replace the main file's whole CRI section with ours
-    doc = tomlkit.parse(header + "# containerd 1.x replaces a plugin's whole section with an imported one, so this\n"
-                                 "# file carries a copy of the main file's CRI plugin section (refreshed on each run).\n")
+    doc = tomlkit.parse(header
+                        + "# containerd 1.x replaces a plugin's whole section with an imported one, so this\n"
+                        "# file carries a copy of the main file's CRI plugin section (refreshed on each run).\n")
     doc.add("version", 2)
     cri = lookup(main_doc, ["plugins", CRI_PLUGIN[2]])
     kept = {}
@@ -488,8 +489,8 @@ def apply_cdi(doc, version, spec_dirs, enable=None, source=None, installed=None,
                           "the CRI CDIDevices field is dropped (--enable-cdi true lets containerd inject it)")
         dirs = effective("cdi_spec_dirs")
         if isinstance(dirs, list) and list(dirs) != spec_dirs:
-            edit.notes.append(f"cdi_spec_dirs = {list(dirs)} differ from cdi-shim's spec-dirs {spec_dirs}; unused while "
-                              "enable_cdi is off (left as they are)")
+            edit.notes.append(f"cdi_spec_dirs = {list(dirs)} differ from cdi-shim's spec-dirs {spec_dirs}; "
+                              "unused while enable_cdi is off (left as they are)")
         if version >= 3:
             edit.warnings.append("enable_cdi = false on containerd 2.x: the device plugin's CDIDevices are dropped "
                                  "silently, and containerd 2.3 deprecates turning CDI off")

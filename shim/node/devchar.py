@@ -5,8 +5,9 @@ DeviceAllow=/dev/char/MAJOR:MINOR, leaving out a path that does not exist (and h
 entry), while writing every rule into the cgroup itself. When systemd applies the scope's
 properties again (a `systemctl daemon-reload`), a device without its link is dropped from the
 running container: "Failed to initialize NVML: Unknown Error" some time after start. So the
-link must be there when the container is created. udev makes these links for the devices it knows; nvidia-modprobe makes /dev/nvidia*
-outside udev, so they have none (the toolkit's `nvidia-ctk system create-dev-char-symlinks`).
+link must be there when the container is created. udev makes these links for the devices it
+knows; nvidia-modprobe makes /dev/nvidia* outside udev, so they have none (the toolkit's
+`nvidia-ctk system create-dev-char-symlinks`).
 
 Links are written as udev writes them: relative to /dev/char (`../nvidia0`). Every path is
 resolved inside the node root (shim/inroot.py): a link planted there never leads out of it.
@@ -27,7 +28,7 @@ UDEV_RULE_TEXT = """\
 # devices from running containers ("Failed to initialize NVML: Unknown Error").
 ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", RUN+="@CDI_SHIM@ install --node --dev-char-only"
 ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia|nvidia_uvm|nvidia_modeset", RUN+="@CDI_SHIM@ install --node --dev-char-only"
-"""
+"""  # noqa: E501 (udev rules are one line each)
 
 
 def rule_text(cdi_shim):

@@ -26,7 +26,7 @@ import os
 import re
 import subprocess
 
-from .containerd_config import FileChange, _backup
+from .containerd_config import FileChange
 
 DEFAULT_DOCKER_CONFIG = "/etc/docker/daemon.json"
 DEFAULT_RUNTIME_NAME = "cdi-shim"
@@ -64,20 +64,9 @@ def _shown(version):
 
 def read_daemon_json(path):
     """The text of daemon.json, or None when it does not exist."""
-    from cdi.safeio import UnsafeFile, read_regular_file
+    from .containerd_config import read_config_text
 
-    try:
-        data, _ = read_regular_file(path, MAX_DAEMON_JSON)
-    except FileNotFoundError:
-        return None
-    except UnsafeFile as err:
-        raise DockerConfigError(f"{path}: {err}") from None
-    except OSError as err:
-        raise DockerConfigError(f"cannot read {path}: {err.strerror}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DockerConfigError(f"{path}: not UTF-8 text (byte {err.start}); dockerd cannot read it either") from None
+    return read_config_text(path, MAX_DAEMON_JSON, DockerConfigError)
 
 
 def parse_daemon_json(path, text):
@@ -248,30 +237,18 @@ def validate_with_dockerd(path, dockerd="dockerd"):
 def write_plan(plan, dockerd="dockerd", validate=True):
     """Write daemon.json: a candidate beside it, checked by dockerd where it can, renamed over it
     after a backup. Returns (written, backups, checked). Nothing changes when the check fails."""
-    from .containerd_config import _write_beside
+    from .containerd_config import write_single
 
-    change = plan.change
-    if not change.changed:
-        return [], [], False
-    mode = os.stat(change.path).st_mode & 0o7777 if change.old is not None else 0o644
-    candidate = _write_beside(change.path, change.new, mode)
-    try:
-        checked = False
-        if validate:
-            ok, why = validate_with_dockerd(candidate, dockerd)
-            if ok is False:
-                raise DockerConfigError(f"dockerd refuses the new {change.path} ({why}); nothing was changed")
-            checked = bool(ok)
-        backups = [_backup(change.path)] if change.old is not None else []
-        os.replace(candidate, change.path)
-        candidate = None
-        return [change.path], backups, checked
-    finally:
-        if candidate is not None:
-            try:
-                os.unlink(candidate)
-            except FileNotFoundError:
-                pass
+    def check(candidate):
+        if not validate:
+            return False
+        ok, why = validate_with_dockerd(candidate, dockerd)
+        if ok is False:
+            raise DockerConfigError(f"dockerd refuses the new {plan.change.path} ({why}); nothing was changed")
+        return bool(ok)
+
+    written, backups, checked = write_single(plan.change, check)
+    return written, backups, bool(checked)
 
 
 def restart_docker():

@@ -23,6 +23,9 @@ The steps, each returning a `Step` that says what it changed:
    `runtime configure --runtime=docker`'s plan (CDI on from Docker 25), and a link to cdi-shim's
    nvidia-container-runtime-hook in /usr/local/bin when no program of that name is on PATH (what
    makes dockerd offer --gpus).
+2c. `register_podman`, where the node has podman or /etc/containers/containers.conf: [engine.runtimes]
+   cdi-shim through `runtime configure --runtime=podman`'s plan (podman injects --device itself and
+   reads the file at each run: nothing to restart).
 4. `cdi_spec`: /var/run/cdi/nvidia.yaml from NVML when a GPU is present (/dev/nvidiactl).
 5. `dev_char`: /dev/char/MAJOR:MINOR links for the specs' device nodes and the udev rule that
    makes them for nodes made later (shim/node/devchar.py: why the systemd cgroup driver needs them).
@@ -51,7 +54,8 @@ CONTAINERD_DROP_IN_DIR = "/etc/containerd/conf.d"
 UNIT_NAME = "cdi-shim-resident.service"
 UNIT_DIR = "/etc/systemd/system"
 SPEC_PATH = "/var/run/cdi/nvidia.yaml"
-DOCKER_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")  # dockerd's PATH
+# where dockerd and podman are looked for (dockerd's PATH)
+DOCKER_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 # k3s and rke2 render config.toml from these at every start (the base template since Sept. 2023
 # releases: v1.24.17+k3s1, v1.25.13+k3s1, v1.26.8+k3s1, v1.27.5+k3s1, v1.28.1+k3s1 and later)
 DISTRIBUTIONS = (
@@ -364,6 +368,32 @@ class Installer:
                          " to apply it: systemctl " + ("restart" if plan.needs_restart else "reload") + " docker")
         return Step("docker", changed, "; ".join(done), notes=notes)
 
+    # --- 2c. podman, when the node has it ---------------------------------------------------------
+
+    def register_podman(self):
+        """[engine.runtimes] cdi-shim in root's containers.conf (runtime configure --runtime=podman's
+        plan and lock); the installed podman loads the new file where ROOT is this host."""
+        from . import podman_config as pc
+        from .containerd_config import configure_lock
+
+        podman = next((self.path(os.path.join(d, "podman")) for d in DOCKER_PATH
+                       if os.access(self.path(os.path.join(d, "podman")), os.X_OK)), None)
+        config = self.path(pc.SYSTEM_CONFIG)
+        if podman is None and not os.path.exists(config):
+            return Step("podman", False, f"no podman here (no podman, no {pc.SYSTEM_CONFIG})")
+        # a node tree's podman is not run here: the file is then written unchecked
+        podman = podman if podman and self.root == "/" else "/nonexistent/podman"
+        try:
+            with configure_lock(config):
+                plan = pc.plan_configure(config, binary=self._binary(), podman=podman, binary_root=self.root)
+                written = pc.write_plan(plan, podman=podman)[0] if plan.changed else []
+        except (pc.PodmanConfigError, ContainerdConfigError, OSError) as err:
+            raise InstallError(str(err)) from None
+        if not written:
+            return Step("podman", False, f'{config} has runtime "cdi-shim" as configured')
+        return Step("podman", True, f'registered runtime "cdi-shim" in {config} (podman run --runtime cdi-shim; '
+                    "podman reads it at its next run)")
+
     # --- 3. the resident unit -----------------------------------------------------------------------
 
     def resident_unit(self):
@@ -524,7 +554,7 @@ def install_node(installer, restart=False, report=print, dev_char_only=False):
     and then InstallError names every failure."""
     steps, failed = [], []
     plan = (("config", installer.cdi_shim_config), ("containerd", installer.register_runtime),
-            ("docker", installer.register_docker),
+            ("docker", installer.register_docker), ("podman", installer.register_podman),
             ("resident", installer.resident_unit), ("cdi-spec", installer.cdi_spec), ("dev-char", installer.dev_char))
     if dev_char_only:   # what the udev rule runs when a driver module loads
         plan = (("dev-char", lambda: installer.dev_char(rule=False)),)

@@ -137,6 +137,7 @@ def prepare(args, settings, log):
     phases.done("apply")
     edited = _linker(args, edited, settings, log, f"cannot inject {', '.join(devices)}: ")
     phases.done("linker")
+    _refuse_rootless_devices(edited, args)
     _write(args, edited, info)
     phases.done("write")
     phases.report()
@@ -198,6 +199,7 @@ def _prepare_injected(args, config, raw, info, settings, log, phases):
     from ..linker import stepmemo
     from ..linker.container import has_known_hooks
 
+    _refuse_rootless_devices(config, args)
     if not has_known_hooks(config):
         return
     edited = _linker(args, config, settings, log)
@@ -211,6 +213,14 @@ def _prepare_injected(args, config, raw, info, settings, log, phases):
             stepmemo.export_recipe(raw, edited, rootfs_path(config, args.bundle), args.bundle,
                                    os.path.join(os.path.dirname(settings.resident_socket), "steps"))
             phases.done("recipe")
+
+
+def _refuse_rootless_devices(config, args):
+    from .rootless import check
+
+    problem = check(config, args.container_id or "?")
+    if problem:
+        raise RuntimeFailure(problem)
 
 
 def decide(argv, where=""):

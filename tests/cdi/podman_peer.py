@@ -443,7 +443,8 @@ class Scenario:
         self.baseline, self.podman, self.ours = baseline, podman, ours
 
     def __repr__(self):
-        return f"Scenario(devices={self.devices}, files={sorted(self.files)},\n podman={self.podman!r},\n ours={self.ours!r})"
+        return (f"Scenario(devices={self.devices}, files={sorted(self.files)},\n podman={self.podman!r},\n "
+                f"ours={self.ours!r})")
 
 
 # --- normalisation ------------------------------------------------------------------------

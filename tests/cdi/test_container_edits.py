@@ -637,11 +637,13 @@ def test_additional_gids_not_deduplicated_at_merge_time():
 # --- merging (TestAppend) -----------------------------------------------------------------
 
 def test_merge_concatenates_every_list_category_in_order():
-    a = {"env": ["var0=val0"], "deviceNodes": [{"path": "/dev/dev1"}], "mounts": [{"hostPath": "a", "containerPath": "/a"}],
+    a = {"env": ["var0=val0"], "deviceNodes": [{"path": "/dev/dev1"}],
+         "mounts": [{"hostPath": "a", "containerPath": "/a"}],
          "hooks": [{"hookName": "prestart", "path": "/a"}], "netDevices": [{"hostInterfaceName": "e0", "name": "n0"}],
          "additionalGids": [1]}
     b = {"env": ["var1=val1", "var2=val2"], "deviceNodes": [{"path": "/dev/dev2"}, {"path": "/dev/dev3"}]}
-    c = {"env": ["var3=val3"], "deviceNodes": [{"path": "/dev/dev4"}], "mounts": [{"hostPath": "c", "containerPath": "/c"}],
+    c = {"env": ["var3=val3"], "deviceNodes": [{"path": "/dev/dev4"}],
+         "mounts": [{"hostPath": "c", "containerPath": "/c"}],
          "hooks": [{"hookName": "poststop", "path": "/c"}], "netDevices": [{"hostInterfaceName": "e1", "name": "n1"}],
          "additionalGids": [1, 2]}
     merged = merge_edits([a, None, {}, b, c])

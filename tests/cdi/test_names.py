@@ -81,7 +81,8 @@ INVALID = [
     ("a/1=c", ("a", "1", "c"), 'invalid device "a/1=c": invalid class. "1", should start with letter'),
     ("a/b=-", ("a", "b", "-"), 'invalid device "a/b=-": invalid class "-", should start with a letter or digit'),
     ("vend\u00f6r.com/class=dev", ("vend\u00f6r.com", "class", "dev"),
-     "invalid device \"vend\u00f6r.com/class=dev\": invalid vendor. invalid character '\u00f6' in name \"vend\u00f6r.com\""),
+     "invalid device \"vend\u00f6r.com/class=dev\": invalid vendor. "
+     "invalid character '\u00f6' in name \"vend\u00f6r.com\""),
 ]
 
 
@@ -182,7 +183,8 @@ _ALNUM = _LETTER + "0123456789"
 def _part(first, inner, last):
     return st.one_of(
         st.sampled_from(first),
-        st.builds(lambda a, b, c: a + b + c, st.sampled_from(first), st.text(inner, max_size=12), st.sampled_from(last)))
+        st.builds(lambda a, b, c: a + b + c, st.sampled_from(first), st.text(inner, max_size=12),
+                  st.sampled_from(last)))
 
 
 VENDOR_OR_CLASS = _part(_LETTER, _ALNUM + "_.-", _ALNUM)
@@ -326,7 +328,8 @@ def test_update_annotations_multiple_plugins_multiple_devices():
     assert result == {
         PREFIX + "vendor1.class_device1": "vendor1.com/class=device1",
         PREFIX + "vendor1.class_device2": "vendor2.com/class=device1,vendor2.com/class=device2",
-        PREFIX + "vendor3.class2_device": "vendor3.com/class2=device1,vendor3.com/class2=device2,vendor3.com/class2=device3",
+        PREFIX + "vendor3.class2_device": ("vendor3.com/class2=device1,vendor3.com/class2=device2,"
+                                           "vendor3.com/class2=device3"),
     }
     assert sorted(parse_annotations(result)[1]) == sorted([
         "vendor1.com/class=device1", "vendor2.com/class=device1", "vendor2.com/class=device2",
@@ -390,7 +393,8 @@ def test_update_annotations_error_texts(plugin, dev_id, devices, message):
      ["vendor.com/class=device1", "vendor.com/class=device2", "vendor.com/class=device3"]),
     ({PREFIX + "vendor1.class_device": "vendor1.com/class=device1",
       PREFIX + "vendor2.class_device": "vendor2.com/class=device1,vendor2.com/class=device2",
-      PREFIX + "vendor3.class2_device": "vendor3.com/class2=device1,vendor3.com/class2=device2,vendor3.com/class2=device3"},
+      PREFIX + "vendor3.class2_device": ("vendor3.com/class2=device1,vendor3.com/class2=device2,"
+                                         "vendor3.com/class2=device3")},
      ["vendor1.com/class=device1", "vendor2.com/class=device1", "vendor2.com/class=device2",
       "vendor3.com/class2=device1", "vendor3.com/class2=device2", "vendor3.com/class2=device3"]),
 ])

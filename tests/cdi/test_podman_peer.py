@@ -402,7 +402,8 @@ def test_difference_env_append_vs_replace(peer):
     pp.compare(sc)  # equal as "first position, last value"
     podman_env, ours_env = sc.podman.config["process"]["env"], sc.ours.config["process"]["env"]
     # podman (v0.5.2): a CDI entry whose key exists is appended -> the key appears twice.
-    for key, user, cdi in (("DEV", "user", "0"), ("VENDOR_GLOBAL", "user", "g"), ("TERM", "xterm", "overridden-by-spec")):
+    for key, user, cdi in (("DEV", "user", "0"), ("VENDOR_GLOBAL", "user", "g"),
+                           ("TERM", "xterm", "overridden-by-spec")):
         assert [e for e in podman_env if e.startswith(key + "=")] == [f"{key}={user}", f"{key}={cdi}"]
         # head: replaced in place, at the baseline's position.
         assert [e for e in ours_env if e.startswith(key + "=")] == [f"{key}={cdi}"]

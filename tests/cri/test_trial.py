@@ -9,7 +9,8 @@ import pytest
 
 
 pytestmark = pytest.mark.cri
-TRIAL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "trial.py")
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRIAL = os.path.join(TOP, "scripts", "trial.py")
 
 
 def sections(text, title):

@@ -21,7 +21,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 
 try:
     import pytest
@@ -67,7 +66,8 @@ LIBRARIES = (
 # .run installer puts it (the toolkit mounts it at /etc/vulkan/... in the container).
 GRAPHICS_FILES = (
     ("/usr/share/glvnd/egl_vendor.d/10_nvidia.json", '{"ICD": {"library_path": "libEGL_nvidia.so.0"}}\n'),
-    ("/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json", '{"ICD": {"library_path": "libnvidia-egl-gbm.so.1"}}\n'),
+    ("/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+     '{"ICD": {"library_path": "libnvidia-egl-gbm.so.1"}}\n'),
     ("/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
      '{"ICD": {"library_path": "libnvidia-egl-wayland.so.1"}}\n'),
     ("/usr/share/vulkan/icd.d/nvidia_icd.json", '{"ICD": {"library_path": "libGLX_nvidia.so.0"}}\n'),

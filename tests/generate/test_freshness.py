@@ -104,8 +104,8 @@ class Node:
             return done, stream.read(), bundle
 
     def watch(self, *extra):
-        argv = [node_cli(), "cdi", "generate", "--watch", *self.roots(), "--output", self.spec, "--proc-root", self.proc,
-                "--interval", "0.2", "--nvml-interval", "60", "--max-backoff", "1", *extra]
+        argv = [node_cli(), "cdi", "generate", "--watch", *self.roots(), "--output", self.spec,
+                "--proc-root", self.proc, "--interval", "0.2", "--nvml-interval", "60", "--max-backoff", "1", *extra]
         log = open(os.path.join(self.base, "watch.log"), "w+")
         env = self.env()
         env.pop(VERSION_FILE_ENV)          # --proc-root's version file
@@ -274,7 +274,8 @@ def test_watch_sees_a_mig_change_through_nvml(node):
     nodes = os.path.join(node.driver.dev_root, "dev", "nvidia-caps")
     os.makedirs(nodes)
     for minor in (12, 13):
-        os.mknod(os.path.join(nodes, f"nvidia-cap{minor}"), 0o444 | stat.S_IFCHR, os.makedev(fakedriver.CAPS_MAJOR, minor))
+        os.mknod(os.path.join(nodes, f"nvidia-cap{minor}"), 0o444 | stat.S_IFCHR,
+                 os.makedev(fakedriver.CAPS_MAJOR, minor))
     node.generate("--proc-root", node.proc)
     watch, log = node.watch("--nvml-interval", "0.5")
     try:

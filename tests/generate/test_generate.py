@@ -80,8 +80,9 @@ def test_spec_for_the_gpus_validates_and_lists_them(run, count):
 
     edits = doc["containerEdits"]
     assert edits["env"] == [f"NVIDIA_CTK_LIBCUDA_DIR={LIBDIR}", "NVIDIA_VISIBLE_DEVICES=void"]
-    assert edits["deviceNodes"] == [{"path": p, "hostPath": dev + p[4:]} for p in
-                                    ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")]
+    assert edits["deviceNodes"] == [
+        {"path": p, "hostPath": dev + p[4:]}
+        for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")]
     mounts = mounts_by_path(doc)
     root = run.driver.root
     for library in run.driver.libraries:      # every lib*.so.<version> of the driver, vdpau's too
@@ -214,9 +215,11 @@ def test_mig_devices(run, tmp_path):
 def test_mig_without_its_minors_file_or_node_is_an_error(run, tmp_path):
     proc = _mig_setup(run, tmp_path, minors=None)
     done = run.generate("--proc-root", proc, check=1)
-    assert f"GPU 0 (GPU-00000000-1111-2222-3333-000000000000) MIG device 0 (MIG-00000000-0000-4000-8000-000000000000): " \
+    assert "GPU 0 (GPU-00000000-1111-2222-3333-000000000000) " \
+           "MIG device 0 (MIG-00000000-0000-4000-8000-000000000000): " \
            f"{proc}/driver/nvidia-caps/mig-minors is missing" in done.stderr
-    (tmp_path / "proc" / "driver" / "nvidia-caps" / "mig-minors").write_text("gpu0/gi1/access 12\ngpu0/gi1/ci0/access 99\n")
+    (tmp_path / "proc" / "driver" / "nvidia-caps" / "mig-minors").write_text(
+        "gpu0/gi1/access 12\ngpu0/gi1/ci0/access 99\n")
     done = run.generate("--proc-root", proc, check=1)
     assert "/dev/nvidia-caps/nvidia-cap99 under the dev root" in done.stderr
     assert "nvidia-modprobe -f /proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access" in done.stderr
@@ -406,7 +409,8 @@ def test_merged_usr_root_gives_the_real_directories(tmp_path):
     assert "warning" not in done.stderr, done.stderr
     doc = load(runner.output)
     mounts = mounts_by_path(doc)
-    assert sorted(p for p in mounts if ".so." in p) == sorted(fake.libraries + [p for p in fake.graphics if ".so." in p])
+    graphics = [p for p in fake.graphics if ".so." in p]
+    assert sorted(p for p in mounts if ".so." in p) == sorted(fake.libraries + graphics)
     assert doc["containerEdits"]["env"][0] == f"NVIDIA_CTK_LIBCUDA_DIR={LIBDIR}"
     gsp = mounts[f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"]
     assert gsp["hostPath"] == f"{fake.root}/usr/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"
@@ -511,7 +515,8 @@ def test_by_path_links_only_to_the_gpus_own_nodes(run, tmp_path):
         os.rmdir(control)
     devices = {d["name"]: d["containerEdits"] for d in load(run.output)["devices"]}
     assert [n["path"] for n in devices["0"]["deviceNodes"]] == ["/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128"]
-    assert devices["0"]["hooks"][0]["args"][2:] == ["--link", f"../renderD128::/dev/dri/by-path/pci-{fakedriver.bus_id(0)}-render"]
+    assert devices["0"]["hooks"][0]["args"][2:] == [
+        "--link", f"../renderD128::/dev/dri/by-path/pci-{fakedriver.bus_id(0)}-render"]
     assert devices["1"] == {"deviceNodes": [{"path": "/dev/nvidia1", "hostPath": f"{dev_root}/dev/nvidia1"}]}
 
 
@@ -536,7 +541,8 @@ def test_vulkan_files_at_the_driver_roots_top_and_every_config_found(tmp_path, m
     assert xorg_search_paths(["/usr/lib64"])[:2] == ["/usr/lib64/nvidia/xorg", "/usr/lib64/xorg/modules/drivers"]
     with DriverRoot(str(root), "x86_64") as driver_root:
         discover_graphics(driver_root, VERSION, found)
-    assert found.configs == [(f"{root}/etc/glvnd/egl_vendor.d/10_nvidia.json", "/etc/glvnd/egl_vendor.d/10_nvidia.json"),
+    assert found.configs == [(f"{root}/etc/glvnd/egl_vendor.d/10_nvidia.json",
+                              "/etc/glvnd/egl_vendor.d/10_nvidia.json"),
                              (f"{root}/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
                               "/usr/share/glvnd/egl_vendor.d/10_nvidia.json"),
                              (f"{root}/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/icd.d/nvidia_icd.json")]

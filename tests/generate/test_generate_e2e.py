@@ -91,7 +91,8 @@ def test_a_process_not_root_can_open_group_only_drm_nodes(driver, run, tmp_path)
         driver.make_nodes(2, dev_root=dev_root, drm_mode=0o660, drm_gid=44)
         run.gpus(2)
         done = run.generate("--driver-root", driver.root, "--dev-root", dev_root, "--sysfs-root", driver.sysfs,
-                            "--proc-root", driver.proc, "--output", os.path.join(world.spec_dir, "nvidia.yaml"), roots=False, output=False)
+                            "--proc-root", driver.proc, "--output", os.path.join(world.spec_dir, "nvidia.yaml"),
+                            roots=False, output=False)
         assert "cdiVersion 0.7.0" in done.stderr, done.stderr
 
         def as_user(config):

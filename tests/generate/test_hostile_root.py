@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import fakedriver
-from fakedriver import LIBDIR, VERSION
+from fakedriver import VERSION
 
 
 def load(path):

@@ -20,7 +20,6 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import elfgen  # noqa: E402
 import roots  # noqa: E402
 
 from shim.linker import ldcache  # noqa: E402

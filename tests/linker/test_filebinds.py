@@ -138,8 +138,8 @@ def test_at_most_max_binds_a_hook(tmp_path, rootfs, monkeypatch):
     mounts = []
     for index in range(12):
         (directory / f"libmany{index}.so.1").write_bytes(b"\x7fELF")
-        mounts.append({"destination": f"{LIBDIR}/libmany{index}.so.1", "source": str(directory / f"libmany{index}.so.1"),
-                       "options": ["bind"]})
+        mounts.append({"destination": f"{LIBDIR}/libmany{index}.so.1",
+                       "source": str(directory / f"libmany{index}.so.1"), "options": ["bind"]})
     assert chosen(rootfs, mounts) == list(range(9))
 
 
@@ -147,7 +147,8 @@ def test_our_own_hooks_are_folded_into_the_binds_hook(host, rootfs):
     program = "/opt/cdi-shim/bin/cdi-shim-nshook"
     params = {"path": program, "args": ["cdi-shim-nshook", "bind-params", "--rootfs", str(rootfs), "--source", "/b/p"]}
     links = {"path": program, "args": ["cdi-shim-nshook", "symlinks", "--rootfs", str(rootfs),
-                                       "--link", "../card1::/dev/dri/by-path/x-card", "--link", "../r::/dev/dri/by-path/x-r"]}
+                                       "--link", "../card1::/dev/dri/by-path/x-card",
+                                       "--link", "../r::/dev/dri/by-path/x-r"]}
     other = {"path": "/usr/bin/vendor-hook", "args": ["vendor-hook"]}
     elsewhere = dict(links, args=links["args"][:3] + ["/other/rootfs"] + links["args"][4:])
     config = {"mounts": [library(host, 0)], "hooks": {"createContainer": [other, params, elsewhere, links]}}
@@ -160,7 +161,8 @@ def test_our_own_hooks_are_folded_into_the_binds_hook(host, rootfs):
         picked = filebinds.plan(config, root, set(), _is_library, minimum=1)
     new, made = filebinds.hook(config, picked, str(rootfs), program, ["PATH=/bin"], folded, source, made_links)
     assert new["hooks"]["createContainer"] == [made, other, elsewhere] and new["mounts"] == []
-    assert made["args"] == ["cdi-shim-nshook", "binds", "--rootfs", str(rootfs), "--bind", config["mounts"][0]["source"],
-                            config["mounts"][0]["destination"], ",".join(OPTIONS), "--params", "/b/p",
+    assert made["args"] == ["cdi-shim-nshook", "binds", "--rootfs", str(rootfs),
+                            "--bind", config["mounts"][0]["source"], config["mounts"][0]["destination"],
+                            ",".join(OPTIONS), "--params", "/b/p",
                             "--link", "../card1::/dev/dri/by-path/x-card", "--link", "../r::/dev/dri/by-path/x-r"]
     assert config["hooks"]["createContainer"] == [other, params, elsewhere, links]    # left as it was

@@ -407,7 +407,8 @@ def test_help_shows_set_as_default_false(shim_env):
     out = run_cli("runtime", "configure", "--help", env=shim_env, check=True)
     text = " ".join(out.stdout.split())
     assert "--set-as-default [true|false] Also make it the default runtime (containerd's default_runtime_name, " \
-        "docker's default-runtime): every container then goes through it. [default: false]" in text, out.stdout
+        "docker's default-runtime, podman's engine.runtime): every container then goes through it. " \
+        "[default: false]" in text, out.stdout
 
 
 def hinted_runtimeclass(stderr):

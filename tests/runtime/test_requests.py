@@ -118,7 +118,8 @@ def test_named_config_file_must_exist_the_default_need_not(tmp_path, monkeypatch
 
     missing = str(tmp_path / "missing.toml")
     monkeypatch.setenv("CDI_SHIM_CONFIG", missing)
-    with pytest.raises(ConfigError, match=rf"^cdi-shim config {missing} does not exist \(named by \$CDI_SHIM_CONFIG\)$"):
+    message = rf"^cdi-shim config {missing} does not exist \(named by \$CDI_SHIM_CONFIG\)$"
+    with pytest.raises(ConfigError, match=message):
         load_config()
     monkeypatch.delenv("CDI_SHIM_CONFIG")
     monkeypatch.setattr(shim.config, "DEFAULT_CONFIG_PATH", missing)

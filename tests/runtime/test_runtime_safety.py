@@ -221,7 +221,7 @@ def test_unresolvable_names_existing_devices(world):
     bundle = world.bundle(annotations={"cdi.k8s.io/e2e": "nvidia.com/gpu=7"})
     result = world.shim("create", "--bundle", bundle.path, bundle.id)
     assert result.returncode != 0
-    line = next(l for l in result.stderr.splitlines() if "unresolvable" in l)
+    line = next(text for text in result.stderr.splitlines() if "unresolvable" in text)
     reason = line[line.index("unresolvable"):]
     assert reason.startswith("unresolvable CDI devices nvidia.com/gpu=7"), line
     rest = reason[len("unresolvable CDI devices nvidia.com/gpu=7"):]
@@ -474,7 +474,8 @@ def test_parallel_creates_get_their_own_devices(world):
     bundles, opts = [], []
     for index in range(PARALLEL):
         if index % 2:
-            bundles.append(world.bundle(args=("sh", "-c", script), annotations={"cdi.k8s.io/p": f"example.com/par=p{index}"}))
+            bundles.append(world.bundle(args=("sh", "-c", script),
+                                        annotations={"cdi.k8s.io/p": f"example.com/par=p{index}"}))
             opts.append([])
         else:
             bundles.append(world.bundle(args=("sh", "-c", script)))
@@ -501,7 +502,8 @@ def test_parallel_creates_get_their_own_devices(world):
         assert report["dev"] == {f"/dev/par{index}": ("c", 195, 100 + index)}, (index, text)
         assert f"PAR_DEVICE=p{index}" in text
         config = bundle.config()
-        assert [d["path"] for d in config["linux"]["devices"] if d["path"].startswith("/dev/par")] == [f"/dev/par{index}"]
+        paths = [d["path"] for d in config["linux"]["devices"]]
+        assert [path for path in paths if path.startswith("/dev/par")] == [f"/dev/par{index}"]
 
 
 # --- issue 14, finding 10: JSON edge cases go back to runc as they came ------------------------
@@ -548,7 +550,8 @@ def test_lone_surrogate_in_the_device_env_is_a_clear_error(world):
     config["process"]["terminal"] = False
     config["process"]["env"] = ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=@"]
     config["root"] = {"path": "rootfs"}
-    bundle = world.bundle(raw=json.dumps(config).replace("NVIDIA_VISIBLE_DEVICES=@", r"NVIDIA_VISIBLE_DEVICES=\ud800").encode())
+    raw = json.dumps(config).replace("NVIDIA_VISIBLE_DEVICES=@", r"NVIDIA_VISIBLE_DEVICES=\ud800")
+    bundle = world.bundle(raw=raw.encode())
     log_path = os.path.join(world.base, "runc-log.json")
     result = world.shim("--log", log_path, "--log-format", "json", "create", "--bundle", bundle.path, bundle.id)
     check_failure(world, bundle, result, log_path, "json", ["malformed CDI device request"], "lone surrogate")

@@ -14,10 +14,11 @@ the host's. No GPU, no network, no write.
 """
 
 from .base import FAIL, OK, WARN, Check, Context, Node, Options  # noqa: F401  (the public surface)
-from .containerd import (ContainerdView, check_cgroup_driver, check_config_owner, check_containerd_binaries, check_containerd_loads,
-                         check_containerd_version, check_cri_cdi, check_dev_char, check_default_runtime, check_ignored_sections,
-                         check_runtime_entry)
+from .containerd import (ContainerdView, check_cgroup_driver, check_config_owner, check_containerd_binaries,
+                         check_containerd_loads, check_containerd_version, check_cri_cdi, check_dev_char,
+                         check_default_runtime, check_ignored_sections, check_runtime_entry)
 from .docker import check_docker_cdi, check_docker_default_runtime, check_docker_gpus, check_docker_runtime
+from .podman import check_podman_default_runtime, check_podman_runtime
 from .driver import check_kernel_devices, check_kernel_module, check_libraries, check_nvidia_smi, check_versions
 from .runtime import (check_env_requests, check_hook_program, check_resident, check_runtime_install,
                       check_runtime_log, check_runtimeclasses)
@@ -35,6 +36,7 @@ CHECKS = (
     check_runtime_entry, check_cri_cdi, check_cgroup_driver, check_dev_char, check_default_runtime,
     check_runtimeclasses,
     check_docker_runtime, check_docker_default_runtime, check_docker_cdi, check_docker_gpus,
+    check_podman_runtime, check_podman_default_runtime,
     check_hook_program, check_runtime_install, check_resident, check_runtime_log, check_env_requests,
 )
 

@@ -168,7 +168,8 @@ class Node:
 class Options:
     def __init__(self, root="/", containerd_config="/etc/containerd/config.toml", spec_dirs=None,
                  runtimeclasses=(), containerd_binary=None, settings=None, shim_as_default=False,
-                 path_dirs=None, docker_config="/etc/docker/daemon.json"):
+                 path_dirs=None, docker_config="/etc/docker/daemon.json",
+                 podman_config="/etc/containers/containers.conf"):
         from ...config import Config
 
         self.root = root
@@ -180,6 +181,7 @@ class Options:
         self.shim_as_default = shim_as_default
         self.path_dirs = path_dirs
         self.docker_config = docker_config
+        self.podman_config = podman_config
 
 
 class Context:

@@ -1,4 +1,5 @@
-"""containerd's registration of the runtime: config version, ignored sections, the runtime entry, CDI settings, cgroup driver, default runtime."""
+"""containerd's registration of the runtime: config version, ignored sections, the runtime entry,
+CDI settings, cgroup driver, default runtime."""
 import fnmatch
 import os
 import re
@@ -7,7 +8,8 @@ import subprocess
 from cdi.safeio import UnsafeFile
 
 from ..containerd import MIGRATE_BY_HAND
-from .base import CRI_RUNTIME, FAIL, KUBELET_CONFIG, NEW_CRI_PLUGINS, OLD_CRI, RUNC_V2, RUNTIME_EXECUTABLE, V3_OLD_CRI_KEYS, WARN, Check, _ok
+from .base import (CRI_RUNTIME, FAIL, KUBELET_CONFIG, NEW_CRI_PLUGINS, OLD_CRI, RUNC_V2, RUNTIME_EXECUTABLE,
+                   V3_OLD_CRI_KEYS, WARN, Check, _ok)
 
 
 
@@ -684,7 +686,8 @@ def check_config_owner(ctx):
                      f"or rerun {INSTALL} at every start of the node (deploy/)")
     if _kubespray_rendered(text):
         if view.shim_runtimes():
-            how = "registers the runtime, but the next playbook run rewrites the file without it unless the inventory has it"
+            how = ("registers the runtime, but the next playbook run rewrites the file without it unless the "
+                   "inventory has it")
         else:
             how = f"registers no runtime running {RUNTIME_EXECUTABLE}"
         return Check("containerd", "config-owner", WARN, f"{view.path} looks rendered by kubespray's config.toml.j2 "

@@ -68,7 +68,8 @@ def check_docker_runtime(ctx):
         return Check("docker", "runtime", FAIL, f'{view.shown}: runtimes["{name}"].path is {path}, which '
                      "does not exist (or is not an executable file): every container of that runtime fails to start",
                      f"reinstall cdi-shim, or rerun {CONFIGURE} after removing the entry")
-    return Check("docker", "runtime", OK, ", ".join(f'runtimes["{name}"] = {path}' for name, path in sorted(ours.items())))
+    return Check("docker", "runtime", OK,
+                 ", ".join(f'runtimes["{name}"] = {path}' for name, path in sorted(ours.items())))
 
 
 def check_docker_default_runtime(ctx):

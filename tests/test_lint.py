@@ -1,0 +1,30 @@
+"""The house style, checked as CI runs the tests: ruff for the Python (pyproject's [tool.ruff])
+and clang-format for the C (.clang-format), over every tracked source file."""
+import os
+import subprocess
+
+from tests.helpers import VENV_BIN, need
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tracked(*patterns):
+    out = subprocess.run(["git", "ls-files", *patterns], cwd=TOP, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_python_passes_ruff():
+    ruff = os.path.join(VENV_BIN, "ruff")
+    assert os.access(ruff, os.X_OK), "ruff not installed: pip install -e '.[test]'"
+    done = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise", *tracked("*.py")],
+                          cwd=TOP, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
+
+
+def test_c_is_formatted_by_clang_format():
+    clang_format = need("clang-format-14", "clang-format-14")
+    sources = tracked("*.c", "*.h")
+    assert len(sources) > 20
+    done = subprocess.run([clang_format, "--dry-run", "-Werror", *sources], cwd=TOP, capture_output=True, text=True)
+    assert done.returncode == 0, "run clang-format-14 -i on: " + " ".join(
+        sorted({line.split(":")[0] for line in done.stderr.splitlines() if ": error:" in line}))
