@@ -187,7 +187,8 @@ def inject(devices, spec_dirs, config_json):
                    "uuid GPU-… and MIG-…, type-index gpu0 and mig0:1. \"all\" is always there.")
 @click.option("--driver-root", default="/", show_default=True, metavar="DIR",
               help="The root of the driver's files (a driver container's root, e.g. /run/nvidia/driver).")
-@click.option("--dev-root", default=None, metavar="DIR", help="The root of the device nodes (default: the driver root).")
+@click.option("--dev-root", default=None, metavar="DIR",
+              help="The root of the device nodes (default: the driver root).")
 @click.option("--hook-program", default=None, metavar="PATH",
               help="The hook program the spec names (default: the cdi-shim-hook installed beside this "
                    "interpreter; /usr/bin/nvidia-cdi-hook for the toolkit's).")

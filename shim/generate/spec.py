@@ -3,12 +3,14 @@
 Its shape is the toolkit 1.20's (`nvidia-ctk cdi generate`): kind nvidia.com/gpu; one
 device per GPU and naming strategy (index "0", UUID "GPU-..."), holding only the GPU's own
 device nodes (/dev/nvidiaN and its DRM nodes, with a create-symlinks hook for their
-/dev/dri/by-path links); for a GPU in MIG mode, one per MIG device instead ("0:1", "MIG-..."), with the
-GPU's node and its GPU- and compute-instance capability nodes; "all" with every node; the rest in the spec-level edits: env
-NVIDIA_CTK_LIBCUDA_DIR and NVIDIA_VISIBLE_DEVICES=void, the control device nodes, the hooks
-(create-symlinks, update-ldcache, and the toolkit's others when its hook program is named),
-and the mounts (EGL platform libraries and Xorg modules, configuration and ICD files,
-libraries, IPC sockets, GSP firmware, binaries).
+/dev/dri/by-path links); for a GPU in MIG mode, one per MIG device instead ("0:1", "MIG-..."),
+with the GPU's node and its GPU- and compute-instance capability nodes; "all" with every node;
+the rest in the spec-level edits: env NVIDIA_CTK_LIBCUDA_DIR and NVIDIA_VISIBLE_DEVICES=void, the
+control device nodes, the hooks (create-symlinks, update-ldcache, and the toolkit's others when
+its hook program is named), and the mounts (EGL platform libraries and Xorg modules,
+configuration and ICD files, libraries, IPC sockets, GSP firmware, binaries). With the
+one-mount layout (hostdir.py, docs/one-mount.md) the libraries and binaries are one host
+directory's two binds instead, and the hooks name what is left.
 
 Device nodes carry their path and, when it differs (a --dev-root), their hostPath; major,
 minor and mode are left to injection time, which reads them from the host node, so the spec

@@ -71,7 +71,8 @@ def folders(mounts, paths, target):
             continue
         dest, source = shown
         if source is None:
-            raise UnknownFolder(f"{path}: the mount at {dest} is not a bind; its content exists only once runc mounts it")
+            raise UnknownFolder(f"{path}: the mount at {dest} is not a bind; its content exists only once runc "
+                                "mounts it")
         rest = [part for part in path[len(dest):].split("/") if part]
         hidden[path] = dest
         sources.append(posixpath.join(source, *rest))

@@ -227,7 +227,7 @@ def make_node(root, driver_files, containerd="1.6", binary=None):
     root = str(root)
     node = FakeNode(root, containerd)
     node.write("/proc/modules", "nvidia_uvm 1892352 0 - Live 0x0000000000000000 (PO)\n"
-                                f"nvidia 56786944 20 nvidia_uvm, Live 0x0000000000000000 (PO)\n"
+                                "nvidia 56786944 20 nvidia_uvm, Live 0x0000000000000000 (PO)\n"
                                 "overlay 188416 0 - Live 0x0000000000000000\n")
     node.write("/proc/1/comm", "systemd\n")
     os.makedirs(node.path("/dev"), exist_ok=True)

@@ -424,7 +424,8 @@ def test_the_one_mount_layout_is_kept_by_install(tmp_path, shim_env, fake_binary
     (stale / "lib64").mkdir(parents=True)
     before = snapshot(root)
     again = install(root, "--drop-in", *roots, env=shim_env, binary=fake_binary)
-    assert "cdi-spec: unchanged" in again.stderr and "removed unused host directories 535.54.03-0123456789ab" in again.stderr
+    assert "cdi-spec: unchanged" in again.stderr
+    assert "removed unused host directories 535.54.03-0123456789ab" in again.stderr
     assert sorted(os.listdir(base)) == [name]
     assert snapshot(root) == {k: v for k, v in before.items() if "535.54.03" not in str(k)}
 

@@ -62,7 +62,8 @@ def test_file_binds_benchmark():
 def test_one_mount_benchmark():
     rh.static_busybox()
     result = _run("one_mount.py", "--runs", "1", "--dir", "/dev/shm", "--image", "small")
-    assert set(result["median_ms"]) == {"runc", "runc+folders", "runc+edits", "one-mount", "one-mount-injected", "files"}
+    sides = {"runc", "runc+folders", "runc+edits", "one-mount", "one-mount-injected", "files"}
+    assert set(result["median_ms"]) == sides
     assert result["entries_in_host_lib64"] > 30
     for name in ("runc+folders", "runc+edits", "one-mount", "one-mount-injected", "files"):
         low, high = result["median_paired_ratio"][f"{name}/runc 95pct"]
