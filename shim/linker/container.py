@@ -371,7 +371,10 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
                            for c in updates + compat_calls)
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         if _recording is not None:
-            # (a mounted folder's host folder and files are among the plan's paths: plan.py)
+            if result.covered:
+                # A step's key has a mount's source only where it names a library (a pod's own
+                # mounts differ pod to pod): a replay could not tell one host folder from another.
+                _recording.refuse("a directory mount provides a folder of the cache")
             _recording.plans.append(result.looked)
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")

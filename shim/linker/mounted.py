@@ -60,6 +60,20 @@ def _covering(mounts, path, target):
     return shown
 
 
+def coverage(mounts, paths, target):
+    """((folder, mount destination, host source) of each of PATHS a mount provides), or None
+    when that cannot be known (UnknownFolder): what a kept plan's folders must be given again."""
+    try:
+        found = []
+        for path in dict.fromkeys(posixpath.normpath(p) for p in paths):
+            shown = _covering(mounts, path, target)
+            if shown is not None:
+                found.append((path, *shown))
+        return tuple(found)
+    except UnknownFolder:
+        return None
+
+
 def folders(mounts, paths, target):
     """({folder: mount destination} of PATHS a mount provides, {container path: host path} of
     the libraries it shows there, {container paths of those that are links}, [the host folders

@@ -213,13 +213,13 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     folders = [os.fspath(f) for f in folders]
     mounts = list(mounts)
     arguments = None if _plans is None else (
-        machine, mode, links, format, generator, tuple(folders), tuple(compat), tuple(mounts),
+        machine, mode, links, format, generator, tuple(folders), tuple(compat),
         tuple((os.fspath(k), os.fspath(v)) for k, v in (extra or {}).items()))
     result = Plan()
     # (not observed by a step memo: a step takes the plan's paths from the plan memo's record)
     with Root(root, observed=False) as tree:
         if arguments is not None:
-            kept = _recall(tree, arguments)
+            kept = _recall(tree, arguments, mounts)
             if kept is not None:
                 return kept
             started = lib.cds_memo_clock_ns()
@@ -275,7 +275,9 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
             result.musl = _plan_musl(tree, machine, folders, extras)
         if arguments is not None:
             result.looked = _looked(tree, arguments, _files_read(tree, target, scanner.listed), hosts)
-            _keep(arguments, started, tree, result, (target, _candidates(config)))
+            folders_seen = _candidates(config)
+            _keep(arguments, started, tree, result, (target, folders_seen),
+                  mounted.coverage(mounts, folders_seen, target))
     return result
 
 
@@ -348,11 +350,12 @@ _plans = None           # {arguments: [_Kept, newest first]} while remembering
 
 
 class _Kept:
-    __slots__ = ("paths", "count", "identities", "plan", "folders")
+    __slots__ = ("paths", "count", "identities", "plan", "folders", "coverage")
 
-    def __init__(self, paths, count, identities, plan, folders):
+    def __init__(self, paths, count, identities, plan, folders, coverage):
         self.paths, self.count, self.identities, self.plan = paths, count, identities, plan
-        self.folders = folders      # (target, configured folders): a mount providing one, no copy
+        self.folders = folders      # (target, configured folders)
+        self.coverage = coverage    # mounted.coverage() of those folders by the plan's mounts
 
 
 def remember_plans(enabled=True, forget=None):
@@ -374,11 +377,15 @@ def _candidates(config):
     return [d.path for d in config.dirs] + config.absent
 
 
-def _recall(tree, arguments):
-    """A copy of the plan kept for ARGUMENTS (the mounts among them) whose paths are unchanged
-    in TREE, and the host folders mounts provided with it unchanged, or None."""
+def _recall(tree, arguments, mounts):
+    """A copy of the plan kept for ARGUMENTS whose paths are unchanged in TREE (the host
+    folders mounts provided to it among them) and whose folders MOUNTS provide as they were
+    provided to it (the same folders, mount destinations and sources; other mounts, a pod's
+    own, do not matter), or None."""
     candidates = _plans.get(arguments, ())
     for at, kept in enumerate(candidates):
+        if kept.coverage is None or mounted.coverage(mounts, kept.folders[1], kept.folders[0]) != kept.coverage:
+            continue
         if lib.cds_memo_same(tree.fd, kept.paths, len(kept.paths), kept.count, kept.identities) == 1:
             if at:
                 candidates.insert(0, candidates.pop(at))
@@ -418,10 +425,11 @@ def _looked(tree, arguments, files, hosts=()):
     return b"\0".join(entries) + b"\0"
 
 
-def _keep(arguments, started, tree, result, folders):
-    """Keep RESULT with the identities of the paths it looked at (result.looked)."""
+def _keep(arguments, started, tree, result, folders, coverage):
+    """Keep RESULT with the identities of the paths it looked at (result.looked) and how its
+    mounts provided FOLDERS (COVERAGE; None: not known, not kept)."""
     paths = result.looked
-    if paths is None:
+    if paths is None or coverage is None:
         return
     count = paths.count(b"\0")
     identities = ffi.new("struct cds_identity[]", count)
@@ -430,7 +438,7 @@ def _keep(arguments, started, tree, result, folders):
     if sum(len(kept) for kept in _plans.values()) >= _MAX_PLANS:
         _plans.clear()
     candidates = _plans.setdefault(arguments, [])
-    candidates.insert(0, _Kept(paths, count, identities, result.copy(), folders))
+    candidates.insert(0, _Kept(paths, count, identities, result.copy(), folders, coverage))
     del candidates[_PER_ARGUMENTS:]
 
 
