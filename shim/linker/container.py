@@ -494,6 +494,9 @@ def _make_soname_links(rootfs, links, log):
         log.warning(f"soname links not all made in {rootfs}: {err}")
 
 
+PENDING_LINK = ".cdi-shim-pending-link"     # the text of a link made again after planning: leads nowhere
+
+
 def _dangling_later(rootfs, pending, libraries, links_made):
     """(links to make now, links to make after planning): the latter lead nowhere in the root
     (not to an image file, a mounted library or another link being made)."""
@@ -508,12 +511,23 @@ def _dangling_later(rootfs, pending, libraries, links_made):
         for target, link in pending:
             path = posixpath.normpath(target if target.startswith("/") else
                                       posixpath.join(posixpath.dirname(link), target))
-            # (a link replacing something of the image is made before planning: the cache
-            # follows what replaced it, as the hook's ldconfig after it would)
-            if path in libraries or path in links_made or root.stat(path) is not None \
-                    or root.errno not in (errno.ENOENT, errno.ENOTDIR) or root.stat(link, follow=False) is not None:
+            reached = root.stat(path)
+            missing = reached is None and root.errno in (errno.ENOENT, errno.ENOTDIR)
+            there = root.stat(link, follow=False)
+            # (a target that leads to what is at the link path now -- the image's soname link
+            # to its own stub there -- loops once the link replaces it: it leads nowhere too)
+            loops = reached is not None and there is not None and reached[1:3] == there[1:3]
+            if path in libraries or path in links_made or reached is not None and not loops \
+                    or reached is None and not missing:
                 now.append((target, link))
+            elif there is None or _link_text(root, link) == target:
+                later.append((target, link))
             else:
+                # Something of the image is there: replaced before planning, so the cache drops
+                # its entry, by a link that dangles as the hook's does during its ldconfig's scan
+                # (its target a soname link ldconfig makes after the scan); the link itself
+                # after planning.
+                now.append((PENDING_LINK, link))
                 later.append((target, link))
     return now, later
 
@@ -590,13 +604,16 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
     compat, compat_calls, destinations = [], [], [m.get("destination", "") for m in mounts]
     for call in calls:
         if call.command == "enable-cuda-compat":
-            folder = toolkit.cuda_compat_folder(rootfs, call)
+            # its drop-in counts only for an update-ldcache hook run after it (the hooks run in order)
+            later = any(c.command == "update-ldcache" for c in calls[calls.index(call) + 1:])
+            folder = toolkit.cuda_compat_folder(rootfs, call) if later else None
             if folder:
                 compat.append(folder)
                 compat_calls.append(call)
             else:
                 drop.add(id(call.hook))
-                log.debug("enable-cuda-compat: no newer CUDA compat libraries in the image: nothing to do")
+                log.debug("enable-cuda-compat: the compat libraries are not to be used"
+                          + ("" if later else " (no update-ldcache hook after it)"))
         elif call.command == "chmod":
             if _recording is not None:
                 _recording.refuse("chmod")     # (rare: its modes and device fields are not replayed)

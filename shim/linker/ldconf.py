@@ -190,8 +190,10 @@ class LdConfig:
     def build(self):
         items = self._items
         if not any(kind == "dropin" for kind, _ in items):
-            # The image never reads ld.so.conf.d: the folders go first all the same.
-            items = [("dropin", DROPIN_COMPAT), ("dropin", DROPIN_FIRST)] + items + [("dropin", DROPIN_LAST)]
+            # The image never reads ld.so.conf.d: the folders go first all the same (a gain),
+            # but not the compat folder: unread under the toolkit, it would change which
+            # libcuda loads.
+            items = [("dropin", DROPIN_FIRST)] + items + [("dropin", DROPIN_LAST)]
         for kind, value in items:
             if kind == "dir":
                 self._add_dir(value)
@@ -327,7 +329,7 @@ class LdConfig:
         else:
             # The toolkit creates the directory.
             is_conf_d = self._conf_d_ident is None and \
-                os.path.normpath("/" + directory) == CONF_DIR
+                os.path.normpath("/" + directory.lstrip("/")) == CONF_DIR   # (normpath keeps a leading //)
         if not is_conf_d:
             return names, ()
         virtual = (DROPIN_COMPAT, DROPIN_FIRST, DROPIN_LAST)

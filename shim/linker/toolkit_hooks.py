@@ -3,12 +3,11 @@
 prepare_linker (container.py) does update-ldcache and create-symlinks; this module does the
 rest of what `nvidia-ctk cdi generate` puts in a spec, from the hooks' documented behaviour:
 
-- enable-cuda-compat [--host-driver-version=V]: nothing without V; when the image has exactly
-  one /usr/local/cuda/compat/libcuda.so.X.Y and X is a newer driver major than V's (a version
-  that does not parse: nothing), the hook writes /etc/ld.so.conf.d/00-compat-*.conf
-  naming /usr/local/cuda/compat; here that folder goes to the cache planner as that drop-in
-  (ldconf.LdConfig's DROPIN_COMPAT). Majors compare as numbers (the hook compares strings,
-  so "99" is newer than "100" there; a number is what it means).
+- enable-cuda-compat [--host-driver-version=V] [--host-cuda-version=C]: decided as the hook
+  decides (cudacompat.py: the compat library's fwd_compatibility note, else driver majors);
+  when it would write /etc/ld.so.conf.d/00-compat-*.conf naming /usr/local/cuda/compat and an
+  update-ldcache hook runs after it, that folder goes to the cache planner as that drop-in
+  (ldconf.LdConfig's DROPIN_COMPAT).
 - disable-device-node-modification: the host's /proc/driver/nvidia/params with
   "ModifyDeviceFiles: 1" changed to 0 (nothing when the host has no such file, or it says 0
   already, or says neither). The copy is written into the bundle. runc refuses any mount under
@@ -52,7 +51,7 @@ MAX_PARAMS = 1 << 20
 KNOWN_OPTIONS = {
     "update-ldcache": {"folder", "ldconfig-path"},
     "create-symlinks": {"link"},
-    "enable-cuda-compat": {"host-driver-version"},
+    "enable-cuda-compat": {"host-driver-version", "host-cuda-version"},
     "disable-device-node-modification": set(),
     "update-application-profile": set(),
     "chmod": {"mode", "path"},
@@ -81,32 +80,45 @@ def _root(rootfs):
         raise OSError(str(err)) from None
 
 
-def _major(version):
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else None
-
-
 def cuda_compat_folder(rootfs, call):
-    """The folder enable-cuda-compat's drop-in would name, or None (the hook does nothing)."""
+    """The folder enable-cuda-compat's drop-in would name, or None (the hook does nothing):
+    decided as the hook decides (cudacompat.py)."""
+    from . import cudacompat
+
     host = (call.options.get("host-driver-version") or [""])[-1]
-    if not host:
+    cuda = (call.options.get("host-cuda-version") or [""])[-1]
+    if not host and not cuda:
         return None     # (cudacompat.go: neither a host driver nor a host CUDA version: a no-op)
     try:
         with _root(rootfs) as root:
             if root.stat(COMPAT_FOLDER) is None:
                 return None
-            listing = root.listdir(COMPAT_FOLDER)
+            listing = root.listdir(COMPAT_FOLDER) or ()
+            # libcuda.so.*.*, regular files only (no `re` on the create path: importing it costs ~12 ms)
+            libs = [name for name, kind in listing if name.startswith("libcuda.so.")
+                    and "." in name[len("libcuda.so."):] and _regular(root, f"{COMPAT_FOLDER}/{name}", kind)]
+            if len(libs) != 1:
+                return None  # none, or several (the hook warns and does nothing)
+            fd = root.open(f"{COMPAT_FOLDER}/{libs[0]}", os.O_RDONLY | os.O_CLOEXEC)
+            if fd < 0:
+                raise OSError(root.errno, os.strerror(root.errno), libs[0])
+            try:
+                used = cudacompat.use_compat(libs[0], fd, host, cuda)
+            finally:
+                os.close(fd)
     except OSError as err:
         raise HookFailure("enable-cuda-compat", f"cannot read {COMPAT_FOLDER} in {rootfs}: {err}") from None
-    # libcuda.so.*.* (no `re` on the create path: importing it costs the interpreter ~12 ms)
-    libs = [name for name, _ in listing or () if name.startswith("libcuda.so.") and "." in name[len("libcuda.so."):]]
-    if len(libs) != 1:
-        return None  # none, or several (the hook warns and does nothing)
-    compat = _major(libs[0][len("libcuda.so."):])
-    driver = _major(host)
-    if compat is None or driver is None:
-        return None  # (a version the hook cannot parse: it leaves the compat libraries out)
-    return COMPAT_FOLDER if driver < compat else None
+    return COMPAT_FOLDER if used else None
+
+
+def _regular(root, path, kind):
+    """A directory entry of type KIND (d_type) is a regular file (lstat when the type is unknown)."""
+    if kind == 8:       # DT_REG
+        return True
+    if kind != 0:       # DT_UNKNOWN
+        return False
+    found = root.stat(path, follow=False)
+    return found is not None and stat.S_ISREG(found[0])
 
 
 def params_contents():

@@ -93,10 +93,10 @@ def result(bundle):
     return config, files, links
 
 
-def each_way(world, made, check=None):
+def each_way(world, made, check=None, replayed=True):
     """The result of one container of MADE's image made by the worker, by the front end's replay,
     by the worker's memo, then by the Python step alone (no resident process), in that order;
-    CHECK(how, bundle) must hold for each."""
+    CHECK(how, bundle) must hold for each. REPLAYED false: the front end may leave it to the worker."""
     results = []
     for how in ("worker", "front end", "worker's memo", "python"):
         if how == "worker's memo":
@@ -107,7 +107,7 @@ def each_way(world, made, check=None):
         bundle = made.container()
         run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
         assert run.returncode == 0 and run.stdout.startswith("linked=42"), (how, run.stderr)
-        if how != "python":
+        if how != "python" and replayed:
             assert made.served() == {"worker": 1, "front end": 1, "worker's memo": 2}[how], how
         results.append(result(bundle))
         assert check is None or check(how, bundle), how
@@ -438,7 +438,8 @@ def test_a_recipe_is_not_replayed_for_another_mount_or_namespace(world, driver, 
         made.close()
 
 
-def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path):
+@pytest.mark.parametrize("image_link", [False, True], ids=["stub-alone", "stub-with-a-soname-link-to-it"])
+def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path, image_link):
     """The image holds a file where the spec's create-symlinks puts libcuda.so (issue 32: the
     hook replaces it): the worker's step, the front end's replay, the worker's memo and the
     Python step alone each replace it with the link, and give the same config and files."""
@@ -446,10 +447,38 @@ def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path):
     try:
         with open(made.layer + f"{LIBDIR}/libcuda.so", "w") as out:
             out.write("the image's stub\n")
+        if image_link:      # (the spec's libcuda.so -> libcuda.so.1 then loops until the soname link is made)
+            os.symlink("libcuda.so", made.layer + f"{LIBDIR}/libcuda.so.1")
         time.sleep(1.2)     # (older than the memos' settle time)
+        # (with the image's soname link replaced too, the front end leaves the step to the worker)
         results = each_way(world, made, lambda how, bundle: not [
-            n for n in os.listdir(bundle.rootfs + LIBDIR) if "cdi-shim" in n])
+            n for n in os.listdir(bundle.rootfs + LIBDIR) if "cdi-shim" in n], replayed=not image_link)
         assert all(later == results[0] for later in results[1:])
         assert results[0][2]["libcuda.so"] == "libcuda.so.1"
+    finally:
+        made.close()
+
+
+def test_a_compat_decision_by_the_elf_note_is_replayed_alike(world, driver, tmp_path):
+    """The image's CUDA compat libcuda (550.90.07: a newer minor of the host's 550) carries a
+    fwd_compatibility note listing 550, so the spec's enable-cuda-compat puts the compat folder
+    first (issue 32 item 3): the worker's step, the front end's replay, the worker's memo and the
+    Python step alone give the same config and files, the cache naming the compat library first."""
+    import ldcache_helpers as lh
+    from test_hook_fidelity import COMPAT_MARK, _note, note_source
+    from test_runtime_toolkit_hooks import COMPAT, _library
+
+    made = Image(world, driver, tmp_path)
+    try:
+        os.makedirs(made.layer + COMPAT)
+        _library(made.layer + f"{COMPAT}/libcuda.so.550.90.07", "libcuda.so.1",
+                 f"int fake_cuda_major(void) {{ return {COMPAT_MARK}; }}\n" + note_source(_note([535, 550])))
+        os.symlink("libcuda.so.550.90.07", made.layer + f"{COMPAT}/libcuda.so.1")
+        time.sleep(1.2)     # (older than the memos' settle time)
+        results = each_way(world, made)
+        assert all(later == results[0] for later in results[1:])
+        listed = lh.listing(results[0][1]["cdi-shim.ld.so.cache"][0]).decode().splitlines()
+        cuda = [line for line in listed if line.strip().startswith("libcuda.so.1 ")]
+        assert cuda[0].endswith(f"=> {COMPAT}/libcuda.so.1"), listed
     finally:
         made.close()

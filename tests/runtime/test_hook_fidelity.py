@@ -14,8 +14,8 @@ import sys
 import pytest
 
 import runtime_helpers as rh
-from test_runtime_toolkit_hooks import (LIBDIR, VERSION, _absent_params, _hook, _image, _library, driver,  # noqa: F401
-                                        preinject, toolkit_spec)
+from test_runtime_toolkit_hooks import (COMPAT, LIBDIR, VERSION, _absent_params, _hook, _image, _library,  # noqa: F401
+                                        driver, preinject, toolkit_spec)
 
 RESIDENT_TOO = True
 
@@ -80,6 +80,37 @@ def test_create_symlinks_replaces_what_is_at_the_link_path(world, driver, tmp_pa
     assert _listing(result.stdout, "libnvidia-ml.so") == f"libnvidia-ml.so.{VERSION}", result.stdout
     assert os.lstat(rootfs + f"{LIBDIR}/libnvidia-ml.so").st_ino == identical
     assert not [name for name in os.listdir(rootfs + LIBDIR) if "cdi-shim" in name]   # no temporary link left
+
+
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+@pytest.mark.parametrize("image_link", [False, True], ids=["stub-alone", "stub-with-its-soname-link"])
+def test_a_replaced_file_s_link_to_a_soname_link_dangles_during_the_scan(world, driver, tmp_path, how, image_link):
+    """The image's own file at libcuda.so (a stub, soname libcuda.so.1); the spec's dev link
+    libcuda.so -> libcuda.so.1 replaces it, but libcuda.so.1 is the soname link the hook's
+    ldconfig makes only after its scan: the link dangles during the scan and the toolkit's cache
+    lists no libcuda.so (observed with the real hook, benchmarks/hook_differential.py), while
+    the stub's entry is gone. With the image's own soname link libcuda.so.1 -> libcuda.so (its
+    ldconfig's, to the stub) the spec's link makes a loop during the scan: the same. In the
+    container the link resolves."""
+    import ldcache_helpers as lh
+
+    world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver))
+    bundle = world.bundle(args=["sh", "-c", f"/prog; cat {LIBDIR}/libcuda.so > /dev/null && echo dev-link-opens"])
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    _library(rootfs + f"{LIBDIR}/libcuda.so", "libcuda.so.1", "int fake_cuda_major(void) { return 100; }\n")
+    subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
+    assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so.1") == "libcuda.so"     # (ldconfig's, to the stub)
+    if not image_link:
+        os.unlink(rootfs + f"{LIBDIR}/libcuda.so.1")
+    _request(world, bundle, how)
+
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "linked=42 cuda=550\ndev-link-opens\n", result.stdout
+    assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"
+    assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so.1") == f"libcuda.so.{VERSION}"
+    listed = lh.listing(open(os.path.join(bundle.path, "cdi-shim.ld.so.cache"), "rb").read()).decode()
+    assert f"=> {LIBDIR}/libcuda.so.1" in listed and f"=> {LIBDIR}/libcuda.so\n" not in listed, listed
 
 
 @pytest.mark.parametrize("how", ["preinjected", "annotation"])
@@ -247,28 +278,86 @@ def test_nshook_chmod_stays_in_the_root(tmp_path):
 #
 # cudacompat.go (1.20.0), run: "If neither the host driver version nor the host cuda version is
 # specified the hook is a no-op"; getContainerForwardCompatDir needs only the compat folder and
-# exactly one libcuda.so.*.* in it (no /etc/ld.so.cache, no /etc/ld.so.conf.d: its drop-in
-# is made with MkdirAll); a host version that does not parse leaves the compat libraries out.
+# exactly one regular file libcuda.so.*.* in it (no /etc/ld.so.cache, no /etc/ld.so.conf.d: its
+# drop-in is made with MkdirAll). useCompatLibraries first reads the library's
+# `.note.cuda.fwd_compatibility` (cuda-elf-header.go: owner "NVIDIA Corporation", a JSON
+# description); with it, UseCompat: the host driver's major in "Driver" and the compat version
+# newer (semver), or without a driver version to compare, "CUDA Version" newer than
+# --host-cuda-version; without it: nothing when --host-cuda-version is given, else the majors.
+# Its drop-in is read only by an update-ldcache hook run after it.
+# Each expectation below was observed with the real hook (benchmarks/hook_differential.py).
 
-@pytest.mark.parametrize("case, option, expected", [
-    ("no --host-driver-version", None, 550),
-    ("a host version that does not parse", "--host-driver-version=unknown", 550),
-    ("an image without /etc/ld.so.conf.d", f"--host-driver-version={VERSION}", 560),
-])
-def test_enable_cuda_compat_decides_as_the_hook(world, driver, tmp_path, case, option, expected):
-    spec = toolkit_spec(world, driver)
-    spec = spec.replace(_hook("enable-cuda-compat", f"--host-driver-version={VERSION}"),
-                        _hook("enable-cuda-compat", option) if option else
-                        "    - hookName: createContainer\n      path: /usr/bin/nvidia-cdi-hook\n"
-                        "      args: [nvidia-cdi-hook, enable-cuda-compat]\n      env: [NVIDIA_CTK_DEBUG=false]\n")
+COMPAT_MARK = 777       # what the compat libcuda's fake_cuda_major() says: "the compat library loaded"
+NOTE_ASM = r"""
+__asm__(".pushsection .note.cuda.fwd_compatibility,\"a\",@note\n"
+        ".balign 4\n.long 19\n.long %(size)d\n.long 1\n.asciz \"NVIDIA Corporation\"\n.balign 4\n"
+        ".asciz \"%(text)s\"\n.balign 4\n.popsection\n");
+"""
+
+
+def note_source(note):
+    """C source giving a library the CUDA fwd_compatibility note NOTE (a dict, as NVIDIA's JSON)."""
+    text = json.dumps(note)
+    return NOTE_ASM % {"size": len(text) + 1, "text": text.replace('"', '\\\\\\"')}
+
+
+def _note(drivers, cuda="12.4"):
+    return {"Format": 1, "CUDA Version": cuda, "Driver": drivers, "Device": [7, 8, 9]}
+
+
+COMPAT_CASES = {
+    # name: (compat version, its note or None, the hook's options, the library loaded)
+    "note lists the host major, a newer minor": ("550.90.07", _note([535, 550]), [f"--host-driver-version={VERSION}"],
+                                                 COMPAT_MARK),
+    "note lists the host major, an older minor": ("550.40.07", _note([535, 550]), [f"--host-driver-version={VERSION}"],
+                                                  550),
+    "note lacks the host major, a newer major": ("570.86.10", _note([535, 560]), [f"--host-driver-version={VERSION}"],
+                                                 550),
+    "no note, a newer major": ("570.86.10", None, [f"--host-driver-version={VERSION}"], COMPAT_MARK),
+    "no note, a newer minor": ("550.90.07", None, [f"--host-driver-version={VERSION}"], 550),
+    "note, a host CUDA version older than the note's": ("570.86.10", _note([535], "12.8"), ["--host-cuda-version=12.4"],
+                                              COMPAT_MARK),
+    "note, a host CUDA version newer than the note's": ("570.86.10", _note([535], "12.2"), ["--host-cuda-version=12.4"], 550),
+    "no note, a host CUDA version": ("570.86.10", None, [f"--host-driver-version={VERSION}", "--host-cuda-version=12.4"],
+                                     550),
+    "note, a host driver that does not parse": ("570.86.10", _note([560], "12.8"),
+                                                ["--host-driver-version=unknown", "--host-cuda-version=12.4"], COMPAT_MARK),
+    "no host version": ("570.86.10", None, [], 550),
+    "a host version that does not parse": ("570.86.10", None, ["--host-driver-version=unknown"], 550),
+    "update-ldcache before it": ("570.86.10", None, [f"--host-driver-version={VERSION}"], 550),
+    "no /etc/ld.so.cache, no /etc/ld.so.conf.d": ("570.86.10", _note([550]), [f"--host-driver-version={VERSION}"],
+                                                  COMPAT_MARK),
+    # (the hook's drop-in goes unread: ldconfig reads only ld.so.conf)
+    "an image ld.so.conf without an include line": ("570.86.10", _note([550]), [f"--host-driver-version={VERSION}"],
+                                                    550),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPAT_CASES))
+def test_enable_cuda_compat_decides_as_the_hook(world, driver, tmp_path, case):
+    import shutil
+
+    compat, note, options, expected = COMPAT_CASES[case]
+    ours = "    - hookName: createContainer\n      path: /usr/bin/nvidia-cdi-hook\n" \
+           f"      args: {json.dumps(['nvidia-cdi-hook', 'enable-cuda-compat', *options])}\n"
+    spec = toolkit_spec(world, driver).replace(_hook("enable-cuda-compat", f"--host-driver-version={VERSION}"), "")
+    if case == "update-ldcache before it":
+        spec = spec.replace("  mounts:\n", ours + "  mounts:\n", 1)
+    else:
+        spec = spec.replace("    - hookName: createContainer\n", ours + "    - hookName: createContainer\n", 1)
     world.write_spec("nvidia-gpu.yaml", spec)
     bundle = world.bundle(args=["/prog"])
-    rootfs = _image(bundle, driver, tmp_path)        # compat libcuda.so.560.28.03 in /usr/local/cuda/compat
-    if case == "an image without /etc/ld.so.conf.d":
-        import shutil
-
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    os.makedirs(rootfs + COMPAT)
+    _library(rootfs + f"{COMPAT}/libcuda.so.{compat}", "libcuda.so.1",
+             f"int fake_cuda_major(void) {{ return {COMPAT_MARK}; }}\n" + (note_source(note) if note else ""))
+    os.symlink(f"libcuda.so.{compat}", rootfs + f"{COMPAT}/libcuda.so.1")
+    if case == "no /etc/ld.so.cache, no /etc/ld.so.conf.d":
         shutil.rmtree(rootfs + "/etc/ld.so.conf.d")
-        subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
+        os.unlink(rootfs + "/etc/ld.so.cache")
+    if case == "an image ld.so.conf without an include line":
+        with open(rootfs + "/etc/ld.so.conf", "w") as out:
+            out.write(LIBDIR + "\n")
     preinject(world, bundle)
     result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
     assert result.returncode == 0, result.stderr

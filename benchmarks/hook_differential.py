@@ -1,0 +1,384 @@
+"""Differential of the toolkit's hooks: runc + the real nvidia-cdi-hook against cdi-shim-runtime.
+
+Each case (an image, a fake driver, a CDI spec with nvidia-cdi-hook hooks) runs three ways:
+
+- `toolkit`: the spec pre-injected into config.json (`cdi-shim cdi inject`, as containerd's
+  own CDI does) and run by plain runc, which runs the real nvidia-cdi-hook v1.20.0 (built by
+  benchmarks/toolkit.py) as the OCI hooks;
+- `preinjected`: the same config.json run by cdi-shim-runtime;
+- `annotation`: the device asked by a `cdi.k8s.io/` annotation, run by cdi-shim-runtime.
+
+A static probe inside (benchmarks/hook_probe.c) prints what the container sees: the entries
+of the library folder, the compat folder, /etc/ld.so.conf.d, /dev/dri, /opt/data, with modes
+and link texts; the ld.so.conf files; /etc/ld.so.cache (compared as `ldconfig -p` lists it);
+and dlopen of each soname and dev link (each in its own process), with the path the loader
+chose and which library it is. What differs is printed and classified: identical, harmless,
+a documented difference (docs/hooks.md), or left.
+
+    .venv/bin/python benchmarks/hook_differential.py --cases 200 --seed 1        # as root
+    .venv/bin/python benchmarks/hook_differential.py --seed 1 --only 17 -v       # one case, its diff
+
+Needs root, runc, gcc with static glibc, and the toolkit (benchmarks/toolkit.py builds it).
+"""
+import argparse
+import collections
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+for sub in ("tests", "tests/runtime", "tests/linker"):
+    sys.path.insert(0, os.path.join(REPO, sub))
+sys.path.insert(0, HERE)
+
+import ldcache_helpers as lh  # noqa: E402
+import runtime_helpers as rh  # noqa: E402
+from test_hook_fidelity import note_source  # noqa: E402
+from test_runtime_toolkit_hooks import _library, preinject  # noqa: E402
+from toolkit import ToolkitUnavailable, toolkit_programs  # noqa: E402
+
+WAYS = ("toolkit", "preinjected", "annotation")
+CLASSES = ("identical", "harmless", "documented", "left")
+GLIBC = rh.GLIBC_LIBDIR
+COMPAT = "/usr/local/cuda/compat"
+LIBS = ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-gpucomp")
+DRIVERS = ("550.54.15", "535.104.05", "560.35.03")
+COMPATS = ("560.28.03", "570.86.10", "550.90.07", "535.54.03", "560.35.05")
+# the hooks' drop-ins are named 00-compat-<uuid>.conf, 00-nvcr-<number>.conf, zz-nvcr-<number>.conf
+DROPIN_NAME = re.compile(r"(?<=-)([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9]+)(?=\.conf$)")
+FAILED = (None, "absent", "fails")
+
+
+# ---- cases ---------------------------------------------------------------------------------
+
+def random_case(rng, number):
+    """One case: what the image holds, what the driver mounts, the spec's hooks in order."""
+    libdir = rng.choice([GLIBC, GLIBC, "/usr/lib64"])
+    driver = rng.choice(DRIVERS)
+    libs = ["libcuda"] + rng.sample(LIBS[1:], rng.randint(0, 3))
+    case = {"number": number, "libdir": libdir, "driver": driver, "libs": libs,
+            "image_cache": rng.random() < 0.75, "confd": rng.random() < 0.8,
+            "conf": rng.choice(["include", "include", "include", "plain", "absent"]),
+            "readonly": rng.random() < 0.2, "compat": None, "at_link": None, "hooks": []}
+    if rng.random() < 0.6:
+        note = None
+        if rng.random() < 0.6:
+            note = {"Format": 1, "CUDA Version": rng.choice(["12.2", "12.4", "12.6", "12.8"]),
+                    "Driver": sorted(rng.sample([535, 550, 560, 570], rng.randint(1, 3))), "Device": [7, 8, 9]}
+        case["compat"] = {"version": rng.choice(COMPATS), "note": note}
+    links = []
+    if rng.random() < 0.8:
+        links.append(f"libcuda.so.1::{libdir}/libcuda.so")
+    if "libnvidia-ml" in libs and rng.random() < 0.6:
+        links.append(f"libnvidia-ml.so.{driver}::{libdir}/libnvidia-ml.so")
+    if rng.random() < 0.3:
+        links.append(f"libcuda.so.{driver}::{libdir}/libcuda.so.1")
+    if rng.random() < 0.1:
+        links.append(f"libnvidia-missing.so.1::{libdir}/libnvidia-missing.so")
+    if links and rng.random() < 0.35:
+        case["at_link"] = {"path": rng.choice(links).split("::")[1],
+                           "what": rng.choice(["file", "file", "link", "link", "dir"])}
+    hooks = [["create-symlinks", *[a for link in links for a in ("--link", link)]]] if links else []
+    update = None
+    if rng.random() < 0.85:
+        folders = rng.choice([[libdir], [libdir], [libdir, libdir + "/vdpau"], []])
+        update = ["update-ldcache", *[a for f in folders for a in ("--folder", f)]]
+    ecc = None
+    if rng.random() < 0.75:
+        ecc = ["enable-cuda-compat"]
+        if rng.random() < 0.8:
+            ecc.append("--host-driver-version=" + rng.choice([driver, driver, "unknown"]))
+        if rng.random() < 0.2:
+            ecc.append("--host-cuda-version=" + rng.choice(["12.2", "12.4", "12.8"]))
+    tail = [h for h in (ecc, update) if h]
+    if len(tail) == 2 and rng.random() < 0.25:
+        tail.reverse()                              # update-ldcache before enable-cuda-compat
+    hooks += tail
+    if rng.random() < 0.35:
+        paths = rng.choice([["/dev/dri"], ["/opt/data"], ["/dev/dri", "/opt/data", "/dev/missing"]])
+        hooks.append(["chmod", "--mode", rng.choice(["755", "711", "700", "1777"]),
+                      *[a for p in paths for a in ("--path", p)]])
+    case["hooks"] = hooks
+    case["dri"] = any("/dev/dri" in h for h in hooks) or rng.random() < 0.2
+    return case
+
+
+# ---- the pieces: libraries, image, spec ----------------------------------------------------
+
+class Parts:
+    """Libraries built once per (name, version, note) in WORK, the probe once."""
+
+    def __init__(self, work):
+        self.work = work
+        self.built = {}
+        self.probe = os.path.join(work, "probe")
+        rh.gcc("-static", "-O1", "-o", self.probe, os.path.join(HERE, "hook_probe.c"))
+
+    def library(self, name, version, note=None, ident=None):
+        key = (name, version, json.dumps(note, sort_keys=True), ident)
+        if key not in self.built:
+            path = os.path.join(self.work, f"lib{len(self.built)}", f"{name}.so.{version}")
+            os.makedirs(os.path.dirname(path))
+            body = 'const char *fake_id(void) { return "%s"; }\n' % (ident or f"{name}.so.{version}")
+            if note is not None:
+                body += note_source(note)
+            _library(path, f"{name}.so.1", body)
+            self.built[key] = path
+        return self.built[key]
+
+
+def make_image(rootfs, case, parts):
+    """ROOTFS (a busybox root from World.bundle) made the case's image."""
+    for sub in (GLIBC, "/lib64", "/opt/data", "/usr/lib64"):
+        os.makedirs(rootfs + sub, exist_ok=True)
+    os.chmod(rootfs + "/opt/data", 0o755)
+    for name in ("libc.so.6", "libm.so.6"):
+        shutil.copy2(os.path.realpath(f"/lib/x86_64-linux-gnu/{name}"), rootfs + f"{GLIBC}/{name}")
+    shutil.copy2(os.path.realpath("/lib64/ld-linux-x86-64.so.2"), rootfs + "/lib64/ld-linux-x86-64.so.2")
+    shutil.copy2(parts.probe, rootfs + "/probe")
+    if case["confd"]:
+        os.makedirs(rootfs + "/etc/ld.so.conf.d")
+        with open(rootfs + "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "w") as out:
+            out.write(GLIBC + "\n")
+    if case["conf"] != "absent":
+        with open(rootfs + "/etc/ld.so.conf", "w") as out:
+            out.write("include /etc/ld.so.conf.d/*.conf\n" if case["conf"] == "include" else GLIBC + "\n")
+    if case["compat"]:
+        compat = case["compat"]
+        os.makedirs(rootfs + COMPAT)
+        shutil.copy2(parts.library("libcuda", compat["version"], compat["note"]),
+                     rootfs + f"{COMPAT}/libcuda.so.{compat['version']}")
+        os.symlink(f"libcuda.so.{compat['version']}", rootfs + f"{COMPAT}/libcuda.so.1")
+    at = case["at_link"]
+    if at:
+        path = rootfs + at["path"]
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if at["what"] == "file":      # the image's own library of that name (an old driver)
+            soname = os.path.basename(at["path"])
+            soname = soname if soname.endswith(".so.1") else soname + ".1"
+            shutil.copy2(parts.library(soname.split(".so")[0], "0", ident="image-old"), path)
+        elif at["what"] == "link":
+            os.symlink("libimage-other.so.0", path)
+        else:
+            os.makedirs(path + "/inside")
+    if case["image_cache"]:
+        subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60, capture_output=True)
+
+
+def spec_text(world, case, parts, hook):
+    mounts = "".join(
+        f"    - hostPath: {parts.library(name, case['driver'])}\n"
+        f"      containerPath: {case['libdir']}/{name}.so.{case['driver']}\n"
+        "      options: [ro, nosuid, nodev, rbind, rprivate]\n" for name in case["libs"])
+    hooks = "".join(f"    - hookName: createContainer\n      path: {hook}\n"
+                    f"      args: {json.dumps(['nvidia-cdi-hook', *args])}\n" for args in case["hooks"])
+    dri = "    - {path: /dev/dri/card1, hostPath: /dev/null}\n" if case["dri"] else ""
+    return ('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n'
+            'devices:\n  - name: "0"\n    containerEdits:\n'
+            f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n"
+            "containerEdits:\n  deviceNodes:\n    - {path: /dev/nvidiactl, hostPath: /dev/null}\n" + dri
+            + ("  hooks:\n" + hooks if hooks else "") + "  mounts:\n" + mounts)
+
+
+def probe_args(case):
+    d = case["libdir"]
+    sonames = sorted({f"{name}.so.1" for name in case["libs"]} | {"libcuda.so.1"})
+    paths = [f"{d}/libcuda.so", f"{d}/libcuda.so.1", f"{d}/libnvidia-ml.so"]
+    return ["/probe", d, COMPAT, "/etc/ld.so.conf.d", "/dev/dri", "/opt/data", "--", *sonames, *paths]
+
+
+# ---- running and comparing -----------------------------------------------------------------
+
+def run_way(world, case, parts, way):
+    bundle = world.bundle(args=probe_args(case), tag=way[:3])
+    make_image(bundle.rootfs, case, parts)
+    config = bundle.config()
+    config["root"]["readonly"] = case["readonly"]
+    if way == "annotation":
+        config.setdefault("annotations", {})["cdi.k8s.io/diff"] = "nvidia.com/gpu=0"
+    with open(bundle.config_path, "w") as out:
+        json.dump(config, out)
+    if way != "annotation":
+        preinject(world, bundle)
+    env = world.env(CDI_SHIM_NVIDIA_PARAMS=os.path.join(world.base, "no-params"))
+    if way == "toolkit":
+        done = world.runc_cmd("run", "--bundle", bundle.path, bundle.id, env=env)
+    else:
+        done = world.shim("run", "--bundle", bundle.path, bundle.id, env=env)
+    world.runc_cmd("delete", "--force", bundle.id)
+    return {"rc": done.returncode, "out": done.stdout, "err": done.stderr}
+
+
+def facts(result):
+    """{key: value} of what the container saw ({"create": "fails"} when it was not created)."""
+    if result["rc"] != 0 and not result["out"]:
+        return {"create": "fails"}
+    seen = {"create": "ok"}
+    for line in result["out"].splitlines():
+        kind, _, rest = line.partition(" ")
+        path, _, value = rest.partition(" ")
+        path = DROPIN_NAME.sub("N", path)
+        if kind == "cache":
+            if value == "unreadable":
+                seen["cache"] = "absent"
+            else:
+                listed = lh.listing(bytes.fromhex(value)).decode().splitlines()[1:]
+                seen["cache"] = "\n".join(line for line in listed if "Cache generated" not in line)
+        elif kind == "bytes":
+            if value != "unreadable":
+                seen[f"bytes {path}"] = bytes.fromhex(value).decode(errors="replace")
+        else:
+            seen[f"{kind} {path}"] = value
+    return seen
+
+
+def differences(a, b):
+    return {key: (a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)}
+
+
+def classify(case, diff, seen=None):
+    """(class, reasons) of one way's differences from the toolkit's (SEEN: the two ways' facts)."""
+    if not diff:
+        return "identical", ""
+    reasons, left = set(), []
+    # (without update-ldcache the toolkit's container keeps the image's cache: ours, built
+    # anyway, may name other files, a gain when every loader result that differs is one)
+    loads_gain = all(_gain(k, *v) for k, v in diff.items() if k.startswith("dlopen"))
+    for key, (theirs, ours) in diff.items():
+        rule = _rule(case, key, theirs, ours, loads_gain) or (seen and _same_file(key, theirs, ours, *seen))
+        if rule:
+            reasons.add(rule)
+        else:
+            left.append(key)
+    if left:
+        return "left", "; ".join(left)
+    kinds = {r.split(":")[0] for r in reasons}
+    return ("harmless" if kinds == {"harmless"} else "documented"), "; ".join(sorted(reasons))
+
+
+def _gain(key, theirs, ours):
+    """OURS gives what THEIRS lacks and takes nothing away."""
+    if key == "cache":
+        return theirs in FAILED or set((theirs or "").splitlines()) < set((ours or "").splitlines())
+    if theirs in FAILED:
+        return ours not in FAILED
+    return theirs.endswith(" dangles") and ours == theirs[:-len("dangles")] + "resolves"
+
+
+def _rule(case, key, theirs, ours, loads_gain=False):
+    """The documented rule (docs/hooks.md) or harmless reason that covers one difference, or None."""
+    hooks = [h[0] for h in case["hooks"]]
+    if key.startswith(("entry /etc/ld.so.conf.d/", "bytes /etc/ld.so.conf.d/")) and ("nvcr" in key or "compat" in key):
+        return "documented: the drop-ins are not written (item 6, branch ldconfig-later)"
+    if key in ("entry /etc/ld.so.conf.d", "bytes /etc/ld.so.conf") and theirs not in FAILED and ours in FAILED:
+        return "documented: the drop-ins are not written (item 6, branch ldconfig-later)"
+    if key.startswith(("entry /dev/dri", "entry /opt/data")):
+        chmod = next((h for h in case["hooks"] if h[0] == "chmod"), None)
+        if chmod and chmod[2] == "1777" and theirs and ours and theirs.replace(" 0777", " 1777") == ours:
+            return "documented: chmod keeps the sticky bit"
+    if "update-ldcache" not in hooks and (_gain(key, theirs, ours) or key == "cache" and loads_gain):
+        return "documented: library mounts without update-ldcache get a cache"
+    if case["conf"] != "include" and _gain(key, theirs, ours):
+        return "documented: an ld.so.conf without an include line still gets the folders"
+    return None
+
+
+def _final(facts, directory, text, hops=8):
+    """The name a chain of links in DIRECTORY (as the probe listed it) ends at, from link text TEXT."""
+    while hops and "/" not in text:
+        entry = facts.get(f"entry {directory}/{text}") or ""
+        if not entry.startswith("l "):
+            return text
+        text = entry.split(" -> ", 1)[1].rsplit(" ", 1)[0]
+        hops -= 1
+    return text
+
+
+def _same_file(key, theirs, ours, toolkit, way):
+    """harmless: a link both ways, resolving, whose chain ends at the same file of its folder
+    (ldconfig chose another of two names of one library for the soname link)."""
+    if not key.startswith("entry ") or not theirs or not ours:
+        return None
+    if not (theirs.startswith("l ") and ours.startswith("l ") and theirs.endswith(" resolves") and ours.endswith(" resolves")):
+        return None
+    directory = key[len("entry "):].rsplit("/", 1)[0]
+    text = [v.split(" -> ", 1)[1].rsplit(" ", 1)[0] for v in (theirs, ours)]
+    if _final(toolkit, directory, text[0]) == _final(way, directory, text[1]):
+        return "harmless: the link reaches the same library by another of its names"
+    return None
+
+
+def run_case(world, case, parts, verbose):
+    seen = {way: facts(run_way(world, case, parts, way)) for way in WAYS}
+    outcome = {}
+    for way in WAYS[1:]:
+        diff = differences(seen["toolkit"], seen[way])
+        outcome[way] = classify(case, diff, (seen["toolkit"], seen[way]))
+        if verbose and diff:
+            print(f"  {way}: {outcome[way][0]}")
+            for key, (theirs, ours) in diff.items():
+                print(f"    {key}\n      toolkit: {theirs!r}\n      {way}: {ours!r}")
+    return outcome
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--only", type=int, action="append", help="run only case N (repeatable)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print each case and each difference")
+    parser.add_argument("--json", help="write each case and its outcome to this file")
+    args = parser.parse_args(argv)
+    try:
+        hook = toolkit_programs()["nvidia-cdi-hook"]
+    except ToolkitUnavailable as err:
+        print(f"hook_differential.py: {err}", file=sys.stderr)
+        return 1
+    rng = random.Random(args.seed)
+    cases = [random_case(rng, n) for n in range(args.cases)]
+    if args.only:
+        cases = [c for c in cases if c["number"] in args.only]
+    work = tempfile.mkdtemp(prefix="hookdiff.")
+    counts, reasons, records, start = collections.Counter(), collections.Counter(), [], time.monotonic()
+    try:
+        parts = Parts(work)
+        for case in cases:
+            if args.verbose:
+                print(json.dumps(case))
+            world = rh.World(os.path.join(work, f"w{case['number']}"))
+            world.write_spec("nvidia-gpu.yaml", spec_text(world, case, parts, hook))
+            try:
+                outcome = run_case(world, case, parts, args.verbose)
+            finally:
+                world.cleanup()
+                shutil.rmtree(world.base, ignore_errors=True)
+            worst = max((o[0] for o in outcome.values()), key=CLASSES.index)
+            counts[worst] += 1
+            for reason in {r for o in outcome.values() if o[0] != "left" for r in o[1].split("; ") if r}:
+                reasons[reason] += 1
+            for key in {k for o in outcome.values() if o[0] == "left" for k in o[1].split("; ")}:
+                reasons["left: " + DROPIN_NAME.sub("N", key)] += 1
+            records.append({"case": case, "outcome": outcome})
+            print(f"case {case['number']}: {worst}" + "".join(f"  [{w}: {o[0]}: {o[1]}]" for w, o in outcome.items()
+                                                            if o[0] != "identical"), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(records, out, indent=1)
+    for reason, n in reasons.most_common():
+        print(f"  {n:4d} cases: {reason}")
+    print(f"{len(cases)} cases, seed {args.seed}, {time.monotonic() - start:.0f} s: "
+          + ", ".join(f"{k} {counts[k]}" for k in CLASSES))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
