@@ -15,6 +15,8 @@ VERSION_FILE_ENV = "CDI_SHIM_DRIVER_VERSION_FILE"   # for tests: another file in
 ANNOTATION = "cdi-shim.dev/driver-version"
 _MODULE = "Kernel Module"
 _NVML = "/libnvidia-ml.so."
+ONE_MOUNT_LIB = "/usr/local/nvidia/lib64"     # the one-mount layout (shim/generate/hostdir.py) binds
+# <base>/<version>-<digest>/lib64 there
 
 
 def version_file(proc=None):
@@ -51,12 +53,19 @@ def host_driver_version(path=None):
 
 def recorded_driver_version(doc):
     """The driver version a generated spec was made for: its annotation, else the version
-    suffix of its libnvidia-ml mount; None when neither is there."""
+    suffix of its libnvidia-ml mount, or of the one-mount layout's host directory (named
+    <version>-<digest>); None when none is there."""
     version = (doc.get("annotations") or {}).get(ANNOTATION)
     if version:
         return version
     for mount in (doc.get("containerEdits") or {}).get("mounts") or ():
         host = mount.get("hostPath", "")
+        if mount.get("containerPath") == ONE_MOUNT_LIB:
+            name = host.rstrip("/").rpartition("/")[0].rpartition("/")[2]
+            version, _, digest = name.rpartition("-")
+            if "." in version and len(digest) == 12:
+                return version
+            continue
         at = host.rfind(_NVML)          # one search a mount: this runs on the create path
         if at >= 0:
             version = host[at + len(_NVML):]

@@ -31,15 +31,17 @@
 
 enum { UNRESOLVED = 0, RESOLVED = 1, FAILED = -1 };
 
-/* A file that is not in the tree yet: NAME in the directory, read from HOST_PATH. */
+/* A file that is not in the tree yet: NAME in the directory, read from HOST_PATH; IS_LINK
+ * when NAME is a link there (a directory mount's entry: ldconfig keys a link by its name). */
 struct cds_extra {
     const char *name;
     const char *host_path;
+    int is_link;
 };
 
 struct item {
     const char *name;
-    uint8_t dtype;                    /* d_type as listed (extras are DT_REG) */
+    uint8_t dtype;                    /* d_type as listed (extras: DT_REG, or DT_LNK for a link) */
     uint8_t type;                     /* DT_* after lstat when dtype was DT_UNKNOWN */
     uint8_t lstat_done;
     int8_t lstat_err_set;
@@ -844,8 +846,9 @@ static int add_extras(struct cds_scan *s, size_t nextras)
             else if (errno != ENOENT)
                 return -1;
         }
+        uint8_t type = s->extras[i].is_link ? DT_LNK : DT_REG;   /* (a link's host path is followed) */
         struct item extra = {
-            .name = name, .dtype = DT_REG, .type = DT_REG, .extra = (int32_t)i,
+            .name = name, .dtype = type, .type = type, .extra = (int32_t)i,
             .state = UNRESOLVED, .file = -1, .target = -1,
         };
         if (at >= 0) {
@@ -1110,7 +1113,8 @@ static int prefetch(struct cds_scan *s, const struct cds_scan_opts *opts)
     return run_jobs(s, list, n);
 }
 
-/* The extras' "name\0host\0..." run as an array in the scan's arena (living as long as it). */
+/* The extras' "name\0host\0..." run as an array in the scan's arena (living as long as it).
+ * A host path that starts with CDS_EXTRA_LINK (\001) is a link's (struct cds_extra). */
 static int unpack_extras(struct cds_scan *s, const char *packed, size_t len, size_t nextras)
 {
     if (nextras == 0)
@@ -1132,7 +1136,8 @@ static int unpack_extras(struct cds_scan *s, const char *packed, size_t len, siz
             errno = EINVAL;
             return -1;
         }
-        extras[i] = (struct cds_extra){ p, name_end + 1 };
+        int is_link = name_end[1] == '\001';
+        extras[i] = (struct cds_extra){ p, name_end + 1 + is_link, is_link };
         p = host_end + 1;
     }
     s->extras = extras;

@@ -50,7 +50,10 @@ struct cds_scan;
  * moved; -1 for a directory that exists only through extras). DIRPATH is its path in the
  * tree at ROOTFD, for links that point elsewhere. EXTRAS (LEN bytes): NEXTRAS files that
  * are not in the tree yet, each as its name in the directory and the host path it is read
- * from, NUL-terminated ("name\0/host/path\0..."). Returns 0 or -1 with errno. */
+ * from, NUL-terminated ("name\0/host/path\0..."); a host path that starts with \001 (the
+ * byte stripped) is a link's: a directory mount's entry that is a link there, which ldconfig
+ * keys by its own name (libcuda.so) where a file is keyed by its SONAME. Returns 0 or -1
+ * with errno. */
 int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const char *extras, size_t len,
                  size_t nextras, const struct cds_scan_opts *opts, struct cds_scan **out);
 void cds_scan_free(struct cds_scan *scan);

@@ -34,8 +34,11 @@ from .common import fail as _fail
 @click.option("--dev-char-only", is_flag=True,
               help="Only make the /dev/char links of the specs' device nodes (what the udev rule runs).")
 @click.option("--hook-program", metavar="PATH", hidden=True, help="The hook program the CDI spec names.")
+@click.option("--layout", type=click.Choice(["files", "one-mount"]), default="files", show_default=True,
+              help="The CDI spec's layout, as `cdi generate --layout`: one-mount keeps the driver's files in "
+                   "/var/lib/cdi-shim/driver and binds that folder (docs/one-mount.md); pass it at every run.")
 def install(node, drop_in, restart, root, runtime_name, runtime_binary, cdi_shim_binary, containerd_binary,
-            systemctl, driver_root, dev_root, dev_char_only, hook_program):
+            systemctl, driver_root, dev_root, dev_char_only, hook_program, layout):
     """Set up this node for cdi-shim, idempotently: rerun it at every node start.
 
     Writes /etc/cdi-shim/config.toml when missing, registers the runtime with containerd (a
@@ -50,7 +53,8 @@ def install(node, drop_in, restart, root, runtime_name, runtime_binary, cdi_shim
     try:
         installer = Installer(root=root, drop_in=drop_in, runtime_name=runtime_name, runtime_binary=runtime_binary,
                               cdi_shim=cdi_shim_binary, containerd=containerd_binary, systemctl=systemctl,
-                              driver_root=driver_root, dev_root=dev_root, hook_program=hook_program)
+                              driver_root=driver_root, dev_root=dev_root, hook_program=hook_program,
+                              layout=layout)
         install_node(installer, restart=restart, report=lambda line: click.echo(f"cdi-shim: {line}", err=True),
                      dev_char_only=dev_char_only)
     except InstallError as err:

@@ -187,13 +187,20 @@ def inject(devices, spec_dirs, config_json):
                    "uuid GPU-… and MIG-…, type-index gpu0 and mig0:1. \"all\" is always there.")
 @click.option("--driver-root", default="/", show_default=True, metavar="DIR",
               help="The root of the driver's files (a driver container's root, e.g. /run/nvidia/driver).")
-@click.option("--dev-root", default=None, metavar="DIR", help="The root of the device nodes (default: the driver root).")
+@click.option("--dev-root", default=None, metavar="DIR",
+              help="The root of the device nodes (default: the driver root).")
 @click.option("--hook-program", default=None, metavar="PATH",
               help="The hook program the spec names (default: the cdi-shim-hook installed beside this "
                    "interpreter; /usr/bin/nvidia-cdi-hook for the toolkit's).")
 @click.option("--spec-version", default=None, metavar="V",
               help="cdiVersion to write (default: the minimum the content needs); refused if too old for it.")
-@click.option("--dry-run", is_flag=True, help="Print the spec instead of writing it.")
+@click.option("--layout", type=click.Choice(["files", "one-mount"]), default="files", show_default=True,
+              help="files: one bind a driver file, as nvidia-ctk. one-mount: the driver's libraries and tools in "
+                   "one host directory (--driver-dir) bound at /usr/local/nvidia/lib64 and /usr/local/nvidia/bin, "
+                   "with an update-ldcache hook for it (docs/one-mount.md).")
+@click.option("--driver-dir", default=None, metavar="DIR",
+              help="With --layout one-mount: where the host directories are made (default /var/lib/cdi-shim/driver).")
+@click.option("--dry-run", is_flag=True, help="Print the spec instead of writing it (nothing is made).")
 @click.option("--watch", is_flag=True,
               help="Keep running: regenerate on a driver install or upgrade and on MIG changes (validated "
                    "before it replaces the spec; failures retried with back-off; one line per event on stderr).")
@@ -209,7 +216,8 @@ def inject(devices, spec_dirs, config_json):
 @click.option("--timings", is_flag=True, hidden=True, help="Print where the time went, on stderr.")
 @click.option("--proc-root", default="/proc", hidden=True, help="Where /proc is (tests).")
 @click.option("--sysfs-root", default="/sys", hidden=True, help="Where /sys is (tests).")
-def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_program, spec_version, dry_run,
+def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_program, spec_version, layout,
+             driver_dir, dry_run,
              watch, once, interval, nvml_interval, max_backoff, timings, proc_root, sysfs_root):
     """Generate a CDI spec for this node's NVIDIA GPUs, from NVML.
 
@@ -224,7 +232,10 @@ def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_p
 
     options = Options(output=output or DEFAULT_OUTPUT, fmt=fmt, vendor=vendor, cls=cls, strategies=strategies,
                       driver_root=driver_root, dev_root=dev_root, hook_program=hook_program,
-                      spec_version=spec_version, proc=proc_root, sysfs=sysfs_root)
+                      spec_version=spec_version, proc=proc_root, sysfs=sysfs_root, layout=layout,
+                      driver_dir=driver_dir, make_dir=not dry_run)
+    if driver_dir is not None and layout != "one-mount":
+        raise click.UsageError("--driver-dir goes with --layout one-mount")
     if once and not watch:
         raise click.UsageError("--once goes with --watch")
     if watch:

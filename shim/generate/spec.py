@@ -3,12 +3,14 @@
 Its shape is the toolkit 1.20's (`nvidia-ctk cdi generate`): kind nvidia.com/gpu; one
 device per GPU and naming strategy (index "0", UUID "GPU-..."), holding only the GPU's own
 device nodes (/dev/nvidiaN and its DRM nodes, with a create-symlinks hook for their
-/dev/dri/by-path links); for a GPU in MIG mode, one per MIG device instead ("0:1", "MIG-..."), with the
-GPU's node and its GPU- and compute-instance capability nodes; "all" with every node; the rest in the spec-level edits: env
-NVIDIA_CTK_LIBCUDA_DIR and NVIDIA_VISIBLE_DEVICES=void, the control device nodes, the hooks
-(create-symlinks, update-ldcache, and the toolkit's others when its hook program is named),
-and the mounts (EGL platform libraries and Xorg modules, configuration and ICD files,
-libraries, IPC sockets, GSP firmware, binaries).
+/dev/dri/by-path links); for a GPU in MIG mode, one per MIG device instead ("0:1", "MIG-..."),
+with the GPU's node and its GPU- and compute-instance capability nodes; "all" with every node;
+the rest in the spec-level edits: env NVIDIA_CTK_LIBCUDA_DIR and NVIDIA_VISIBLE_DEVICES=void, the
+control device nodes, the hooks (create-symlinks, update-ldcache, and the toolkit's others when
+its hook program is named), and the mounts (EGL platform libraries and Xorg modules,
+configuration and ICD files, libraries, IPC sockets, GSP firmware, binaries). With the
+one-mount layout (hostdir.py, docs/one-mount.md) the libraries and binaries are one host
+directory's two binds instead, and the hooks name what is left.
 
 Device nodes carry their path and, when it differs (a --dev-root), their hostPath; major,
 minor and mode are left to injection time, which reads them from the host node, so the spec
@@ -38,7 +40,7 @@ import sys
 import time
 
 from ..driver_version import ANNOTATION
-from . import GenerateError
+from . import GenerateError, hostdir
 from .discover import (IPC_MOUNT_OPTIONS, MOUNT_OPTIONS, DevRoot, DriverRoot, control_nodes, discover_files,
                        gpu_nodes, mig_caps, mig_nodes)
 
@@ -57,7 +59,7 @@ class Options:
 
     def __init__(self, output=DEFAULT_OUTPUT, fmt=None, vendor="nvidia.com", cls="gpu", strategies=(),
                  driver_root="/", dev_root=None, hook_program=None, spec_version=None, sysfs="/sys",
-                 proc="/proc", machine=None):
+                 proc="/proc", machine=None, layout="files", driver_dir=None, make_dir=True):
         self.output = output
         self.fmt = fmt
         self.vendor = vendor
@@ -70,13 +72,17 @@ class Options:
         self.sysfs = sysfs
         self.proc = proc
         self.machine = machine
+        self.layout = layout            # hostdir.LAYOUTS
+        self.driver_dir = driver_dir    # the one-mount layout's base (default hostdir.BASE)
+        self.make_dir = make_dir        # False: name the host directory, make nothing (--dry-run)
 
 
 class Result:
     """A generated spec: the document, its text, where it goes, what to warn about, timings."""
 
-    def __init__(self, doc, text, path, warnings, nvml, timings):
+    def __init__(self, doc, text, path, warnings, nvml, timings, host_dir=None):
         self.doc = doc
+        self.host_dir = host_dir    # the one-mount layout's host directory (a path), else None
         self.text = text
         self.path = path
         self.warnings = warnings
@@ -144,16 +150,19 @@ def _device_links_hook(program, links):
     return _symlinks_hook(program, links)
 
 
-def _hooks(program, files, version):
+def _hooks(program, files, version, made=None):
+    """The spec-level hooks; with MADE (the one-mount layout's hostdir.Plan) the links and the
+    folder of its libraries are in the host directory: the hooks name what is left."""
     hook = _hook_factory(program)
     toolkit = posixpath.basename(program) in TOOLKIT_HOOK_PROGRAMS
     hooks = []
-    if files.links:
-        hooks.append(_symlinks_hook(program, files.links))
+    links = files.links if made is None else made.left_links
+    if links:
+        hooks.append(_symlinks_hook(program, links))
     if toolkit:
         hooks.append(hook("enable-cuda-compat", f"--host-driver-version={version}"))
-    folders = []
-    for lib in files.libraries:
+    folders = [] if made is None else [hostdir.LIB_DIR]
+    for lib in (files.libraries if made is None else made.left):
         directory = posixpath.dirname(lib.path)
         if directory not in folders:
             folders.append(directory)
@@ -220,8 +229,8 @@ def _mig_name(strategy, gpu, mig):
     return {"index": f"{gpu.index}:{mig.index}", "type-index": f"mig{gpu.index}:{mig.index}"}.get(strategy, mig.uuid)
 
 
-def build_doc(options, info, files, control, entries, hook_program):
-    """The spec document (without cdiVersion)."""
+def build_doc(options, info, files, control, entries, hook_program, made=None):
+    """The spec document (without cdiVersion); MADE: the one-mount layout's hostdir.Plan."""
     devices, everything, every_link, seen = [], [], [], set()
     for names, nodes, links in entries:
         edits = _node_edits(nodes, links, hook_program)
@@ -231,14 +240,19 @@ def build_doc(options, info, files, control, entries, hook_program):
         seen.update(node.path for node in nodes)
         every_link += [link for link in links if link not in every_link]
     devices.append({"name": "all", "containerEdits": _node_edits(everything, every_link, hook_program)})
-    mounts = [_mount(h, p, MOUNT_OPTIONS) for h, p in files.graphics + files.configs]
-    mounts += [_mount(lib.host, lib.path, MOUNT_OPTIONS) for lib in files.libraries]
+    moved = made.moved if made is not None else ()
+    mounts = [_mount(h, p, MOUNT_OPTIONS) for h, p in files.graphics + files.configs if p not in moved]
+    if made is None:
+        mounts += [_mount(lib.host, lib.path, MOUNT_OPTIONS) for lib in files.libraries]
+    else:
+        mounts += hostdir.mounts(made, MOUNT_OPTIONS) + [_mount(lib.host, lib.path, MOUNT_OPTIONS) for lib in made.left]
     mounts += [_mount(h, p, IPC_MOUNT_OPTIONS) for h, p in files.ipc]
-    mounts += [_mount(h, p, MOUNT_OPTIONS) for h, p in files.firmware + files.binaries]
+    mounts += [_mount(h, p, MOUNT_OPTIONS) for h, p in files.firmware + (files.binaries if made is None else [])]
+    lib_dirs = files.lib_dirs if made is None else [hostdir.LIB_DIR]
     edits = {
-        "env": ["NVIDIA_CTK_LIBCUDA_DIR=" + ":".join(files.lib_dirs), "NVIDIA_VISIBLE_DEVICES=void"],
+        "env": ["NVIDIA_CTK_LIBCUDA_DIR=" + ":".join(lib_dirs), "NVIDIA_VISIBLE_DEVICES=void"],
         **_node_edits(control, [], hook_program),
-        "hooks": _hooks(hook_program, files, info.driver_version),
+        "hooks": _hooks(hook_program, files, info.driver_version, made),
         "mounts": mounts,
     }
     return {"kind": f"{options.vendor}/{options.cls}", "devices": devices,
@@ -300,6 +314,8 @@ def generate(options):
             check(value)
         except CDIError as err:
             raise GenerateError(f"{option} {value}: {err}") from None
+    if options.layout not in hostdir.LAYOUTS:
+        raise GenerateError(f"--layout {options.layout}: not a layout (known: {', '.join(hostdir.LAYOUTS)})")
     warnings = []
     hook_program = _hook_program(options.hook_program, warnings)
     path = output_path(options.output, options.fmt, warnings)
@@ -317,6 +333,11 @@ def generate(options):
                             f"({info.driver_version}): the driver root's files may not match the loaded driver")
         files = discover_files(root, info.driver_version)
         warnings += files.warnings
+        made = None
+        if options.layout == "one-mount":
+            with hostdir.plan(root, files, info.driver_version, options.driver_dir or hostdir.BASE) as made:
+                if options.make_dir:
+                    made.make()
     with DevRoot(options.dev_root, options.proc) as dev_root:
         try:
             control = control_nodes(dev_root, warnings)
@@ -326,7 +347,7 @@ def generate(options):
     if not entries:
         raise GenerateError("no GPU or MIG device to put in a spec (see the warnings); nothing written")
     t3 = time.perf_counter()
-    doc = build_doc(options, info, files, control, entries, hook_program)
+    doc = build_doc(options, info, files, control, entries, hook_program, made)
     version = _version(options, doc)
     if version not in ("0.3.0", "0.4.0", "0.5.0"):
         doc = dict(doc, annotations={ANNOTATION: info.driver_version})
@@ -341,7 +362,7 @@ def generate(options):
     timings = {"find-nvml": t1 - t0, "nvml-import": info.import_seconds,
                "nvml-load": info.load_seconds, "nvml-calls": info.call_seconds,
                "nvml": t2 - t1, "discover": t3 - t2, "build": t4 - t3, "total": t4 - started}
-    return Result(doc, text, path, warnings, info, timings)
+    return Result(doc, text, path, warnings, info, timings, made.path if made else None)
 
 
 def write(result):
@@ -351,4 +372,23 @@ def write(result):
     directory = os.path.dirname(os.path.abspath(result.path))
     os.makedirs(directory, mode=0o755, exist_ok=True)
     write_file_atomic(result.path, result.text.encode(), 0o644, prefix="spec.", sync=True)
+    if result.host_dir:
+        collect_host_dirs(result.host_dir, directory)
     return result.path
+
+
+def collect_host_dirs(host_dir, spec_dir):
+    """Remove the one-mount host directories beside HOST_DIR that no spec (in SPEC_DIR, the
+    standard spec directories and the configured ones) names and no container uses; returns
+    their names."""
+    from cdi.spec_dirs import DEFAULT_SPEC_DIRS
+
+    from ..config import ConfigError, load_config
+
+    try:
+        configured = list(load_config().spec_dirs)
+    except ConfigError:
+        configured = []     # (then only the standard ones: a directory in use is kept anyway)
+    base, name = os.path.split(host_dir)
+    dirs = list(dict.fromkeys([spec_dir, *DEFAULT_SPEC_DIRS, *configured]))
+    return hostdir.collect(base, keep={name}, spec_dirs=dirs)

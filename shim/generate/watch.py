@@ -84,7 +84,7 @@ def generate_in_child(options, timeout=CHILD_TIMEOUT):
                 result = generate(options)
                 payload = {"text": result.text, "doc": result.doc, "warnings": result.warnings,
                            "version": result.nvml.driver_version, "library": result.nvml.library,
-                           "gpus": len(result.nvml.gpus)}
+                           "gpus": len(result.nvml.gpus), "host_dir": result.host_dir}
             except GenerateError as err:
                 payload = {"error": str(err)}
             except Exception as err:  # noqa: BLE001 - said in the parent's log line
@@ -183,6 +183,7 @@ class Watcher:
         # The spec as it is (a link or a FIFO there is no spec of ours: replaced by the rename).
         old = _read(self.options.output, 64 << 20, follow_links=False)
         if old == got["text"].encode():
+            self.collect(got)
             return "current", got
         validate_text(got["text"], self.options.output)
         from cdi.safeio import private_dir_problem
@@ -199,6 +200,7 @@ class Watcher:
             raise Failure(f"cannot write {self.options.output}: {err.strerror or err}") from None
         for warning in got["warnings"]:
             self.say(f"warning: {warning}")
+        self.collect(got)
         was = recorded_driver_version(_doc_of(old)) if old else None
         if was and was != made_for:
             change = f"driver {was} -> {made_for}"
@@ -207,6 +209,20 @@ class Watcher:
         self.say(f"wrote {self.options.output} ({change}, {got['gpus']} GPU(s), "
                  f"{len(got['doc']['devices'])} devices; {reason})")
         return "written", got
+
+    def collect(self, got):
+        """The one-mount layout: remove the host directories no spec names and no container uses."""
+        if not got.get("host_dir"):
+            return
+        from .spec import collect_host_dirs
+
+        try:
+            removed = collect_host_dirs(got["host_dir"], os.path.dirname(os.path.abspath(self.options.output)))
+        except OSError as err:
+            self.say(f"warning: cannot collect old host directories beside {got['host_dir']}: {err}")
+            return
+        if removed:
+            self.say(f"removed unused host directories {', '.join(removed)} beside {got['host_dir']}")
 
     def once(self):
         try:

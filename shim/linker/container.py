@@ -372,7 +372,8 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         if _recording is not None:
             if result.covered:
-                # A replay checks the plan's files, not a mounted folder's listing: not kept.
+                # A step's key has a mount's source only where it names a library (a pod's own
+                # mounts differ pod to pod): a replay could not tell one host folder from another.
                 _recording.refuse("a directory mount provides a folder of the cache")
             _recording.plans.append(result.looked)
         for warning in result.warnings:

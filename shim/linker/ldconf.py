@@ -53,6 +53,9 @@ class ConfDir:
         self.base = base if base is not None else ident   # the directory it belongs to
 
 
+LINK_MARK = "\x01"   # before a host path in cds_scan_dir's extras: the name is a link (scan.h)
+
+
 class Extras:
     """Host files to be bind-mounted into the tree: where each will appear.
 
@@ -60,8 +63,11 @@ class Extras:
     for one that exists only once the mounts are made (REST below the deepest existing one).
     """
 
-    def __init__(self, root, extra):
+    def __init__(self, root, extra, links=()):
+        """EXTRA: {container path: host path}; LINKS: those of its container paths that are
+        links there (a directory mount's entries; cds_scan_dir)."""
         self.by_dir = {}            # directory identity -> [(name, host path)]
+        self.links = set()          # (directory identity, name) of the links
         self.children = {}          # directory identity -> {names of virtual subdirectories}
         self.paths = {}             # directory identity -> its path as the extras name it
         self._root = root
@@ -76,6 +82,8 @@ class Extras:
             if ident is None or name in ("", ".", ".."):
                 ident, name = self._place(container_path)
             self.by_dir.setdefault(ident, []).append((name, host_path))
+            if container_path in links:
+                self.links.add((ident, name))
 
     def _place(self, container_path):
         """(directory identity, name) of an extra's path (normalized, checked), and the
@@ -105,7 +113,8 @@ class Extras:
         files = self.by_dir.get(ident, ())
         if not files:
             return b"", 0
-        text = "\0".join(f"{name}\0{host}" for name, host in files) + "\0"
+        mark = {name: LINK_MARK for i, name in self.links if i == ident} if self.links else {}
+        text = "\0".join(f"{name}\0{mark.get(name, '')}{host}" for name, host in files) + "\0"
         return os.fsencode(text), len(files)
 
 

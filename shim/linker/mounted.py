@@ -60,35 +60,46 @@ def _covering(mounts, path, target):
     return shown
 
 
-def touches(mounts, paths, target):
-    """Whether a mount provides any of PATHS (or a hwcap subdirectory of one)."""
+def coverage(mounts, paths, target):
+    """((folder, mount destination, host source) of each of PATHS a mount provides), or None
+    when that cannot be known (UnknownFolder): what a kept plan's folders must be given again."""
     try:
-        return any(_covering(mounts, posixpath.normpath(p), target) is not None for p in paths)
+        found = []
+        for path in dict.fromkeys(posixpath.normpath(p) for p in paths):
+            shown = _covering(mounts, path, target)
+            if shown is not None:
+                found.append((path, *shown))
+        return tuple(found)
     except UnknownFolder:
-        return True
+        return None
 
 
 def folders(mounts, paths, target):
     """({folder: mount destination} of PATHS a mount provides, {container path: host path} of
-    the libraries it shows there). UnknownFolder where that content cannot be known."""
-    hidden, brought = {}, {}
+    the libraries it shows there, {container paths of those that are links}, [the host folders
+    read]). UnknownFolder where that content cannot be known."""
+    hidden, brought, links, sources = {}, {}, set(), []
     for path in dict.fromkeys(posixpath.normpath(p) for p in paths):
         shown = _covering(mounts, path, target)
         if shown is None:
             continue
         dest, source = shown
         if source is None:
-            raise UnknownFolder(f"{path}: the mount at {dest} is not a bind; its content exists only once runc mounts it")
+            raise UnknownFolder(f"{path}: the mount at {dest} is not a bind; its content exists only once runc "
+                                "mounts it")
         rest = [part for part in path[len(dest):].split("/") if part]
         hidden[path] = dest
-        for name, host in _read_folder(source, rest, path, target):
+        sources.append(posixpath.join(source, *rest))
+        for name, host, is_link in _read_folder(source, rest, path, target):
             brought[posixpath.join(path, name)] = host
-    return hidden, brought
+            if is_link:    # ldconfig keys a link by its own name (libcuda.so), a file by its SONAME
+                links.add(posixpath.join(path, name))
+    return hidden, brought, links, sources
 
 
 def _read_folder(source, rest, path, target):
-    """[(name, host path)] of the library names in SOURCE/REST (nothing when it is missing or
-    not a directory: ldconfig finds no folder there either)."""
+    """[(name, host path, is a link)] of the library names in SOURCE/REST (nothing when it is
+    missing or not a directory: ldconfig finds no folder there either)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(source, flags)     # (a host path: followed as runc follows it)
@@ -119,9 +130,10 @@ def _read_folder(source, rest, path, target):
                     continue
                 if not lib.cds_is_dso_name(os.fsencode(name)):
                     continue
-                if entry.is_symlink():
+                link = entry.is_symlink()
+                if link:
                     _link_in_folder(fd, name, host, path)
-                found.append((name, posixpath.join(host, name)))
+                found.append((name, posixpath.join(host, name), link))
         return found
     finally:
         os.close(fd)

@@ -211,6 +211,7 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
     folders = [os.fspath(f) for f in folders]
+    mounts = list(mounts)
     arguments = None if _plans is None else (
         machine, mode, links, format, generator, tuple(folders), tuple(compat),
         tuple((os.fspath(k), os.fspath(v)) for k, v in (extra or {}).items()))
@@ -225,14 +226,18 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
             tree.seen = {}
         extras = Extras(tree, extra)
         config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
-        hidden = {}
+        hidden, hosts = {}, []
         if mounts:
-            hidden, brought = mounted.folders(mounts, _candidates(config), config.target)
+            hidden, brought, linked, sources = mounted.folders(mounts, _candidates(config), config.target)
+            # (a kept plan is checked against the host folders and what they showed: an entry
+            # added, removed or renamed changes its folder's mtime, a file rewritten its own)
+            hosts = sources + sorted(set(brought.values()))
             if hidden:
                 # again, with the mounted folders' libraries (a folder only a mount makes is
                 # configured only where something is to be mounted into it)
                 files = {os.fspath(k): os.fspath(v) for k, v in (extra or {}).items()}
-                extras = Extras(tree, {**brought, **files})   # (file mounts go on top)
+                extras = Extras(tree, {**brought, **files},   # (file mounts go on top)
+                                links={p for p in linked if p not in files})
                 config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
                 mounted.hide(config, hidden)
                 result.covered = sorted(hidden)
@@ -268,10 +273,11 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         result.dirs = [d.path for d in config.dirs]
         if _is_musl(tree, machine):
             result.musl = _plan_musl(tree, machine, folders, extras)
-        if arguments is not None and not hidden:
-            # (a plan with mounted folders is not kept: their listings are not memo entries)
-            result.looked = _looked(tree, arguments, _files_read(tree, target, scanner.listed))
-            _keep(arguments, started, tree, result, (target, _candidates(config)))
+        if arguments is not None:
+            result.looked = _looked(tree, arguments, _files_read(tree, target, scanner.listed), hosts)
+            folders_seen = _candidates(config)
+            _keep(arguments, started, tree, result, (target, folders_seen),
+                  mounted.coverage(mounts, folders_seen, target))
     return result
 
 
@@ -344,11 +350,12 @@ _plans = None           # {arguments: [_Kept, newest first]} while remembering
 
 
 class _Kept:
-    __slots__ = ("paths", "count", "identities", "plan", "folders")
+    __slots__ = ("paths", "count", "identities", "plan", "folders", "coverage")
 
-    def __init__(self, paths, count, identities, plan, folders):
+    def __init__(self, paths, count, identities, plan, folders, coverage):
         self.paths, self.count, self.identities, self.plan = paths, count, identities, plan
-        self.folders = folders      # (target, configured folders): a mount providing one, no copy
+        self.folders = folders      # (target, configured folders)
+        self.coverage = coverage    # mounted.coverage() of those folders by the plan's mounts
 
 
 def remember_plans(enabled=True, forget=None):
@@ -371,10 +378,13 @@ def _candidates(config):
 
 
 def _recall(tree, arguments, mounts):
-    """A copy of the plan kept for ARGUMENTS whose paths are unchanged in TREE, or None."""
+    """A copy of the plan kept for ARGUMENTS whose paths are unchanged in TREE (the host
+    folders mounts provided to it among them) and whose folders MOUNTS provide as they were
+    provided to it (the same folders, mount destinations and sources; other mounts, a pod's
+    own, do not matter), or None."""
     candidates = _plans.get(arguments, ())
     for at, kept in enumerate(candidates):
-        if mounts and mounted.touches(mounts, kept.folders[1], kept.folders[0]):
+        if kept.coverage is None or mounted.coverage(mounts, kept.folders[1], kept.folders[0]) != kept.coverage:
             continue
         if lib.cds_memo_same(tree.fd, kept.paths, len(kept.paths), kept.count, kept.identities) == 1:
             if at:
@@ -400,23 +410,26 @@ def _files_read(tree, target, listed):
     return paths
 
 
-def _looked(tree, arguments, files):
+def _looked(tree, arguments, files, hosts=()):
     """The memo entries (kind byte, path, NUL) of what TREE looked at, the FILES its scans
-    read and the host files added; None past _MAX_PATHS."""
-    if files is None or len(tree.seen) + len(files) + len(arguments[-1]) > _MAX_PATHS:
+    read, the host files added and HOSTS (mounted folders and their files, read on the host);
+    None past _MAX_PATHS."""
+    if files is None or len(tree.seen) + len(files) + len(arguments[-1]) + len(hosts) > _MAX_PATHS:
         return None
     entries = [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in tree.seen]
     entries += [b"f" + os.fsencode(path) for path in files]
     entries += [b"h" + os.fsencode(host) for _, host in arguments[-1]]
+    entries += [b"h" + os.fsencode(host) for host in hosts]
     if any(b"\0" in entry for entry in entries):
         return None
     return b"\0".join(entries) + b"\0"
 
 
-def _keep(arguments, started, tree, result, folders):
-    """Keep RESULT with the identities of the paths it looked at (result.looked)."""
+def _keep(arguments, started, tree, result, folders, coverage):
+    """Keep RESULT with the identities of the paths it looked at (result.looked) and how its
+    mounts provided FOLDERS (COVERAGE; None: not known, not kept)."""
     paths = result.looked
-    if paths is None:
+    if paths is None or coverage is None:
         return
     count = paths.count(b"\0")
     identities = ffi.new("struct cds_identity[]", count)
@@ -425,7 +438,7 @@ def _keep(arguments, started, tree, result, folders):
     if sum(len(kept) for kept in _plans.values()) >= _MAX_PLANS:
         _plans.clear()
     candidates = _plans.setdefault(arguments, [])
-    candidates.insert(0, _Kept(paths, count, identities, result.copy(), folders))
+    candidates.insert(0, _Kept(paths, count, identities, result.copy(), folders, coverage))
     del candidates[_PER_ARGUMENTS:]
 
 

@@ -126,7 +126,8 @@ class Installer:
     """The node's facts and the options; each step a method."""
 
     def __init__(self, root="/", drop_in=False, runtime_name="nvidia", runtime_binary=None, cdi_shim=None,
-                 containerd="containerd", systemctl=None, driver_root=None, dev_root=None, hook_program=None):
+                 containerd="containerd", systemctl=None, driver_root=None, dev_root=None, hook_program=None,
+                 layout="files"):
         self.root = os.path.abspath(root)
         self.drop_in = drop_in
         self.runtime_name = runtime_name
@@ -145,6 +146,7 @@ class Installer:
         self.driver_root = driver_root or self.root  # as `cdi generate`: the dev root defaults to it
         self.dev_root = dev_root or self.driver_root
         self.hook_program = hook_program
+        self.layout = layout            # the spec's layout (shim/generate/hostdir.py, docs/one-mount.md)
         self._tree = None
 
     # --- paths ---------------------------------------------------------------------------------
@@ -470,21 +472,41 @@ class Installer:
                         "no CDI spec generated")
         from ..generate import GenerateError, Options, generate
 
+        from ..generate import hostdir
+
+        driver_dir = hostdir.BASE if self.root == "/" else os.path.join(self.root, hostdir.BASE.lstrip("/"))
         options = Options(output=output, driver_root=self.driver_root, dev_root=self.dev_root,
-                          hook_program=self.hook_program, proc=proc, sysfs=sysfs)
+                          hook_program=self.hook_program, proc=proc, sysfs=sysfs, layout=self.layout,
+                          driver_dir=driver_dir)
         try:
             result = generate(options)
         except GenerateError as err:
             raise InstallError(f"cannot generate the CDI spec: {err}") from None
         notes = [f"warning: {w}" for w in result.warnings]
+        if result.host_dir:
+            notes.append(f"the driver's files are in {result.host_dir} (--layout one-mount)")
         what = (f"{len(result.doc['devices'])} devices ({len(result.nvml.gpus)} GPU(s), driver "
                 f"{result.nvml.driver_version})")
         notes += _loose_mode(output, kept=read_text(output) == result.text)
         if read_text(output) == result.text:
+            notes += self._collect(result, output)
             return Step("cdi-spec", False, f"{output} is current: {what}", notes=notes)
         output = self.target(SPEC_PATH)
         _write(output, result.text)
+        notes += self._collect(result, output)
         return Step("cdi-spec", True, f"wrote {output}: {what}", notes=notes)
+
+    def _collect(self, result, output):
+        """The one-mount layout: old host directories no spec names and no container binds go."""
+        if not result.host_dir:
+            return []
+        from ..generate.spec import collect_host_dirs
+
+        try:
+            removed = collect_host_dirs(result.host_dir, os.path.dirname(output))
+        except OSError as err:
+            return [f"warning: cannot collect old host directories beside {result.host_dir}: {err}"]
+        return [f"removed unused host directories {', '.join(removed)}"] if removed else []
 
     # --- 5. /dev/char links ---------------------------------------------------------------------------
 

@@ -67,3 +67,25 @@ def test_podman_4_3_refuses_a_spec_with_additional_gids(peer, driver, run, tmp_p
     assert re.search(r'unknown field "(annotations|additionalGids)"', scenario.refresh_log), scenario.refresh_log
     assert scenario.ours.rc == 0, scenario.ours
     assert 44 in scenario.ours.config["process"]["user"]["additionalGids"]
+
+
+def test_podman_runs_a_one_mount_spec_and_agrees_with_us(peer, driver, run, tmp_path):
+    """--layout one-mount (docs/one-mount.md) is a plain CDI spec: podman 4.3 reads it (cdiVersion
+    0.5.0), binds the host directory at /usr/local/nvidia/lib64 and runs its update-ldcache hook
+    for that folder; its OCI config equals ours."""
+    run.gpus(2)
+    out = str(tmp_path / "nvidia.yaml")
+    run.generate("--layout", "one-mount", "--driver-dir", str(tmp_path / "driver-dirs"), "--output", out,
+                 output=False)
+    with open(out) as stream:
+        text = stream.read()
+    assert "cdiVersion: 0.5.0" in text
+    uuid = driver.uuids(2)[1]
+    scenario = peer.differential({f"{pp.SPEC_DIRS[1]}/nvidia.yaml": text}, [f"nvidia.com/gpu={uuid}"])
+    pp.compare(scenario)
+    podman = scenario.podman.config
+    mounts = {m["destination"]: m for m in podman["mounts"]}
+    assert mounts["/usr/local/nvidia/lib64"]["source"].startswith(str(tmp_path / "driver-dirs"))
+    hooks = podman["hooks"]["createContainer"]
+    ldcache = [h for h in hooks if h["args"][1] == "update-ldcache"]
+    assert ldcache and ldcache[0]["args"][2:4] == ["--folder", "/usr/local/nvidia/lib64"], hooks

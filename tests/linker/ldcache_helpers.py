@@ -20,7 +20,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import elfgen  # noqa: E402,F401 (the tests import it from here)
+import elfgen  # noqa: E402,F401  (re-exported: test_elf, test_equivalence import it from here)
 import roots  # noqa: E402
 
 from shim.linker import ldcache  # noqa: E402

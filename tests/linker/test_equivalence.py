@@ -513,3 +513,30 @@ def test_include_globs_reaching_a_directory_by_several_paths(workdir, scratch):
     plan = assert_equivalent(root, ["/opt/drv"], workdir, expect_mode="full")
     assert ldcache.read_cache(plan.cache).lookup("libdup.so.1") == [
         f"/opt/{name}/libdup.so.1" for name in ("a", "x", "y", "z")]
+
+
+def test_a_directory_mount_with_links_is_listed_as_ldconfig_lists_it(host_tree, workdir, scratch):
+    """A folder bound whole (the one-mount layout, docs/one-mount.md) holding the driver's files,
+    their SONAME links and the dev links applications dlopen (libcuda.so -> libcuda.so.1):
+    read through the mount's host source, the cache equals glibc's for a root with that
+    content at the folder (ldconfig keys a link by its own name: libcuda.so is an entry)."""
+    folder = "/usr/local/nvidia/lib64"
+    host = os.path.join(scratch, "host-lib64")
+    os.makedirs(host)
+    fake_driver(host, links=True)
+    os.symlink("libcuda.so.1", os.path.join(host, "libcuda.so"))
+    oracle = roots.copy_tree(host_tree, os.path.join(scratch, "oracle"))
+    os.makedirs(os.path.join(oracle, folder.lstrip("/")))
+    for name in os.listdir(host):
+        source = os.path.join(host, name)
+        dest = os.path.join(oracle, folder.lstrip("/"), name)
+        if os.path.islink(source):
+            os.symlink(os.readlink(source), dest)
+        else:
+            os.link(source, dest)
+    expected = toolkit_ldconfig(oracle, [folder], workdir)
+    plan = ldcache.plan(host_tree, [folder], links="existing", generator=generator_of(expected),
+                        mounts=[(folder, host)])
+    assert listing(plan.cache) == listing(expected)
+    assert plan.cache == expected
+    assert ldcache.read_cache(plan.cache).lookup("libcuda.so") == [f"{folder}/libcuda.so"]

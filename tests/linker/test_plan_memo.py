@@ -281,3 +281,37 @@ def test_a_plan_of_many_files_is_made_again(host_tree, scratch, plans):
     with overlay_mounts(lower, scratch, 2) as (first, second):
         assert ldcache.plan(first, [LIBDIR]).mode == "full"
         assert not ldcache.plan(second, [LIBDIR]).remembered
+
+
+def test_a_mounted_folder_is_remembered_until_its_host_folder_changes(image, scratch, plans):
+    """A folder bound whole (the one-mount layout): the second container's plan is the first
+    one's while the same host folder is bound there and it and its files are unchanged; another
+    host folder there (a driver upgrade's), a library added to the host folder, or one
+    rewritten there, makes a new plan."""
+    lower, _ = image
+    folder = "/usr/local/nvidia/lib64"
+    host = os.path.join(scratch, "host-lib64")
+    os.makedirs(host)
+    fake_driver(host, names=("cuda", "nvidia-ml"), links=True)
+    mounts = [(folder, host)]
+    other = shutil.copytree(host, os.path.join(scratch, "host-lib64-other"), symlinks=True)
+    with overlay_mounts(lower, scratch, 5) as (first, second, third, fourth, fifth):
+        one = ldcache.plan(first, [folder], mounts=mounts)
+        assert not one.remembered and one.covered == [folder]
+        # a pod's own mounts (its /etc/hosts) do not matter; another host folder at the folder does
+        two = ldcache.plan(second, [folder], mounts=mounts + [("/etc/hosts", os.path.join(scratch, "pod-hosts"))])
+        assert two.remembered and two.cache == one.cache
+        assert not ldcache.plan(fifth, [folder], mounts=[(folder, other)]).remembered
+        build_library(os.path.join(host, "libnvidia-extra.so.1"), "libnvidia-extra.so.1", "int x(void) { return 1; }\n")
+        three = ldcache.plan(third, [folder], mounts=mounts)
+        assert not three.remembered
+        assert ldcache.read_cache(three.cache).lookup("libnvidia-extra.so.1") == [f"{folder}/libnvidia-extra.so.1"]
+        rebuild_with_soname(os.path.join(host, "libnvidia-extra.so.1"), "libnvidia-other.so.1")
+        four = ldcache.plan(fourth, [folder], mounts=mounts)
+        assert not four.remembered
+        assert ldcache.read_cache(four.cache).lookup("libnvidia-other.so.1") == [f"{folder}/libnvidia-extra.so.1"]
+        previous = ldcache.remember_plans(False, forget=False)
+        try:
+            assert four.cache == ldcache.plan(fourth, [folder], mounts=mounts).cache
+        finally:
+            ldcache.remember_plans(previous, forget=False)

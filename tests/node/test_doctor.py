@@ -227,7 +227,7 @@ def make_node(root, driver_files, containerd="1.6", binary=None):
     root = str(root)
     node = FakeNode(root, containerd)
     node.write("/proc/modules", "nvidia_uvm 1892352 0 - Live 0x0000000000000000 (PO)\n"
-                                f"nvidia 56786944 20 nvidia_uvm, Live 0x0000000000000000 (PO)\n"
+                                "nvidia 56786944 20 nvidia_uvm, Live 0x0000000000000000 (PO)\n"
                                 "overlay 188416 0 - Live 0x0000000000000000\n")
     node.write("/proc/1/comm", "systemd\n")
     os.makedirs(node.path("/dev"), exist_ok=True)
@@ -401,6 +401,44 @@ def test_stale_spec_after_driver_upgrade(node, driver_files):
     assert "cdi-shim cdi generate" in check.fix
     generate_spec(node.root, NEW_DRIVER)
     assert node.failed() == {}
+
+
+def one_mount_spec(node, version=DRIVER, digest="0123456789ab"):
+    """A host directory of the one-mount layout (shim/generate/hostdir.py) holding ROOT's driver
+    libraries, and a spec binding it at /usr/local/nvidia/lib64 (as `cdi generate --layout
+    one-mount` writes it)."""
+    directory = f"/var/lib/cdi-shim/driver/{version}-{digest}"
+    lib = node.path(directory + "/lib64")
+    os.makedirs(lib)
+    for name in LIBRARIES:
+        os.link(node.path(f"{LIBDIR}/{name}.so.{version}"), f"{lib}/{name}.so.{version}")
+        os.symlink(f"{name}.so.{version}", f"{lib}/{name}.so.1")
+    node.edit("/etc/cdi/nvidia.yaml", "  mounts:\n",
+              f"  mounts:\n    - {{hostPath: {directory}/lib64, containerPath: /usr/local/nvidia/lib64, "
+              "options: [ro, nosuid, nodev, rbind, rprivate]}\n")
+    return directory
+
+
+def test_one_mount_host_directory(node):
+    """Healthy: an ok line; a lib64 others can write to, or a directory of another driver: failures."""
+    directory = one_mount_spec(node)
+    check = node.checks()["cdi.host-dirs"]
+    assert check.status == OK and "1 host directory" in check.saw, check
+    assert node.failed() == {}
+    os.chmod(node.path(directory + "/lib64"), 0o777)
+    check = only_failure(node, "cdi.host-dirs")
+    assert f"{node.path(directory)}/lib64 is writable by group or others (mode 777)" in check.saw, check.saw
+    os.chmod(node.path(directory + "/lib64"), 0o755)
+    os.unlink(node.path(directory + "/lib64/libcuda.so.1"))
+    check = only_failure(node, "cdi.host-dirs")
+    assert "has no libcuda.so.1" in check.saw
+
+
+def test_one_mount_host_directory_of_another_driver(node, driver_files):
+    one_mount_spec(node)
+    install_driver(node.root, driver_files, NEW_DRIVER)
+    failed = node.failed()
+    assert f"holds driver {DRIVER} files, the driver is {NEW_DRIVER}" in failed["cdi.host-dirs"].saw
 
 
 def test_yml_spec(node):

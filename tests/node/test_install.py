@@ -408,6 +408,28 @@ def test_spec_generated_when_a_gpu_is_present_and_kept_when_current(tmp_path, sh
     assert "(3 GPU(s)" in third.stderr and "containerd need not be restarted" in third.stderr
 
 
+def test_the_one_mount_layout_is_kept_by_install(tmp_path, shim_env, fake_binary, fake_driver):
+    """--layout one-mount: the spec binds ROOT/var/lib/cdi-shim/driver/<version>-<digest>/lib64 at
+    /usr/local/nvidia/lib64; a second run changes nothing; a leftover directory of an older
+    driver that no spec names and no container binds is removed."""
+    root = node_root(tmp_path)
+    roots = ["--driver-root", fake_driver.root, "--dev-root", fake_driver.dev_root, "--layout", "one-mount"]
+    out = install(root, "--drop-in", *roots, env=shim_env, binary=fake_binary)
+    base = root / "var" / "lib" / "cdi-shim" / "driver"
+    (name,) = os.listdir(base)
+    spec = (root / "var" / "run" / "cdi" / "nvidia.yaml").read_text()
+    assert f"hostPath: {base}/{name}/lib64\n    containerPath: /usr/local/nvidia/lib64" in spec, spec
+    assert f"the driver's files are in {base}/{name}" in out.stderr
+    stale = base / "535.54.03-0123456789ab"
+    (stale / "lib64").mkdir(parents=True)
+    before = snapshot(root)
+    again = install(root, "--drop-in", *roots, env=shim_env, binary=fake_binary)
+    assert "cdi-spec: unchanged" in again.stderr
+    assert "removed unused host directories 535.54.03-0123456789ab" in again.stderr
+    assert sorted(os.listdir(base)) == [name]
+    assert snapshot(root) == {k: v for k, v in before.items() if "535.54.03" not in str(k)}
+
+
 # --- a pod through the installed handler ------------------------------------------------------------
 
 @pytest.mark.parametrize("version", ["1.6", "2.1"])

@@ -57,3 +57,14 @@ def test_file_binds_benchmark():
         low, high = result[f"{side}_over_plain_95pct_ms"]
         assert low <= result[f"{side}_over_plain_ms"] <= high
     assert set(result["kernel_part"]) == {"create_mount_points_ms", "bind_ms", "propagation_and_remount_ms"}
+
+
+def test_one_mount_benchmark():
+    rh.static_busybox()
+    result = _run("one_mount.py", "--runs", "1", "--dir", "/dev/shm", "--image", "small")
+    sides = {"runc", "runc+folders", "runc+edits", "one-mount", "one-mount-injected", "files"}
+    assert set(result["median_ms"]) == sides
+    assert result["entries_in_host_lib64"] > 30
+    for name in ("runc+folders", "runc+edits", "one-mount", "one-mount-injected", "files"):
+        low, high = result["median_paired_ratio"][f"{name}/runc 95pct"]
+        assert low <= result["median_paired_ratio"][f"{name}/runc"] <= high

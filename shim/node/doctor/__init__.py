@@ -22,7 +22,7 @@ from .podman import check_podman_default_runtime, check_podman_runtime
 from .driver import check_kernel_devices, check_kernel_module, check_libraries, check_nvidia_smi, check_versions
 from .runtime import (check_env_requests, check_hook_program, check_resident, check_runtime_install,
                       check_runtime_log, check_runtimeclasses)
-from .specs import check_spec_conflicts, check_spec_paths, check_specs
+from .specs import check_host_dirs, check_spec_conflicts, check_spec_paths, check_specs
 
 
 # --- running them ---------------------------------------------------------------------------------
@@ -30,7 +30,7 @@ from .specs import check_spec_conflicts, check_spec_paths, check_specs
 CHECKS = (
     check_kernel_module, check_kernel_devices,
     check_libraries, check_versions, check_nvidia_smi,
-    check_specs, check_spec_conflicts, check_spec_paths,
+    check_specs, check_spec_conflicts, check_spec_paths, check_host_dirs,
     check_containerd_binaries, check_containerd_version, check_config_owner, check_ignored_sections,
     check_containerd_loads,
     check_runtime_entry, check_cri_cdi, check_cgroup_driver, check_dev_char, check_default_runtime,

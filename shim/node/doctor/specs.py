@@ -179,3 +179,43 @@ def check_spec_paths(ctx):
                      "fix kernel.devices first")
     return _ok("cdi", "paths", f"all {counted} device nodes and mount sources exist"
                + (f"; driver {driver}" if driver else ""))
+
+
+def check_host_dirs(ctx):
+    """The one-mount layout's host directories (shim/generate/hostdir.py) the specs bind: there,
+    root's and writable by no one else, holding the driver's libraries, for the loaded driver."""
+    from ...driver_version import ONE_MOUNT_LIB
+    from ...generate import hostdir
+
+    named = {}
+    for spec in ctx.specs:
+        blocks = [spec.edits] + [(d.get("containerEdits") or {}) for d in spec.devices.values()]
+        for edits in blocks:
+            for mount in edits.get("mounts") or ():
+                if mount.get("containerPath") == ONE_MOUNT_LIB and isinstance(mount.get("hostPath"), str):
+                    named.setdefault(os.path.dirname(mount["hostPath"].rstrip("/")), spec.path)
+    if not named:
+        return None
+    bad, stale = [], []
+    for directory, spec_path in named.items():
+        host = ctx.node.host(directory)
+        found = hostdir.problems(host)
+        lib = os.path.join(host, "lib64")
+        if not found:
+            found += [f"{lib} has no {name}" for name in ("libcuda.so.1", "libnvidia-ml.so.1")
+                      if not os.path.exists(os.path.join(lib, name))]
+        if found:
+            bad.append(f"{directory} ({os.path.basename(spec_path)}): " + "; ".join(found[:3]))
+        version = hostdir.version_of(os.path.basename(directory))
+        driver = ctx.driver_version
+        if version and driver and version != driver and "userspace.versions" not in ctx.failed:
+            stale.append(f"{directory} holds driver {version} files, the driver is {driver}")
+    if bad:
+        return Check("cdi", "host-dirs", FAIL, "the one-mount layout's host directory is not right: " + " | ".join(bad),
+                     "regenerate: `cdi-shim cdi generate --layout one-mount` makes a new directory (a directory "
+                     "others can write to is refused: remove it first)")
+    if stale:
+        return Check("cdi", "host-dirs", FAIL, "; ".join(stale),
+                     "regenerate for the installed driver: `cdi-shim cdi generate --layout one-mount`")
+    return _ok("cdi", "host-dirs", f"{len(named)} host director{'y' if len(named) == 1 else 'ies'} of the one-mount "
+               "layout: root's, writable by no one else, with the driver's libraries")
