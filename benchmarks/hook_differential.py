@@ -306,7 +306,7 @@ def _same_file(key, theirs, ours, toolkit, way):
     (ldconfig chose another of two names of one library for the soname link)."""
     if not key.startswith("entry ") or not theirs or not ours:
         return None
-    if not (theirs.startswith("l ") and ours.startswith("l ") and theirs.endswith(" resolves") and ours.endswith(" resolves")):
+    if not all(side.startswith("l ") and side.endswith(" resolves") for side in (theirs, ours)):
         return None
     directory = key[len("entry "):].rsplit("/", 1)[0]
     text = [v.split(" -> ", 1)[1].rsplit(" ", 1)[0] for v in (theirs, ours)]

@@ -89,7 +89,8 @@ def _source(tag, root):
         return source
     if not os.path.isdir(MIRROR):
         raise ToolkitUnavailable(f"the toolkit's source is missing: no git mirror at {MIRROR} "
-                                 "(set CDI_SHIM_TOOLKIT_MIRROR to a clone of github.com/NVIDIA/nvidia-container-toolkit)")
+                                 "(set CDI_SHIM_TOOLKIT_MIRROR to a clone of "
+                                 "github.com/NVIDIA/nvidia-container-toolkit)")
     if shutil.which("git") is None:
         raise ToolkitUnavailable("git is missing (apt-get install git)")
     known = subprocess.run(["git", "-C", MIRROR, "rev-parse", "--verify", "--quiet", f"{tag}^{{commit}}"],

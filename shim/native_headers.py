@@ -19,7 +19,8 @@ def c_string(text):
 
 
 def c_strings(name, items):
-    return f"static const char *const {name}[] __attribute__((unused)) = {{{', '.join([c_string(i) for i in items] + ['NULL'])}}};"
+    values = ", ".join([c_string(item) for item in items] + ["NULL"])
+    return f"static const char *const {name}[] __attribute__((unused)) = {{{values}}};"
 
 
 def _guard(name, source, body):
