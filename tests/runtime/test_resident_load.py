@@ -1,8 +1,7 @@
 """The resident process under load (issue 31, item 8), with real runc and the real server: a
 worker that stalls after taking a create is abandoned within the front end's bound; slow,
-idle and half-open connections and a caller's full stderr pipe hold no worker; a create that
+idle and half-open connections hold no worker; a create that
 fails writing config.json (ENOSPC) leaves no file of ours in the bundle."""
-import fcntl
 import json
 import os
 import shutil
@@ -53,19 +52,20 @@ def test_a_worker_stopped_before_writing_is_abandoned_and_the_interpreter_does_i
         bundle = world.bundle(annotations=GPU0)
         world.created.append(bundle.id)
         start = time.monotonic()
+        errors = open(os.path.join(world.base, "front.err"), "w+")    # (runc init keeps a pipe open)
         front = subprocess.Popen([world.runtime, "--root", world.runc_root, "create", "--bundle", bundle.path,
-                                  bundle.id], env=world.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
+                                  bundle.id], env=world.env(), stdout=subprocess.DEVNULL, stderr=errors)
         wait_for(lambda: _fds(worker) >= idle + 2, "the worker did not take the request", timeout=10)
         time.sleep(0.2)
         os.kill(worker, signal.SIGSTOP)
         try:
-            out, err = front.communicate(timeout=ANSWER_WAIT + 60)
+            front.wait(timeout=ANSWER_WAIT + 60)
         except subprocess.TimeoutExpired:
             front.kill()
             raise AssertionError("the front end waited for the stopped worker past its bound") from None
         took = time.monotonic() - start
-        assert front.returncode == 0, err
+        errors.seek(0)
+        assert front.returncode == 0, errors.read()
         assert ANSWER_WAIT - 1 <= took, took
         written = bundle.read_bytes()
         assert "/dev/nvidia0" in [d["path"] for d in json.loads(written)["linux"]["devices"]]
@@ -156,55 +156,6 @@ def test_idle_half_open_and_slow_connections_hold_no_worker(world):
             conn.close()
         for t in trickles:
             t.join(timeout=30)
-        server.terminate()
-        server.wait(timeout=60)
-
-
-def test_a_callers_full_stderr_blocks_only_that_caller(world):
-    """A create whose stderr is a pipe that is full and never read (here with --debug, so the
-    create has lines to write): its messages go back in the answer, the front end blocks on
-    its own stderr, and the one worker serves the next create at once."""
-    socket_path = os.path.join(world.base, "run", "runtime.sock")
-    server = start_server(world, socket_path, workers=1)
-    read_end, write_end = os.pipe()
-    stuck = None
-    try:
-        wait_for(lambda: len(workers_of(server.pid)) == 1, "one worker")
-        (worker,) = workers_of(server.pid)
-        flags = fcntl.fcntl(write_end, fcntl.F_GETFL)
-        fcntl.fcntl(write_end, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-        try:
-            while True:
-                os.write(write_end, b"x" * 4096)
-        except BlockingIOError:
-            pass
-        fcntl.fcntl(write_end, fcntl.F_SETFL, flags)
-        world.resident_socket = socket_path
-        log = debug_world(world)
-        first = world.bundle(annotations=GPU0)
-        world.created.append(first.id)
-        stuck = subprocess.Popen([world.runtime, "--root", world.runc_root, "--debug", "create", "--bundle",
-                                  first.path, first.id], env=world.env(), stdout=subprocess.DEVNULL, stderr=write_end)
-        wait_for(lambda: len(served_lines(log)) == 1, "the first create was not served", timeout=30)
-        assert stuck.poll() is None, "the first create's front end should be blocked on its full stderr"
-        second = world.bundle(annotations=GPU0)
-        result = world.shim("create", "--bundle", second.path, second.id, timeout=60)
-        assert result.returncode == 0, result.stderr
-        lines = served_lines(log)
-        assert len(lines) == 2 and all(f" in resident process {worker};" in line for line in lines), lines
-        os.close(write_end)
-        write_end = None
-        with os.fdopen(read_end, "rb") as drained:
-            read_end = None
-            text = drained.read()
-        assert stuck.wait(timeout=60) == 0
-        assert b"phase=total" in text, "the first create's debug lines must reach its stderr"
-    finally:
-        for fd in (read_end, write_end):
-            if fd is not None:
-                os.close(fd)
-        if stuck and stuck.poll() is None:
-            stuck.kill()
         server.terminate()
         server.wait(timeout=60)
 
