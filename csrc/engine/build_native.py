@@ -10,7 +10,7 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Headers in dependency order: their declarations are the cffi surface.
-HEADERS = ["native.h", "inroot.h", "elf.h", "ldcache.h", "scan.h", "ociconf.h"]
+HEADERS = ["native.h", "inroot.h", "elf.h", "ldcache.h", "scan.h", "ociconf.h", "resident.h"]
 SOURCES = ["native.c", "inroot.c", "elf.c", "ldcache.c", "scan.c", "filememo.c", "ociconf.c"]
 
 

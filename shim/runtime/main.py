@@ -23,6 +23,48 @@ class RuntimeFailure(Exception):
     pass
 
 
+class Abandoned(Exception):
+    """The caller took the create back before its first write (a resident worker that stalled
+    past the front end's bound): nothing was written, and the caller does the work itself."""
+
+
+def _always():
+    return True
+
+
+class _Writes:
+    """The create's writes into the bundle: COMMIT() is asked before the first (False: Abandoned),
+    and on a failure the bundle files of ours ("cdi-shim.*") that were not there before are
+    removed, so a failed create leaves the bundle as it found it (config.json is replaced
+    atomically, or not at all)."""
+
+    def __init__(self, bundle, commit):
+        self.bundle, self.commit, self.before = bundle, commit, None
+
+    def begin(self):
+        if self.before is not None:
+            return
+        if not self.commit():
+            raise Abandoned()
+        self.before = _our_files(self.bundle)
+
+    def undo(self):
+        if self.before is None:
+            return
+        for name in _our_files(self.bundle) - self.before:
+            try:
+                os.unlink(os.path.join(self.bundle, name))
+            except OSError:
+                pass
+
+
+def _our_files(bundle):
+    try:
+        return {name for name in os.listdir(bundle) if name.startswith("cdi-shim.")}
+    except OSError:
+        return set()
+
+
 def find_runtime(name):
     """The low-level runtime: an absolute path, or a name looked up on PATH.
 
@@ -89,11 +131,22 @@ def check_freshness(blocks, origins, container, log):
                     "with the old driver's libraries)")
 
 
-def prepare(args, settings, log):
+def prepare(args, settings, log, commit=_always):
     """Do the create/run work for parsed runc args; returns the devices injected.
 
-    On any failure raises RuntimeFailure and leaves config.json exactly as it was.
+    On any failure raises RuntimeFailure and leaves config.json exactly as it was, and the
+    bundle without files of ours it did not have. COMMIT() is asked before the first write:
+    when it says False, raises Abandoned with nothing written.
     """
+    writes = _Writes(args.bundle, commit)
+    try:
+        return _prepare(args, settings, log, writes)
+    except Exception:
+        writes.undo()
+        raise
+
+
+def _prepare(args, settings, log, writes):
     from cdi.registry import Registry
 
     phases = _Phases(log)
@@ -109,10 +162,11 @@ def prepare(args, settings, log):
         raise RuntimeFailure(str(err)) from None
     phases.done("requests")
     if not devices and legacy_hook:
+        writes.begin()
         _write(args, config, info)  # docker --gpus with no device (count 0): the hook goes all the same
     if not devices:
         # Injected by someone else (containerd's own CDI, podman): the hooks' work is ours all the same.
-        _prepare_injected(args, config, raw, info, settings, log, phases)
+        _prepare_injected(args, config, raw, info, settings, log, phases, writes)
         phases.report()
         return []
     registry = Registry(settings.spec_dirs).refresh()
@@ -135,6 +189,7 @@ def prepare(args, settings, log):
                              f"{', '.join(devices)} (from {specs}): {err}") from None
     edited = once(config, edited)
     phases.done("apply")
+    writes.begin()
     edited = _linker(args, edited, settings, log, f"cannot inject {', '.join(devices)}: ")
     phases.done("linker")
     _refuse_rootless_devices(edited, args)
@@ -192,7 +247,7 @@ def _write(args, config, info):
         raise RuntimeFailure(f"cannot write {args.bundle}/config.json: {err.strerror}") from None
 
 
-def _prepare_injected(args, config, raw, info, settings, log, phases):
+def _prepare_injected(args, config, raw, info, settings, log, phases, writes):
     """A config with no request but with hooks whose work we do: do it, drop them. In a
     resident worker, the step's recipe goes beside the socket for the front end to replay the
     next time (shim/linker/stepmemo.py)."""
@@ -202,6 +257,7 @@ def _prepare_injected(args, config, raw, info, settings, log, phases):
     _refuse_rootless_devices(config, args)
     if not has_known_hooks(config):
         return
+    writes.begin()
     edited = _linker(args, config, settings, log)
     phases.done("linker")
     if edited is not config:
@@ -223,12 +279,12 @@ def _refuse_rootless_devices(config, args):
         raise RuntimeFailure(problem)
 
 
-def decide(argv, where=""):
+def decide(argv, where="", commit=_always):
     """Everything `cdi-shim-runtime` does before it execs runc, for one command line.
 
     Returns (status, exec_argv): exec_argv is the runtime and its arguments to exec when the
     status is 0; otherwise the reason has been reported and the process should exit with
-    the status. Reads the config, PATH and the bundle through the current environment and
+    the status. Status None: COMMIT (see prepare) said False, nothing was written or reported. Reads the config, PATH and the bundle through the current environment and
     working directory, so the resident process runs it in a child that has the caller's (and
     says so in WHERE, for the debug log).
     """
@@ -250,9 +306,11 @@ def decide(argv, where=""):
         if args.help:
             pass  # runc prints help (the front end printed ours first)
         elif args.command in ("create", "run"):
-            prepare(args, settings, log)
+            prepare(args, settings, log, commit)
         elif args.devices and args.command:
             log.warning(f"--device is ignored for the {args.command} command")
+    except Abandoned:
+        return None, None
     except RuntimeFailure as err:
         log.error(str(err))
         log.debug(f"phase=total took={(time.perf_counter() - start) * 1000:.2f}ms{where}; failed")

@@ -693,6 +693,30 @@ def test_resident_process_answers(node, doctor_env):
     assert check.status == "warn" and "not answering" in check.saw
 
 
+def test_resident_process_of_another_version(node, doctor_env):
+    """The resident process still runs the version from before an upgrade (the real server, its
+    version string changed): it declines every create of the installed front end, so doctor
+    warns with the restart, naming both versions."""
+    import sys
+
+    from cdi import __version__
+
+    socket_path = node.path("/run/cdi-shim/runtime.sock")
+    code = ("import sys, cdi; cdi.__version__ = '0.0.0-old'; from shim.runtime.resident import serve; "
+            "serve(sys.argv[1], ready=lambda p: print('serving', flush=True), workers=1)")
+    server = subprocess.Popen([sys.executable, "-c", code, socket_path], env=doctor_env, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout.readline().startswith("serving")
+        check = node.checks()["runtime.resident"]
+        assert check.status == "warn", check.saw
+        assert "runs cdi-shim 0.0.0-old" in check.saw and __version__ in check.saw, check.saw
+        assert "systemctl restart cdi-shim-resident" in check.fix
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def test_runtime_log_that_grows(node):
     from shim.config import Config
     from shim.runtime.runlog import MAX_LOG_BYTES

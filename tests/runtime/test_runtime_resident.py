@@ -19,11 +19,12 @@ import time
 import pytest
 
 import runtime_helpers as rh
-from shim.runtime.resident import MAGIC
+from shim.runtime.resident import CLAIM, MAGIC, PERMIT
 from test_runtime_linker import LIBDIR, _glibc_rootfs, _spec, driver  # noqa: F401 (a fixture)
 from test_runtime_runc import SOURCES, check_injected, run_container
 
 pytestmark = pytest.mark.runtime_e2e
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 GPU0 = {"cdi.k8s.io/e2e": "nvidia.com/gpu=0"}
 
@@ -168,18 +169,19 @@ def test_other_mount_namespace_falls_back(resident_world):
 
 
 def new_claim():
-    """The read end of a non-blocking pipe holding one byte: a request's claim, as the front
-    end makes it."""
+    """The read end of a non-blocking pipe holding the claim and the write permit, as the
+    front end makes it."""
     read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    os.write(write_end, b"T")
+    os.write(write_end, CLAIM + PERMIT)
     os.close(write_end)
     return read_end
 
 
-def take_claim(fd):
-    """Read the claim's byte, as a worker does before it starts: whether we got it."""
+def take_claim(fd, byte=CLAIM):
+    """Read the claim's next byte, as a worker does before it starts (CLAIM) and before its
+    first write (PERMIT): whether it was BYTE."""
     try:
-        return os.read(fd, 1) == b"T"
+        return os.read(fd, 1) == byte
     except BlockingIOError:
         return False
 
@@ -196,10 +198,12 @@ def receive_request(conn):
 class FakeServer:
     """A socket that answers every connection with ANSWER, then closes; records the requests.
     An answer starting with "A" is given as a worker does: after taking the request's claim
-    (recorded in .claimed), and DELAY seconds later."""
+    (recorded in .claimed) and, with PERMIT, its write permit (in .permitted), DELAY seconds
+    later."""
 
-    def __init__(self, path, answer, delay=0):
+    def __init__(self, path, answer, delay=0, permit=True):
         self.path, self.answer, self.delay, self.requests, self.claimed = path, answer, delay, [], []
+        self.permit, self.permitted = permit, []
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(path)
@@ -216,11 +220,14 @@ class FakeServer:
                     data, fds = receive_request(conn)
                     self.requests.append(data)
                     if self.answer.startswith(b"A"):
-                        self.claimed.append(take_claim(fds[1]))
+                        self.claimed.append(take_claim(fds[0]))
+                        if self.permit:
+                            self.permitted.append(take_claim(fds[0], PERMIT))
+                        conn.sendall(b"A")
                         time.sleep(self.delay)
                     for fd in fds:
                         os.close(fd)
-                    conn.sendall(self.answer)
+                    conn.sendall(self.answer[1:] if self.answer.startswith(b"A") else self.answer)
         except OSError:
             pass
 
@@ -228,7 +235,7 @@ class FakeServer:
         self.sock.close()
 
 
-@pytest.mark.parametrize("answer", [b"A", b"A0", b"Ajunk"])
+@pytest.mark.parametrize("answer", [b"A", b"A0", b"Ajunk", b"A0\0", b"A0\0009\0short"])
 def test_server_that_stops_mid_request_fails_the_create(world, answer):
     """Accepted but no status: the work may have started, so the front end must not start it
     again; it fails with a message naming the socket, in stderr and runc's log."""
@@ -245,8 +252,8 @@ def test_server_that_stops_mid_request_fails_the_create(world, answer):
     assert any(socket_path in msg for level, msg in rh.read_log(runc_log, "text") if level == "error")
     assert bundle.unchanged() and world.state(bundle.id) is None
     request = fake.requests[0]
-    assert request.startswith(b"CDSHIM2\0") and bundle.path.encode() in request
-    assert fake.claimed == [True]
+    assert request.startswith(MAGIC) and bundle.path.encode() in request
+    assert fake.claimed == [True] and fake.permitted == [True]
 
 
 def test_a_claimed_request_is_waited_for_past_the_short_wait(world):
@@ -254,7 +261,7 @@ def test_a_claimed_request_is_waited_for_past_the_short_wait(world):
     (RESIDENT_WAIT_MS, 1 s): the front end cannot claim it back, so it waits for the answer
     and never runs the interpreter too (here the answer is status 1: the create fails)."""
     socket_path = os.path.join(world.base, "fake", "r.sock")
-    fake = FakeServer(socket_path, b"A1\0", delay=2)
+    fake = FakeServer(socket_path, b"A1\0000\0", delay=2)
     world.resident_socket = socket_path
     log = debug_world(world)
     bundle = world.bundle(annotations=GPU0)
@@ -327,33 +334,76 @@ def test_socket_of_another_user_is_ignored(world):
 
 def test_request_of_another_version_is_declined(resident_server):
     """Right after an upgrade the old server may still run: it must not do the new version's work."""
+    from cdi import __version__
+
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(resident_server.socket)
     body = b"\0".join([b"0.0.0-other", b"/", b"22", b"0"]) + b"\0"
     claim = new_claim()
     conn.sendmsg([MAGIC + struct.pack("<I", len(body)) + body],
-                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("2i", 2, claim))])
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", claim))])
     conn.settimeout(30)
-    assert conn.recv(16) == b"F"
+    assert conn.recv(64) == b"F" + __version__.encode() + b"\0"
     conn.close()
     assert take_claim(claim), "a declining server must leave the claim to the caller"
     os.close(claim)
 
 
-def test_request_of_the_previous_protocol_gets_no_answer(resident_server):
-    """A front end of the previous protocol (CDSHIM1: the work started without the caller's
-    "G"): the connection closes with no answer, which makes that front end run the
-    interpreter itself."""
-    from cdi import __version__
+def _front_end_of_version(version):
+    """The real front end built from this tree but saying VERSION, beside the venv's
+    interpreter (where it finds the Python half); removed by the caller."""
+    sys.path.insert(0, os.path.join(ROOT, "csrc"))
+    try:
+        import programs
+    finally:
+        sys.path.pop(0)
+    path = os.path.join(rh.VENV_BIN, f".cdi-shim-runtime-{version}-{os.getpid()}")
+    programs.build("cdi-shim-runtime", ROOT, path, version)
+    return path
 
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(resident_server.socket)
-    body = b"\0".join([__version__.encode(), b"/", b"22", b"0"]) + b"\0"
-    conn.sendmsg([b"CDSHIM1\0" + struct.pack("<I", len(body)) + body],
-                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", 2))])
-    conn.settimeout(30)
-    assert conn.recv(16) == b""
-    conn.close()
+
+def test_front_ends_of_another_version_are_declined_and_said_once(world):
+    """A front end of another version (here the real one, built saying 0.0.0-other; and a
+    request of the previous protocol, CDSHIM2, whose front end sent two descriptors): each
+    create falls back to the interpreter and succeeds, and the server's log says so once for
+    each version, not once a create, and not for doctor's probe."""
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    server = start_server(world, socket_path, workers=2)
+    other = _front_end_of_version("0.0.0-other")
+    try:
+        wait_for(lambda: len(workers_of(server.pid)) == 2, "two workers")
+        world.resident_socket = socket_path
+        log = debug_world(world)
+        for _ in range(3):
+            bundle = world.bundle(annotations=GPU0)
+            world.created.append(bundle.id)
+            result = rh.run_captured([other, "--root", world.runc_root, "create", "--bundle", bundle.path, bundle.id],
+                                     env=world.env())
+            assert result.returncode == 0, result.stderr
+            assert "/dev/nvidia0" in [d["path"] for d in bundle.config()["linux"]["devices"]]
+        assert all("resident" not in line for line in served_lines(log))
+        for _ in range(2):
+            body = b"\0".join([b"0.1.9", b"/", b"22", b"0"]) + b"\0"
+            claim = new_claim()
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(socket_path)
+            _send_with_fd(conn, b"CDSHIM2\0" + struct.pack("<I", len(body)) + body, 2, claim)
+            conn.settimeout(30)
+            assert conn.recv(1) == b"F"
+            conn.close()
+            assert take_claim(claim)
+            os.close(claim)
+        from shim.node.doctor.runtime import probe_resident
+        assert probe_resident(socket_path)[0]
+    finally:
+        os.unlink(other)
+        server.terminate()
+        server.wait(timeout=30)
+    with open(os.path.join(world.base, "serve.log")) as f:
+        text = f.read()
+    assert text.count("front end of version 0.0.0-other") == 1, text
+    assert text.count("front end of version 0.1.9, protocol CDSHIM2") == 1, text
+    assert "doctor-probe" not in text and "restart" in text, text
 
 
 def test_parallel_creates_through_the_resident_process(resident_world):
@@ -739,8 +789,8 @@ def test_no_worker_free_means_the_interpreter_and_never_a_second_run(world):
         with conn:
             conn.settimeout(5)
             data, fds = receive_request(conn)
-            assert bundle.path.encode() in data and len(fds) == 2
-            claimed = take_claim(fds[1])
+            assert bundle.path.encode() in data and len(fds) == 1
+            claimed = take_claim(fds[0])
             for fd in fds:
                 os.close(fd)
             assert not claimed, "a caller that ran the interpreter must never leave the claim to a worker"
@@ -761,7 +811,7 @@ def test_out_of_range_umask_is_refused_and_the_worker_lives(world):
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             conn.connect(socket_path)
             claim = new_claim()
-            _send_with_fd(conn, MAGIC + struct.pack("<I", len(body)) + body, 2, claim)
+            _send_with_fd(conn, MAGIC + struct.pack("<I", len(body)) + body, claim)
             conn.settimeout(30)
             assert conn.recv(16) == b"", umask
             assert take_claim(claim), umask

@@ -5,6 +5,7 @@ import socket
 import stat
 import struct
 
+from cdi import __version__
 from cdi.safeio import UnsafeFile, read_config_file
 
 from .base import FAIL, MAX_READ, RUNTIME_EXECUTABLE, WARN, Check, _ok
@@ -139,30 +140,39 @@ def check_runtime_install(ctx):
 
 
 def probe_resident(path, timeout=2.0):
-    """Ask the resident process at PATH: a request of an unknown version, which it declines with
-    b"F" before touching anything (its claim byte stays unread). Returns (answered, text)."""
-    from ...runtime.resident import MAGIC
+    """Ask the resident process at PATH: a request of doctor's own version (PROBE_VERSION), which
+    it declines with b"F" and its version before touching anything (the claim stays unread).
+    Returns (answered, text, its version: None when it does not say, as an older one does not)."""
+    from ...runtime.resident import CLAIM, MAGIC, PERMIT, PROBE_VERSION
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.settimeout(timeout)
-    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     claim_read, claim_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        os.write(claim_write, b"c")
+        os.write(claim_write, CLAIM + PERMIT)
         sock.connect(path)
-        body = b"\0".join([b"doctor-probe", b"/", b"022", b"0"]) + b"\0"
+        body = b"\0".join([PROBE_VERSION.encode(), b"/", b"022", b"0"]) + b"\0"
         message = MAGIC + struct.pack("<I", len(body)) + body
-        sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("ii", devnull, claim_read))])
-        reply = sock.recv(16)
+        sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", claim_read))])
+        reply = b""
+        while len(reply) < 256:
+            chunk = sock.recv(256)
+            if not chunk:
+                break
+            reply += chunk
     except OSError as err:
-        return False, err.strerror or str(err)
+        return False, err.strerror or str(err), None
     finally:
-        for fd in (devnull, claim_read, claim_write):
+        for fd in (claim_read, claim_write):
             os.close(fd)
         sock.close()
-    if reply == b"F":
-        return True, "answers"
-    return False, f"answered {reply!r}"
+    if reply.startswith(b"F"):
+        version = reply[1:].split(b"\0", 1)[0].decode("ascii", "replace")
+        return True, "answers", version or None
+    if reply == b"":
+        # A server of an older protocol closes without a word on our request
+        return True, "answers, but not in this version's protocol", None
+    return False, f"answered {reply[:32]!r}", None
 
 
 def check_resident(ctx):
@@ -177,10 +187,16 @@ def check_resident(ctx):
     if not stat.S_ISSOCK(info.st_mode):
         return Check("runtime", "resident", FAIL, f"{path} is not a socket", "remove it and restart the resident "
                      "process: systemctl restart cdi-shim-resident")
-    answered, text = probe_resident(node.host(path))
+    answered, text, version = probe_resident(node.host(path))
     if not answered:
         return Check("runtime", "resident", WARN, f"{path}: {text}: the resident process is not answering "
                      "(creates fall back to the interpreter)", "systemctl restart cdi-shim-resident")
+    if version != __version__:
+        runs = f"runs cdi-shim {version}" if version else "runs an older cdi-shim (it does not say which)"
+        return Check("runtime", "resident", WARN, f"{path}: the resident process {runs}, not {__version__} as "
+                     "installed: it declines every create of this version's front end, which then starts the "
+                     "interpreter itself (~15-20 ms slower per GPU container)",
+                     "systemctl restart cdi-shim-resident")
     # The linker steps it keeps for the front end to replay (shim/linker/stepmemo.py): the
     # front end ignores them unless their directory is ours and no one else may write there.
     steps = os.path.join(os.path.dirname(path), "steps")

@@ -1,0 +1,205 @@
+"""The resident process under load (issue 31, item 8), with real runc and the real server: a
+worker that stalls after taking a create is abandoned within the front end's bound; slow,
+idle and half-open connections hold no worker; a create that
+fails writing config.json (ENOSPC) leaves no file of ours in the bundle."""
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+
+import pytest
+
+import runtime_helpers as rh
+from shim.runtime.resident import ANSWER_WAIT, MAGIC
+from test_runtime_linker import _spec, driver  # noqa: F401 (a fixture)
+from test_runtime_resident import (GPU0, FakeServer, _send_with_fd, debug_world, served_lines, start_server,
+                                   wait_for, workers_of)
+
+pytestmark = pytest.mark.runtime_e2e
+
+
+def _fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _big_spec(world, devices=6000):
+    """A second spec whose first reading takes a fresh worker seconds: a stretch of the create
+    before its first write in which to stop that worker."""
+    entries = "".join(f'  - name: "d{i}"\n    containerEdits:\n      env: [BIG_{i}=1]\n' for i in range(devices))
+    world.write_spec("big.yaml", 'cdiVersion: "0.5.0"\nkind: example.com/big\ndevices:\n' + entries)
+
+
+def test_a_worker_stopped_before_writing_is_abandoned_and_the_interpreter_does_it(world):
+    """A worker takes the create up, then is stopped (SIGSTOP) while it reads the specs, before
+    any write: the front end waits no longer than its bound, takes the write permit back and
+    runs the interpreter, so the create succeeds, done once. The worker, resumed, finds the
+    permit gone and writes nothing."""
+    _big_spec(world)
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    server = start_server(world, socket_path, workers=1)
+    worker = None
+    try:
+        wait_for(lambda: len(workers_of(server.pid)) == 1, "one worker")
+        (worker,) = workers_of(server.pid)
+        idle = _fds(worker)
+        world.resident_socket = socket_path
+        log = debug_world(world)
+        bundle = world.bundle(annotations=GPU0)
+        world.created.append(bundle.id)
+        start = time.monotonic()
+        errors = open(os.path.join(world.base, "front.err"), "w+")    # (runc init keeps a pipe open)
+        front = subprocess.Popen([world.runtime, "--root", world.runc_root, "create", "--bundle", bundle.path,
+                                  bundle.id], env=world.env(), stdout=subprocess.DEVNULL, stderr=errors)
+        wait_for(lambda: _fds(worker) >= idle + 2, "the worker did not take the request", timeout=10)
+        time.sleep(0.2)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            front.wait(timeout=ANSWER_WAIT + 60)
+        except subprocess.TimeoutExpired:
+            front.kill()
+            raise AssertionError("the front end waited for the stopped worker past its bound") from None
+        took = time.monotonic() - start
+        errors.seek(0)
+        assert front.returncode == 0, errors.read()
+        assert ANSWER_WAIT - 1 <= took, took
+        written = bundle.read_bytes()
+        assert "/dev/nvidia0" in [d["path"] for d in json.loads(written)["linux"]["devices"]]
+        lines = served_lines(log)
+        assert len(lines) == 1 and "resident" not in lines[0], lines
+        os.kill(worker, signal.SIGCONT)
+        serve_log = os.path.join(world.base, "serve.log")
+        wait_for(lambda: "taken back by its caller" in open(serve_log).read(), "the resumed worker did not give up",
+                 timeout=120)
+        assert bundle.read_bytes() == written, "the abandoned worker wrote config.json after all"
+        assert len(served_lines(log)) == 1
+        assert world.state(bundle.id)["status"] == "created"
+    finally:
+        if worker:
+            os.kill(worker, signal.SIGCONT)
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def test_a_worker_that_stalls_after_it_began_writing_fails_the_create_within_the_bound(world):
+    """A worker that took the claim and the write permit, then says nothing: the front end
+    cannot know what was written, so it fails the create -- within its bound, not the stall's
+    length -- naming the socket."""
+    socket_path = os.path.join(world.base, "fake", "r.sock")
+    fake = FakeServer(socket_path, b"A0\0000\0/bin/false\0", delay=ANSWER_WAIT + 30)
+    world.resident_socket = socket_path
+    world.write_config()
+    bundle = world.bundle(annotations=GPU0)
+    start = time.monotonic()
+    result = world.shim("create", "--bundle", bundle.path, bundle.id, timeout=ANSWER_WAIT + 25)
+    took = time.monotonic() - start
+    fake.close()
+    assert result.returncode == 1, result.stderr
+    assert ANSWER_WAIT - 1 <= took < ANSWER_WAIT + 10, took
+    assert f"the resident process at {socket_path} stopped before it answered (no answer within the bound" \
+        in result.stderr, result.stderr
+    assert fake.claimed == [True] and fake.permitted == [True]
+    assert bundle.unchanged() and world.state(bundle.id) is None
+
+
+def _trickle(socket_path, stop, every=0.5):
+    """A root client sending a request a byte at a time."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(socket_path)
+    try:
+        for byte in MAGIC + struct.pack("<I", 1000) + b"x" * 1000:
+            if stop.wait(every):
+                return
+            conn.send(bytes([byte]))
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def test_idle_half_open_and_slow_connections_hold_no_worker(world):
+    """200 connections that send nothing or half a header, and two that trickle a byte at a
+    time, against two workers: every create meanwhile is still served by a worker, not after
+    the front end's claim wait by the interpreter."""
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    server = start_server(world, socket_path, workers=2)
+    stop = threading.Event()
+    idle, trickles = [], [threading.Thread(target=_trickle, args=(socket_path, stop)) for _ in range(2)]
+    try:
+        wait_for(lambda: len(workers_of(server.pid)) == 2, "two workers")
+        for t in trickles:
+            t.start()
+        for n in range(200):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(socket_path)
+            if n % 2:
+                conn.send(MAGIC[:5])
+            idle.append(conn)
+        world.resident_socket = socket_path
+        log = debug_world(world)
+        times = []
+        for _ in range(6):
+            bundle = world.bundle(annotations=GPU0)
+            start = time.monotonic()
+            result = world.shim("create", "--bundle", bundle.path, bundle.id, timeout=60)
+            times.append(time.monotonic() - start)
+            assert result.returncode == 0, result.stderr
+        lines = served_lines(log)
+        assert len(lines) == 6 and all(" in resident process " in line for line in lines), (lines, times)
+    finally:
+        stop.set()
+        for conn in idle:
+            conn.close()
+        for t in trickles:
+            t.join(timeout=30)
+        server.terminate()
+        server.wait(timeout=60)
+
+
+@pytest.mark.parametrize("via", ["interpreter", "resident"])
+def test_a_config_write_that_fails_on_enospc_leaves_nothing_of_ours(world, driver, tmp_path, via):
+    """The bundle is on a full tmpfs: the linker cache fits but the new config.json does not.
+    The create fails naming config.json and ENOSPC, config.json is as it was, and the linker
+    cache written before is gone."""
+    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    if via == "resident":
+        world.resident_socket = os.path.join(world.base, "run", "runtime.sock")
+        server = start_server(world, world.resident_socket, workers=1)
+    else:
+        server = None
+    world.write_config()
+    small = str(tmp_path / "small")
+    os.makedirs(small)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", small], check=True)
+    try:
+        # the same create in a roomy bundle first: the size of the cache it writes
+        roomy = world.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={"pad": "p" * 300_000})
+        result = world.shim("create", "--bundle", roomy.path, roomy.id)
+        assert result.returncode == 0, result.stderr
+        cache = os.path.getsize(os.path.join(roomy.path, "cdi-shim.ld.so.cache"))
+        world.runc_cmd("delete", "--force", roomy.id)
+        bundle = world.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={"pad": "p" * 300_000})
+        for name in os.listdir(bundle.path):
+            if name != "rootfs":
+                shutil.copy(os.path.join(bundle.path, name), small)
+        original = open(os.path.join(small, "config.json"), "rb").read()
+        free = os.statvfs(small).f_bavail * os.statvfs(small).f_bsize
+        room = (cache // 4096 + 3) * 4096      # the cache and its temp file's rounding fit; 300 KB do not
+        with open(os.path.join(small, "filler"), "wb") as out:
+            out.write(b"\0" * (free - room))
+        result = world.shim("create", "--bundle", small, bundle.id)
+        assert result.returncode == 1, result.stderr
+        assert f"cannot write {small}/config.json: No space left on device" in result.stderr, result.stderr
+        assert open(os.path.join(small, "config.json"), "rb").read() == original
+        assert sorted(os.listdir(small)) == ["config.json", "filler"], os.listdir(small)
+        assert world.state(bundle.id) is None
+    finally:
+        subprocess.run(["umount", small], check=False)
+        if server:
+            server.terminate()
+            server.wait(timeout=60)
+
