@@ -64,8 +64,8 @@ def test_a_request_of_another_protocol_is_told_apart():
 
 def test_the_protocol_and_its_bounds_are_defined_once():
     """csrc/engine/resident.h is the one definition: the front end compiles it, the server reads
-    it through shim._native, and neither spells a bound or the magic of its own; the README's
-    table of limits says the same numbers."""
+    it through shim._native, and neither spells a bound or the magic of its own; the table of
+    limits in docs/install.md says the same numbers."""
     import os
     import re
 
@@ -84,13 +84,15 @@ def test_the_protocol_and_its_bounds_are_defined_once():
     assert f'"{(resident.CLAIM + resident.PERMIT).decode()}"' in front   # the claim's two bytes, in order
     assert not re.search(r"^(MAX_REQUEST|REQUEST_TIMEOUT|MAX_PENDING|MAX_MESSAGES) = \d", server, re.M)
     assert resident.MAGIC == b"CDSHIM%d\0" % resident.PROTOCOL
-    with open(os.path.join(root, "README.md")) as f:
-        readme = f.read()
-    table = readme[readme.index("### The resident process's limits"):]
+    with open(os.path.join(root, "docs", "install.md")) as f:
+        page = f.read()
+    table = page[page.index("## The resident process"):]
+    table = table[table.index("### Its limits"):]
     table = table[:table.index("\n\n", table.index("| Limit |"))]
     assert f"| claim wait | {resident.CLAIM_WAIT:g} s |" in table
     assert f"| answer wait | {resident.ANSWER_WAIT:g} s from the request" in table
-    assert f"| request read | {resident.REQUEST_TIMEOUT:g} s for a whole request; {resident.REPLY_TIMEOUT:g} s" in table
+    assert f"| request read | {resident.REQUEST_TIMEOUT:g} s for a whole request; " \
+        f"{resident.REPLY_TIMEOUT:g} s" in table
     assert f"| request size | {resident.MAX_REQUEST >> 20} MiB |" in table
     assert f"| unfinished requests a worker reads at once | {resident.MAX_PENDING} |" in table
     assert f"| a create's messages carried back | {resident.MAX_MESSAGES >> 10} KiB |" in table
