@@ -142,13 +142,15 @@ def _tool_version(argv):
 
 
 def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=True, containerd=None,
-        time_runc=False, state_on_disk=False):
+        time_runc=False, state_on_disk=False, toolkit_hook=None):
     """Run the benchmark; returns a JSON-able dict of every measurement. The NATIVE_SCENARIOS need
     containerd 2.1 (the lab then sets enable_cdi on); `pairs` is then the number of measured rounds.
     `time_runc`: runc runs behind a timer (Lab's RUNC_TIMER_C) on every side, and each pod of the
     NATIVE_SCENARIOS also gets runc's create and start times: StartContainer less them is what
     containerd, its shim and the runtime in front of runc took. containerd's state (the bundles)
-    and runc's root are on tmpfs mounts, as /run/containerd is on a node, unless `state_on_disk`."""
+    and runc's root are on tmpfs mounts, as /run/containerd is on a node, unless `state_on_disk`.
+    `toolkit_hook`: the path of a real nvidia-cdi-hook, run by runc on side (a) instead of the
+    lab's stand-in script (its hook processes are then not counted; the check pod shows their work)."""
     scenarios = list(scenarios or DEFAULT_SCENARIOS)
     unknown = [name for name in scenarios if name not in ALL_SCENARIOS]
     if unknown:
@@ -156,6 +158,8 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
     native = [name for name in scenarios if name in NATIVE_SCENARIOS]
     if time_runc and not native:
         raise BenchError("runc's own times (time_runc) are taken in the native-CDI scenario only (--native-cdi)")
+    if toolkit_hook and not native:
+        raise BenchError("a real hook program (toolkit_hook) is run in the native-CDI scenario only (--native-cdi)")
     if native and containerd != "2.1":
         raise BenchError(f"{', '.join(native)}: containerd's own CDI with the CDIDevices field needs --containerd 2.1")
     missing = [name for name in ("grpc", "grpc_tools", "google.protobuf") if importlib.util.find_spec(name) is None]
@@ -180,10 +184,13 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
     try:
         lab.setup(library_image=bool(native))
         libraries = lab.write_libraries_spec(30) if any(n.startswith("device-30-libs") for n in scenarios) else []
-        native_devices = lab.write_native_cdi_specs(30) if native else None
+        native_devices = lab.write_native_cdi_specs(30, hook_program=toolkit_hook) if native else None
         if native:
             result["meta"]["native_cdi"] = {"image": LIB_IMAGE, "driver_libraries": len(native_devices["libraries"]),
-                                            "devices": {k: native_devices[k] for k in ("hooked", "toolkit", "mounts")}}
+                                            "devices": {k: native_devices[k] for k in ("hooked", "toolkit", "mounts")},
+                                            "hooked_program": toolkit_hook or "the lab's stand-in script",
+                                            "hooked_program_version": _tool_version([toolkit_hook, "--version"])
+                                            if toolkit_hook else None}
         result["meta"]["python_path_ms"] = python_path_cost()
         result["meta"]["passthrough_ms"] = passthrough_cost(lab)
         result["meta"]["load_before"] = os.getloadavg()
@@ -250,7 +257,9 @@ def _run_sides(lab, name, devices, rounds, warmup, result, offset, log):
             if pod.status.exit_code != 0:
                 raise BenchError(f"{name} {key}: the container exited {pod.status.exit_code}: {pod.output}")
             hook_processes = _hook_lines(devices["hook_log"]) - hooks_before
-            if hook_processes != expected_hooks:
+            if device == "hooked" and not devices["hook_log_counts_hooked"]:
+                hook_processes = None   # a real hook program writes no log; the check pod shows its work
+            elif hook_processes != expected_hooks:
                 raise BenchError(f"{name} {key}: {hook_processes} hook processes ran, not {expected_hooks}")
             phases, offset = _phases_since(lab.runtime_log, offset)
             if index >= warmup:
@@ -266,8 +275,10 @@ def _run_sides(lab, name, devices, rounds, warmup, result, offset, log):
              if sides[key][2] in ("hooked", "toolkit")}
     result["scenarios"][name] = {
         "title": title, "kind": "sides", "rounds": rounds, "check": check,
-        "sides": {key: {"label": label, "handler": handler or lab.runtime_name, "device": devices[device] if device
-                        else None, "image": LIB_IMAGE} for key, (label, handler, device, _) in sides.items()},
+        "sides": {key: {"label": label if device != "hooked" or devices["hook_log_counts_hooked"] else
+                        "(a) the hooks run by runc (hook program: the real nvidia-cdi-hook, copied in as lab-cdi-hook)",
+                        "handler": handler or lab.runtime_name, "device": devices[device] if device else None,
+                        "image": LIB_IMAGE} for key, (label, handler, device, _) in sides.items()},
         "samples": samples, "ratios": [list(r) for r in ratios]}
     return offset
 
@@ -293,6 +304,9 @@ def _check_side(lab, name, key, devices, side):
              "hook_processes": _hook_lines(devices["hook_log"]) - hooks_before}
     wanted = {"cache_driver_libraries": len(devices["libraries"]), "link": "libnvidia-bench0.so.1",
               "hook_processes": expected_hooks}
+    if device == "hooked" and not devices["hook_log_counts_hooked"]:
+        found["hook_processes"] = None   # only the stand-in writes the log
+        del wanted["hook_processes"]
     wrong = {k: found[k] for k, v in wanted.items() if found[k] != v}
     if pod.status.exit_code != 0 or wrong or not found["profile_bytes"]:
         raise BenchError(f"{name} {key}: the device's work is not all there (exit {pod.status.exit_code}, "
@@ -373,7 +387,8 @@ def summarize_sides(scenario):
         out["phases"][key] = {p: _median([s["phases"].get(p, 0.0) for s in values]) for p in names if p != "resident"}
         out["phases"][key]["resident pods"] = sum(1 for s in values if s["phases"].get("resident"))
         out["phases"][key]["replayed pods"] = sum(1 for s in values if "replay" in s["phases"])
-        out["hook_processes"][key] = sorted({s.get("hook_processes", 0) for s in values})
+        counts = {s.get("hook_processes", 0) for s in values}
+        out["hook_processes"][key] = [None] if None in counts else sorted(counts)
     for numerator, denominator, target in scenario["ratios"]:
         entry = {"numerator": numerator, "denominator": denominator, "target": target}
         for metric in ("startup", "lifecycle"):
@@ -399,7 +414,8 @@ def _report_sides(name, scenario):
     for key, side in scenario["sides"].items():
         lines.append(f"  {key}: {side['label']}; handler {side['handler']}"
                      + (f", CDIDevices {side['device']}" if side["device"] else "")
-                     + f"; spec hook processes per pod {s['hook_processes'][key]}")
+                     + "; spec hook processes per pod "
+                     + ("not counted" if None in s["hook_processes"][key] else str(s["hook_processes"][key])))
     width = max(len(key) for key in scenario["sides"])
     lines.append("  median ms       " + "  ".join(f"{key:>{width}}" for key in scenario["sides"]))
     for metric in ("startup", "lifecycle") + STEPS + RUNC_TIMES:
@@ -428,7 +444,8 @@ def _report_sides(name, scenario):
     for key, found in scenario.get("check", {}).items():
         lines.append(f"  checked in one more {key} pod: {found['cache_driver_libraries']} driver libraries in its "
                      f"ld.so.cache, link -> {found['link']}, profile {found['profile_bytes']} bytes, "
-                     f"{found['hook_processes']} spec hook processes (its hook program's runs)")
+                     + ("hook processes not counted (a real hook program, no log)" if found["hook_processes"] is None
+                        else f"{found['hook_processes']} spec hook processes (its hook program's runs)"))
     for key, phases in s["phases"].items():
         if any(not p.endswith(" pods") for p in phases):
             lines.append(f"  runtime phases of {key} (median ms per pod, {phases['resident pods']} pods prepared by "
@@ -457,6 +474,10 @@ def report(result):
     if native:
         lines.append(f"  native CDI: image {native['image']} (busybox + the ldcache tests' library tree), "
                      f"{native['driver_libraries']} driver libraries")
+        if native.get("hooked_program"):
+            lines.append(f"  (a)'s hook program: {native['hooked_program']}"
+                         + (f" ({native['hooked_program_version'].splitlines()[0]})"
+                            if native.get("hooked_program_version") else ""))
     for name, scenario in result["scenarios"].items():
         if scenario.get("kind") == "sides":
             lines += _report_sides(name, scenario)

@@ -1,4 +1,5 @@
 """`cdi-shim bench pods`: GPU pod start-up through a real containerd."""
+import os
 import sys
 
 import click
@@ -45,11 +46,15 @@ def bench():
               help="With --native-cdi: run runc behind a small timer on every side and split each pod's "
                    "StartContainer into runc create, runc start and the rest (containerd, its shim, and the "
                    "runtime in front of runc).")
+@click.option("--toolkit-hook", metavar="PATH", type=click.Path(exists=True, dir_okay=False),
+              help="With --native-cdi: side (a) runs this program (the toolkit's real nvidia-cdi-hook, e.g. "
+                   "from benchmarks/toolkit.py) instead of the lab's stand-in script; its hook processes are "
+                   "then not counted, one more pod checks their work.")
 @click.option("--state-on-disk", is_flag=True,
               help="Keep containerd's state (the bundles: config.json, the runtime's files) and runc's root on "
                    "the work directory's filesystem; by default each is a tmpfs, as /run/containerd is on a node.")
 def pods(pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, resident, containerd, time_runc,
-         state_on_disk):
+         state_on_disk, toolkit_hook):
     """Pod start-up through a private containerd: the cdi-shim handler against plain runc.
 
     Each pod: RunPodSandbox, CreateContainer, StartContainer, wait for exit, StopPodSandbox,
@@ -71,10 +76,13 @@ def pods(pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, residen
             _fail("--native-cdi needs --containerd 2.1 (containerd's own CDI with the CDIDevices field)")
         if "native-cdi-30-libs" not in scenarios:
             scenarios.append("native-cdi-30-libs")
+    elif toolkit_hook:
+        _fail("--toolkit-hook needs --native-cdi (side (a) of the native-CDI scenario runs it)")
     try:
         result = podbench.run(pairs=pairs, warmup=warmup, scenarios=scenarios or None, workdir=workdir,
                               log=lambda text: click.echo(text, err=True), resident=resident,
-                              containerd=containerd, time_runc=time_runc, state_on_disk=state_on_disk)
+                              containerd=containerd, time_runc=time_runc, state_on_disk=state_on_disk,
+                              toolkit_hook=toolkit_hook and os.path.abspath(toolkit_hook))
     except podbench.BenchError as err:
         _fail(str(err))
     click.echo(podbench.report(result))

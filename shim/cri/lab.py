@@ -622,7 +622,7 @@ class Lab:
                 '  env: ["FAKE_DRIVER=555.42"]\n'
                 "  mounts:\n" + mount_lines)
 
-    def write_native_cdi_specs(self, count=30):
+    def write_native_cdi_specs(self, count=30, hook_program=None):
         """Two specs of the same device, as `nvidia-ctk cdi generate` writes one: /dev/nvidia0, `count`
         gcc-built driver libraries bind-mounted into DRIVER_FOLDER and the toolkit's six hooks.
         bench.cdi-shim.dev/hooked=0's hook program is HOOK_SCRIPT installed as <lab>/hooks/lab-cdi-hook, a
@@ -630,8 +630,11 @@ class Lab:
         is the same script installed as <lab>/hooks/nvidia-cdi-hook, the toolkit's name (the runtime
         does their work natively and drops them). Both append to the hook log: a line per hook
         process. bench.cdi-shim.dev/mounts=0 is the device without the hooks (what runc pays for the
-        node and the mounts alone). Returns {"hooked": device, "toolkit": device, "mounts": device,
-        "hook_log": path, "libraries": [...]}."""
+        node and the mounts alone). HOOK_PROGRAM (a path, e.g. the toolkit's real nvidia-cdi-hook)
+        replaces the script on the hooked side: copied in as lab-cdi-hook (the program dispatches on its
+        subcommand, not its name); it writes no log, so the hooked side's processes are then not
+        counted ("hook_log_counts_hooked" False). Returns {"hooked": device, "toolkit": device,
+        "mounts": device, "hook_log": path, "hook_log_counts_hooked": bool, "libraries": [...]}."""
         gcc = find_tool("gcc", "gcc")
         ldconfig = find_tool("ldconfig", "libc-bin")
         make_char_device(os.path.join(self.dev_dir, "nvidia0"), 195, 0)
@@ -648,8 +651,13 @@ class Lab:
             hooks = ""
             if program:
                 path = os.path.join(hooks_dir, program)
-                with open(path, "w") as stream:
-                    stream.write(script)
+                if key == "hooked" and hook_program:
+                    if not os.access(hook_program, os.X_OK):
+                        raise LabError(f"hook program {hook_program}: not an executable file")
+                    shutil.copyfile(hook_program, path)
+                else:
+                    with open(path, "w") as stream:
+                        stream.write(script)
                 os.chmod(path, 0o755)
                 hooks = "  hooks:\n" + toolkit_hooks(path)
             kind = f"bench.cdi-shim.dev/{key}"
@@ -663,7 +671,7 @@ class Lab:
                             "containerEdits:\n"
                             "  mounts:\n" + mounts + hooks)
             devices[key] = f"{kind}=0"
-        return dict(devices, hook_log=hook_log, libraries=libraries)
+        return dict(devices, hook_log=hook_log, hook_log_counts_hooked=not hook_program, libraries=libraries)
 
     def write_spec(self, name, text):
         path = os.path.join(self.spec_dir, name)

@@ -186,3 +186,38 @@ def test_pod_benchmark_native_cdi_scenario(cri_build_dir, tmp_path):
     assert "extra ms of native-shim over no-device-runc (paired medians): start-up " in out.stdout
     assert "      runc create " in out.stdout and "      the rest " in out.stdout
     assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []
+
+
+def test_pod_benchmark_native_cdi_own_hook_program(cri_build_dir, tmp_path):
+    """`--toolkit-hook PROGRAM` (for the toolkit's real nvidia-cdi-hook, not built here): side (a)
+    runs PROGRAM, copied into the lab as lab-cdi-hook, and nothing else; the hook log the lab's own
+    stand-in writes stays empty, so (a)'s processes are reported as not counted and the check pod
+    shows their work. PROGRAM here: the stand-in script with a log of its own, so the test sees
+    each of its runs and the name runc gave it."""
+    import json
+
+    from shim.cri.lab import HOOK_SCRIPT, find_tool
+    from tests.helpers import run_cli
+
+    own_log = tmp_path / "own.log"
+    own_log.touch()
+    program = tmp_path / "some-hook"
+    program.write_text(HOOK_SCRIPT.replace("@LOG@", f'{own_log}; echo "$0" >> {own_log}')
+                       .replace("@LDCONFIG@", find_tool("ldconfig", "libc-bin")))
+    program.chmod(0o755)
+    data = tmp_path / "bench.json"
+    out = run_cli("bench", "pods", "-n", "1", "--warmup", "0", "--containerd", "2.1", "--native-cdi",
+                  "--toolkit-hook", str(program), "--workdir", str(tmp_path), "--json", str(data), check=True)
+    scenario = json.loads(data.read_text())["scenarios"]["native-cdi-30-libs"]
+    runs = own_log.read_text().split("\n")
+    # one measured pod and one check pod of side (a), six hooks each: a subcommand line and a $0 line
+    assert len(runs) == 2 * 2 * 6 + 1 and runs[-1] == "", runs
+    assert all(line.endswith("/hooks/lab-cdi-hook") for line in runs[1::2] if line), runs
+    assert [s["hook_processes"] for s in scenario["samples"]["hooks-runc"]] == [None]
+    assert scenario["check"]["hooks-runc"]["cache_driver_libraries"] == 30
+    assert scenario["check"]["hooks-runc"]["hook_processes"] is None
+    assert scenario["check"]["native-shim"]["hook_processes"] == 0
+    assert f"(a)'s hook program: {program}" in out.stdout
+    assert "hook processes not counted (a real hook program, no log)" in out.stdout
+    refused = run_cli("bench", "pods", "--toolkit-hook", str(program))
+    assert refused.returncode != 0 and "--toolkit-hook needs --native-cdi" in refused.stderr
