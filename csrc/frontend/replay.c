@@ -7,7 +7,7 @@
  * of every path it looked at (filememo.c's cds_memo_same), the links it made, the files it
  * wrote into the bundle, the programs of the hooks it changed, the hooks as it left them and
  * the mounts it bound or moved to its binds hook (the rootfs and bundle paths left blank: \1
- * and \2). The replay reads the recipe named by this config's key, checks it is ours (owner,
+ * and \2), and the files it wrote into the root (the linker cache and configuration). The replay reads the recipe named by this config's key, checks it is ours (owner,
  * mode, version, the whole key), checks every path and the params file, then makes the links
  * inside the rootfs (never following anything out of it), writes the files and config.json
  * (temp file and rename). Any doubt or failure before config.json is renamed leaves the work
@@ -42,7 +42,7 @@ struct block {
 };
 
 struct recipe {
-    struct block version, key, params, paths, count, identities, links, files, programs, hooks, binds;
+    struct block version, key, params, paths, count, identities, links, files, programs, hooks, binds, roots;
 };
 
 static void free_text(char **p) { free(*p); }
@@ -77,7 +77,7 @@ static int parse_recipe(const char *text, size_t len, struct recipe *r)
     const char *at = text, *end = text + len;
     at += magic;
     struct block *order[] = {&r->version, &r->key, &r->params, &r->paths, &r->count, &r->identities,
-                             &r->links, &r->files, &r->programs, &r->hooks, &r->binds};
+                             &r->links, &r->files, &r->programs, &r->hooks, &r->binds, &r->roots};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (next_block(&at, end, order[i]) < 0)
             return -1;
@@ -185,6 +185,45 @@ static int write_files(int bundlefd, const struct block *files)
         if ((size_t)(end - at) < len)
             return -1;
         if (cds_write_at(bundlefd, name, (const uint8_t *)at, len, mode, 0) < 0)
+            return -1;
+        at += len;
+    }
+    return 0;
+}
+
+/* ROOTS: path NUL, mode (u32), length (u32), bytes; each written inside the root (its
+ * directory resolved there, missing ones made; renamed over the name: a link there replaced,
+ * never followed), as the step writes them (shim/linker/container.py, write_in_root). */
+static int write_root_files(int rootfd, const struct block *roots)
+{
+    const char *at = roots->data, *end = roots->data + roots->len;
+    while (at < end) {
+        char *path = strndup(at, (size_t)(end - at));
+        if (!path)
+            return -1;
+        size_t n = strlen(path);
+        char *slash = strrchr(path, '/');
+        uint32_t mode, len;
+        at += n + 1;
+        if (at + 8 > end || path[0] != '/' || !slash || !slash[1]) {
+            free(path);
+            return -1;
+        }
+        memcpy(&mode, at, 4);
+        memcpy(&len, at + 4, 4);
+        at += 8;
+        if ((size_t)(end - at) < len) {
+            free(path);
+            return -1;
+        }
+        *slash = '\0';
+        size_t failed_at;
+        int dirfd = slash == path ? dup(rootfd) : cds_inroot_open_dirs(rootfd, path, &failed_at);
+        int rc = dirfd < 0 ? -1 : cds_write_at(dirfd, slash + 1, (const uint8_t *)at, len, mode, 0);
+        if (dirfd >= 0)
+            close(dirfd);
+        free(path);
+        if (rc < 0)
             return -1;
         at += len;
     }
@@ -369,7 +408,8 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
             goto out;
         memcpy(ids, r.identities.data, r.identities.len);
         if (cds_memo_same(rootfd, r.paths.data, r.paths.len, count, (const struct cds_identity *)ids) != 1
-            || make_links(rootfd, &r.links) < 0 || write_files(bundlefd, &r.files) < 0
+            || make_links(rootfd, &r.links) < 0 || write_root_files(rootfd, &r.roots) < 0
+            || write_files(bundlefd, &r.files) < 0
             || new_config(&o, json, len, &view, &r, rootfs, bundle) < 0 || write_config(bundlefd, &o, config_mode) < 0)
             goto out;
         done = 1;

@@ -215,7 +215,7 @@ def prepare_linker(config, bundle, log, file_binds=True):
     step_key = stepmemo.key(config, calls, _is_library, lambda: toolkit.application_profile(config), params)
     if step_key is not None:
         step_key += (file_binds,)
-    replayed = stepmemo.replay(step_key, config, bundle, rootfs, make_links, _write_file, _bind, host)
+    replayed = stepmemo.replay(step_key, config, bundle, rootfs, make_links, _write_file, _bind, host, write_in_root)
     if replayed is not None:
         log.debug(f"linker step: the one of an earlier container of these files and spec, replayed in {rootfs}")
         return replayed
@@ -377,6 +377,12 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             _recording.plans.append(result.looked)
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")
+        if updates and _write_in_root(rootfs, result, sonames, log):
+            # As the hook's ldconfig leaves it: a later ldconfig in the container works, and the
+            # drop-ins keep the folders (a bind over /etc/ld.so.cache could not be renamed over)
+            drop.update(id(call.hook) for call in updates + compat_calls)
+            _memo_line(log, counting, result, hits, misses, compat, memo_stats)
+            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
         files += [(path, f"cdi-shim.musl-{index}.path", data) for index, (path, data) in enumerate(sorted(result.musl.items()))]
         written = []
@@ -409,15 +415,77 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
         if sonames:
             _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
         drop.update(id(call.hook) for call in updates + compat_calls)
-        if compat:
-            log.debug(f"enable-cuda-compat: {', '.join(compat)} first in the linker cache")
-        if counting:
-            remembered, read = (now - then for now, then in zip(memo_stats()[:2], (hits, misses)))
-            memo = f"; {remembered} files or listings remembered, {read} read" if remembered or read else ""
-            kept = ", the plan of an earlier container of these files" if result.remembered else ""
-            log.debug(f"linker cache: {result.entries} entries ({result.mode}, {result.scanned} directories "
-                      f"scanned{': ' + result.reason if result.reason else ''}{kept}){memo}")
+        _memo_line(log, counting, result, hits, misses, compat, memo_stats)
     return _finish(config, drop, rootfs, deferred, log, calls, reasons)
+
+
+def _memo_line(log, counting, result, hits, misses, compat, memo_stats):
+    if compat:
+        log.debug(f"enable-cuda-compat: {', '.join(compat)} first in the linker cache")
+    if counting:
+        remembered, read = (now - then for now, then in zip(memo_stats()[:2], (hits, misses)))
+        memo = f"; {remembered} files or listings remembered, {read} read" if remembered or read else ""
+        kept = ", the plan of an earlier container of these files" if result.remembered else ""
+        log.debug(f"linker cache: {result.entries} entries ({result.mode}, {result.scanned} directories "
+                  f"scanned{': ' + result.reason if result.reason else ''}{kept}){memo}")
+
+
+def _write_in_root(rootfs, result, sonames, log):
+    """Write what the spec's update-ldcache (and enable-cuda-compat) leave in the root: the
+    soname links, ld.so.conf where there is none, the drop-ins, the musl path file, and the
+    cache itself last (newer than all it was made from), each resolved inside the root and
+    renamed into place. True, or False when the root cannot be written (a read-only image
+    filesystem: the caller binds the cache from the bundle instead, as before)."""
+    from .engine import LdcacheError, Root
+
+    if sonames:
+        _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
+    files = []
+    try:
+        with Root(rootfs) as root:
+            for path, data in result.conf_files:
+                if path == "/etc/ld.so.conf" and (root.stat(path, follow=False) is not None
+                                                  or root.errno != errno.ENOENT):
+                    continue    # (the hook creates it O_EXCL: anything there is left)
+                files.append((path, data))
+    except LdcacheError as err:
+        log.debug(f"the root cannot be read for its linker configuration ({err})")
+        return False
+    files += sorted(result.musl.items())
+    files.append(("/etc/ld.so.cache", result.cache))
+    try:
+        if _recording is not None:
+            _recording.before_links(rootfs, [(None, path) for path, _ in files])
+        for path, data in files:
+            write_in_root(rootfs, path, data, 0o644)
+            if _recording is not None:
+                _recording.root_files.append((path, data, 0o644))
+    except OSError as err:
+        log.debug(f"linker cache not written into {rootfs} ({err}): bound from the bundle")
+        if _recording is not None:
+            _recording.refuse("the root could not be written")
+        return False
+    return True
+
+
+def write_in_root(rootfs, path, data, mode):
+    """PATH in the rootfs (absolute, normalized) made DATA with MODE: its directory resolved
+    inside the root (missing ones made, 0755), a temporary file renamed over the name (a link
+    there is replaced, never followed). OSError on failure."""
+    from .._native import ffi, lib
+
+    parent, name = posixpath.split(path)
+    rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = _open_dir_in_root(rootfd, parent, ffi, lib)
+        try:
+            if lib.cds_write_at(fd, os.fsencode(name), data, len(data), mode, 0) != 0:
+                error = ffi.errno
+                raise OSError(error, os.strerror(error), path)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(rootfd)
 
 
 def _update_folders(updates, libraries):

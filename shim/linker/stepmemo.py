@@ -13,8 +13,9 @@ the root: those of the Roots opened during the step (engine.Root.observers) and 
 (plan.Plan.looked), each as a new container shows it -- for what the step's own links changed
 (the links' paths, the directories above them, by whatever path the step reached them), the
 identity from before the change (Recorder.before_links). What the step did is kept as a
-recipe: the links it made, in order, the bundle files it wrote, the mounts it bound, and the
-hooks it dropped or changed (with the rootfs and bundle paths left as blanks). A later step
+recipe: the links it made, in order, the bundle files it wrote, the files it wrote into the
+root (the linker cache and configuration, as the toolkit's hooks leave them), the mounts it
+bound, and the hooks it dropped or changed (with the rootfs and bundle paths left as blanks). A later step
 with the same key whose paths all have the same identities in its own root (one C call)
 replays the recipe into its own rootfs and bundle; the result is what the step itself would
 have given (tests/linker/test_step_memo.py). A step that warned, failed, ran chmod, kept a hook
@@ -59,11 +60,12 @@ def enabled():
 
 class _Recipe:
     __slots__ = ("paths", "count", "identities", "links", "files", "binds", "moved", "hooks", "params", "exported",
-                 "exported_path")
+                 "exported_path", "root_files")
 
-    def __init__(self, paths, count, identities, links, files, binds, moved, hooks):
+    def __init__(self, paths, count, identities, links, files, binds, moved, hooks, root_files=()):
         self.paths, self.count, self.identities = paths, count, identities
         self.links, self.files, self.binds, self.moved, self.hooks = links, files, binds, moved, hooks
+        self.root_files = list(root_files)     # [(path in the root, data, mode)] in the order written
         self.params = b"0"      # the host's params file as the last step of it read it (export_recipe)
         self.exported = self.exported_path = None   # where it was last exported to
 
@@ -92,6 +94,7 @@ class Recorder:
         self.roots = []
         self.links = []         # [(target, link)] in the order made
         self.files = {}         # bundle path -> (data, mode)
+        self.root_files = []    # [(path in the root, data, mode)] written into the root, in order
         self.binds = []         # [(destination, bundle path)] in the order bound
         self.moved = []         # the destinations of the mounts our binds hook makes (filebinds.py)
         self.changed = {}       # id(hook) -> True for each hook changed in place (our nshook)
@@ -201,11 +204,11 @@ def key(config, calls, is_library, profile, params):
             params() if "disable-device-node-modification" in commands else None)
 
 
-def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host):
+def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host, write_in_root=None):
     """CONFIG as a kept step for STEP_KEY makes it in ROOTFS and BUNDLE, or None (no such
     step, its paths changed, or a write failed: the caller does the whole step). MAKE_LINKS,
-    WRITE_FILE and BIND are the step's own (shim.linker.container); HOST what the key read of
-    the host."""
+    WRITE_FILE, BIND and WRITE_IN_ROOT are the step's own (shim.linker.container); HOST what
+    the key read of the host."""
     candidates = _steps.get(step_key, ()) if step_key is not None else ()
     if not candidates:
         return None
@@ -234,6 +237,10 @@ def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host)
             make_links(rootfs, found.links)
         for name, (data, mode) in found.files:
             write_file(os.path.join(bundle, name), data, mode)
+        for path, data, mode in found.root_files:
+            if write_in_root is None:
+                return None
+            write_in_root(rootfs, path, data, mode)
     except OSError:
         return None
     if hooks is not _UNCHANGED:
@@ -330,7 +337,8 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
     if sum(len(recipes) for recipes in _steps.values()) >= _MAX_STEPS:
         _steps.clear()
     candidates = _steps.setdefault(step_key, [])
-    recipe = _Recipe(paths, at, identities, list(recorder.links), files, binds, list(recorder.moved), layout)
+    recipe = _Recipe(paths, at, identities, list(recorder.links), files, binds, list(recorder.moved), layout,
+                     recorder.root_files)
     candidates.insert(0, recipe)
     del candidates[_PER_KEY:]
     _took(recipe, host)
@@ -433,6 +441,8 @@ def export_recipe(raw, final, rootfs, bundle, directory):
         links += b"".join(os.fsencode(part) + b"\0" for part in (target, parent, name))
     files = b"".join(os.fsencode(name) + b"\0" + struct.pack("<II", mode, len(data)) + data
                      for name, (data, mode) in recipe.files)
+    root_files = b"".join(os.fsencode(path) + b"\0" + struct.pack("<II", mode, len(data)) + data
+                          for path, data, mode in recipe.root_files)
     programs = b"".join(os.fsencode(dict(entry)["path"]) + b"\0" for entries in (recipe.hooks or {}).values()
                         for entry in entries if not isinstance(entry, int))
     from cdi import __version__
@@ -440,7 +450,7 @@ def export_recipe(raw, final, rootfs, bundle, directory):
     data = RECIPE_MAGIC + b"".join(_block(part) for part in (
         __version__.encode(), key, recipe.params, recipe.paths, struct.pack("<I", recipe.count),
         bytes(ffi.buffer(recipe.identities, recipe.count * ffi.sizeof("struct cds_identity"))),
-        links, files, programs, text(final.get("hooks")), binds))
+        links, files, programs, text(final.get("hooks")), binds, root_files))
     data += struct.pack("<Q", lib.cds_fnv1a(data, len(data)))     # (the front end refuses it changed or cut)
     name = recipe_name(key)
     try:
