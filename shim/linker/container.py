@@ -377,12 +377,16 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             _recording.plans.append(result.looked)
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")
-        if updates and _write_in_root(rootfs, result, sonames, log):
+        if updates:
             # As the hook's ldconfig leaves it: a later ldconfig in the container works, and the
-            # drop-ins keep the folders (a bind over /etc/ld.so.cache could not be renamed over)
-            drop.update(id(call.hook) for call in updates + compat_calls)
-            _memo_line(log, counting, result, hits, misses, compat, memo_stats)
-            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
+            # drop-ins keep the folders (a bind over /etc/ld.so.cache could not be renamed over).
+            # A read-only root gets them in an overlay of its /etc instead (_overlay_etc).
+            overlaid = _overlay_etc(config, bundle, rootfs, result, sonames, log) if _readonly(config) else None
+            if overlaid is not None or not _readonly(config) and _write_in_root(rootfs, result, sonames, log):
+                config = overlaid or config
+                drop.update(id(call.hook) for call in updates + compat_calls)
+                _memo_line(log, counting, result, hits, misses, compat, memo_stats)
+                return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
         files += [(path, f"cdi-shim.musl-{index}.path", data) for index, (path, data) in enumerate(sorted(result.musl.items()))]
         written = []
@@ -430,29 +434,38 @@ def _memo_line(log, counting, result, hits, misses, compat, memo_stats):
                   f"scanned{': ' + result.reason if result.reason else ''}{kept}){memo}")
 
 
+def _readonly(config):
+    root = config.get("root")
+    return isinstance(root, dict) and root.get("readonly") is True
+
+
+def _etc_files(root, result):
+    """[(path, bytes)]: what the hook leaves under /etc, in the order written: ld.so.conf
+    where nothing is at that name (the hook creates it O_EXCL), the drop-ins, the musl path
+    file, the cache last (newer than all it was made from)."""
+    files = []
+    for path, data in result.conf_files:
+        if path == "/etc/ld.so.conf" and (root.stat(path, follow=False) is not None or root.errno != errno.ENOENT):
+            continue
+        files.append((path, data))
+    return files + sorted(result.musl.items()) + [("/etc/ld.so.cache", result.cache)]
+
+
 def _write_in_root(rootfs, result, sonames, log):
     """Write what the spec's update-ldcache (and enable-cuda-compat) leave in the root: the
-    soname links, ld.so.conf where there is none, the drop-ins, the musl path file, and the
-    cache itself last (newer than all it was made from), each resolved inside the root and
-    renamed into place. True, or False when the root cannot be written (a read-only image
-    filesystem: the caller binds the cache from the bundle instead, as before)."""
+    soname links, then _etc_files, each resolved inside the root and renamed into place. True,
+    or False when the root cannot be written (an image on a read-only filesystem: the caller
+    binds the cache from the bundle instead)."""
     from .engine import LdcacheError, Root
 
     if sonames:
         _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
-    files = []
     try:
         with Root(rootfs) as root:
-            for path, data in result.conf_files:
-                if path == "/etc/ld.so.conf" and (root.stat(path, follow=False) is not None
-                                                  or root.errno != errno.ENOENT):
-                    continue    # (the hook creates it O_EXCL: anything there is left)
-                files.append((path, data))
+            files = _etc_files(root, result)
     except LdcacheError as err:
         log.debug(f"the root cannot be read for its linker configuration ({err})")
         return False
-    files += sorted(result.musl.items())
-    files.append(("/etc/ld.so.cache", result.cache))
     try:
         if _recording is not None:
             _recording.before_links(rootfs, [(None, path) for path, _ in files])
@@ -486,6 +499,113 @@ def write_in_root(rootfs, path, data, mode):
             os.close(fd)
     finally:
         os.close(rootfd)
+
+
+ETC_DIR = "cdi-shim.etc"    # the bundle folder of a read-only root's /etc overlay: upper/, work/
+# Filesystems (statfs f_type) an overlay of /etc is made on: its upper and work folders in the
+# bundle, its lower folder the image's /etc (one overlay deep at most: the kernel stacks two).
+_UPPER_FS = {0x01021994, 0xEF53, 0x58465342, 0x9123683E}   # tmpfs, ext2/3/4, xfs, btrfs
+_LOWER_FS = _UPPER_FS | {0x794C7630}                        # and overlayfs (a containerd snapshot)
+_OVERLAY_UNSAFE = (",", ":", "\\", "\n")   # characters overlay's options cannot carry
+
+
+def _fs_type(path):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(256)     # struct statfs: f_type first
+    if libc.statfs(os.fsencode(path), buf) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buf).value
+
+
+def _no_overlay(config, bundle, rootfs):
+    """Why /etc cannot be overlaid for this container, or ""."""
+    mounts = [m.get("destination") for m in config.get("mounts") or () if isinstance(m, dict)]
+    if any(isinstance(d, str) and posixpath.normpath(d) in ("/", "/etc") for d in mounts):
+        return "config.json mounts something at /etc"
+    namespaces = ((config.get("linux") or {}).get("namespaces") or ())
+    if any(isinstance(ns, dict) and ns.get("type") == "user" for ns in namespaces):
+        return "a user namespace"
+    for path in (rootfs, bundle):
+        if any(c in path for c in _OVERLAY_UNSAFE):
+            return f"{path} has a character overlay's options cannot carry"
+    if _fs_type(bundle) not in _UPPER_FS:
+        return f"the bundle's filesystem ({bundle}) is not one an overlay's upper folder is made on here"
+    if _fs_type(rootfs) not in _LOWER_FS:
+        return f"the rootfs's filesystem ({rootfs}) is not one an overlay's lower folder is taken from here"
+    return ""
+
+
+def _overlay_etc(config, bundle, rootfs, result, sonames, log):
+    """A read-only root: CONFIG with the image's /etc overlaid by the bundle's ETC_DIR/upper
+    holding _etc_files, or None (why logged; the caller binds the cache from the bundle). The
+    container's /etc shows the files as the hook leaves them and takes a later ldconfig's
+    writes (into the bundle: nothing is written into the image's /etc); the rest of the root
+    stays read-only. The soname links are made in the root, as the hook makes them."""
+    from .engine import LdcacheError, Root
+    from .ldcache import write_cache
+
+    why = _no_overlay(config, bundle, rootfs)
+    owners = {}
+    try:
+        with Root(rootfs) as root:
+            for path in ("/etc", "/etc/ld.so.conf.d"):
+                # (the kernel takes the lower folder by its host path: /etc must be no link)
+                fd = root.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+                if fd < 0:
+                    if path == "/etc" or root.errno != errno.ENOENT:
+                        why = why or f"the image's {path}: {os.strerror(root.errno)}"
+                    continue
+                try:
+                    owners[path] = os.fstat(fd)
+                finally:
+                    os.close(fd)
+            files = _etc_files(root, result)
+    except LdcacheError as err:
+        why = why or str(err)
+    if why:
+        log.debug(f"linker cache bound from the bundle, /etc not overlaid: {why}")
+        return None
+    base = os.path.join(os.path.abspath(bundle), ETC_DIR)
+    upper, work = os.path.join(base, "upper"), os.path.join(base, "work")
+    try:
+        _remove_tree(base)
+        os.mkdir(base, 0o700)
+        os.mkdir(work, 0o700)
+        for path in ("/etc", "/etc/ld.so.conf.d"):
+            # (the merged folder shows its upper folder's owner and mode)
+            folder = upper + path[len("/etc"):]
+            if folder == upper or any(name.startswith("/etc/ld.so.conf.d/") for name, _ in files):
+                os.mkdir(folder)
+                st = owners.get(path)
+                os.chown(folder, st.st_uid if st else 0, st.st_gid if st else 0)
+                os.chmod(folder, stat.S_IMODE(st.st_mode) if st else 0o755)
+        for path, data in files:
+            write_cache(upper + path[len("/etc"):], data)    # temp file + rename, 0644
+    except (LdcacheError, OSError) as err:
+        _remove_tree(base)
+        log.debug(f"linker cache bound from the bundle, /etc not overlaid: {err}")
+        return None
+    if _recording is not None:
+        # (a replay writes flat bundle files and binds: this step is the Python one's alone)
+        _recording.refuse("a read-only root's /etc overlaid")
+    if sonames:
+        _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
+    mount = {"destination": "/etc", "type": "overlay", "source": "overlay",
+             "options": [f"lowerdir={os.path.abspath(rootfs)}/etc", f"upperdir={upper}", f"workdir={work}"]}
+    mounts = list(config.get("mounts") or ())
+    # before any mount at or under /etc (runc mounts in order)
+    at = next((i for i, m in enumerate(mounts) if isinstance(m, dict) and isinstance(m.get("destination"), str)
+               and posixpath.normpath(m["destination"]).startswith("/etc/")), len(mounts))
+    log.debug(f"read-only root: /etc overlaid, the linker files in {upper}")
+    return dict(config, mounts=mounts[:at] + [mount] + mounts[at:])
+
+
+def _remove_tree(path):
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _update_folders(updates, libraries):

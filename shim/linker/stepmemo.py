@@ -175,7 +175,7 @@ def key(config, calls, is_library, profile, params):
     asks for them). Each mount whole (type, source, destination, options, in its own order),
     but a mount whose destination names no library has its source only as whether it names one
     of the step's bundle files (all the step reads of it: a pod's /etc/hosts differs per pod);
-    and the namespaces' types, with the paths of the user and mount ones, and the id mappings (the
+    root.readonly; and the namespaces' types, with the paths of the user and mount ones, and the id mappings (the
     file binds' rule). The front end's key (cds_step_key, csrc/engine/ociconf.c) takes the same
     parts of the text."""
     commands = {call.command for call in calls}
@@ -194,8 +194,10 @@ def key(config, calls, is_library, profile, params):
     if isinstance(namespaces, list):    # a pod's network, IPC and UTS paths differ pod to pod
         namespaces = [(ns.get("type"), ns.get("path") if ns.get("type") in ("user", "mount") else None)
                       if isinstance(ns, dict) else ns for ns in namespaces]
+    root = config.get("root")
+    readonly = root.get("readonly") if isinstance(root, dict) else None   # (the step differs: container.py)
     try:
-        parts = repr((config.get("hooks"), mounts, namespaces, linux.get("uidMappings"),
+        parts = repr((config.get("hooks"), mounts, readonly, namespaces, linux.get("uidMappings"),
                       linux.get("gidMappings")))
     except RecursionError:
         return None
