@@ -30,7 +30,7 @@
 #include "../engine/scan.h"
 #include "replay.h"
 
-#define RECIPE_MAGIC "CDSSTEP3"
+#define RECIPE_MAGIC "CDSSTEP4"
 #define MAX_RECIPE (8u << 20)
 #define MAX_PARAMS (1u << 20)
 #define PARAMS_PATH CDS_PARAMS_PATH

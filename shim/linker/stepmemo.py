@@ -377,7 +377,7 @@ def _layout(recorder, original, result, rootfs, in_bundle):
 
 # ---- the recipes the runtime front end replays (csrc/frontend/replay.c) -------------------
 
-RECIPE_MAGIC = b"CDSSTEP3"
+RECIPE_MAGIC = b"CDSSTEP4"
 _MAX_RECIPES = 64       # files in the steps directory; the oldest go first
 _ROOTFS_MARK, _BUNDLE_MARK = "\x01", "\x02"
 

@@ -82,7 +82,8 @@ def image(world, driver, tmp_path):
 
 def result(bundle):
     """config.json (parsed, this container's paths written as ROOTFS and BUNDLE), the files
-    the runtime wrote into the bundle, and the spec's links in the rootfs."""
+    the runtime wrote into the bundle, the spec's links in the rootfs, and the linker files in
+    the rootfs's /etc (bytes and mode: the cache and the drop-ins, as the hook leaves them)."""
     with open(bundle.config_path) as f:
         text = f.read()
     config = json.loads(text.replace(bundle.rootfs, "ROOTFS").replace(bundle.path, "BUNDLE"))
@@ -90,7 +91,11 @@ def result(bundle):
              for name in sorted(os.listdir(bundle.path)) if name.startswith("cdi-shim.")}
     links = {name: os.readlink(os.path.join(bundle.rootfs + LIBDIR, name))
              for name in ("libcuda.so", "libnvidia-ml.so") if os.path.islink(os.path.join(bundle.rootfs + LIBDIR, name))}
-    return config, files, links
+    etc = bundle.rootfs + "/etc"
+    names = ["ld.so.cache", "ld.so.conf"] + [f"ld.so.conf.d/{n}" for n in sorted(os.listdir(etc + "/ld.so.conf.d"))]
+    linker = {name: (open(f"{etc}/{name}", "rb").read(), os.stat(f"{etc}/{name}").st_mode)
+              for name in names if os.path.exists(f"{etc}/{name}")}
+    return config, files, links, linker
 
 
 def each_way(world, made, check=None):
@@ -128,8 +133,13 @@ def test_a_kept_step_is_replayed_by_the_front_end(image):
     assert image.served() == 1, "the worker was asked: the front end did not replay the step"
     replayed = result(second)
     assert not any("nvidia-cdi-hook" in json.dumps(hook) for hook in replayed[0].get("hooks", {}).values())
-    assert [m["destination"] for m in replayed[0]["mounts"]][-1] == "/etc/ld.so.cache"
+    assert "/etc/ld.so.cache" not in [m["destination"] for m in replayed[0]["mounts"]]
     assert replayed[2] == {"libcuda.so": "libcuda.so.1", "libnvidia-ml.so": "libnvidia-ml.so.550.54.15"}
+    # the cache and the drop-ins written in the root (the replay's write_root_files), as the hook leaves them
+    assert replayed[3]["ld.so.cache"] != open(image.layer + "/etc/ld.so.cache", "rb").read()
+    assert replayed[3]["ld.so.conf.d/00-nvcr-cdi-shim.conf"] == (b"/usr/lib/x86_64-linux-gnu/vdpau\n", 0o100644)
+    assert "ld.so.conf.d/zz-nvcr-cdi-shim.conf" in replayed[3]
+    assert not any(name.startswith("cdi-shim.ld") for name in replayed[1])
 
     # the same container made by the Python step alone (no resident process)
     third = image.container()
@@ -152,8 +162,8 @@ def test_a_step_with_the_binds_hook_is_replayed_alike(world, driver, tmp_path):
         assert all(later == results[0] for later in results[1:])
         config = results[0][0]
         binds = config["hooks"]["createContainer"][0]["args"]
-        assert binds[:4] == ["cdi-shim-nshook", "binds", "--rootfs", "ROOTFS"] and binds.count("--bind") == 18
-        assert "BUNDLE/cdi-shim.ld.so.cache" in binds
+        assert binds[:4] == ["cdi-shim-nshook", "binds", "--rootfs", "ROOTFS"] and binds.count("--bind") == 17
+        assert "BUNDLE/cdi-shim.ld.so.cache" not in binds and "ld.so.conf.d/00-nvcr-cdi-shim.conf" in results[0][3]
         assert not any(m["destination"].startswith(LIBDIR) for m in config["mounts"])
     finally:
         made.close()
@@ -343,7 +353,7 @@ def test_replay_under_asan_and_ubsan(image):
 
 def test_file_binds_runc_leaves_every_mount_to_runc(world, driver, tmp_path):
     """`file-binds = "runc"` (for `runc checkpoint`, which tells CRIU only of config.json's
-    mounts): the toolkit-sized driver's library mounts and our cache stay in config.json, no
+    mounts): the toolkit-sized driver's library mounts stay in config.json, no
     binds hook; the front end replays nothing and the worker writes no recipe, so every create
     reaches the worker. Set back to "hook", the next container gets the hook: the worker's
     memo keeps the two modes apart."""
@@ -363,7 +373,7 @@ def test_file_binds_runc_leaves_every_mount_to_runc(world, driver, tmp_path):
         config = results[0][0]
         assert "createContainer" not in config.get("hooks", {}), config.get("hooks")
         destinations = [m["destination"] for m in config["mounts"]]
-        assert sum(d.startswith(LIBDIR + "/") for d in destinations) == 16 and destinations[-1] == "/etc/ld.so.cache"
+        assert sum(d.startswith(LIBDIR + "/") for d in destinations) == 16 and "/etc/ld.so.cache" not in destinations
 
         world.write_config(log_level="debug", log_file=made.log, file_binds="hook")
         bundle = made.container()
@@ -371,7 +381,7 @@ def test_file_binds_runc_leaves_every_mount_to_runc(world, driver, tmp_path):
         assert run.returncode == 0 and run.stdout.startswith("linked=42"), run.stderr
         assert made.served() == 3
         binds = result(bundle)[0]["hooks"]["createContainer"][0]["args"]
-        assert binds[:2] == ["cdi-shim-nshook", "binds"] and binds.count("--bind") == 18
+        assert binds[:2] == ["cdi-shim-nshook", "binds"] and binds.count("--bind") == 17
     finally:
         made.close()
 
