@@ -3,9 +3,12 @@
 The toolkit's specs carry createContainer hooks that run the host's ldconfig inside the
 container (`update-ldcache`) and make soname links (`create-symlinks`). Here the cache is
 computed natively from the image's own cache plus the libraries the edits mount (read on the
-host), written into the bundle directory and bind-mounted read-only over /etc/ld.so.cache; the
-update-ldcache hook is then dropped, so its process (ldconfig on the image) never runs and
-nothing is written into the image's rootfs for the cache. A create-symlinks hook is dropped when every link already
+host) and written, with ld.so.conf where missing and the drop-ins, where the hook's ldconfig
+leaves them, in the root (a later ldconfig in the container works and keeps the folders); a
+read-only root gets them in an overlay of its /etc from the bundle instead (_overlay_etc), and
+where neither can be done the cache alone is written into the bundle and bind-mounted read-only
+over /etc/ld.so.cache. The update-ldcache hook is then dropped, so its process (ldconfig on the
+image) never runs. A create-symlinks hook is dropped when every link already
 exists by other means (a mount at the link's path) or after its links were made here, inside
 the rootfs and without following anything out of it; when that cannot be done safely (the link
 lies under a directory a mount will cover, as the toolkit's /dev/dri/by-path links under runc's

@@ -88,7 +88,8 @@ def result(bundle):
         text = f.read()
     config = json.loads(text.replace(bundle.rootfs, "ROOTFS").replace(bundle.path, "BUNDLE"))
     files = {name: (open(os.path.join(bundle.path, name), "rb").read(), os.stat(os.path.join(bundle.path, name)).st_mode)
-             for name in sorted(os.listdir(bundle.path)) if name.startswith("cdi-shim.")}
+             for name in sorted(os.listdir(bundle.path))
+             if name.startswith("cdi-shim.") and os.path.isfile(os.path.join(bundle.path, name))}
     links = {name: os.readlink(os.path.join(bundle.rootfs + LIBDIR, name))
              for name in ("libcuda.so", "libnvidia-ml.so") if os.path.islink(os.path.join(bundle.rootfs + LIBDIR, name))}
     etc = bundle.rootfs + "/etc"
@@ -461,5 +462,58 @@ def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path):
             n for n in os.listdir(bundle.rootfs + LIBDIR) if "cdi-shim" in n])
         assert all(later == results[0] for later in results[1:])
         assert results[0][2]["libcuda.so"] == "libcuda.so.1"
+    finally:
+        made.close()
+
+
+LATER_LDCONFIG = ("/sbin/ldconfig; echo ldconfig=$?; /prog; "
+                  "/sbin/ldconfig -p | grep -c -e 'libnvidia-ml.so.1 (' -e 'libcuda.so.1 ('; ls /etc/ld.so.conf.d")
+
+
+def _linker_after(bundle, readonly):
+    """The linker files the container's /etc ended with (the rootfs's, or a read-only root's
+    overlay upper folder in the bundle), the image's /etc of a read-only root, config.json."""
+    etc = os.path.join(bundle.path, "cdi-shim.etc", "upper") if readonly else bundle.rootfs + "/etc"
+    names = ["ld.so.cache", "ld.so.conf"] + [f"ld.so.conf.d/{n}" for n in sorted(os.listdir(etc + "/ld.so.conf.d"))]
+    files = {name: (open(f"{etc}/{name}", "rb").read(), os.stat(f"{etc}/{name}").st_mode)
+             for name in names if os.path.exists(f"{etc}/{name}")}
+    image = sorted(os.listdir(bundle.rootfs + "/etc/ld.so.conf.d"))
+    return files, image, result(bundle)[0]
+
+
+@pytest.mark.parametrize("readonly", [False, True], ids=["rw-rootfs", "readonly-rootfs"])
+def test_a_later_ldconfig_after_a_replayed_step(world, driver, tmp_path, readonly):
+    """Issue 32, 6: an entrypoint that runs ldconfig, then loads the driver libraries by soname,
+    in two containers of one image and spec. Read-write root: the second container's step is
+    the front end's replay of the first's (the worker is not asked) and gives the same: ldconfig
+    exits 0, its cache keeps the driver libraries (the drop-ins name the folders), the same
+    files in /etc and the same config.json. Read-only root (its /etc an overlay from the
+    bundle): the step is not kept, each create runs it, with the same results."""
+    made = Image(world, driver, tmp_path)
+    try:
+        os.makedirs(made.layer + "/sbin", exist_ok=True)
+        shutil.copy2(rh.need("ldconfig", "libc-bin"), made.layer + "/sbin/ldconfig")     # (static)
+        time.sleep(1.2)     # (trusted by the memos once over a second old)
+        outputs, after = [], []
+        for n in range(2):
+            bundle = made.container(args=("sh", "-c", LATER_LDCONFIG),
+                                    change=lambda config: config["root"].update(readonly=readonly))
+            run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
+            assert run.returncode == 0, run.stderr
+            outputs.append(run.stdout)
+            after.append(_linker_after(bundle, readonly))
+            if n == 0:
+                assert made.served() == 1
+        assert made.served() == (2 if readonly else 1), "a read-only root's step was replayed" if readonly \
+            else "the worker was asked: the front end did not replay the step"
+        lines = outputs[0].splitlines()
+        assert lines[:3] == ["ldconfig=0", "linked=42 cuda=550", "2"], outputs[0]     # both driver libraries cached
+        assert "00-nvcr-cdi-shim.conf" in lines and "zz-nvcr-cdi-shim.conf" in lines, outputs[0]
+        assert outputs[1] == outputs[0]
+        assert after[1] == after[0]
+        files, image, config = after[0]
+        assert files["ld.so.conf.d/zz-nvcr-cdi-shim.conf"][1] == 0o100644
+        assert "/etc/ld.so.cache" not in [m["destination"] for m in config["mounts"]]
+        assert ("zz-nvcr-cdi-shim.conf" in image) != readonly, "a read-only root's image /etc was written"
     finally:
         made.close()
