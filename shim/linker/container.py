@@ -218,7 +218,8 @@ def prepare_linker(config, bundle, log, file_binds=True):
     step_key = stepmemo.key(config, calls, _is_library, lambda: toolkit.application_profile(config), params)
     if step_key is not None:
         step_key += (file_binds,)
-    replayed = stepmemo.replay(step_key, config, bundle, rootfs, make_links, _write_file, _bind, host, write_in_root)
+    replayed = stepmemo.replay(step_key, config, bundle, rootfs, make_links, _write_file, _bind, host, write_in_root,
+                               etc_overlay)
     if replayed is not None:
         log.debug(f"linker step: the one of an earlier container of these files and spec, replayed in {rootfs}")
         return replayed
@@ -509,7 +510,7 @@ ETC_DIR = "cdi-shim.etc"    # the bundle folder of a read-only root's /etc overl
 # bundle, its lower folder the image's /etc (one overlay deep at most: the kernel stacks two).
 _UPPER_FS = {0x01021994, 0xEF53, 0x58465342, 0x9123683E}   # tmpfs, ext2/3/4, xfs, btrfs
 _LOWER_FS = _UPPER_FS | {0x794C7630}                        # and overlayfs (a containerd snapshot)
-_OVERLAY_UNSAFE = (",", ":", "\\", "\n")   # characters overlay's options cannot carry
+OVERLAY_UNSAFE = ",:\\\n"   # characters overlay's options cannot carry (the front end's too)
 
 
 def _fs_type(path):
@@ -531,7 +532,7 @@ def _no_overlay(config, bundle, rootfs):
     if any(isinstance(ns, dict) and ns.get("type") == "user" for ns in namespaces):
         return "a user namespace"
     for path in (rootfs, bundle):
-        if any(c in path for c in _OVERLAY_UNSAFE):
+        if any(c in path for c in OVERLAY_UNSAFE):
             return f"{path} has a character overlay's options cannot carry"
     if _fs_type(bundle) not in _UPPER_FS:
         return f"the bundle's filesystem ({bundle}) is not one an overlay's upper folder is made on here"
@@ -547,7 +548,6 @@ def _overlay_etc(config, bundle, rootfs, result, sonames, log):
     writes (into the bundle: nothing is written into the image's /etc); the rest of the root
     stays read-only. The soname links are made in the root, as the hook makes them."""
     from .engine import LdcacheError, Root
-    from .ldcache import write_cache
 
     why = _no_overlay(config, bundle, rootfs)
     owners = {}
@@ -570,38 +570,66 @@ def _overlay_etc(config, bundle, rootfs, result, sonames, log):
     if why:
         log.debug(f"linker cache bound from the bundle, /etc not overlaid: {why}")
         return None
-    base = os.path.join(os.path.abspath(bundle), ETC_DIR)
-    upper, work = os.path.join(base, "upper"), os.path.join(base, "work")
+    # (the merged folder shows its upper folder's owner and mode: the image's)
+    upper = f"{ETC_DIR}/upper"
+    dirs = [(ETC_DIR, os.geteuid(), os.getegid(), 0o700), (f"{ETC_DIR}/work", os.geteuid(), os.getegid(), 0o700)]
+    for path in ("/etc", "/etc/ld.so.conf.d"):
+        if path == "/etc" or any(name.startswith("/etc/ld.so.conf.d/") for name, _ in files):
+            st = owners.get(path)
+            dirs.append((upper + path[len("/etc"):], st.st_uid if st else 0, st.st_gid if st else 0,
+                         stat.S_IMODE(st.st_mode) if st else 0o755))
+    overlay = (dirs, [(upper + path[len("/etc"):], data, 0o644) for path, data in files],
+               _fs_type(bundle), _fs_type(rootfs))
     try:
-        _remove_tree(base)
-        os.mkdir(base, 0o700)
-        os.mkdir(work, 0o700)
-        for path in ("/etc", "/etc/ld.so.conf.d"):
-            # (the merged folder shows its upper folder's owner and mode)
-            folder = upper + path[len("/etc"):]
-            if folder == upper or any(name.startswith("/etc/ld.so.conf.d/") for name, _ in files):
-                os.mkdir(folder)
-                st = owners.get(path)
-                os.chown(folder, st.st_uid if st else 0, st.st_gid if st else 0)
-                os.chmod(folder, stat.S_IMODE(st.st_mode) if st else 0o755)
-        for path, data in files:
-            write_cache(upper + path[len("/etc"):], data)    # temp file + rename, 0644
-    except (LdcacheError, OSError) as err:
-        _remove_tree(base)
+        config = etc_overlay(config, bundle, rootfs, overlay)
+    except OSError as err:
         log.debug(f"linker cache bound from the bundle, /etc not overlaid: {err}")
         return None
     if _recording is not None:
-        # (a replay writes flat bundle files and binds: this step is the Python one's alone)
-        _recording.refuse("a read-only root's /etc overlaid")
+        _recording.overlay = overlay
     if sonames:
         _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
+    log.debug(f"read-only root: /etc overlaid, the linker files in {os.path.join(bundle, upper)}")
+    return config
+
+
+def etc_overlay(config, bundle, rootfs, overlay):
+    """Make OVERLAY (DIRS, FILES, bundle and rootfs filesystem types: _overlay_etc) in the
+    bundle: each folder (path in the bundle, owner, group, mode) made afresh, in order (the
+    first removed with all in it before), then
+    each file (path in the bundle, bytes, mode); return CONFIG with the overlay mount of /etc
+    before any mount under /etc (runc mounts in order). OSError, nothing left, on failure (a
+    folder of ours already there, a filesystem other than the step's). The step memo's replay
+    and the front end's (replay.c, make_etc) do the same."""
+    from .ldcache import LdcacheError, write_cache
+
+    dirs, files, bundle_fs, rootfs_fs = overlay
+    bundle = os.path.abspath(bundle)
+    if _fs_type(bundle) != bundle_fs or _fs_type(rootfs) != rootfs_fs \
+            or any(c in path for c in OVERLAY_UNSAFE for path in (rootfs, bundle)):
+        raise OSError(errno.EINVAL, "not the filesystems or paths the overlay was made for", bundle)
+    made = []
+    _remove_tree(os.path.join(bundle, dirs[0][0]))     # (one a replay left half made)
+    try:
+        for path, uid, gid, mode in dirs:
+            folder = os.path.join(bundle, path)
+            os.mkdir(folder, 0o700)
+            made.append(folder)
+            os.chown(folder, uid, gid, follow_symlinks=False)
+            os.chmod(folder, mode)
+        for path, data, mode in files:
+            write_cache(os.path.join(bundle, path), data)    # temp file + rename, 0644
+    except (LdcacheError, OSError) as err:
+        if made:
+            _remove_tree(made[0])
+        raise err if isinstance(err, OSError) else OSError(errno.EIO, str(err)) from None
+    base = os.path.join(bundle, ETC_DIR)
     mount = {"destination": "/etc", "type": "overlay", "source": "overlay",
-             "options": [f"lowerdir={os.path.abspath(rootfs)}/etc", f"upperdir={upper}", f"workdir={work}"]}
+             "options": [f"lowerdir={os.path.abspath(rootfs)}/etc", f"upperdir={base}/upper", f"workdir={base}/work"]}
     mounts = list(config.get("mounts") or ())
-    # before any mount at or under /etc (runc mounts in order)
+    # (the destination as written, as the front end compares it)
     at = next((i for i, m in enumerate(mounts) if isinstance(m, dict) and isinstance(m.get("destination"), str)
-               and posixpath.normpath(m["destination"]).startswith("/etc/")), len(mounts))
-    log.debug(f"read-only root: /etc overlaid, the linker files in {upper}")
+               and m["destination"].startswith("/etc/")), len(mounts))
     return dict(config, mounts=mounts[:at] + [mount] + mounts[at:])
 
 

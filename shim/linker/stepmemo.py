@@ -60,12 +60,13 @@ def enabled():
 
 class _Recipe:
     __slots__ = ("paths", "count", "identities", "links", "files", "binds", "moved", "hooks", "params", "exported",
-                 "exported_path", "root_files")
+                 "exported_path", "root_files", "overlay")
 
-    def __init__(self, paths, count, identities, links, files, binds, moved, hooks, root_files=()):
+    def __init__(self, paths, count, identities, links, files, binds, moved, hooks, root_files=(), overlay=None):
         self.paths, self.count, self.identities = paths, count, identities
         self.links, self.files, self.binds, self.moved, self.hooks = links, files, binds, moved, hooks
         self.root_files = list(root_files)     # [(path in the root, data, mode)] in the order written
+        self.overlay = overlay      # a read-only root's /etc overlay (container.etc_overlay), or None
         self.params = b"0"      # the host's params file as the last step of it read it (export_recipe)
         self.exported = self.exported_path = None   # where it was last exported to
 
@@ -95,6 +96,7 @@ class Recorder:
         self.links = []         # [(target, link)] in the order made
         self.files = {}         # bundle path -> (data, mode)
         self.root_files = []    # [(path in the root, data, mode)] written into the root, in order
+        self.overlay = None     # a read-only root's /etc overlay, as container.etc_overlay takes it
         self.binds = []         # [(destination, bundle path)] in the order bound
         self.moved = []         # the destinations of the mounts our binds hook makes (filebinds.py)
         self.changed = {}       # id(hook) -> True for each hook changed in place (our nshook)
@@ -206,10 +208,10 @@ def key(config, calls, is_library, profile, params):
             params() if "disable-device-node-modification" in commands else None)
 
 
-def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host, write_in_root=None):
+def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host, write_in_root=None, etc_overlay=None):
     """CONFIG as a kept step for STEP_KEY makes it in ROOTFS and BUNDLE, or None (no such
     step, its paths changed, or a write failed: the caller does the whole step). MAKE_LINKS,
-    WRITE_FILE, BIND and WRITE_IN_ROOT are the step's own (shim.linker.container); HOST what
+    WRITE_FILE, BIND, WRITE_IN_ROOT and ETC_OVERLAY are the step's own (shim.linker.container); HOST what
     the key read of the host."""
     candidates = _steps.get(step_key, ()) if step_key is not None else ()
     if not candidates:
@@ -253,6 +255,11 @@ def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host,
         moved = set(found.moved)
         config = dict(config, mounts=[m for m in config.get("mounts") or ()
                                       if not (isinstance(m, dict) and m.get("destination") in moved)])
+    if found.overlay is not None:
+        try:
+            config = etc_overlay(config, bundle, rootfs, found.overlay)
+        except (OSError, TypeError):
+            return None
     _took(found, host)
     return config
 
@@ -340,7 +347,7 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
         _steps.clear()
     candidates = _steps.setdefault(step_key, [])
     recipe = _Recipe(paths, at, identities, list(recorder.links), files, binds, list(recorder.moved), layout,
-                     recorder.root_files)
+                     recorder.root_files, recorder.overlay)
     candidates.insert(0, recipe)
     del candidates[_PER_KEY:]
     _took(recipe, host)
@@ -445,6 +452,16 @@ def export_recipe(raw, final, rootfs, bundle, directory):
                      for name, (data, mode) in recipe.files)
     root_files = b"".join(os.fsencode(path) + b"\0" + struct.pack("<II", mode, len(data)) + data
                           for path, data, mode in recipe.root_files)
+    etc = b""
+    if recipe.overlay is not None:     # its folders, files, filesystems and mount (replay.c, make_etc)
+        dirs, made, bundle_fs, rootfs_fs = recipe.overlay
+        etc = (_block(b"".join(os.fsencode(path) + b"\0" + struct.pack("<III", uid, gid, mode)
+                               for path, uid, gid, mode in dirs))
+               + _block(b"".join(os.fsencode(path) + b"\0" + struct.pack("<II", mode, len(data)) + data
+                                 for path, data, mode in made))
+               + _block(struct.pack("<II", bundle_fs & 0xFFFFFFFF, rootfs_fs & 0xFFFFFFFF))
+               + _block(text(dict(mounts["/etc"], options=[_marked(option, rootfs, bundle)
+                                                            for option in mounts["/etc"]["options"]]))))
     programs = b"".join(os.fsencode(dict(entry)["path"]) + b"\0" for entries in (recipe.hooks or {}).values()
                         for entry in entries if not isinstance(entry, int))
     from cdi import __version__
@@ -452,7 +469,7 @@ def export_recipe(raw, final, rootfs, bundle, directory):
     data = RECIPE_MAGIC + b"".join(_block(part) for part in (
         __version__.encode(), key, recipe.params, recipe.paths, struct.pack("<I", recipe.count),
         bytes(ffi.buffer(recipe.identities, recipe.count * ffi.sizeof("struct cds_identity"))),
-        links, files, programs, text(final.get("hooks")), binds, root_files))
+        links, files, programs, text(final.get("hooks")), binds, root_files, etc))
     data += struct.pack("<Q", lib.cds_fnv1a(data, len(data)))     # (the front end refuses it changed or cut)
     name = recipe_name(key)
     try:
@@ -464,6 +481,16 @@ def export_recipe(raw, final, rootfs, bundle, directory):
     except OSError:
         return      # (the front end then asks us, as before)
     recipe.exported, recipe.exported_path = directory, os.path.join(directory, name)
+
+
+def _marked(option, rootfs, bundle):
+    """An overlay mount's option NAME=PATH with the rootfs and bundle paths as blanks."""
+    name, _, path = option.partition("=")
+    if path.startswith(os.path.abspath(rootfs) + "/"):
+        return f"{name}={_ROOTFS_MARK}{path[len(os.path.abspath(rootfs)):]}"
+    if path.startswith(bundle + "/"):
+        return f"{name}={_BUNDLE_MARK}{path[len(bundle):]}"
+    return option
 
 
 def _block(data):

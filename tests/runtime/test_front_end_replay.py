@@ -466,13 +466,13 @@ def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path):
         made.close()
 
 
-LATER_LDCONFIG = ("/sbin/ldconfig; echo ldconfig=$?; /prog; "
+LATER_LDCONFIG = ("/prog; md5sum /etc/ld.so.cache /etc/ld.so.conf.d/*; /sbin/ldconfig; echo ldconfig=$?; /prog; "
                   "/sbin/ldconfig -p | grep -c -e 'libnvidia-ml.so.1 (' -e 'libcuda.so.1 ('; ls /etc/ld.so.conf.d")
 
 
 def _linker_after(bundle, readonly):
     """The linker files the container's /etc ended with (the rootfs's, or a read-only root's
-    overlay upper folder in the bundle), the image's /etc of a read-only root, config.json."""
+    overlay upper folder in the bundle), the image's /etc listing, config.json."""
     etc = os.path.join(bundle.path, "cdi-shim.etc", "upper") if readonly else bundle.rootfs + "/etc"
     names = ["ld.so.cache", "ld.so.conf"] + [f"ld.so.conf.d/{n}" for n in sorted(os.listdir(etc + "/ld.so.conf.d"))]
     files = {name: (open(f"{etc}/{name}", "rb").read(), os.stat(f"{etc}/{name}").st_mode)
@@ -483,37 +483,51 @@ def _linker_after(bundle, readonly):
 
 @pytest.mark.parametrize("readonly", [False, True], ids=["rw-rootfs", "readonly-rootfs"])
 def test_a_later_ldconfig_after_a_replayed_step(world, driver, tmp_path, readonly):
-    """Issue 32, 6: an entrypoint that runs ldconfig, then loads the driver libraries by soname,
-    in two containers of one image and spec. Read-write root: the second container's step is
-    the front end's replay of the first's (the worker is not asked) and gives the same: ldconfig
-    exits 0, its cache keeps the driver libraries (the drop-ins name the folders), the same
-    files in /etc and the same config.json. Read-only root (its /etc an overlay from the
-    bundle): the step is not kept, each create runs it, with the same results."""
+    """Issue 32, 6: an entrypoint that loads the driver libraries by soname, prints the sums of
+    the linker files as the step left them, runs ldconfig, then loads them again -- in
+    containers of one image and spec made by the worker, by the front end's replay, by the
+    worker's memo and by the Python step alone: ldconfig exits 0, its cache keeps the driver
+    libraries (the drop-ins name the folders), and every way gives the same output, the same
+    files in /etc and the same config.json. A read-only root's /etc is an overlay from the
+    bundle (the image's /etc not written), replayed alike."""
     made = Image(world, driver, tmp_path)
     try:
         os.makedirs(made.layer + "/sbin", exist_ok=True)
         shutil.copy2(rh.need("ldconfig", "libc-bin"), made.layer + "/sbin/ldconfig")     # (static)
         time.sleep(1.2)     # (trusted by the memos once over a second old)
         outputs, after = [], []
-        for n in range(2):
+        for how in ("worker", "front end", "worker's memo", "python"):
+            if how == "worker's memo":
+                shutil.rmtree(made.steps)
+            if how == "python":
+                world.resident_socket = os.path.join(world.base, "no-resident.sock")
+                world.write_config(log_level="debug", log_file=made.log)
             bundle = made.container(args=("sh", "-c", LATER_LDCONFIG),
                                     change=lambda config: config["root"].update(readonly=readonly))
             run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
-            assert run.returncode == 0, run.stderr
+            assert run.returncode == 0, (how, run.stderr)
+            if how != "python":
+                assert made.served() == {"worker": 1, "front end": 1, "worker's memo": 2}[how], how
             outputs.append(run.stdout)
             after.append(_linker_after(bundle, readonly))
-            if n == 0:
-                assert made.served() == 1
-        assert made.served() == (2 if readonly else 1), "a read-only root's step was replayed" if readonly \
-            else "the worker was asked: the front end did not replay the step"
         lines = outputs[0].splitlines()
-        assert lines[:3] == ["ldconfig=0", "linked=42 cuda=550", "2"], outputs[0]     # both driver libraries cached
-        assert "00-nvcr-cdi-shim.conf" in lines and "zz-nvcr-cdi-shim.conf" in lines, outputs[0]
-        assert outputs[1] == outputs[0]
-        assert after[1] == after[0]
+        summed = [line.split()[1] for line in lines[1:] if line.split()[-1].startswith("/etc/")]
+        rest = lines[1 + len(summed):]
+        assert lines[0] == "linked=42 cuda=550" and summed[0] == "/etc/ld.so.cache", outputs[0]
+        assert {"/etc/ld.so.conf.d/00-nvcr-cdi-shim.conf", "/etc/ld.so.conf.d/zz-nvcr-cdi-shim.conf"} <= set(summed)
+        assert rest[:3] == ["ldconfig=0", "linked=42 cuda=550", "2"], outputs[0]     # both driver libraries cached
+        assert rest[3:] == [name.split("/")[-1] for name in summed[1:]], outputs[0]
+        assert all(output == outputs[0] for output in outputs[1:]), outputs
+        assert all(later == after[0] for later in after[1:])
         files, image, config = after[0]
         assert files["ld.so.conf.d/zz-nvcr-cdi-shim.conf"][1] == 0o100644
         assert "/etc/ld.so.cache" not in [m["destination"] for m in config["mounts"]]
-        assert ("zz-nvcr-cdi-shim.conf" in image) != readonly, "a read-only root's image /etc was written"
+        overlays = [m for m in config["mounts"] if m["destination"] == "/etc"]
+        if readonly:
+            assert "zz-nvcr-cdi-shim.conf" not in image, "a read-only root's image /etc was written"
+            assert overlays == [{"destination": "/etc", "type": "overlay", "source": "overlay", "options": [
+                "lowerdir=ROOTFS/etc", "upperdir=BUNDLE/cdi-shim.etc/upper", "workdir=BUNDLE/cdi-shim.etc/work"]}]
+        else:
+            assert "zz-nvcr-cdi-shim.conf" in image and not overlays
     finally:
         made.close()
