@@ -15,6 +15,7 @@
  * leaves the work to the worker, which makes the same links and files again (both idempotent)
  * and says what is wrong. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -251,9 +252,32 @@ static int parse_etc(const struct block *etc, struct etc_overlay *e)
     return at == end && e->fs.len == 8 && e->mount.len > 0 ? 0 : -1;
 }
 
+/* NAME in DIRFD removed with all in it, nothing followed (an earlier container's overlay
+ * folder: its upper and work folders as it left them); -1 past DEPTH levels. */
+static int remove_tree(int dirfd, const char *name, int depth)
+{
+    if (unlinkat(dirfd, name, 0) == 0 || errno == ENOENT)
+        return 0;
+    if (errno != EISDIR || depth == 0)
+        return -1;
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *dir = fd < 0 ? NULL : fdopendir(fd);
+    if (!dir) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    int failed = 0;
+    for (struct dirent *entry; !failed && (entry = readdir(dir));)
+        if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0)
+            failed = remove_tree(fd, entry->d_name, depth - 1);
+    closedir(dir);
+    return failed || unlinkat(dirfd, name, AT_REMOVEDIR) < 0 ? -1 : 0;
+}
+
 /* The overlay's folders and files made in the bundle as etc_overlay makes them: DIRS (path in
- * the bundle NUL, uid, gid, mode: u32 each) made afresh in order (one already there: -1, the
- * worker sees to it), then FILES (path NUL, mode, length, bytes) written into their folder;
+ * the bundle NUL, uid, gid, mode: u32 each) made afresh in order (the first removed with all
+ * in it before), then FILES (path NUL, mode, length, bytes) written into their folder;
  * only on the filesystems the step made it on, and for paths the mount's options can carry. */
 static int make_etc(int bundlefd, const char *rootfs, const char *bundle, const struct etc_overlay *e)
 {
@@ -266,6 +290,8 @@ static int make_etc(int bundlefd, const char *rootfs, const char *bundle, const 
         || statfs(rootfs, &rootfs_fs) < 0 || (uint32_t)bundle_fs.f_type != fs[0] || (uint32_t)rootfs_fs.f_type != fs[1])
         return -1;
     const char *at = e->dirs.data, *end = e->dirs.data + e->dirs.len;
+    if (at == end || remove_tree(bundlefd, at, 16) < 0)
+        return -1;
     while (at < end) {
         size_t n = strnlen(at, (size_t)(end - at));
         uint32_t owner[3];
