@@ -18,7 +18,8 @@ root (the linker cache and configuration, as the toolkit's hooks leave them) or 
 root's /etc overlay (container.etc_overlay), the mounts it bound, and the hooks it dropped or
 changed (with the rootfs and bundle paths left as blanks). A later step with the same key
 whose paths all have the same identities in its own root (one C call) replays the recipe into
-its own rootfs and bundle; the result is what the step itself would have given (tests/linker/test_step_memo.py). A step that warned, failed, ran chmod, kept a hook
+its own rootfs and bundle; the result is what the step itself would have given
+(tests/linker/test_step_memo.py). A step that warned, failed, ran chmod, kept a hook
 for a reason of the host's, or looked at a file changed within the settle time is not kept; a
 recipe that cannot be replayed (a write fails) gives way to the whole step, which does
 everything again.
