@@ -393,7 +393,8 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
                 _memo_line(log, counting, result, hits, misses, compat, memo_stats)
                 return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
-        files += [(path, f"cdi-shim.musl-{index}.path", data) for index, (path, data) in enumerate(sorted(result.musl.items()))]
+        files += [(path, f"cdi-shim.musl-{index}.path", data)
+                  for index, (path, data) in enumerate(sorted(result.musl.items()))]
         written = []
         try:
             for destination, name, data in files:

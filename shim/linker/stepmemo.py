@@ -14,11 +14,12 @@ the root: those of the Roots opened during the step (engine.Root.observers) and 
 (the links' paths, the directories above them, by whatever path the step reached them), the
 identity from before the change (Recorder.before_links). What the step did is kept as a
 recipe: the links it made, in order, the bundle files it wrote, the files it wrote into the
-root (the linker cache and configuration, as the toolkit's hooks leave them), the mounts it
-bound, and the hooks it dropped or changed (with the rootfs and bundle paths left as blanks). A later step
-with the same key whose paths all have the same identities in its own root (one C call)
-replays the recipe into its own rootfs and bundle; the result is what the step itself would
-have given (tests/linker/test_step_memo.py). A step that warned, failed, ran chmod, kept a hook
+root (the linker cache and configuration, as the toolkit's hooks leave them) or a read-only
+root's /etc overlay (container.etc_overlay), the mounts it bound, and the hooks it dropped or
+changed (with the rootfs and bundle paths left as blanks). A later step with the same key
+whose paths all have the same identities in its own root (one C call) replays the recipe into
+its own rootfs and bundle; the result is what the step itself would have given
+(tests/linker/test_step_memo.py). A step that warned, failed, ran chmod, kept a hook
 for a reason of the host's, or looked at a file changed within the settle time is not kept; a
 recipe that cannot be replayed (a write fails) gives way to the whole step, which does
 everything again.
@@ -177,8 +178,8 @@ def key(config, calls, is_library, profile, params):
     asks for them). Each mount whole (type, source, destination, options, in its own order),
     but a mount whose destination names no library has its source only as whether it names one
     of the step's bundle files (all the step reads of it: a pod's /etc/hosts differs per pod);
-    root.readonly; and the namespaces' types, with the paths of the user and mount ones, and the id mappings (the
-    file binds' rule). The front end's key (cds_step_key, csrc/engine/ociconf.c) takes the same
+    root.readonly; and the namespaces' types, with the paths of the user and mount ones, and the
+    id mappings (the file binds' rule). The front end's key (cds_step_key, csrc/engine/ociconf.c) takes the same
     parts of the text."""
     commands = {call.command for call in calls}
     mounts = []
@@ -208,11 +209,12 @@ def key(config, calls, is_library, profile, params):
             params() if "disable-device-node-modification" in commands else None)
 
 
-def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host, write_in_root=None, etc_overlay=None):
+def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host, write_in_root=None,
+           etc_overlay=None):
     """CONFIG as a kept step for STEP_KEY makes it in ROOTFS and BUNDLE, or None (no such
     step, its paths changed, or a write failed: the caller does the whole step). MAKE_LINKS,
-    WRITE_FILE, BIND, WRITE_IN_ROOT and ETC_OVERLAY are the step's own (shim.linker.container); HOST what
-    the key read of the host."""
+    WRITE_FILE, BIND, WRITE_IN_ROOT and ETC_OVERLAY are the step's own (shim.linker.container);
+    HOST what the key read of the host."""
     candidates = _steps.get(step_key, ()) if step_key is not None else ()
     if not candidates:
         return None
