@@ -109,7 +109,7 @@ def test_a_replaced_file_s_link_to_a_soname_link_dangles_during_the_scan(world, 
     assert result.stdout == "linked=42 cuda=550\ndev-link-opens\n", result.stdout
     assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"
     assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so.1") == f"libcuda.so.{VERSION}"
-    listed = lh.listing(open(os.path.join(bundle.path, "cdi-shim.ld.so.cache"), "rb").read()).decode()
+    listed = lh.listing(open(rootfs + "/etc/ld.so.cache", "rb").read()).decode()
     assert f"=> {LIBDIR}/libcuda.so.1" in listed and f"=> {LIBDIR}/libcuda.so\n" not in listed, listed
 
 
