@@ -52,7 +52,9 @@ LIBS = ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-gpucom
 DRIVERS = ("550.54.15", "535.104.05", "560.35.03")
 COMPATS = ("560.28.03", "570.86.10", "550.90.07", "535.54.03", "560.35.05")
 # the hooks' drop-ins are named 00-compat-<uuid>.conf, 00-nvcr-<number>.conf, zz-nvcr-<number>.conf
-DROPIN_NAME = re.compile(r"(?<=-)([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9]+)(?=\.conf$)")
+# the hook's drop-ins end in a random number or UUID, ours in "cdi-shim": compared as one name
+DROPIN_NAME = re.compile(r"(?<=-)([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9]+|cdi-shim)"
+                         r"(?=\.conf$)")
 FAILED = (None, "absent", "fails")
 
 
@@ -275,10 +277,6 @@ def _gain(key, theirs, ours):
 def _rule(case, key, theirs, ours, loads_gain=False):
     """The documented rule (docs/hooks.md) or harmless reason that covers one difference, or None."""
     hooks = [h[0] for h in case["hooks"]]
-    if key.startswith(("entry /etc/ld.so.conf.d/", "bytes /etc/ld.so.conf.d/")) and ("nvcr" in key or "compat" in key):
-        return "documented: the drop-ins are not written (item 6, branch ldconfig-later)"
-    if key in ("entry /etc/ld.so.conf.d", "bytes /etc/ld.so.conf") and theirs not in FAILED and ours in FAILED:
-        return "documented: the drop-ins are not written (item 6, branch ldconfig-later)"
     if key.startswith(("entry /dev/dri", "entry /opt/data")):
         chmod = next((h for h in case["hooks"] if h[0] == "chmod"), None)
         if chmod and chmod[2] == "1777" and theirs and ours and theirs.replace(" 0777", " 1777") == ours:

@@ -242,6 +242,8 @@ static int root_member(struct reader *r, const char *key, size_t len, void *data
     struct cds_oci_view *view = data;
     if (is(key, len, "path"))
         return take_plain_string(r, &view->root_path);
+    if (is(key, len, "readonly"))
+        return take(r, &view->root_readonly);
     return value(r);
 }
 
@@ -475,6 +477,7 @@ int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len)
         }
         put(out, &at, "", 1);
     }
+    put_span(out, &at, json, &view.root_readonly, 'R');
     put_span(out, &at, json, &view.devices, 'D');
     int failed = put_namespaces(out, &at, json, &view.namespaces);
     put_span(out, &at, json, &view.uid_mappings, 'U');

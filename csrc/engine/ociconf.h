@@ -26,6 +26,7 @@ struct cds_oci_view {
     struct cds_span hooks;     /* the value of "hooks" (an object) */
     struct cds_span mounts;    /* the value of "mounts" (an array) */
     struct cds_span root_path; /* root.path (a string) */
+    struct cds_span root_readonly; /* root.readonly (any value) */
     struct cds_span devices;   /* linux.devices (any value) */
     struct cds_span namespaces, uid_mappings, gid_mappings; /* linux.namespaces, .uidMappings, .gidMappings */
     struct cds_oci_mount *mount;
@@ -40,7 +41,7 @@ void cds_oci_view_free(struct cds_oci_view *view);
  * (type, source, destination, options), but for a mount whose destination names no library its
  * source stands as one byte: whether its name is one of the step's own bundle files
  * ("cdi-shim.*": all the step reads of it; a pod's own /etc/hosts source differs per pod);
- * linux.devices, uidMappings and gidMappings as text; of linux.namespaces each one's type, and
+ * root.readonly, linux.devices, uidMappings and gidMappings as text; of linux.namespaces each one's type, and
  * the path of a user or mount namespace only (a pod's network, IPC and UTS paths differ per pod).
  * 0 with *KEY (malloc'd: free it with cds_step_key_free) and *KEY_LEN, or -1 as cds_oci_view. */
 int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len);

@@ -7,13 +7,15 @@
  * of every path it looked at (filememo.c's cds_memo_same), the links it made, the files it
  * wrote into the bundle, the programs of the hooks it changed, the hooks as it left them and
  * the mounts it bound or moved to its binds hook (the rootfs and bundle paths left blank: \1
- * and \2). The replay reads the recipe named by this config's key, checks it is ours (owner,
- * mode, version, the whole key), checks every path and the params file, then makes the links
- * inside the rootfs (never following anything out of it), writes the files and config.json
- * (temp file and rename). Any doubt or failure before config.json is renamed leaves the work
- * to the worker, which makes the same links and files again (both idempotent) and says what
- * is wrong. */
+ * and \2), and the files it wrote into the root (the linker cache and configuration). The
+ * replay reads the recipe named by this config's key, checks it is ours (owner, mode, version,
+ * the whole key), checks every path and the params file, then makes the links inside the
+ * rootfs (never following anything out of it), writes the files there and into the bundle,
+ * then config.json (temp file and rename). Any doubt or failure before config.json is renamed
+ * leaves the work to the worker, which makes the same links and files again (both idempotent)
+ * and says what is wrong. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include "runtime_rules.h"
@@ -30,7 +33,7 @@
 #include "../engine/scan.h"
 #include "replay.h"
 
-#define RECIPE_MAGIC "CDSSTEP3"
+#define RECIPE_MAGIC "CDSSTEP4"
 #define MAX_RECIPE (8u << 20)
 #define MAX_PARAMS (1u << 20)
 #define PARAMS_PATH CDS_PARAMS_PATH
@@ -42,7 +45,13 @@ struct block {
 };
 
 struct recipe {
-    struct block version, key, params, paths, count, identities, links, files, programs, hooks, binds;
+    struct block version, key, params, paths, count, identities, links, files, programs, hooks, binds, roots, etc;
+};
+
+/* A read-only root's /etc overlay (shim/linker/container.py, etc_overlay): its folders and
+ * files in the bundle, the filesystems it was made on, its mount; mount.len 0: none. */
+struct etc_overlay {
+    struct block dirs, files, fs, mount;
 };
 
 static void free_text(char **p) { free(*p); }
@@ -77,7 +86,7 @@ static int parse_recipe(const char *text, size_t len, struct recipe *r)
     const char *at = text, *end = text + len;
     at += magic;
     struct block *order[] = {&r->version, &r->key, &r->params, &r->paths, &r->count, &r->identities,
-                             &r->links, &r->files, &r->programs, &r->hooks, &r->binds};
+                             &r->links, &r->files, &r->programs, &r->hooks, &r->binds, &r->roots, &r->etc};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (next_block(&at, end, order[i]) < 0)
             return -1;
@@ -191,6 +200,143 @@ static int write_files(int bundlefd, const struct block *files)
     return 0;
 }
 
+/* ROOTS: path NUL, mode (u32), length (u32), bytes; each written inside the root (its
+ * directory resolved there, missing ones made; renamed over the name: a link there replaced,
+ * never followed), as the step writes them (shim/linker/container.py, write_in_root). */
+static int write_root_files(int rootfd, const struct block *roots)
+{
+    const char *at = roots->data, *end = roots->data + roots->len;
+    while (at < end) {
+        char *path = strndup(at, (size_t)(end - at));
+        if (!path)
+            return -1;
+        size_t n = strlen(path);
+        char *slash = strrchr(path, '/');
+        uint32_t mode, len;
+        at += n + 1;
+        if (at + 8 > end || path[0] != '/' || !slash || !slash[1]) {
+            free(path);
+            return -1;
+        }
+        memcpy(&mode, at, 4);
+        memcpy(&len, at + 4, 4);
+        at += 8;
+        if ((size_t)(end - at) < len) {
+            free(path);
+            return -1;
+        }
+        *slash = '\0';
+        size_t failed_at;
+        int dirfd = slash == path ? dup(rootfd) : cds_inroot_open_dirs(rootfd, path, &failed_at);
+        int rc = dirfd < 0 ? -1 : cds_write_at(dirfd, slash + 1, (const uint8_t *)at, len, mode, 0);
+        if (dirfd >= 0)
+            close(dirfd);
+        free(path);
+        if (rc < 0)
+            return -1;
+        at += len;
+    }
+    return 0;
+}
+
+static int parse_etc(const struct block *etc, struct etc_overlay *e)
+{
+    memset(e, 0, sizeof *e);
+    if (etc->len == 0)
+        return 0;
+    const char *at = etc->data, *end = etc->data + etc->len;
+    struct block *order[] = {&e->dirs, &e->files, &e->fs, &e->mount};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (next_block(&at, end, order[i]) < 0)
+            return -1;
+    return at == end && e->fs.len == 8 && e->mount.len > 0 ? 0 : -1;
+}
+
+/* NAME in DIRFD removed with all in it, nothing followed (an earlier container's overlay
+ * folder: its upper and work folders as it left them); -1 past DEPTH levels. */
+static int remove_tree(int dirfd, const char *name, int depth)
+{
+    if (unlinkat(dirfd, name, 0) == 0 || errno == ENOENT)
+        return 0;
+    if (errno != EISDIR || depth == 0)
+        return -1;
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *dir = fd < 0 ? NULL : fdopendir(fd);
+    if (!dir) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    int failed = 0;
+    for (struct dirent *entry; !failed && (entry = readdir(dir));)
+        if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0)
+            failed = remove_tree(fd, entry->d_name, depth - 1);
+    closedir(dir);
+    return failed || unlinkat(dirfd, name, AT_REMOVEDIR) < 0 ? -1 : 0;
+}
+
+/* The overlay's folders and files made in the bundle as etc_overlay makes them: DIRS (path in
+ * the bundle NUL, uid, gid, mode: u32 each) made afresh in order (the first removed with all
+ * in it before), then FILES (path NUL, mode, length, bytes) written into their folder;
+ * only on the filesystems the step made it on, and for paths the mount's options can carry. */
+static int make_etc(int bundlefd, const char *rootfs, const char *bundle, const struct etc_overlay *e)
+{
+    if (e->mount.len == 0)
+        return 0;
+    uint32_t fs[2];
+    struct statfs bundle_fs, rootfs_fs;
+    memcpy(fs, e->fs.data, sizeof fs);
+    if (strpbrk(rootfs, CDS_OVERLAY_UNSAFE) || strpbrk(bundle, CDS_OVERLAY_UNSAFE) || statfs(bundle, &bundle_fs) < 0
+        || statfs(rootfs, &rootfs_fs) < 0 || (uint32_t)bundle_fs.f_type != fs[0] || (uint32_t)rootfs_fs.f_type != fs[1])
+        return -1;
+    const char *at = e->dirs.data, *end = e->dirs.data + e->dirs.len;
+    if (at == end || remove_tree(bundlefd, at, 16) < 0)
+        return -1;
+    while (at < end) {
+        size_t n = strnlen(at, (size_t)(end - at));
+        uint32_t owner[3];
+        if (at + n + 1 + sizeof owner > end)
+            return -1;
+        memcpy(owner, at + n + 1, sizeof owner);
+        if (mkdirat(bundlefd, at, 0700) < 0 || fchownat(bundlefd, at, owner[0], owner[1], AT_SYMLINK_NOFOLLOW) < 0
+            || fchmodat(bundlefd, at, owner[2], 0) < 0)
+            return -1;
+        at += n + 1 + sizeof owner;
+    }
+    at = e->files.data;
+    end = e->files.data + e->files.len;
+    while (at < end) {
+        __attribute__((cleanup(free_text))) char *path = strndup(at, (size_t)(end - at));
+        uint32_t mode, len;
+        if (!path)
+            return -1;
+        at += strlen(path) + 1;
+        char *slash = strrchr(path, '/');
+        if (at + 8 > end || !slash || slash == path || !slash[1])
+            return -1;
+        memcpy(&mode, at, 4);
+        memcpy(&len, at + 4, 4);
+        at += 8;
+        if ((size_t)(end - at) < len)
+            return -1;
+        *slash = '\0';
+        cleanup_fd int dirfd = openat(bundlefd, path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dirfd < 0 || cds_write_at(dirfd, slash + 1, (const uint8_t *)at, len, mode, 0) < 0)
+            return -1;
+        at += len;
+    }
+    return 0;
+}
+
+/* Whether the JSON string DEST (with its quotes) names a path under /etc as written; -1 for
+ * one with an escape (the worker compares it decoded). */
+static int under_etc(const char *dest, size_t len)
+{
+    if (memchr(dest, '\\', len))
+        return -1;
+    return len > 6 && memcmp(dest, "\"/etc/", 6) == 0;
+}
+
 static int programs_there(const struct block *programs)
 {
     const char *at = programs->data, *end = programs->data + programs->len;
@@ -236,13 +382,31 @@ static int out_template(struct out *o, const char *template, size_t len, const c
     return 0;
 }
 
+/* OVERLAY (a mount template), once, before the mount at DEST (LEN bytes, NULL: the end) when
+ * that is the first under /etc (etc_overlay's place for it). */
+static int out_overlay(struct out *o, const struct block *overlay, int *placed, int *first, const char *dest,
+                       size_t len, const char *rootfs, const char *bundle)
+{
+    if (*placed || overlay->len == 0)
+        return 0;
+    int under = dest ? under_etc(dest, len) : 1;
+    if (under <= 0)
+        return under;
+    *placed = 1;
+    if ((!*first && out_put(o, ",", 1) < 0) || out_template(o, overlay->data, overlay->len, rootfs, bundle) < 0)
+        return -1;
+    *first = 0;
+    return 0;
+}
+
 /* The mounts array: the config's own, less those at a destination the step binds or moved to
  * its binds hook, then the step's binds (BINDS: u32 length and the destination as JSON, u32
- * length and the mount; an empty mount for a moved one). */
+ * length and the mount; an empty mount for a moved one); a read-only root's /etc OVERLAY
+ * before the first of them under /etc. */
 static int out_mounts(struct out *o, const char *json, const struct cds_oci_view *view, const struct block *binds,
-                      const char *rootfs, const char *bundle)
+                      const struct block *overlay, const char *rootfs, const char *bundle)
 {
-    int first = 1;
+    int first = 1, placed = 0;
     if (out_put(o, "[", 1) < 0)
         return -1;
     for (size_t m = 0; m < view->n_mounts; m++) {
@@ -256,6 +420,8 @@ static int out_mounts(struct out *o, const char *json, const struct cds_oci_view
                 bound = 1;
         if (bound)
             continue;
+        if (out_overlay(o, overlay, &placed, &first, json + mount->destination.start, dlen, rootfs, bundle) < 0)
+            return -1;
         if ((!first && out_put(o, ",", 1) < 0)
             || out_put(o, json + mount->whole.start, mount->whole.end - mount->whole.start) < 0)
             return -1;
@@ -268,16 +434,19 @@ static int out_mounts(struct out *o, const char *json, const struct cds_oci_view
             return -1;
         if (body.len == 0)
             continue;   /* moved: bound by the hook */
-        if ((!first && out_put(o, ",", 1) < 0) || out_template(o, body.data, body.len, rootfs, bundle) < 0)
+        if (out_overlay(o, overlay, &placed, &first, dest.data, dest.len, rootfs, bundle) < 0
+            || (!first && out_put(o, ",", 1) < 0) || out_template(o, body.data, body.len, rootfs, bundle) < 0)
             return -1;
         first = 0;
     }
+    if (out_overlay(o, overlay, &placed, &first, NULL, 0, rootfs, bundle) < 0)
+        return -1;
     return out_put(o, "]", 1);
 }
 
 /* The new config.json text: the hooks and mounts replaced, every other byte as it was. */
 static int new_config(struct out *o, const char *json, size_t len, const struct cds_oci_view *view,
-                      const struct recipe *r, const char *rootfs, const char *bundle)
+                      const struct recipe *r, const struct etc_overlay *e, const char *rootfs, const char *bundle)
 {
     const struct cds_span *first = &view->hooks, *second = &view->mounts;
     if (second->start < first->start) {
@@ -290,7 +459,7 @@ static int new_config(struct out *o, const char *json, size_t len, const struct 
         if (out_put(o, json + at, spans[i]->start - at) < 0)
             return -1;
         int failed = spans[i] == &view->hooks ? out_template(o, r->hooks.data, r->hooks.len, rootfs, bundle)
-                                              : out_mounts(o, json, view, &r->binds, rootfs, bundle);
+                                              : out_mounts(o, json, view, &r->binds, &e->mount, rootfs, bundle);
         if (failed)
             return -1;
         at = spans[i]->end;
@@ -338,7 +507,8 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
             text_len = read_private(dirfd, name, MAX_RECIPE, &text);
     }
     struct recipe r;
-    int ours = text_len >= 0 && parse_recipe(text, (size_t)text_len, &r) == 0
+    struct etc_overlay etc;
+    int ours = text_len >= 0 && parse_recipe(text, (size_t)text_len, &r) == 0 && parse_etc(&r.etc, &etc) == 0
                && r.version.len == strlen(CDS_VERSION) && memcmp(r.version.data, CDS_VERSION, r.version.len) == 0
                && r.key.len == key_len && memcmp(r.key.data, key, key_len) == 0;
     cds_step_key_free(key);
@@ -369,8 +539,10 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
             goto out;
         memcpy(ids, r.identities.data, r.identities.len);
         if (cds_memo_same(rootfd, r.paths.data, r.paths.len, count, (const struct cds_identity *)ids) != 1
-            || make_links(rootfd, &r.links) < 0 || write_files(bundlefd, &r.files) < 0
-            || new_config(&o, json, len, &view, &r, rootfs, bundle) < 0 || write_config(bundlefd, &o, config_mode) < 0)
+            || make_links(rootfd, &r.links) < 0 || write_root_files(rootfd, &r.roots) < 0
+            || write_files(bundlefd, &r.files) < 0 || make_etc(bundlefd, rootfs, bundle, &etc) < 0
+            || new_config(&o, json, len, &view, &r, &etc, rootfs, bundle) < 0
+            || write_config(bundlefd, &o, config_mode) < 0)
             goto out;
         done = 1;
     }

@@ -10,6 +10,8 @@ from .engine import (CONF_DIR, CONF_PATH, DROPIN_COMPAT, DROPIN_FIRST, DROPIN_LA
                      LdcacheLimitError)
 from .globbing import fnmatch, has_meta, join_path
 
+MINIMAL_CONF = b"include /etc/ld.so.conf.d/*.conf\n"   # the toolkit's ld.so.conf where there is none
+
 _LIB_TYPES = {"libc4": 0x0000, "libc5": 0x0002, "libc6": 0x0003, "glibc2": 0x0003}
 _DT_REG, _DT_DIR = 8, 4
 _SPACE = " \t\n\v\f\r"
@@ -171,9 +173,10 @@ class LdConfig:
         self._including = ""
         _, conf_d = root.listdir(CONF_DIR, with_stat=True)     # listed again for its includes
         self._conf_d_ident = ("d", conf_d[1], conf_d[2]) if conf_d is not None else None
-        if not self._parse_conf(CONF_PATH, 0):
+        self.conf_missing = not self._parse_conf(CONF_PATH, 0)
+        if self.conf_missing:
             # The toolkit writes a minimal ld.so.conf where there is none.
-            self._parse_lines(b"include /etc/ld.so.conf.d/*.conf\n", CONF_PATH, 0)
+            self._parse_lines(MINIMAL_CONF, CONF_PATH, 0)
 
         # The toolkit's drop-ins: folders not configured yet, and the container's system
         # directories (its "zz" file).
@@ -186,6 +189,17 @@ class LdConfig:
                 first.append(folder)
         # enable-cuda-compat's drop-in names its folders whether configured or not.
         self.dropins = {DROPIN_COMPAT: list(dict.fromkeys(compat)), DROPIN_FIRST: first, DROPIN_LAST: system}
+
+    def conf_files(self):
+        """[(path, bytes)]: what the toolkit's hooks write of this configuration into the root
+        (update-ldcache's ensureLdsoconfFile and createLdsoconfdFile, enable-cuda-compat's
+        drop-in): ld.so.conf where there is none, each drop-in that names a folder."""
+        files = [(CONF_PATH, MINIMAL_CONF)] if self.conf_missing else []
+        for name in (DROPIN_COMPAT, DROPIN_FIRST, DROPIN_LAST):
+            lines = list(dict.fromkeys(self.dropins[name]))
+            if lines:
+                files.append((f"{CONF_DIR}/{name}", "".join(line + "\n" for line in lines).encode()))
+        return files
 
     def build(self):
         items = self._items

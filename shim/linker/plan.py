@@ -20,7 +20,7 @@ class Plan:
     """What plan() computed."""
 
     __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs", "scanned",
-                 "remembered", "looked", "covered")
+                 "remembered", "looked", "covered", "conf_files")
 
     def __init__(self):
         self.cache = b""
@@ -35,6 +35,7 @@ class Plan:
         self.remembered = False  # a copy of an earlier plan for the same files (remember_plans)
         self.looked = None  # with the memo on: the paths it depends on (memo entries), or None past _MAX_PATHS
         self.covered = []   # configured folders a directory mount provides (mounted.py)
+        self.conf_files = []  # [(path, bytes)] the toolkit's hooks write into the root (LdConfig.conf_files)
 
     def copy(self):
         other = Plan()
@@ -271,6 +272,7 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         result.cache = builder.build(FORMATS[format],
                                      GENERATOR if generator is None else generator)
         result.dirs = [d.path for d in config.dirs]
+        result.conf_files = config.conf_files()
         if _is_musl(tree, machine):
             result.musl = _plan_musl(tree, machine, folders, extras)
         if arguments is not None:

@@ -13,11 +13,13 @@ the root: those of the Roots opened during the step (engine.Root.observers) and 
 (plan.Plan.looked), each as a new container shows it -- for what the step's own links changed
 (the links' paths, the directories above them, by whatever path the step reached them), the
 identity from before the change (Recorder.before_links). What the step did is kept as a
-recipe: the links it made, in order, the bundle files it wrote, the mounts it bound, and the
-hooks it dropped or changed (with the rootfs and bundle paths left as blanks). A later step
-with the same key whose paths all have the same identities in its own root (one C call)
-replays the recipe into its own rootfs and bundle; the result is what the step itself would
-have given (tests/linker/test_step_memo.py). A step that warned, failed, ran chmod, kept a hook
+recipe: the links it made, in order, the bundle files it wrote, the files it wrote into the
+root (the linker cache and configuration, as the toolkit's hooks leave them) or a read-only
+root's /etc overlay (container.etc_overlay), the mounts it bound, and the hooks it dropped or
+changed (with the rootfs and bundle paths left as blanks). A later step with the same key
+whose paths all have the same identities in its own root (one C call) replays the recipe into
+its own rootfs and bundle; the result is what the step itself would have given
+(tests/linker/test_step_memo.py). A step that warned, failed, ran chmod, kept a hook
 for a reason of the host's, or looked at a file changed within the settle time is not kept; a
 recipe that cannot be replayed (a write fails) gives way to the whole step, which does
 everything again.
@@ -59,11 +61,13 @@ def enabled():
 
 class _Recipe:
     __slots__ = ("paths", "count", "identities", "links", "files", "binds", "moved", "hooks", "params", "exported",
-                 "exported_path")
+                 "exported_path", "root_files", "overlay")
 
-    def __init__(self, paths, count, identities, links, files, binds, moved, hooks):
+    def __init__(self, paths, count, identities, links, files, binds, moved, hooks, root_files=(), overlay=None):
         self.paths, self.count, self.identities = paths, count, identities
         self.links, self.files, self.binds, self.moved, self.hooks = links, files, binds, moved, hooks
+        self.root_files = list(root_files)     # [(path in the root, data, mode)] in the order written
+        self.overlay = overlay      # a read-only root's /etc overlay (container.etc_overlay), or None
         self.params = b"0"      # the host's params file as the last step of it read it (export_recipe)
         self.exported = self.exported_path = None   # where it was last exported to
 
@@ -92,6 +96,8 @@ class Recorder:
         self.roots = []
         self.links = []         # [(target, link)] in the order made
         self.files = {}         # bundle path -> (data, mode)
+        self.root_files = []    # [(path in the root, data, mode)] written into the root, in order
+        self.overlay = None     # a read-only root's /etc overlay, as container.etc_overlay takes it
         self.binds = []         # [(destination, bundle path)] in the order bound
         self.moved = []         # the destinations of the mounts our binds hook makes (filebinds.py)
         self.changed = {}       # id(hook) -> True for each hook changed in place (our nshook)
@@ -172,8 +178,8 @@ def key(config, calls, is_library, profile, params):
     asks for them). Each mount whole (type, source, destination, options, in its own order),
     but a mount whose destination names no library has its source only as whether it names one
     of the step's bundle files (all the step reads of it: a pod's /etc/hosts differs per pod);
-    and the namespaces' types, with the paths of the user and mount ones, and the id mappings (the
-    file binds' rule). The front end's key (cds_step_key, csrc/engine/ociconf.c) takes the same
+    root.readonly; and the namespaces' types, with the paths of the user and mount ones, and the
+    id mappings (the file binds' rule). The front end's key (cds_step_key, csrc/engine/ociconf.c) takes the same
     parts of the text."""
     commands = {call.command for call in calls}
     mounts = []
@@ -191,8 +197,10 @@ def key(config, calls, is_library, profile, params):
     if isinstance(namespaces, list):    # a pod's network, IPC and UTS paths differ pod to pod
         namespaces = [(ns.get("type"), ns.get("path") if ns.get("type") in ("user", "mount") else None)
                       if isinstance(ns, dict) else ns for ns in namespaces]
+    root = config.get("root")
+    readonly = root.get("readonly") if isinstance(root, dict) else None   # (the step differs: container.py)
     try:
-        parts = repr((config.get("hooks"), mounts, namespaces, linux.get("uidMappings"),
+        parts = repr((config.get("hooks"), mounts, readonly, namespaces, linux.get("uidMappings"),
                       linux.get("gidMappings")))
     except RecursionError:
         return None
@@ -201,11 +209,12 @@ def key(config, calls, is_library, profile, params):
             params() if "disable-device-node-modification" in commands else None)
 
 
-def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host):
+def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host, write_in_root=None,
+           etc_overlay=None):
     """CONFIG as a kept step for STEP_KEY makes it in ROOTFS and BUNDLE, or None (no such
     step, its paths changed, or a write failed: the caller does the whole step). MAKE_LINKS,
-    WRITE_FILE and BIND are the step's own (shim.linker.container); HOST what the key read of
-    the host."""
+    WRITE_FILE, BIND, WRITE_IN_ROOT and ETC_OVERLAY are the step's own (shim.linker.container);
+    HOST what the key read of the host."""
     candidates = _steps.get(step_key, ()) if step_key is not None else ()
     if not candidates:
         return None
@@ -234,6 +243,10 @@ def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host)
             make_links(rootfs, found.links)
         for name, (data, mode) in found.files:
             write_file(os.path.join(bundle, name), data, mode)
+        for path, data, mode in found.root_files:
+            if write_in_root is None:
+                return None
+            write_in_root(rootfs, path, data, mode)
     except OSError:
         return None
     if hooks is not _UNCHANGED:
@@ -244,6 +257,11 @@ def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host)
         moved = set(found.moved)
         config = dict(config, mounts=[m for m in config.get("mounts") or ()
                                       if not (isinstance(m, dict) and m.get("destination") in moved)])
+    if found.overlay is not None:
+        try:
+            config = etc_overlay(config, bundle, rootfs, found.overlay)
+        except (OSError, TypeError):
+            return None
     _took(found, host)
     return config
 
@@ -330,7 +348,8 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
     if sum(len(recipes) for recipes in _steps.values()) >= _MAX_STEPS:
         _steps.clear()
     candidates = _steps.setdefault(step_key, [])
-    recipe = _Recipe(paths, at, identities, list(recorder.links), files, binds, list(recorder.moved), layout)
+    recipe = _Recipe(paths, at, identities, list(recorder.links), files, binds, list(recorder.moved), layout,
+                     recorder.root_files, recorder.overlay)
     candidates.insert(0, recipe)
     del candidates[_PER_KEY:]
     _took(recipe, host)
@@ -367,7 +386,7 @@ def _layout(recorder, original, result, rootfs, in_bundle):
 
 # ---- the recipes the runtime front end replays (csrc/frontend/replay.c) -------------------
 
-RECIPE_MAGIC = b"CDSSTEP3"
+RECIPE_MAGIC = b"CDSSTEP4"
 _MAX_RECIPES = 64       # files in the steps directory; the oldest go first
 _ROOTFS_MARK, _BUNDLE_MARK = "\x01", "\x02"
 
@@ -433,6 +452,18 @@ def export_recipe(raw, final, rootfs, bundle, directory):
         links += b"".join(os.fsencode(part) + b"\0" for part in (target, parent, name))
     files = b"".join(os.fsencode(name) + b"\0" + struct.pack("<II", mode, len(data)) + data
                      for name, (data, mode) in recipe.files)
+    root_files = b"".join(os.fsencode(path) + b"\0" + struct.pack("<II", mode, len(data)) + data
+                          for path, data, mode in recipe.root_files)
+    etc = b""
+    if recipe.overlay is not None:     # its folders, files, filesystems and mount (replay.c, make_etc)
+        dirs, made, bundle_fs, rootfs_fs = recipe.overlay
+        etc = (_block(b"".join(os.fsencode(path) + b"\0" + struct.pack("<III", uid, gid, mode)
+                               for path, uid, gid, mode in dirs))
+               + _block(b"".join(os.fsencode(path) + b"\0" + struct.pack("<II", mode, len(data)) + data
+                                 for path, data, mode in made))
+               + _block(struct.pack("<II", bundle_fs & 0xFFFFFFFF, rootfs_fs & 0xFFFFFFFF))
+               + _block(text(dict(mounts["/etc"], options=[_marked(option, rootfs, bundle)
+                                                            for option in mounts["/etc"]["options"]]))))
     programs = b"".join(os.fsencode(dict(entry)["path"]) + b"\0" for entries in (recipe.hooks or {}).values()
                         for entry in entries if not isinstance(entry, int))
     from cdi import __version__
@@ -440,7 +471,7 @@ def export_recipe(raw, final, rootfs, bundle, directory):
     data = RECIPE_MAGIC + b"".join(_block(part) for part in (
         __version__.encode(), key, recipe.params, recipe.paths, struct.pack("<I", recipe.count),
         bytes(ffi.buffer(recipe.identities, recipe.count * ffi.sizeof("struct cds_identity"))),
-        links, files, programs, text(final.get("hooks")), binds))
+        links, files, programs, text(final.get("hooks")), binds, root_files, etc))
     data += struct.pack("<Q", lib.cds_fnv1a(data, len(data)))     # (the front end refuses it changed or cut)
     name = recipe_name(key)
     try:
@@ -452,6 +483,16 @@ def export_recipe(raw, final, rootfs, bundle, directory):
     except OSError:
         return      # (the front end then asks us, as before)
     recipe.exported, recipe.exported_path = directory, os.path.join(directory, name)
+
+
+def _marked(option, rootfs, bundle):
+    """An overlay mount's option NAME=PATH with the rootfs and bundle paths as blanks."""
+    name, _, path = option.partition("=")
+    if path.startswith(os.path.abspath(rootfs) + "/"):
+        return f"{name}={_ROOTFS_MARK}{path[len(os.path.abspath(rootfs)):]}"
+    if path.startswith(bundle + "/"):
+        return f"{name}={_BUNDLE_MARK}{path[len(bundle):]}"
+    return option
 
 
 def _block(data):

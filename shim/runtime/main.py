@@ -52,8 +52,13 @@ class _Writes:
         if self.before is None:
             return
         for name in _our_files(self.bundle) - self.before:
+            path = os.path.join(self.bundle, name)
             try:
-                os.unlink(os.path.join(self.bundle, name))
+                os.unlink(path)
+            except IsADirectoryError:      # a read-only root's /etc overlay (shim/linker/container.py)
+                import shutil
+
+                shutil.rmtree(path, ignore_errors=True)     # (links in it are removed, not followed)
             except OSError:
                 pass
 

@@ -90,7 +90,7 @@ def config_for(world, rootfs, minor=0):
 
 
 def step(world, rootfs, bundle, memo=True, minor=0):
-    """(the new config, its bundle files, the links in the rootfs, the log) of one step,
+    """(the new config, its bundle files, the links and linker files in the rootfs, the log) of one step,
     without the memo unless MEMO; paths of this container written as ROOTFS and BUNDLE, so
     that two containers compare."""
     os.makedirs(bundle, exist_ok=True)
@@ -106,7 +106,18 @@ def step(world, rootfs, bundle, memo=True, minor=0):
              for name in sorted(os.listdir(bundle))}
     link = os.path.join(rootfs, LIBDIR.lstrip("/"), "libcuda.so")
     links = {f"{LIBDIR}/libcuda.so": os.readlink(link)} if os.path.islink(link) else {}
-    return json.loads(text), files, links, log
+    return json.loads(text), files, dict(links, **linker_files(rootfs)), log
+
+
+def linker_files(rootfs):
+    """{path: (bytes, mode)} of the linker files under the root's /etc (the cache, ld.so.conf,
+    the drop-ins): the step writes them there, as the toolkit's update-ldcache leaves them."""
+    etc = os.path.join(rootfs, "etc")
+    names = ["ld.so.cache", "ld.so.conf"]
+    if os.path.isdir(etc + "/ld.so.conf.d"):
+        names += [f"ld.so.conf.d/{n}" for n in sorted(os.listdir(etc + "/ld.so.conf.d"))]
+    return {f"/etc/{name}": (open(f"{etc}/{name}", "rb").read(), os.stat(f"{etc}/{name}").st_mode)
+            for name in names if os.path.isfile(f"{etc}/{name}")}
 
 
 def test_a_second_container_replays_the_first_ones_step(world, steps):
@@ -121,13 +132,17 @@ def test_a_second_container_replays_the_first_ones_step(world, steps):
         assert two[:3] == fresh[:3] == one[:3]
         new, files, links, _ = two
         # what the step does, all there: hooks dropped (ours binds the params file), the
-        # cache and profile bound from the bundle, the link made in the rootfs
+        # profile bound from the bundle, the link made in the rootfs, the cache and the
+        # drop-ins written in the root as the hook's ldconfig leaves them (no cache bound)
         assert [hook["args"][:2] for hook in new["hooks"]["createContainer"]] == [["cdi-shim-nshook", "bind-params"]]
         assert new["hooks"]["prestart"] == [{"path": "/usr/bin/true"}]
-        assert [m["destination"] for m in new["mounts"][-2:]] == [
-            "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf", "/etc/ld.so.cache"]
+        assert new["mounts"][-1]["destination"] == "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf"
+        assert "/etc/ld.so.cache" not in [m["destination"] for m in new["mounts"]]
+        assert not [name for name in files if name.startswith("cdi-shim.ld")]
         assert b"ModifyDeviceFiles: 0" in files["cdi-shim.nvidia-params"][0]
-        assert links == {f"{LIBDIR}/libcuda.so": "libcuda.so.1"}
+        assert links.pop(f"{LIBDIR}/libcuda.so") == "libcuda.so.1"
+        assert links["/etc/ld.so.cache"][0] != open(os.path.join(world["lower"], "etc/ld.so.cache"), "rb").read()
+        assert links["/etc/ld.so.conf.d/zz-nvcr-cdi-shim.conf"][1] == 0o100644
 
 
 def _compat_libraries(rootfs):
@@ -189,7 +204,7 @@ def test_a_changed_host_runs_the_whole_step(world, steps, change):
         two = step(world, second, f"{scratch}/b2")
         assert not two[3].replayed()
         assert two[:3] == step(world, third, f"{scratch}/b3", memo=False)[:3]
-        assert two[:2] != one[:2]
+        assert two[:3] != one[:3]     # (the params file, or the cache in the root)
 
 
 def test_other_devices_are_another_step(world, steps):
@@ -209,12 +224,15 @@ def test_a_step_that_warned_or_ran_chmod_is_not_kept(world, steps):
         os.makedirs(os.path.join(world["scratch"], "b1"))
         container.prepare_linker(config, os.path.join(world["scratch"], "b1"), Log())
         assert stepmemo._steps == {}
-        # the cache cannot be written into the bundle (a directory in its place): the step
-        # warns and keeps the update-ldcache hook, whose program (here) is on the host
+        # a read-only root whose cache cannot be written into the bundle (a directory in its
+        # place, a file where the /etc overlay's folder goes): the step warns and keeps the
+        # update-ldcache hook, whose program (here) is on the host
         config = config_for(world, second)
+        config["root"]["readonly"] = True
         config["hooks"]["createContainer"] = [dict(_hook("update-ldcache", "--folder", LIBDIR), path="/bin/true")]
         bundle = os.path.join(world["scratch"], "b2")
         os.makedirs(os.path.join(bundle, "cdi-shim.ld.so.cache"))
+        open(os.path.join(bundle, "cdi-shim.etc"), "w").close()
         log = Log()
         out = container.prepare_linker(config, bundle, log)
         assert [level for level, _ in log.lines if level != "debug"] == ["warning"]

@@ -38,7 +38,7 @@ def _host_folder(tmp_path, driver, answer=42):
 
 
 def _cache_listing(world, bundle):
-    cache = os.path.join(bundle.path, "cdi-shim.ld.so.cache")
+    cache = bundle.rootfs + "/etc/ld.so.cache"      # (written where the hook's ldconfig writes it)
     return subprocess.run([os.path.join(rh.VENV_BIN, "cdi-shim"), "ldcache", "list", "--cache", cache],
                           env=world.env(), capture_output=True, text=True, check=True).stdout
 

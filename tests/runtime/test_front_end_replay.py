@@ -82,15 +82,21 @@ def image(world, driver, tmp_path):
 
 def result(bundle):
     """config.json (parsed, this container's paths written as ROOTFS and BUNDLE), the files
-    the runtime wrote into the bundle, and the spec's links in the rootfs."""
+    the runtime wrote into the bundle, the spec's links in the rootfs, and the linker files in
+    the rootfs's /etc (bytes and mode: the cache and the drop-ins, as the hook leaves them)."""
     with open(bundle.config_path) as f:
         text = f.read()
     config = json.loads(text.replace(bundle.rootfs, "ROOTFS").replace(bundle.path, "BUNDLE"))
     files = {name: (open(os.path.join(bundle.path, name), "rb").read(), os.stat(os.path.join(bundle.path, name)).st_mode)
-             for name in sorted(os.listdir(bundle.path)) if name.startswith("cdi-shim.")}
+             for name in sorted(os.listdir(bundle.path))
+             if name.startswith("cdi-shim.") and os.path.isfile(os.path.join(bundle.path, name))}
     links = {name: os.readlink(os.path.join(bundle.rootfs + LIBDIR, name))
              for name in ("libcuda.so", "libnvidia-ml.so") if os.path.islink(os.path.join(bundle.rootfs + LIBDIR, name))}
-    return config, files, links
+    etc = bundle.rootfs + "/etc"
+    names = ["ld.so.cache", "ld.so.conf"] + [f"ld.so.conf.d/{n}" for n in sorted(os.listdir(etc + "/ld.so.conf.d"))]
+    linker = {name: (open(f"{etc}/{name}", "rb").read(), os.stat(f"{etc}/{name}").st_mode)
+              for name in names if os.path.exists(f"{etc}/{name}")}
+    return config, files, links, linker
 
 
 def each_way(world, made, check=None, replayed=True):
@@ -128,8 +134,13 @@ def test_a_kept_step_is_replayed_by_the_front_end(image):
     assert image.served() == 1, "the worker was asked: the front end did not replay the step"
     replayed = result(second)
     assert not any("nvidia-cdi-hook" in json.dumps(hook) for hook in replayed[0].get("hooks", {}).values())
-    assert [m["destination"] for m in replayed[0]["mounts"]][-1] == "/etc/ld.so.cache"
+    assert "/etc/ld.so.cache" not in [m["destination"] for m in replayed[0]["mounts"]]
     assert replayed[2] == {"libcuda.so": "libcuda.so.1", "libnvidia-ml.so": "libnvidia-ml.so.550.54.15"}
+    # the cache and the drop-ins written in the root (the replay's write_root_files), as the hook leaves them
+    assert replayed[3]["ld.so.cache"] != open(image.layer + "/etc/ld.so.cache", "rb").read()
+    assert replayed[3]["ld.so.conf.d/00-nvcr-cdi-shim.conf"] == (b"/usr/lib/x86_64-linux-gnu/vdpau\n", 0o100644)
+    assert "ld.so.conf.d/zz-nvcr-cdi-shim.conf" in replayed[3]
+    assert not any(name.startswith("cdi-shim.ld") for name in replayed[1])
 
     # the same container made by the Python step alone (no resident process)
     third = image.container()
@@ -152,8 +163,8 @@ def test_a_step_with_the_binds_hook_is_replayed_alike(world, driver, tmp_path):
         assert all(later == results[0] for later in results[1:])
         config = results[0][0]
         binds = config["hooks"]["createContainer"][0]["args"]
-        assert binds[:4] == ["cdi-shim-nshook", "binds", "--rootfs", "ROOTFS"] and binds.count("--bind") == 18
-        assert "BUNDLE/cdi-shim.ld.so.cache" in binds
+        assert binds[:4] == ["cdi-shim-nshook", "binds", "--rootfs", "ROOTFS"] and binds.count("--bind") == 17
+        assert "BUNDLE/cdi-shim.ld.so.cache" not in binds and "ld.so.conf.d/00-nvcr-cdi-shim.conf" in results[0][3]
         assert not any(m["destination"].startswith(LIBDIR) for m in config["mounts"])
     finally:
         made.close()
@@ -343,7 +354,7 @@ def test_replay_under_asan_and_ubsan(image):
 
 def test_file_binds_runc_leaves_every_mount_to_runc(world, driver, tmp_path):
     """`file-binds = "runc"` (for `runc checkpoint`, which tells CRIU only of config.json's
-    mounts): the toolkit-sized driver's library mounts and our cache stay in config.json, no
+    mounts): the toolkit-sized driver's library mounts stay in config.json, no
     binds hook; the front end replays nothing and the worker writes no recipe, so every create
     reaches the worker. Set back to "hook", the next container gets the hook: the worker's
     memo keeps the two modes apart."""
@@ -363,7 +374,7 @@ def test_file_binds_runc_leaves_every_mount_to_runc(world, driver, tmp_path):
         config = results[0][0]
         assert "createContainer" not in config.get("hooks", {}), config.get("hooks")
         destinations = [m["destination"] for m in config["mounts"]]
-        assert sum(d.startswith(LIBDIR + "/") for d in destinations) == 16 and destinations[-1] == "/etc/ld.so.cache"
+        assert sum(d.startswith(LIBDIR + "/") for d in destinations) == 16 and "/etc/ld.so.cache" not in destinations
 
         world.write_config(log_level="debug", log_file=made.log, file_binds="hook")
         bundle = made.container()
@@ -371,7 +382,7 @@ def test_file_binds_runc_leaves_every_mount_to_runc(world, driver, tmp_path):
         assert run.returncode == 0 and run.stdout.startswith("linked=42"), run.stderr
         assert made.served() == 3
         binds = result(bundle)[0]["hooks"]["createContainer"][0]["args"]
-        assert binds[:2] == ["cdi-shim-nshook", "binds"] and binds.count("--bind") == 18
+        assert binds[:2] == ["cdi-shim-nshook", "binds"] and binds.count("--bind") == 17
     finally:
         made.close()
 
@@ -477,8 +488,75 @@ def test_a_compat_decision_by_the_elf_note_is_replayed_alike(world, driver, tmp_
         time.sleep(1.2)     # (older than the memos' settle time)
         results = each_way(world, made)
         assert all(later == results[0] for later in results[1:])
-        listed = lh.listing(results[0][1]["cdi-shim.ld.so.cache"][0]).decode().splitlines()
+        listed = lh.listing(results[0][3]["ld.so.cache"][0]).decode().splitlines()
         cuda = [line for line in listed if line.strip().startswith("libcuda.so.1 ")]
         assert cuda[0].endswith(f"=> {COMPAT}/libcuda.so.1"), listed
+    finally:
+        made.close()
+
+
+LATER_LDCONFIG = ("/prog; md5sum /etc/ld.so.cache /etc/ld.so.conf.d/*; /sbin/ldconfig; echo ldconfig=$?; /prog; "
+                  "/sbin/ldconfig -p | grep -c -e 'libnvidia-ml.so.1 (' -e 'libcuda.so.1 ('; ls /etc/ld.so.conf.d")
+
+
+def _linker_after(bundle, readonly):
+    """The linker files the container's /etc ended with (the rootfs's, or a read-only root's
+    overlay upper folder in the bundle), the image's /etc listing, config.json."""
+    etc = os.path.join(bundle.path, "cdi-shim.etc", "upper") if readonly else bundle.rootfs + "/etc"
+    names = ["ld.so.cache", "ld.so.conf"] + [f"ld.so.conf.d/{n}" for n in sorted(os.listdir(etc + "/ld.so.conf.d"))]
+    files = {name: (open(f"{etc}/{name}", "rb").read(), os.stat(f"{etc}/{name}").st_mode)
+             for name in names if os.path.exists(f"{etc}/{name}")}
+    image = sorted(os.listdir(bundle.rootfs + "/etc/ld.so.conf.d"))
+    return files, image, result(bundle)[0]
+
+
+@pytest.mark.parametrize("readonly", [False, True], ids=["rw-rootfs", "readonly-rootfs"])
+def test_a_later_ldconfig_after_a_replayed_step(world, driver, tmp_path, readonly):
+    """Issue 32, 6: an entrypoint that loads the driver libraries by soname, prints the sums of
+    the linker files as the step left them, runs ldconfig, then loads them again -- in
+    containers of one image and spec made by the worker, by the front end's replay, by the
+    worker's memo and by the Python step alone: ldconfig exits 0, its cache keeps the driver
+    libraries (the drop-ins name the folders), and every way gives the same output, the same
+    files in /etc and the same config.json. A read-only root's /etc is an overlay from the
+    bundle (the image's /etc not written), replayed alike."""
+    made = Image(world, driver, tmp_path)
+    try:
+        os.makedirs(made.layer + "/sbin", exist_ok=True)
+        shutil.copy2(rh.need("ldconfig", "libc-bin"), made.layer + "/sbin/ldconfig")     # (static)
+        time.sleep(1.2)     # (trusted by the memos once over a second old)
+        outputs, after = [], []
+        for how in ("worker", "front end", "worker's memo", "python"):
+            if how == "worker's memo":
+                shutil.rmtree(made.steps)
+            if how == "python":
+                world.resident_socket = os.path.join(world.base, "no-resident.sock")
+                world.write_config(log_level="debug", log_file=made.log)
+            bundle = made.container(args=("sh", "-c", LATER_LDCONFIG),
+                                    change=lambda config: config["root"].update(readonly=readonly))
+            run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
+            assert run.returncode == 0, (how, run.stderr)
+            if how != "python":
+                assert made.served() == {"worker": 1, "front end": 1, "worker's memo": 2}[how], how
+            outputs.append(run.stdout)
+            after.append(_linker_after(bundle, readonly))
+        lines = outputs[0].splitlines()
+        summed = [line.split()[1] for line in lines[1:] if line.split()[-1].startswith("/etc/")]
+        rest = lines[1 + len(summed):]
+        assert lines[0] == "linked=42 cuda=550" and summed[0] == "/etc/ld.so.cache", outputs[0]
+        assert {"/etc/ld.so.conf.d/00-nvcr-cdi-shim.conf", "/etc/ld.so.conf.d/zz-nvcr-cdi-shim.conf"} <= set(summed)
+        assert rest[:3] == ["ldconfig=0", "linked=42 cuda=550", "2"], outputs[0]     # both driver libraries cached
+        assert rest[3:] == [name.split("/")[-1] for name in summed[1:]], outputs[0]
+        assert all(output == outputs[0] for output in outputs[1:]), outputs
+        assert all(later == after[0] for later in after[1:])
+        files, image, config = after[0]
+        assert files["ld.so.conf.d/zz-nvcr-cdi-shim.conf"][1] == 0o100644
+        assert "/etc/ld.so.cache" not in [m["destination"] for m in config["mounts"]]
+        overlays = [m for m in config["mounts"] if m["destination"] == "/etc"]
+        if readonly:
+            assert "zz-nvcr-cdi-shim.conf" not in image, "a read-only root's image /etc was written"
+            assert overlays == [{"destination": "/etc", "type": "overlay", "source": "overlay", "options": [
+                "lowerdir=ROOTFS/etc", "upperdir=BUNDLE/cdi-shim.etc/upper", "workdir=BUNDLE/cdi-shim.etc/work"]}]
+        else:
+            assert "zz-nvcr-cdi-shim.conf" in image and not overlays
     finally:
         made.close()

@@ -109,7 +109,7 @@ def test_a_replaced_file_s_link_to_a_soname_link_dangles_during_the_scan(world, 
     assert result.stdout == "linked=42 cuda=550\ndev-link-opens\n", result.stdout
     assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"
     assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so.1") == f"libcuda.so.{VERSION}"
-    listed = lh.listing(open(os.path.join(bundle.path, "cdi-shim.ld.so.cache"), "rb").read()).decode()
+    listed = lh.listing(open(rootfs + "/etc/ld.so.cache", "rb").read()).decode()
     assert f"=> {LIBDIR}/libcuda.so.1" in listed and f"=> {LIBDIR}/libcuda.so\n" not in listed, listed
 
 
@@ -186,7 +186,7 @@ def test_soname_links_and_cache_as_the_hook_s_ldconfig_makes_them(world, driver,
     def entries(cache):
         return [line for line in lh.listing(cache).decode().splitlines()[1:] if "Cache generated" not in line]
 
-    ours = open(os.path.join(bundle.path, "cdi-shim.ld.so.cache"), "rb").read()
+    ours = open(rootfs + "/etc/ld.so.cache", "rb").read()      # (written where the hook's ldconfig writes it)
     assert entries(ours) == entries(expected)
     assert f"\tlibnvidia-ml.so.1 (libc6,x86-64) => {LIBDIR}/libnvidia-ml.so.1" in entries(ours)
 
@@ -203,6 +203,111 @@ def test_no_soname_links_without_update_ldcache(world, driver, tmp_path):
     assert result.returncode == 0 and result.stdout == "linked=42 cuda=550\n", result.stderr
     assert not os.path.lexists(rootfs + f"{LIBDIR}/libnvidia-ml.so.1")
     assert not os.path.lexists(rootfs + f"{LIBDIR}/libcuda.so.1")
+
+
+# ---- update-ldcache: a later ldconfig in the container ---------------------------------------
+#
+# ldconfig.go (internal/ldconfig, 1.20.0), UpdateLDCache, pivoted into the container's root:
+# ensureLdsoconfFile creates /etc/ld.so.conf (O_CREATE|O_EXCL, 0644: "include
+# /etc/ld.so.conf.d/*.conf") only where none is; createLdsoconfdFile writes the folders not yet
+# configured to /etc/ld.so.conf.d/00-nvcr-*.conf and the container's system directories (not
+# Debian-like: /lib /usr/lib /lib64 /usr/lib64 /libx32 /usr/libx32) to zz-nvcr-*.conf
+# (os.CreateTemp, then Chmod 0644, MkdirAll 0755 of the folder); then `ldconfig -f
+# /etc/ld.so.conf -C /etc/ld.so.cache` renames its new cache over /etc/ld.so.cache (mode 0644).
+# All of it is left in the root, so an entrypoint's own `ldconfig` works and keeps the folders.
+# (runc runs createContainer hooks before it remounts a read-only root: the hook writes the image
+# there too, and a later ldconfig fails on the read-only /etc; ours works: docs/hooks.md.)
+
+FOLDER = "/usr/local/nvidia/lib64"
+SYSTEM_DIRS = "/lib\n/usr/lib\n/lib64\n/usr/lib64\n/libx32\n/usr/libx32\n"
+
+
+def _later_ldconfig_spec(world, driver):
+    mounts = "".join(f"    - hostPath: {driver}/{name}\n      containerPath: {FOLDER}/{name}\n"
+                     "      options: [ro, nosuid, nodev, rbind, rprivate]\n"
+                     for name in (f"libnvidia-ml.so.{VERSION}", f"libcuda.so.{VERSION}"))
+    return ('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n'
+            'devices:\n  - name: "0"\n    containerEdits:\n'
+            f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n"
+            "containerEdits:\n  hooks:\n" + _hook("update-ldcache", "--folder", FOLDER) + "  mounts:\n" + mounts)
+
+
+LATER = (f"/sbin/ldconfig; echo ldconfig=$?; /prog; /sbin/ldconfig -p | grep -c {FOLDER}/; "
+         "cat /etc/ld.so.conf.d/00-nvcr-*.conf; ls /etc/ld.so.conf.d")
+
+
+@pytest.mark.parametrize("readonly", [False, True], ids=["rw-rootfs", "readonly-rootfs"])
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_a_later_ldconfig_works_and_keeps_the_driver_folders(world, driver, tmp_path, how, readonly):
+    """An entrypoint that runs ldconfig, then loads the driver libraries by soname: ldconfig
+    exits 0, and its new cache still lists the mounted folder (the drop-in names it). Read-write
+    root: the files are in the image as the hook leaves them. Read-only root: the image's /etc is
+    left as it was; the container's /etc (an overlay) shows the same files and takes ldconfig's."""
+    import fnmatch
+
+    world.write_spec("nvidia-gpu.yaml", _later_ldconfig_spec(world, driver))
+    bundle = world.bundle(args=["sh", "-c", LATER], edit=lambda config: config["root"].update(readonly=readonly))
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    os.makedirs(rootfs + FOLDER)
+    os.makedirs(rootfs + "/sbin", exist_ok=True)
+    import shutil
+
+    shutil.copy2(rh.need("ldconfig", "libc-bin"), rootfs + "/sbin/ldconfig")     # (static)
+    image_etc = _listed(rootfs + "/etc")
+    _request(world, bundle, how)
+
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["ldconfig=0", "linked=42 cuda=550", "2"], result.stdout    # both libraries cached
+    assert lines[3] == FOLDER, result.stdout
+    dropins = lines[4:]
+    assert [fnmatch.fnmatch(name, "00-nvcr-*.conf") for name in dropins].count(True) == 1, dropins
+    assert [fnmatch.fnmatch(name, "zz-nvcr-*.conf") for name in dropins].count(True) == 1, dropins
+    config = bundle.config()
+    assert not any("update-ldcache" in json.dumps(h) for h in config.get("hooks", {}).get("createContainer", []))
+    assert not [m for m in config["mounts"] if m["destination"] == "/etc/ld.so.cache"]
+    # the soname links, as the hook's ldconfig makes them (in the image: FOLDER is the image's)
+    assert _links_in(rootfs + FOLDER) == {"libnvidia-ml.so.1": f"libnvidia-ml.so.{VERSION}",
+                                          "libcuda.so.1": f"libcuda.so.{VERSION}"}
+    if readonly:
+        assert _listed(rootfs + "/etc") == image_etc, "a read-only root's /etc was written"
+        overlay = [m for m in config["mounts"] if m["destination"] == "/etc"]
+        assert overlay and overlay[0]["type"] == "overlay", config["mounts"]
+        etc = os.path.join(bundle.path, "cdi-shim.etc", "upper")
+    else:
+        etc = rootfs + "/etc"
+        assert not [m for m in config["mounts"] if m["destination"] == "/etc"]
+    after = _listed(etc)
+    first = [name for name in after if fnmatch.fnmatch(name, "ld.so.conf.d/00-nvcr-*.conf")]
+    last = [name for name in after if fnmatch.fnmatch(name, "ld.so.conf.d/zz-nvcr-*.conf")]
+    assert [after[n] for n in first] == [(f"{FOLDER}\n".encode(), 0o100644)]
+    assert [after[n] for n in last] == [(SYSTEM_DIRS.encode(), 0o100644)]
+    assert after["ld.so.cache"][1] == 0o100644
+    assert f"{FOLDER}/libnvidia-ml.so.1".encode() in after["ld.so.cache"][0]   # (the container's ldconfig's)
+
+
+def _listed(etc):
+    """{name: (bytes, mode)} of the linker files under the folder ETC (a root's /etc, or an upper folder)."""
+    names = ["ld.so.cache", "ld.so.conf"]
+    if os.path.isdir(etc + "/ld.so.conf.d"):
+        names += [f"ld.so.conf.d/{n}" for n in sorted(os.listdir(etc + "/ld.so.conf.d"))]
+    return {name: (open(f"{etc}/{name}", "rb").read(), os.stat(f"{etc}/{name}").st_mode)
+            for name in names if os.path.exists(f"{etc}/{name}")}
+
+
+def test_ld_so_conf_made_where_the_image_has_none(world, driver, tmp_path):
+    """ensureLdsoconfFile: an image without /etc/ld.so.conf gets the one-line file (0644), and
+    an image's own one is left as it was (O_EXCL)."""
+    world.write_spec("nvidia-gpu.yaml", _later_ldconfig_spec(world, driver))
+    bundle = world.bundle(args=["/prog"])
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    os.makedirs(rootfs + FOLDER)
+    os.unlink(rootfs + "/etc/ld.so.conf")
+    preinject(world, bundle)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0 and result.stdout == "linked=42 cuda=550\n", result.stderr + result.stdout
+    assert _listed(rootfs + "/etc")["ld.so.conf"] == (b"include /etc/ld.so.conf.d/*.conf\n", 0o100644)
 
 
 # ---- chmod ---------------------------------------------------------------------------------

@@ -162,9 +162,9 @@ def test_idle_half_open_and_slow_connections_hold_no_worker(world):
 
 @pytest.mark.parametrize("via", ["interpreter", "resident"])
 def test_a_config_write_that_fails_on_enospc_leaves_nothing_of_ours(world, driver, tmp_path, via):
-    """The bundle is on a full tmpfs: the linker cache fits but the new config.json does not.
+    """The bundle is on a full tmpfs: the linker files fit but the new config.json does not.
     The create fails naming config.json and ENOSPC, config.json is as it was, and the linker
-    cache written before is gone."""
+    files written before into the bundle (a read-only root's /etc overlay) are gone."""
     world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
     if via == "resident":
         world.resident_socket = os.path.join(world.base, "run", "runtime.sock")
@@ -177,12 +177,15 @@ def test_a_config_write_that_fails_on_enospc_leaves_nothing_of_ours(world, drive
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", small], check=True)
     try:
         # the same create in a roomy bundle first: the size of the cache it writes
-        roomy = world.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={"pad": "p" * 300_000})
+        readonly = lambda config: config["root"].update(readonly=True)  # noqa: E731
+        roomy = world.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={"pad": "p" * 300_000}, edit=readonly)
         result = world.shim("create", "--bundle", roomy.path, roomy.id)
         assert result.returncode == 0, result.stderr
-        cache = os.path.getsize(os.path.join(roomy.path, "cdi-shim.ld.so.cache"))
+        cache = sum(os.path.getsize(os.path.join(top, name)) + 4096 for top, _, names
+                    in os.walk(os.path.join(roomy.path, "cdi-shim.etc")) for name in names)
+        assert cache > 0
         world.runc_cmd("delete", "--force", roomy.id)
-        bundle = world.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={"pad": "p" * 300_000})
+        bundle = world.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={"pad": "p" * 300_000}, edit=readonly)
         for name in os.listdir(bundle.path):
             if name != "rootfs":
                 shutil.copy(os.path.join(bundle.path, name), small)

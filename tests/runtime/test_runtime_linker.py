@@ -94,11 +94,18 @@ def test_injected_library_resolves_by_soname_without_hooks(world, driver, tmp_pa
 
     config = bundle.config()
     assert not config.get("hooks", {}).get("createContainer"), "the replaced hooks must be gone"
-    cache_mount = [m for m in config["mounts"] if m["destination"] == "/etc/ld.so.cache"]
-    assert cache_mount and cache_mount[0]["source"].startswith(bundle.path + "/")
-    assert "ro" in cache_mount[0]["options"]
-    # Nothing was written into the image for the cache; the soname link was made in the rootfs.
-    assert open(rootfs + "/etc/ld.so.cache", "rb").read() == image_cache
+    assert not [m for m in config["mounts"] if m["destination"] == "/etc/ld.so.cache"]
+    overlay = [m for m in config["mounts"] if m["destination"] == "/etc"]
+    upper = os.path.join(bundle.path, "cdi-shim.etc", "upper")
+    if readonly:
+        # the image's /etc left as it was: the cache is in the overlay's upper folder, in the bundle
+        assert open(rootfs + "/etc/ld.so.cache", "rb").read() == image_cache
+        assert overlay and overlay[0]["type"] == "overlay" and f"upperdir={upper}" in overlay[0]["options"]
+        assert open(upper + "/ld.so.cache", "rb").read() != image_cache
+    else:
+        # written where the hook's ldconfig writes it, in the root
+        assert open(rootfs + "/etc/ld.so.cache", "rb").read() != image_cache
+        assert not overlay and not os.path.exists(upper)
     assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == driver.name
 
 
@@ -199,7 +206,9 @@ def test_runtime_does_the_work_of_our_hooks(world, driver, tmp_path, hook_comman
     assert result.returncode == 0, result.stderr
     assert result.stdout == "linked=42 dlopen=ok\n"
     assert not bundle.config().get("hooks", {}).get("createContainer")
-    assert open(rootfs + "/etc/ld.so.cache", "rb").read() == image_cache  # no hook wrote it
+    # no hook ran: the runtime wrote the cache where the hook's ldconfig writes it, in the root
+    assert open(rootfs + "/etc/ld.so.cache", "rb").read() != image_cache
+    assert not [n for n in os.listdir(bundle.path) if n.startswith("cdi-shim.")]
     assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == driver.name
 
 
@@ -319,13 +328,16 @@ def test_image_without_a_place_for_our_own_cache_runs_without_it(world, driver, 
 
 
 def test_cache_that_cannot_be_written_keeps_the_hooks(world, driver, tmp_path):
-    """The bundle cannot take the cache (here a directory is in the way: rename fails with
-    EISDIR): a warning naming the file, the spec's hooks kept, and the container still gets
-    its cache from them; never an internal error."""
+    """A read-only root whose bundle cannot take the cache, neither as the /etc overlay's upper
+    folder (a file in the way) nor as a file to bind (a directory in the way: rename fails with
+    EISDIR): a warning naming the file, the spec's hooks kept, and the container still gets its
+    cache from them; never an internal error."""
     world.write_spec("nvidia-gpu.yaml", _hook_spec(world, driver))
-    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"],
+                          edit=lambda config: config["root"].update(readonly=True))
     _glibc_rootfs(world, bundle, driver, tmp_path)
     os.makedirs(os.path.join(bundle.path, "cdi-shim.ld.so.cache", "in-the-way"))
+    open(os.path.join(bundle.path, "cdi-shim.etc"), "w").close()
     result = world.shim("run", "--bundle", bundle.path, bundle.id)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "linked=42 dlopen=ok\n"
@@ -356,9 +368,10 @@ class _Recorder:
 
 @pytest.mark.parametrize("failure", ["ENOSPC", "EROFS"])
 def test_cache_write_errors_keep_the_hooks(driver, tmp_path, failure):
-    """prepare_linker on a bundle directory that is full (a 4 KiB tmpfs, filled) or read-only
-    (a tmpfs remounted ro): the config comes back with the hooks and without the cache mount,
-    a warning says which file and why, and no temp file is left."""
+    """prepare_linker for a read-only root (the cache goes into the bundle) on a bundle
+    directory that is full (a 4 KiB tmpfs, filled) or read-only (a tmpfs remounted ro): the
+    config comes back with the hooks and without the cache mount or /etc overlay, a warning
+    says which file and why, and no temp file or folder of ours is left."""
     from shim.linker.container import prepare_linker
 
     require = rh.need("mount", "mount")
@@ -379,13 +392,14 @@ def test_cache_write_errors_keep_the_hooks(driver, tmp_path, failure):
         # a hook program present on this host: the hook is kept for runc to run
         program = os.path.join(rh.VENV_BIN, "cdi-shim-hook")
         hook = {"path": program, "args": ["cdi-shim-hook", "update-ldcache", "--folder", LIBDIR]}
-        config = {"root": {"path": str(rootfs)}, "hooks": {"createContainer": [hook]},
+        config = {"root": {"path": str(rootfs), "readonly": True}, "hooks": {"createContainer": [hook]},
                   "mounts": [{"destination": f"{LIBDIR}/{driver.name}", "source": str(driver), "type": "bind",
                               "options": ["ro", "bind"]}]}
         log = _Recorder()
         out = prepare_linker(config, str(bundle), log)
         assert out["hooks"]["createContainer"] == [hook]
-        assert not [m for m in out["mounts"] if m["destination"] == "/etc/ld.so.cache"]
+        assert not [m for m in out["mounts"] if m["destination"] in ("/etc/ld.so.cache", "/etc")]
+        assert not os.path.exists(bundle / "cdi-shim.etc")
         why = {"ENOSPC": "No space left on device", "EROFS": "Read-only file system"}[failure]
         assert log.lines == [("warning", f"linker cache not written into the bundle (cannot write "
                                          f"{bundle}/cdi-shim.ld.so.cache: {why}); the spec's hooks run as written")]
@@ -419,7 +433,7 @@ def test_stale_cache_temp_files_are_removed(world, driver, tmp_path):
     assert result.returncode == 0, result.stderr
     names = os.listdir(bundle.path)
     assert not set(stale) & set(names), names
-    assert live in names and "cdi-shim.ld.so.cache" in names
+    assert live in names
 
 
 def _self_referencing_include(rootfs):
@@ -495,4 +509,5 @@ def test_linker_step_past_its_time_bound_is_refused(driver, tmp_path, monkeypatc
         in str(caught.value), caught.value
     assert os.listdir(bundle) == []
     monkeypatch.setattr(ldcache, "LINKER_TIME_LIMIT", 10)
-    assert prepare_linker(config, str(bundle), _Recorder())["mounts"][-1]["destination"] == "/etc/ld.so.cache"
+    assert prepare_linker(config, str(bundle), _Recorder())["mounts"][-1]["destination"] == f"{LIBDIR}/{driver.name}"
+    assert (rootfs / "etc" / "ld.so.cache").is_file()      # (written in the root, as the hook's ldconfig does)

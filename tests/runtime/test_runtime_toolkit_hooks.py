@@ -177,9 +177,16 @@ def test_toolkit_spec_preinjected_runs_without_the_toolkit(world, driver, tmp_pa
     assert not config.get("hooks", {}).get("createContainer"), config.get("hooks")
     assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"
     assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == f"libnvidia-ml.so.{VERSION}"
-    assert open(rootfs + "/etc/ld.so.cache", "rb").read() == image_cache  # nothing written for the cache
-    assert not os.path.exists(rootfs + "/etc/ld.so.conf.d/00-compat") and not [
-        n for n in os.listdir(rootfs + "/etc/ld.so.conf.d") if n.startswith(("00-compat", "00-nvcr", "zz-nvcr"))]
+    # the cache and the hooks' drop-ins written in the root, as the hooks leave them (ldconfig.go:
+    # 00-nvcr-*.conf the folders not yet configured, zz-nvcr-*.conf the system directories of a
+    # container not Debian-like; cudacompat.go: 00-compat-*.conf the compat folder; each 0644)
+    assert open(rootfs + "/etc/ld.so.cache", "rb").read() != image_cache
+    dropins = {n.split("-")[0] + "-" + n.split("-")[1]: (open(rootfs + "/etc/ld.so.conf.d/" + n).read(),
+                                                         os.stat(rootfs + "/etc/ld.so.conf.d/" + n).st_mode)
+               for n in os.listdir(rootfs + "/etc/ld.so.conf.d") if n.startswith(("00-compat-", "00-nvcr-", "zz-nvcr-"))}
+    assert dropins == {"00-compat": (COMPAT + "\n", 0o100644), "00-nvcr": (f"{LIBDIR}/vdpau\n", 0o100644),
+                       "zz-nvcr": ("/lib\n/usr/lib\n/lib64\n/usr/lib64\n/libx32\n/usr/libx32\n", 0o100644)}
+    assert not [n for n in os.listdir(bundle.path) if n.startswith("cdi-shim.ld")]
     # the profile is mounted, never written into the image (runc makes an empty mount point)
     assert os.path.getsize(rootfs + PROFILE) == 0
     assert not os.path.exists(os.path.join(bundle.path, "cdi-shim.nvidia-params"))
@@ -197,7 +204,7 @@ def test_toolkit_spec_preinjected_runs_without_the_toolkit(world, driver, tmp_pa
     # the soname links the hook's ldconfig makes (it runs without -X), so that both listings resolve
     subprocess.run([lh.LDCONFIG, "-N", "-r", oracle_root], check=True, timeout=60)
     expected = lh.toolkit_ldconfig(oracle_root, [LIBDIR, f"{LIBDIR}/vdpau"])
-    ours = open(os.path.join(bundle.path, "cdi-shim.ld.so.cache"), "rb").read()
+    ours = open(rootfs + "/etc/ld.so.cache", "rb").read()
     # (A development link such as libcuda.so -> libcuda.so.1 is listed by ldconfig only once it
     # has made the soname link libcuda.so.1; we make no soname links: the cache names the
     # file itself. The loader looks sonames up, never those names.)
@@ -252,7 +259,7 @@ def test_params_file_modified_and_our_hook_binds_it(world, driver, tmp_path):
     # one hook of ours: the library mounts' binds (shim/linker/filebinds.py), the params bind folded in
     hooks = bundle.config()["hooks"]["createContainer"]
     assert len(hooks) == 1 and hooks[0]["args"][:4] == ["cdi-shim-nshook", "binds", "--rootfs", bundle.rootfs]
-    assert hooks[0]["args"][-2:] == ["--params", written] and hooks[0]["args"].count("--bind") == 4
+    assert hooks[0]["args"][-2:] == ["--params", written] and hooks[0]["args"].count("--bind") == 3
     assert hooks[0]["path"] == os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
 
     # The hook, as runc runs it (state on stdin), in a private mount namespace.
@@ -471,7 +478,7 @@ def test_drm_by_path_links_of_a_toolkit_spec_without_the_toolkit(world, driver, 
     hooks = bundle.config()["hooks"]["createContainer"]
     assert len(hooks) == 1 and hooks[0]["path"] == os.path.join(rh.VENV_BIN, "cdi-shim-nshook"), hooks
     assert hooks[0]["args"][:4] == ["cdi-shim-nshook", "binds", "--rootfs", bundle.rootfs]
-    assert hooks[0]["args"][-4:] == links and hooks[0]["args"].count("--bind") == 4
+    assert hooks[0]["args"][-4:] == links and hooks[0]["args"].count("--bind") == 3
     assert os.readlink(bundle.rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"   # made natively
 
 
