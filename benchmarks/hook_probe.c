@@ -40,8 +40,11 @@ static void show_entry(const char *path)
         printf("entry %s absent\n", path);
         return;
     }
-    char type = S_ISDIR(st.st_mode) ? 'd' : S_ISLNK(st.st_mode) ? 'l' : S_ISREG(st.st_mode) ? 'f'
-              : S_ISCHR(st.st_mode) ? 'c' : '?';
+    char type = S_ISDIR(st.st_mode) ? 'd'
+        : S_ISLNK(st.st_mode)       ? 'l'
+        : S_ISREG(st.st_mode)       ? 'f'
+        : S_ISCHR(st.st_mode)       ? 'c'
+                                    : '?';
     printf("entry %s %c %04o", path, type, (unsigned)(st.st_mode & 07777));
     if (type == 'l') {
         char text[4096];
@@ -83,7 +86,7 @@ int main(int argc, char **argv)
     show_file("/etc/ld.so.cache", "cache", 1 << 20);
     show_file("/etc/ld.so.conf", "bytes", 4096);
     fflush(stdout);
-    for (i++; i < argc; i++) {      /* each in a new process: one load must not answer for the next */
+    for (i++; i < argc; i++) { /* each in a new process: one load must not answer for the next */
         pid_t child = fork();
         if (child > 0) {
             waitpid(child, NULL, 0);

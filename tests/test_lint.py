@@ -22,8 +22,10 @@ def test_python_passes_ruff():
 
 
 def test_c_is_formatted_by_clang_format():
+    from shim.native_headers import HEADERS    # (generated: their generator's layout is checked instead)
+
     clang_format = need("clang-format-14", "clang-format-14")
-    sources = tracked("*.c", "*.h")
+    sources = [path for path in tracked("*.c", "*.h") if path not in HEADERS]
     assert len(sources) > 20
     done = subprocess.run([clang_format, "--dry-run", "-Werror", *sources], cwd=TOP, capture_output=True, text=True)
     assert done.returncode == 0, "run clang-format-14 -i on: " + " ".join(

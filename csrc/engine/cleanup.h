@@ -16,10 +16,7 @@ static inline void cds_closep(int *fd)
     }
 }
 
-static inline void cds_freep(void *p)
-{
-    free(*(void **)p);
-}
+static inline void cds_freep(void *p) { free(*(void **)p); }
 
 static inline void cds_closedirp(DIR **dir)
 {

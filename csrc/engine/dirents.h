@@ -13,9 +13,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define CDS_DIRENTS_BUF 65536u        /* a 1,000-name library directory in one call */
+#define CDS_DIRENTS_BUF 65536u /* a 1,000-name library directory in one call */
 
-struct cds_dirent64 {                 /* the kernel's struct linux_dirent64 */
+struct cds_dirent64 { /* the kernel's struct linux_dirent64 */
     uint64_t d_ino;
     int64_t d_off;
     unsigned short d_reclen;

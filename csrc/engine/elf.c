@@ -20,7 +20,7 @@
 #define PAGE 4096u
 #define HEAD 1024u
 #define WINDOW 1024u
-#define MAX_DYN_ENTRIES 65536u        /* real objects have well under 100 */
+#define MAX_DYN_ENTRIES 65536u /* real objects have well under 100 */
 #define MAX_NOTES 4096u
 
 #define ET_DYN 3
@@ -48,15 +48,15 @@ enum { READ_OK = 0, READ_BEYOND = 1, READ_IO = -1 };
 struct src {
     int fd;
     const uint8_t *mem;
-    uint64_t size;                    /* SIZE_UNKNOWN until known */
-    uint64_t limit;                   /* size rounded up to a page: where reads stop */
-    uint64_t seen;                    /* [0, seen) is known to exist */
+    uint64_t size;  /* SIZE_UNKNOWN until known */
+    uint64_t limit; /* size rounded up to a page: where reads stop */
+    uint64_t seen;  /* [0, seen) is known to exist */
     uint8_t head[HEAD];
     size_t head_len;
-    uint8_t window[2][WINDOW];        /* the last two blocks read past the head */
+    uint8_t window[2][WINDOW]; /* the last two blocks read past the head */
     uint64_t window_off[2];
     size_t window_len[2];
-    int last;                         /* the window used last */
+    int last; /* the window used last */
 };
 
 static int pread_full(int fd, uint8_t *out, size_t len, uint64_t off, size_t *got)
@@ -70,7 +70,7 @@ static int pread_full(int fd, uint8_t *out, size_t len, uint64_t off, size_t *go
             return -1;
         }
         if (n == 0)
-            break;                    /* end of file */
+            break; /* end of file */
         done += (size_t)n;
     }
     *got = done;
@@ -100,7 +100,7 @@ static int fill_n(struct src *s, uint64_t off, size_t want, int *which)
     if (s->size != SIZE_UNKNOWN)
         want = off >= s->size ? 0 : (s->size - off < want ? (size_t)(s->size - off) : want);
     if (off > (uint64_t)INT64_MAX - WINDOW)
-        want = 0;                     /* past any file: pread would call it EINVAL */
+        want = 0; /* past any file: pread would call it EINVAL */
     if (want > 0 && pread_full(s->fd, s->window[w], want, off, &got) < 0)
         return READ_IO;
     s->window_off[w] = off;
@@ -118,10 +118,7 @@ static int fill_n(struct src *s, uint64_t off, size_t want, int *which)
     return READ_OK;
 }
 
-static int fill(struct src *s, uint64_t off, int *which)
-{
-    return fill_n(s, off, WINDOW, which);
-}
+static int fill(struct src *s, uint64_t off, int *which) { return fill_n(s, off, WINDOW, which); }
 
 /* ldconfig's check_ptr: is OFF inside the file (the end itself included)? 1, 0 or -1. */
 static int within(struct src *s, uint64_t off)
@@ -133,7 +130,7 @@ static int within(struct src *s, uint64_t off)
         if (fill(s, off, &w) != READ_OK)
             return -1;
         if (s->size == SIZE_UNKNOWN)
-            return 1;                 /* bytes came back from OFF */
+            return 1; /* bytes came back from OFF */
     }
     return off <= s->size;
 }
@@ -207,7 +204,7 @@ static int src_read_n(struct src *s, uint64_t off, size_t len, void *dst, size_t
         if (pread_full(s->fd, out, avail, off, &got) < 0)
             return READ_IO;
         if (got < avail)
-            memset(out + got, 0, avail - got);    /* shrank under us */
+            memset(out + got, 0, avail - got); /* shrank under us */
         return READ_OK;
     }
     int w;
@@ -221,10 +218,7 @@ static int src_read_n(struct src *s, uint64_t off, size_t len, void *dst, size_t
     return READ_OK;
 }
 
-static int src_read(struct src *s, uint64_t off, size_t len, void *dst)
-{
-    return src_read_n(s, off, len, dst, WINDOW);
-}
+static int src_read(struct src *s, uint64_t off, size_t len, void *dst) { return src_read_n(s, off, len, dst, WINDOW); }
 
 #define STRING_WINDOW 256u
 
@@ -252,7 +246,7 @@ static int src_string(struct src *s, uint64_t off, char *buf, size_t cap, size_t
         }
         got += chunk;
     }
-    return 2;                         /* longer than CAP */
+    return 2; /* longer than CAP */
 }
 
 static int is_one_of(const char *value, const char *const *names)
@@ -264,15 +258,18 @@ static int is_one_of(const char *value, const char *const *names)
 }
 
 static const char *const interpreters_x86_64[] = {
-    "/lib/ld-linux-x86-64.so.2", "/lib/ld-linux.so.2", "/libx32/ld-linux-x32.so.2",
-    "/lib64/ld-linux-x86-64.so.2", NULL,
+    "/lib/ld-linux-x86-64.so.2", "/lib/ld-linux.so.2", "/libx32/ld-linux-x32.so.2", "/lib64/ld-linux-x86-64.so.2", NULL,
 };
 static const char *const interpreters_aarch64[] = {
-    "/lib/ld-linux-aarch64.so.1", "/lib/ld-linux-aarch64_be.so.1",
-    "/lib/ld-linux-aarch64_ilp32.so.1", "/lib/ld-linux-aarch64_be_ilp32.so.1",
-    "/lib/ld-linux.so.3", "/lib/ld-linux-armhf.so.3", NULL,
+    "/lib/ld-linux-aarch64.so.1",
+    "/lib/ld-linux-aarch64_be.so.1",
+    "/lib/ld-linux-aarch64_ilp32.so.1",
+    "/lib/ld-linux-aarch64_be_ilp32.so.1",
+    "/lib/ld-linux.so.3",
+    "/lib/ld-linux-armhf.so.3",
+    NULL,
 };
-static const char *const known_libs[] = { "libc.so.6", "libm.so.6", NULL };
+static const char *const known_libs[] = {"libc.so.6", "libm.so.6", NULL};
 
 static unsigned highest_bit(uint32_t v)
 {
@@ -286,8 +283,7 @@ static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1)
 
 /* x86's NT_GNU_PROPERTY_TYPE_0 walk for GNU_PROPERTY_X86_ISA_1_NEEDED (ldconfig's
  * read_gnu_property), inside PT_GNU_PROPERTY [start, start+size). */
-static void read_isa_level(struct src *s, int bits, uint64_t start, uint64_t size,
-                           uint64_t align, uint32_t *isa_level)
+static void read_isa_level(struct src *s, int bits, uint64_t start, uint64_t size, uint64_t align, uint32_t *isa_level)
 {
     uint64_t note = start;
     uint32_t last_type = 0, word = (uint32_t)bits / 8;
@@ -324,47 +320,46 @@ static void read_isa_level(struct src *s, int bits, uint64_t start, uint64_t siz
                 }
                 ptr += align_up(datasz, word);
             } while (ptr <= end && end - ptr >= 8);
-            return;                   /* only the first NT_GNU_PROPERTY_TYPE_0 */
+            return; /* only the first NT_GNU_PROPERTY_TYPE_0 */
         }
         note += align_up(align_up(12 + (uint64_t)namesz, align) + descsz, align);
     }
 }
 
 /* The GNU ABI tag (informational; glibc 2.36's ldconfig stores no OS version). */
-static void read_abi_tag(struct src *s, uint64_t start, uint64_t size, uint64_t align,
-                         uint32_t *osversion)
+static void read_abi_tag(struct src *s, uint64_t start, uint64_t size, uint64_t align, uint32_t *osversion)
 {
     if (align < 4)
         align = 4;
     if (align != 4 && align != 8)
         return;
     uint64_t note = start;
-    for (unsigned count = 0; count < MAX_NOTES && size >= 12 && note - start <= size - 12;
-         count++) {
+    for (unsigned count = 0; count < MAX_NOTES && size >= 12 && note - start <= size - 12; count++) {
         uint8_t nh[32];
         if (src_read(s, note, sizeof nh, nh) != READ_OK)
             return;
         uint32_t namesz = le32(nh), descsz = le32(nh + 4), type = le32(nh + 8);
-        if (namesz == 4 && descsz == 16 && type == NT_GNU_ABI_TAG
-            && memcmp(nh + 12, "GNU", 4) == 0) {
-            *osversion = le32(nh + 16) << 24 | (le32(nh + 20) & 0xff) << 16
-                         | (le32(nh + 24) & 0xff) << 8 | (le32(nh + 28) & 0xff);
+        if (namesz == 4 && descsz == 16 && type == NT_GNU_ABI_TAG && memcmp(nh + 12, "GNU", 4) == 0) {
+            *osversion = le32(nh + 16) << 24 | (le32(nh + 20) & 0xff) << 16 | (le32(nh + 24) & 0xff) << 8
+                | (le32(nh + 28) & 0xff);
             return;
         }
         note += align_up(align_up(12 + (uint64_t)namesz, align) + descsz, align);
     }
 }
 
-struct load { uint64_t vaddr, offset, filesz; };
+struct load {
+    uint64_t vaddr, offset, filesz;
+};
 
 /* ldconfig's check_ptr(): give up on the file when OFF is past its end. */
-#define CHECK_PTR(off)                                                                  \
-    do {                                                                                \
-        int inside_ = within(s, (off));                                                 \
-        if (inside_ < 0)                                                                \
-            return -1;                                                                  \
-        if (!inside_)                                                                   \
-            return CDS_ELF_TRUNCATED;                                                   \
+#define CHECK_PTR(off)                                                                                                 \
+    do {                                                                                                               \
+        int inside_ = within(s, (off));                                                                                \
+        if (inside_ < 0)                                                                                               \
+            return -1;                                                                                                 \
+        if (!inside_)                                                                                                  \
+            return CDS_ELF_TRUNCATED;                                                                                  \
     } while (0)
 
 /* elf/readelflib.c's process_elf_file for one class. */
@@ -402,8 +397,8 @@ static int read_soname(struct src *s, uint64_t at, struct cds_elf_info *info)
     return 0;
 }
 
-static int process(struct src *s, const uint8_t *eh, int bits, int target,
-                   int flag_overridden, struct cds_elf_info *info)
+static int process(struct src *s, const uint8_t *eh, int bits, int target, int flag_overridden,
+                   struct cds_elf_info *info)
 {
     int is64 = bits == 64;
     if (eh[4] != (is64 ? 2 : 1))
@@ -416,13 +411,12 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target,
     CHECK_PTR(phoff);
 
     info->flags = CDS_FLAG_ELF;
-    uint32_t dynamic_addr = 0;        /* ldconfig keeps it in an unsigned int */
+    uint32_t dynamic_addr = 0; /* ldconfig keeps it in an unsigned int */
     uint64_t dynamic_size = 0;
     struct load loads[64];
     unsigned nloads = 0, nloads_seen = 0;
-    uint64_t loads_from = 0;          /* where the PT_LOADs not kept in loads[] start */
-    const char *const *interpreters =
-        target == CDS_TARGET_AARCH64 ? interpreters_aarch64 : interpreters_x86_64;
+    uint64_t loads_from = 0; /* where the PT_LOADs not kept in loads[] start */
+    const char *const *interpreters = target == CDS_TARGET_AARCH64 ? interpreters_aarch64 : interpreters_x86_64;
 
     for (uint32_t i = 0; i < phnum; i++) {
         uint64_t at = phoff + (uint64_t)i * phsize;
@@ -441,7 +435,7 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target,
         switch (type) {
         case PT_LOAD:
             if (nloads < 64)
-                loads[nloads++] = (struct load){ vaddr, offset, filesz };
+                loads[nloads++] = (struct load){vaddr, offset, filesz};
             else if (nloads_seen == 64)
                 loads_from = at;
             nloads_seen++;
@@ -454,20 +448,16 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target,
             char name[64];
             size_t len;
             CHECK_PTR(offset);
-            if (src_string(s, offset, name, sizeof name, &len) == READ_OK
-                && is_one_of(name, interpreters))
+            if (src_string(s, offset, name, sizeof name, &len) == READ_OK && is_one_of(name, interpreters))
                 info->flags = CDS_FLAG_ELF_LIBC6;
             break;
         }
-        case PT_NOTE:
-            read_abi_tag(s, offset, filesz, palign, &info->osversion);
-            break;
+        case PT_NOTE: read_abi_tag(s, offset, filesz, palign, &info->osversion); break;
         case PT_GNU_PROPERTY:
             if (target == CDS_TARGET_X86_64 && palign == (uint64_t)bits / 8)
                 read_isa_level(s, bits, offset, filesz, palign, &info->isa_level);
             break;
-        default:
-            break;
+        default: break;
         }
     }
 
@@ -512,10 +502,10 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target,
         if (!is64)
             loadoff &= 0xffffffffu;
         if (loadoff == (is64 ? UINT64_MAX : 0xffffffffu))
-            loadoff = 0;              /* ldconfig's "very strange" marker */
+            loadoff = 0; /* ldconfig's "very strange" marker */
         strtab = value - loadoff;
         if (!is64)
-            strtab &= 0xffffffffu;    /* 32-bit address arithmetic */
+            strtab &= 0xffffffffu; /* 32-bit address arithmetic */
         CHECK_PTR(strtab);
         have_strtab = 1;
         break;
@@ -576,8 +566,7 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target,
         if (tag == DT_NEEDED) {
             char needed[16];
             size_t len;
-            if (info->flags == CDS_FLAG_ELF
-                && src_string(s, name, needed, sizeof needed, &len) == READ_OK
+            if (info->flags == CDS_FLAG_ELF && src_string(s, name, needed, sizeof needed, &len) == READ_OK
                 && is_one_of(needed, known_libs))
                 info->flags = CDS_FLAG_ELF_LIBC6;
         } else {
@@ -597,7 +586,7 @@ static int classify(struct src *s, int target, struct cds_elf_info *info)
     info->soname[0] = '\0';
     if (s->size == 0)
         return CDS_ELF_EMPTY;
-    if (s->size < 64)                 /* sizeof (struct exec), sizeof (Elf64_Ehdr) */
+    if (s->size < 64) /* sizeof (struct exec), sizeof (Elf64_Ehdr) */
         return CDS_ELF_TOO_SMALL;
     uint8_t eh[64];
     int rc = src_read(s, 0, sizeof eh, eh);
@@ -609,7 +598,7 @@ static int classify(struct src *s, int target, struct cds_elf_info *info)
     info->e_flags = le32(eh + (eh[4] == 1 ? 36 : 48));
 
     uint32_t magic = le32(eh) & 0xffff;
-    if (magic == 0413 || magic == 0314) {     /* a.out ZMAGIC / QMAGIC */
+    if (magic == 0413 || magic == 0314) { /* a.out ZMAGIC / QMAGIC */
         info->flags = CDS_FLAG_LIBC4;
         return CDS_ELF_AOUT;
     }
@@ -622,8 +611,8 @@ static int classify(struct src *s, int target, struct cds_elf_info *info)
     if (target == CDS_TARGET_X86_64) {
         int32_t file_flag = -1;
         if (info->machine == EM_X86_64)
-            file_flag = eh[4] == 2 ? (CDS_FLAG_X8664_LIB64 | CDS_FLAG_ELF_LIBC6)
-                                   : (CDS_FLAG_X8664_LIBX32 | CDS_FLAG_ELF_LIBC6);
+            file_flag =
+                eh[4] == 2 ? (CDS_FLAG_X8664_LIB64 | CDS_FLAG_ELF_LIBC6) : (CDS_FLAG_X8664_LIBX32 | CDS_FLAG_ELF_LIBC6);
         else if (!(info->machine == EM_386 && eh[4] == 1))
             return CDS_ELF_UNKNOWN_MACHINE;
         rc = process(s, eh, bits, target, file_flag >= 0, info);
@@ -677,7 +666,7 @@ int cds_elf_read_fd(int fd, uint64_t size, int target, struct cds_elf_info *info
         return -1;
     s.seen = s.head_len;
     if (s.head_len < want || (size == SIZE_UNKNOWN && s.head_len < HEAD))
-        set_size(&s, s.head_len);    /* the end of the file (or it shrank since fstat) */
+        set_size(&s, s.head_len); /* the end of the file (or it shrank since fstat) */
     return classify(&s, target, info);
 }
 

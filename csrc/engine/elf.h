@@ -7,10 +7,7 @@
 #include <stdint.h>
 
 /* The ldconfig being emulated, by its e_machine. */
-enum {
-    CDS_TARGET_X86_64 = 62,
-    CDS_TARGET_AARCH64 = 183
-};
+enum { CDS_TARGET_X86_64 = 62, CDS_TARGET_AARCH64 = 183 };
 
 /* ldconfig's library flags (elf/ldconfig.h); a cache entry's flags field. */
 enum {
@@ -29,29 +26,29 @@ enum {
 
 /* What became of a file (the reasons ldconfig would skip it). */
 enum {
-    CDS_ELF_LIBRARY = 0,          /* a library ldconfig adds */
-    CDS_ELF_AOUT = 1,             /* an a.out library: added as libc4, soname from its name */
-    CDS_ELF_EMPTY = 2,            /* zero bytes */
-    CDS_ELF_TOO_SMALL = 3,        /* smaller than an ELF header */
-    CDS_ELF_NOT_ELF = 4,          /* wrong magic (linker scripts land here) */
-    CDS_ELF_NOT_DSO = 5,          /* e_type is not ET_DYN */
-    CDS_ELF_WRONG_CLASS = 6,      /* class not handled for this machine */
-    CDS_ELF_UNKNOWN_MACHINE = 7,  /* e_machine the target's ldconfig refuses */
-    CDS_ELF_NO_DYNAMIC = 8,       /* no (or empty) PT_DYNAMIC */
-    CDS_ELF_NO_STRTAB = 9,        /* no DT_STRTAB */
-    CDS_ELF_TRUNCATED = 10,       /* an offset or count points outside the file */
-    CDS_ELF_SONAME_TOO_LONG = 11  /* a SONAME longer than we keep */
+    CDS_ELF_LIBRARY = 0,         /* a library ldconfig adds */
+    CDS_ELF_AOUT = 1,            /* an a.out library: added as libc4, soname from its name */
+    CDS_ELF_EMPTY = 2,           /* zero bytes */
+    CDS_ELF_TOO_SMALL = 3,       /* smaller than an ELF header */
+    CDS_ELF_NOT_ELF = 4,         /* wrong magic (linker scripts land here) */
+    CDS_ELF_NOT_DSO = 5,         /* e_type is not ET_DYN */
+    CDS_ELF_WRONG_CLASS = 6,     /* class not handled for this machine */
+    CDS_ELF_UNKNOWN_MACHINE = 7, /* e_machine the target's ldconfig refuses */
+    CDS_ELF_NO_DYNAMIC = 8,      /* no (or empty) PT_DYNAMIC */
+    CDS_ELF_NO_STRTAB = 9,       /* no DT_STRTAB */
+    CDS_ELF_TRUNCATED = 10,      /* an offset or count points outside the file */
+    CDS_ELF_SONAME_TOO_LONG = 11 /* a SONAME longer than we keep */
 };
 
 struct cds_elf_info {
-    int32_t flags;                /* ldconfig's flag (valid for LIBRARY and AOUT) */
-    uint32_t isa_level;           /* x86 ISA level needed (GNU property), 0 if none */
-    uint32_t osversion;           /* the GNU ABI tag note's OS version (0 if none); glibc
+    int32_t flags;      /* ldconfig's flag (valid for LIBRARY and AOUT) */
+    uint32_t isa_level; /* x86 ISA level needed (GNU property), 0 if none */
+    uint32_t osversion; /* the GNU ABI tag note's OS version (0 if none); glibc
                                      2.36's ldconfig no longer stores it */
     uint32_t e_flags;
     uint16_t machine;
     uint16_t type;
-    uint8_t elfclass;             /* 1: 32-bit, 2: 64-bit, else 0 */
+    uint8_t elfclass; /* 1: 32-bit, 2: 64-bit, else 0 */
     uint8_t has_soname;
     uint16_t soname_len;
     char soname[1024];

@@ -35,10 +35,7 @@ static int enabled;
 static int64_t settle_ns = 1000000000;
 static uint64_t hits, misses;
 
-int filememo_enabled(void)
-{
-    return __atomic_load_n(&enabled, __ATOMIC_RELAXED);
-}
+int filememo_enabled(void) { return __atomic_load_n(&enabled, __ATOMIC_RELAXED); }
 
 struct timespec filememo_clock(void)
 {
@@ -50,16 +47,12 @@ struct timespec filememo_clock(void)
 
 static int same_identity(int with_dev, const struct stat *a, const struct stat *b)
 {
-    return (!with_dev || a->st_dev == b->st_dev) && a->st_ino == b->st_ino
-           && a->st_size == b->st_size
-           && a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec
-           && a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+    return (!with_dev || a->st_dev == b->st_dev) && a->st_ino == b->st_ino && a->st_size == b->st_size
+        && a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec
+        && a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
-int filememo_same(const struct stat *a, const struct stat *b)
-{
-    return same_identity(1, a, b);
-}
+int filememo_same(const struct stat *a, const struct stat *b) { return same_identity(1, a, b); }
 
 static uint32_t bucket_of(enum filememo_kind kind, const char *name, const struct stat *st)
 {
@@ -93,11 +86,11 @@ static void clear_locked(void)
     entries = 0;
 }
 
-static int matches(const struct entry *e, enum filememo_kind kind, const char *name,
-                   const struct stat *st, int with_dev)
+static int matches(const struct entry *e, enum filememo_kind kind, const char *name, const struct stat *st,
+                   int with_dev)
 {
-    return e->kind == kind && e->with_dev == with_dev && e->id.st_ino == st->st_ino
-           && strcmp(e->name, name) == 0 && same_identity(with_dev, &e->id, st);
+    return e->kind == kind && e->with_dev == with_dev && e->id.st_ino == st->st_ino && strcmp(e->name, name) == 0
+        && same_identity(with_dev, &e->id, st);
 }
 
 /* Copy V's owned parts (soname, listing) into OUT; 0, or -1 on ENOMEM (nothing owned). */
@@ -120,8 +113,8 @@ static int copy_value(const struct filememo_value *v, struct filememo_value *out
     return 0;
 }
 
-int filememo_lookup(enum filememo_kind kind, const char *name, const struct stat *st,
-                    int with_dev, struct filememo_value *v)
+int filememo_lookup(enum filememo_kind kind, const char *name, const struct stat *st, int with_dev,
+                    struct filememo_value *v)
 {
     int found = 0;
     pthread_mutex_lock(&lock);
@@ -141,14 +134,14 @@ int filememo_lookup(enum filememo_kind kind, const char *name, const struct stat
 
 static int settled(const struct stat *st, struct timespec started)
 {
-    int64_t age = ((int64_t)started.tv_sec - (int64_t)st->st_ctim.tv_sec) * 1000000000
-                  + (started.tv_nsec - st->st_ctim.tv_nsec);
+    int64_t age =
+        ((int64_t)started.tv_sec - (int64_t)st->st_ctim.tv_sec) * 1000000000 + (started.tv_nsec - st->st_ctim.tv_nsec);
     int64_t settle = __atomic_load_n(&settle_ns, __ATOMIC_RELAXED);
-    return settle == 0 || age > settle;     /* 0: keep however new (tests) */
+    return settle == 0 || age > settle; /* 0: keep however new (tests) */
 }
 
-void filememo_store(enum filememo_kind kind, const char *name, const struct stat *st,
-                    int with_dev, const struct filememo_value *v, struct timespec started)
+void filememo_store(enum filememo_kind kind, const char *name, const struct stat *st, int with_dev,
+                    const struct filememo_value *v, struct timespec started)
 {
     if (!settled(st, started))
         return;
@@ -231,8 +224,7 @@ static int next_entry(const char **at, const char *end, char *kind, const char *
     return 0;
 }
 
-static void identify(int rootfd, char kind, const char *path, int with_dev, struct stat *st,
-                     struct cds_identity *out)
+static void identify(int rootfd, char kind, const char *path, int with_dev, struct stat *st, struct cds_identity *out)
 {
     memset(out, 0, sizeof *out);
     int err = 0;
@@ -292,8 +284,7 @@ int cds_memo_identify(int rootfd, const char *paths, size_t size, size_t count, 
     return walk(rootfd, paths, size, count, started, out, NULL);
 }
 
-int cds_memo_same(int rootfd, const char *paths, size_t size, size_t count,
-                  const struct cds_identity *expected)
+int cds_memo_same(int rootfd, const char *paths, size_t size, size_t count, const struct cds_identity *expected)
 {
     return walk(rootfd, paths, size, count, (struct timespec){0}, NULL, expected);
 }

@@ -40,10 +40,10 @@
 enum filememo_kind { FILEMEMO_HOST = 0, FILEMEMO_IMAGE = 1, FILEMEMO_DIR = 2 };
 
 struct filememo_value {
-    int status;                       /* CDS_ELF_* (errors are never kept) */
+    int status; /* CDS_ELF_* (errors are never kept) */
     int32_t flags;
     uint32_t isa_level;
-    char *soname;                     /* malloc'd copy on lookup; NULL when none */
+    char *soname; /* malloc'd copy on lookup; NULL when none */
     /* FILEMEMO_DIR: the listing, a run of entries "<type byte><has link text byte>name\0
      * text\0" (text empty unless read); a malloc'd copy on lookup. */
     char *listing;
@@ -58,12 +58,12 @@ struct timespec filememo_clock(void);
  * miss or ENOMEM. NAME: the host path, the image file's name in its directory, or "" for
  * a directory. WITH_DEV: whether the device is part of the key (always for host files;
  * not on overlayfs). */
-int filememo_lookup(enum filememo_kind kind, const char *name, const struct stat *st,
-                    int with_dev, struct filememo_value *v);
+int filememo_lookup(enum filememo_kind kind, const char *name, const struct stat *st, int with_dev,
+                    struct filememo_value *v);
 /* Keep V for NAME as ST identifies it, if ST's ctime is settled at STARTED (the
  * filememo_clock() from before ST was taken). Best effort: nothing on ENOMEM. */
-void filememo_store(enum filememo_kind kind, const char *name, const struct stat *st,
-                    int with_dev, const struct filememo_value *v, struct timespec started);
+void filememo_store(enum filememo_kind kind, const char *name, const struct stat *st, int with_dev,
+                    const struct filememo_value *v, struct timespec started);
 /* Whether two stats of one path name the same unchanged file. */
 int filememo_same(const struct stat *a, const struct stat *b);
 

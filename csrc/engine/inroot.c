@@ -20,12 +20,12 @@
 #define SYS_openat2 437
 #endif
 
-#define MAX_LINKS 40          /* as the kernel's path walk */
-#define MAX_DEPTH 1024        /* directories held open during the fallback walk */
-#define MAX_PENDING 65536     /* bytes of path still to resolve (after link expansion) */
+#define MAX_LINKS 40      /* as the kernel's path walk */
+#define MAX_DEPTH 1024    /* directories held open during the fallback walk */
+#define MAX_PENDING 65536 /* bytes of path still to resolve (after link expansion) */
 
 static int resolve_mode = CDS_RESOLVE_AUTO;
-static int openat2_missing;   /* learned at run time: the kernel has no openat2 */
+static int openat2_missing; /* learned at run time: the kernel has no openat2 */
 
 int cds_inroot_set_mode(int mode)
 {
@@ -34,10 +34,7 @@ int cds_inroot_set_mode(int mode)
     return previous;
 }
 
-void cds_free(void *p)
-{
-    free(p);
-}
+void cds_free(void *p) { free(p); }
 
 static int final_flags(int oflags)
 {
@@ -69,9 +66,9 @@ static int open_with_openat2(int rootfd, const char *path, int oflags)
  * (absolute ones from the root); ".." never goes above the root. */
 struct walk {
     int rootfd;
-    int stack[MAX_DEPTH];     /* ancestors of cur (not including the root's own fd) */
+    int stack[MAX_DEPTH]; /* ancestors of cur (not including the root's own fd) */
     int depth;
-    int cur;                  /* current directory; == rootfd when at the root */
+    int cur; /* current directory; == rootfd when at the root */
 };
 
 static void walk_reset(struct walk *w)
@@ -86,7 +83,7 @@ static void walk_reset(struct walk *w)
 static void walk_up(struct walk *w)
 {
     if (w->cur == w->rootfd)
-        return;                       /* ".." at the root is the root */
+        return; /* ".." at the root is the root */
     close(w->cur);
     w->cur = w->depth > 0 ? w->stack[--w->depth] : w->rootfd;
 }
@@ -138,7 +135,7 @@ static int read_link_at(int fd, char *buf, size_t size)
 
 static int open_with_walk(int rootfd, const char *path, int oflags)
 {
-    struct walk w = { .rootfd = rootfd, .depth = 0, .cur = rootfd };
+    struct walk w = {.rootfd = rootfd, .depth = 0, .cur = rootfd};
     cleanup_free char *pending = strdup(path);
     int result = -1, links = 0;
 
@@ -205,13 +202,13 @@ static int open_with_walk(int rootfd, const char *path, int oflags)
             }
             if (walk_down(&w, fd) < 0)
                 break;
-            fd = -1;                  /* now owned by the walk */
+            fd = -1; /* now owned by the walk */
             cursor = rest;
             continue;
         }
         /* The last component, not a link to follow. */
         if (S_ISLNK(st.st_mode) && !(oflags & O_PATH)) {
-            errno = ELOOP;            /* O_NOFOLLOW on a link */
+            errno = ELOOP; /* O_NOFOLLOW on a link */
             break;
         }
         if ((oflags & O_DIRECTORY) && !S_ISDIR(st.st_mode)) {
@@ -373,7 +370,7 @@ int cds_read_fd(int fd, size_t max, uint8_t **buf, size_t *len, struct cds_stat 
             return -1;
         }
         if (n == 0)
-            break;                    /* shrank under us: keep what is there */
+            break; /* shrank under us: keep what is there */
         done += (size_t)n;
     }
     data[done] = '\0';
@@ -382,8 +379,7 @@ int cds_read_fd(int fd, size_t max, uint8_t **buf, size_t *len, struct cds_stat 
     return 0;
 }
 
-int cds_inroot_read(int rootfd, const char *path, size_t max, uint8_t **buf, size_t *len,
-                    struct cds_stat *st)
+int cds_inroot_read(int rootfd, const char *path, size_t max, uint8_t **buf, size_t *len, struct cds_stat *st)
 {
     cleanup_fd int fd = cds_inroot_open(rootfd, path, O_RDONLY);
     if (fd < 0)
@@ -391,10 +387,7 @@ int cds_inroot_read(int rootfd, const char *path, size_t max, uint8_t **buf, siz
     return cds_read_fd(fd, max, buf, len, st);
 }
 
-int cds_open_host(const char *path)
-{
-    return open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-}
+int cds_open_host(const char *path) { return open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC); }
 
 static int write_all(int fd, const uint8_t *data, size_t len)
 {
@@ -411,14 +404,12 @@ static int write_all(int fd, const uint8_t *data, size_t len)
     return 0;
 }
 
-int cds_write_at(int dirfd, const char *name, const uint8_t *data, size_t len, uint32_t mode,
-                 int sync)
+int cds_write_at(int dirfd, const char *name, const uint8_t *data, size_t len, uint32_t mode, int sync)
 {
     static unsigned counter;
     char temp[NAME_MAX + 1];
 
-    if (name[0] == '\0' || strchr(name, '/') != NULL || strcmp(name, ".") == 0
-        || strcmp(name, "..") == 0) {
+    if (name[0] == '\0' || strchr(name, '/') != NULL || strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
         errno = EINVAL;
         return -1;
     }
@@ -427,13 +418,12 @@ int cds_write_at(int dirfd, const char *name, const uint8_t *data, size_t len, u
         errno = ENAMETOOLONG;
         return -1;
     }
-    cleanup_fd int fd = openat(dirfd, temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                               0600);
+    cleanup_fd int fd = openat(dirfd, temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
     int rc = -1;
-    if (write_all(fd, data, len) == 0 && fchmod(fd, mode & 07777) == 0
-        && (!sync || fsync(fd) == 0) && renameat(dirfd, temp, dirfd, name) == 0)
+    if (write_all(fd, data, len) == 0 && fchmod(fd, mode & 07777) == 0 && (!sync || fsync(fd) == 0)
+        && renameat(dirfd, temp, dirfd, name) == 0)
         rc = 0;
     if (rc != 0) {
         int saved = errno;

@@ -19,9 +19,9 @@ struct cds_stat {
 };
 
 enum {
-    CDS_RESOLVE_AUTO = 0,     /* openat2(RESOLVE_IN_ROOT), the component walk where absent */
-    CDS_RESOLVE_OPENAT2 = 1,  /* openat2 only (ENOSYS where the kernel lacks it) */
-    CDS_RESOLVE_WALK = 2      /* the O_NOFOLLOW component walk only */
+    CDS_RESOLVE_AUTO = 0,    /* openat2(RESOLVE_IN_ROOT), the component walk where absent */
+    CDS_RESOLVE_OPENAT2 = 1, /* openat2 only (ENOSYS where the kernel lacks it) */
+    CDS_RESOLVE_WALK = 2     /* the O_NOFOLLOW component walk only */
 };
 
 /* Choose how paths are resolved (process-wide; tests use it to cover the fallback).
@@ -64,8 +64,7 @@ int cds_fstat(int fd, struct cds_stat *st);
 int cds_read_fd(int fd, size_t max, uint8_t **buf, size_t *len, struct cds_stat *st);
 
 /* cds_inroot_open(O_RDONLY) + cds_read_fd. */
-int cds_inroot_read(int rootfd, const char *path, size_t max, uint8_t **buf, size_t *len,
-                    struct cds_stat *st);
+int cds_inroot_read(int rootfd, const char *path, size_t max, uint8_t **buf, size_t *len, struct cds_stat *st);
 
 /* Open a host path given by a trusted caller for reading, without blocking on a FIFO. */
 int cds_open_host(const char *path);
@@ -73,8 +72,7 @@ int cds_open_host(const char *path);
 /* Write LEN bytes to NAME in the directory open at DIRFD: a temporary file beside it, then
  * rename(2) over NAME (NAME must be a plain name, no '/'). MODE is the new file's mode;
  * SYNC asks for fsync before the rename. 0 or -1 (the temporary file is removed). */
-int cds_write_at(int dirfd, const char *name, const uint8_t *data, size_t len, uint32_t mode,
-                 int sync);
+int cds_write_at(int dirfd, const char *name, const uint8_t *data, size_t len, uint32_t mode, int sync);
 
 /* Directory listing: names and d_type values of the directory open at DIRFD (O_RDONLY;
  * read from its start, its offset is left at the end), "." and ".." left out. NAMES is one buffer of NUL-separated

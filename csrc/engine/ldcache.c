@@ -198,7 +198,7 @@ static int parse_new(struct cds_cache *c, size_t base, const char **why)
             }
         }
         if (have_hw && (hw_off % 4 != 0 || hw_size % 4 != 0))
-            have_hw = 0;              /* glibc ignores a malformed index */
+            have_hw = 0; /* glibc ignores a malformed index */
     }
     if (have_gen) {
         c->generator = malloc(gen_size + 1);
@@ -322,8 +322,7 @@ int cds_cache_parse(const uint8_t *data, size_t len, struct cds_cache **out, con
     return parse_owned(copy, len, out, why);
 }
 
-int cds_cache_read_fd(int fd, size_t max, struct cds_cache **out, const char **why,
-                      struct cds_stat *st)
+int cds_cache_read_fd(int fd, size_t max, struct cds_cache **out, const char **why, struct cds_stat *st)
 {
     static const char *none = "";
     uint8_t *data;
@@ -354,8 +353,7 @@ const char *cds_cache_generator(const struct cds_cache *c, size_t *len)
     return c->generator;
 }
 
-long cds_cache_dirs(const struct cds_cache *c, char **names, uint32_t **counts,
-                    size_t *names_len)
+long cds_cache_dirs(const struct cds_cache *c, char **names, uint32_t **counts, size_t *names_len)
 {
     size_t cap = 16, used = 0, bytes_cap = 1024, bytes = 0;
     cleanup_free uint32_t *count = malloc(cap * sizeof *count);
@@ -460,9 +458,9 @@ struct istr {
     const char *s;
     uint32_t len;
     uint32_t offset;
-    uint64_t key;                     /* the last 8 bytes, reversed, for sorting */
-    uint32_t rank;                    /* where a cache we started from had it, or NO_RANK */
-    uint32_t hash;                    /* hash_bytes(), kept for growing the table */
+    uint64_t key;  /* the last 8 bytes, reversed, for sorting */
+    uint32_t rank; /* where a cache we started from had it, or NO_RANK */
+    uint32_t hash; /* hash_bytes(), kept for growing the table */
 };
 
 #define NO_RANK UINT32_MAX
@@ -470,7 +468,7 @@ struct istr {
 struct strtab {
     struct istr *items;
     uint32_t count, cap;
-    uint32_t *buckets;                /* index + 1, 0 = empty */
+    uint32_t *buckets; /* index + 1, 0 = empty */
     uint32_t nbuckets;
 };
 
@@ -522,8 +520,7 @@ static int strtab_reserve(struct strtab *t, uint32_t need)
 
 /* Intern S (copied into ARENA when new); returns its index or -1. RANK: its position in
  * the string table of a cache being carried over (NO_RANK for a new string). */
-static long strtab_add(struct strtab *t, struct cds_arena *arena, const char *s, size_t len,
-                       uint32_t rank)
+static long strtab_add(struct strtab *t, struct cds_arena *arena, const char *s, size_t len, uint32_t rank)
 {
     if (len > (1u << 30)) {
         errno = ENAMETOOLONG;
@@ -592,7 +589,7 @@ static int sort_by_rank(uint32_t *ids, uint32_t n, const struct istr *items)
         return -1;
     uint32_t *from = ids, *to = tmp;
     for (int shift = 0; shift < 32; shift += 8) {
-        uint32_t count[257] = { 0 };
+        uint32_t count[257] = {0};
         for (uint32_t i = 0; i < n; i++)
             count[((items[from[i]].rank >> shift) & 0xff) + 1]++;
         for (int b = 0; b < 256; b++)
@@ -603,7 +600,7 @@ static int sort_by_rank(uint32_t *ids, uint32_t n, const struct istr *items)
         from = to;
         to = swap;
     }
-    return 0;                         /* four passes: the result is back in IDS */
+    return 0; /* four passes: the result is back in IDS */
 }
 
 /* The finalize order: strings carried over from a cache keep that cache's order (checked),
@@ -657,8 +654,7 @@ static int strtab_finalize(struct strtab *t, uint8_t **out, size_t *size)
     t->items[order[0]].offset = 0;
     for (uint32_t j = 1; j < t->count; j++) {
         struct istr *prev = &t->items[order[j - 1]], *cur = &t->items[order[j]];
-        if (prev->len >= cur->len
-            && memcmp(prev->s + prev->len - cur->len, cur->s, cur->len) == 0)
+        if (prev->len >= cur->len && memcmp(prev->s + prev->len - cur->len, cur->s, cur->len) == 0)
             cur->offset = prev->offset + prev->len - cur->len;
         else if ((uint64_t)prev->offset + prev->len + 1 > UINT32_MAX) {
             errno = EFBIG;
@@ -686,7 +682,7 @@ struct bentry {
     uint32_t isa_level;
     uint32_t rank, seq;
     uint32_t soname_id, path_id;
-    int32_t hwcaps_id;                /* string index of the glibc-hwcaps name, or -1 */
+    int32_t hwcaps_id; /* string index of the glibc-hwcaps name, or -1 */
 };
 
 struct cds_builder {
@@ -726,25 +722,23 @@ int cds_builder_intern(struct cds_builder *b, const char *string)
     return intern(b, string, strlen(string)) < 0 ? -1 : 0;
 }
 
-static int add_entry(struct cds_builder *b, const char *soname, size_t soname_len,
-                     const char *path, size_t path_len, int32_t flags, uint32_t isa_level,
-                     uint64_t hwcap, const char *hwcaps, uint32_t rank, const uint32_t *srank)
+static int add_entry(struct cds_builder *b, const char *soname, size_t soname_len, const char *path, size_t path_len,
+                     int32_t flags, uint32_t isa_level, uint64_t hwcap, const char *hwcaps, uint32_t rank,
+                     const uint32_t *srank)
 {
     if (isa_level > ISA_LEVEL_MASK) {
         errno = EOVERFLOW;
         return -1;
     }
     /* glibc interns the path first, then the name: the order does not change the table. */
-    long path_id = strtab_add(&b->strings, &b->arena, path, path_len,
-                              srank ? srank[1] : NO_RANK);
-    long soname_id = path_id < 0 ? -1 : strtab_add(&b->strings, &b->arena, soname, soname_len,
-                                                   srank ? srank[0] : NO_RANK);
+    long path_id = strtab_add(&b->strings, &b->arena, path, path_len, srank ? srank[1] : NO_RANK);
+    long soname_id =
+        path_id < 0 ? -1 : strtab_add(&b->strings, &b->arena, soname, soname_len, srank ? srank[0] : NO_RANK);
     long hwcaps_id = -1;
     if (soname_id < 0)
         return -1;
     if (hwcaps != NULL
-        && (hwcaps_id = strtab_add(&b->strings, &b->arena, hwcaps, strlen(hwcaps),
-                                   srank ? srank[2] : NO_RANK)) < 0)
+        && (hwcaps_id = strtab_add(&b->strings, &b->arena, hwcaps, strlen(hwcaps), srank ? srank[2] : NO_RANK)) < 0)
         return -1;
     if (b->count == b->cap) {
         uint32_t cap = b->cap ? b->cap * 2 : 1024;
@@ -761,7 +755,7 @@ static int add_entry(struct cds_builder *b, const char *soname, size_t soname_le
     e->k.flags = flags;
     e->k.hwcap = hwcaps != NULL ? 0 : hwcap;
     e->k.bits = popcount64(e->k.hwcap);
-    e->k.soname = NULL;               /* resolved at build: item arrays may move */
+    e->k.soname = NULL; /* resolved at build: item arrays may move */
     e->k.hwcaps = NULL;
     e->isa_level = isa_level;
     e->rank = rank;
@@ -769,15 +763,14 @@ static int add_entry(struct cds_builder *b, const char *soname, size_t soname_le
     return 0;
 }
 
-int cds_builder_add(struct cds_builder *b, const char *soname, const char *path, int32_t flags,
-                    uint32_t isa_level, uint64_t hwcap, const char *hwcaps, uint32_t rank)
+int cds_builder_add(struct cds_builder *b, const char *soname, const char *path, int32_t flags, uint32_t isa_level,
+                    uint64_t hwcap, const char *hwcaps, uint32_t rank)
 {
-    return add_entry(b, soname, strlen(soname), path, strlen(path), flags, isa_level, hwcap,
-                     hwcaps, rank, NULL);
+    return add_entry(b, soname, strlen(soname), path, strlen(path), flags, isa_level, hwcap, hwcaps, rank, NULL);
 }
 
-long cds_builder_add_cache(struct cds_builder *b, const struct cds_cache *c, const char **dirs,
-                           const uint32_t *ranks, size_t ndirs, uint32_t unknown_rank)
+long cds_builder_add_cache(struct cds_builder *b, const struct cds_cache *c, const char **dirs, const uint32_t *ranks,
+                           size_t ndirs, uint32_t unknown_rank)
 {
     long unknown = 0;
     cleanup_free size_t *lens = malloc((ndirs ? ndirs : 1) * sizeof *lens);
@@ -807,8 +800,7 @@ long cds_builder_add_cache(struct cds_builder *b, const struct cds_cache *c, con
             continue;
         /* A glibc-hwcaps entry whose subdirectory name does not resolve is dead to the
          * loader (and no ldconfig writes one): leave it out. */
-        if (e->hwcaps == NULL
-            && ((e->hwcap >> 32) & ~(uint64_t)ISA_LEVEL_MASK) == (HWCAP_EXTENSION >> 32))
+        if (e->hwcaps == NULL && ((e->hwcap >> 32) & ~(uint64_t)ISA_LEVEL_MASK) == (HWCAP_EXTENSION >> 32))
             continue;
         int is_ext = e->hwcaps != NULL;
         uint32_t isa = is_ext ? (uint32_t)(e->hwcap >> 32) & ISA_LEVEL_MASK : 0;
@@ -818,8 +810,9 @@ long cds_builder_add_cache(struct cds_builder *b, const struct cds_cache *c, con
             (uint32_t)((const uint8_t *)e->value - c->data),
             is_ext ? (uint32_t)((const uint8_t *)e->hwcaps - c->data) : NO_RANK,
         };
-        if (add_entry(b, e->key, strlen(e->key), e->value, strlen(e->value), e->flags, isa,
-                      is_ext ? 0 : e->hwcap, e->hwcaps, rank, srank) < 0)
+        if (add_entry(b, e->key, strlen(e->key), e->value, strlen(e->value), e->flags, isa, is_ext ? 0 : e->hwcap,
+                      e->hwcaps, rank, srank)
+            < 0)
             return -1;
     }
     return unknown;
@@ -870,8 +863,7 @@ static int compare_names(const void *l, const void *r, void *ctx)
     return strcmp(items[*(const uint32_t *)l].s, items[*(const uint32_t *)r].s);
 }
 
-int cds_builder_build(struct cds_builder *b, int format, const char *generator, uint8_t **out,
-                      size_t *len)
+int cds_builder_build(struct cds_builder *b, int format, const char *generator, uint8_t **out, size_t *len)
 {
     *out = NULL;
     *len = 0;
@@ -954,7 +946,7 @@ int cds_builder_build(struct cds_builder *b, int format, const char *generator, 
         for (uint32_t i = 0; i < b->count; i++) {
             struct bentry *e = &b->entries[i];
             if (e->k.hwcap != 0)
-                continue;             /* the old format has no hwcap entries */
+                continue; /* the old format has no hwcap entries */
             uint8_t *o = file + OLD_HEADER + idx * OLD_ENTRY;
             put32(o, (uint32_t)e->k.flags);
             put32(o + 4, (uint32_t)(str_offset + b->strings.items[e->soname_id].offset));
@@ -962,8 +954,7 @@ int cds_builder_build(struct cds_builder *b, int format, const char *generator, 
             idx++;
         }
         if (idx > 0 && idx < old_count)
-            memcpy(file + OLD_HEADER + idx * OLD_ENTRY, file + OLD_HEADER + (idx - 1) * OLD_ENTRY,
-                   OLD_ENTRY);
+            memcpy(file + OLD_HEADER + idx * OLD_ENTRY, file + OLD_HEADER + (idx - 1) * OLD_ENTRY, OLD_ENTRY);
     }
     if (format != CDS_FORMAT_OLD) {
         uint8_t *h = file + old_size + pad;
@@ -977,8 +968,7 @@ int cds_builder_build(struct cds_builder *b, int format, const char *generator, 
             uint8_t *o = h + NEW_HEADER + (uint64_t)i * NEW_ENTRY;
             uint64_t hwcap = e->k.hwcap;
             if (e->hwcaps_id >= 0)
-                hwcap = HWCAP_EXTENSION | (uint64_t)e->isa_level << 32
-                        | (uint32_t)hw_index[e->hwcaps_id];
+                hwcap = HWCAP_EXTENSION | (uint64_t)e->isa_level << 32 | (uint32_t)hw_index[e->hwcaps_id];
             put32(o, (uint32_t)e->k.flags);
             put32(o + 4, (uint32_t)(str_offset + b->strings.items[e->soname_id].offset));
             put32(o + 8, (uint32_t)(str_offset + b->strings.items[e->path_id].offset));
@@ -1002,8 +992,7 @@ int cds_builder_build(struct cds_builder *b, int format, const char *generator, 
             put32(x + 32, (uint32_t)hw_off);
             put32(x + 36, 4u * nhw);
             for (uint32_t i = 0; i < nhw; i++)
-                put32(file + hw_off + 4ull * i,
-                      (uint32_t)(str_offset + b->strings.items[hw_names[i]].offset));
+                put32(file + hw_off + 4ull * i, (uint32_t)(str_offset + b->strings.items[hw_names[i]].offset));
         }
         if (gen_len)
             memcpy(file + gen_off, generator, gen_len);

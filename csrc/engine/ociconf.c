@@ -24,8 +24,10 @@ static size_t utf8_length(const unsigned char *p, size_t n)
 {
     if (p[0] < 0x80)
         return 1;
-    size_t len = p[0] >= 0xc2 && p[0] <= 0xdf ? 2 : p[0] >= 0xe0 && p[0] <= 0xef ? 3
-               : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4 : 0;
+    size_t len = p[0] >= 0xc2 && p[0] <= 0xdf ? 2
+        : p[0] >= 0xe0 && p[0] <= 0xef        ? 3
+        : p[0] >= 0xf0 && p[0] <= 0xf4        ? 4
+                                              : 0;
     if (len == 0 || len > n)
         return 0;
     for (size_t k = 1; k < len; k++)
@@ -163,10 +165,7 @@ static int items(struct reader *r, member_fn on_member, element_fn on_element, v
     }
 }
 
-static int members(struct reader *r, member_fn on_member, void *data)
-{
-    return items(r, on_member, NULL, data);
-}
+static int members(struct reader *r, member_fn on_member, void *data) { return items(r, on_member, NULL, data); }
 
 static int skip_member(struct reader *r, const char *key, size_t key_len, void *data)
 {
@@ -188,20 +187,13 @@ static int value(struct reader *r)
     if (r->i >= r->n)
         return -1;
     switch (r->s[r->i]) {
-    case '{':
-        return members(r, skip_member, NULL);
-    case '[':
-        return items(r, NULL, skip_element, NULL);
-    case '"':
-        return string(r, &escaped);
-    case 't':
-        return word(r, "true");
-    case 'f':
-        return word(r, "false");
-    case 'n':
-        return word(r, "null");
-    default:
-        return number(r);
+    case '{': return members(r, skip_member, NULL);
+    case '[': return items(r, NULL, skip_element, NULL);
+    case '"': return string(r, &escaped);
+    case 't': return word(r, "true");
+    case 'f': return word(r, "false");
+    case 'n': return word(r, "null");
+    default: return number(r);
     }
 }
 
@@ -501,7 +493,4 @@ uint64_t cds_fnv1a(const uint8_t *data, size_t len)
     return h;
 }
 
-void cds_step_key_free(uint8_t *key)
-{
-    free(key);
-}
+void cds_step_key_free(uint8_t *key) { free(key); }

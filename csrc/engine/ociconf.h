@@ -23,11 +23,11 @@ struct cds_oci_mount {
 };
 
 struct cds_oci_view {
-    struct cds_span hooks;     /* the value of "hooks" (an object) */
-    struct cds_span mounts;    /* the value of "mounts" (an array) */
-    struct cds_span root_path; /* root.path (a string) */
-    struct cds_span root_readonly; /* root.readonly (any value) */
-    struct cds_span devices;   /* linux.devices (any value) */
+    struct cds_span hooks;                                  /* the value of "hooks" (an object) */
+    struct cds_span mounts;                                 /* the value of "mounts" (an array) */
+    struct cds_span root_path;                              /* root.path (a string) */
+    struct cds_span root_readonly;                          /* root.readonly (any value) */
+    struct cds_span devices;                                /* linux.devices (any value) */
     struct cds_span namespaces, uid_mappings, gid_mappings; /* linux.namespaces, .uidMappings, .gidMappings */
     struct cds_oci_mount *mount;
     size_t n_mounts;

@@ -41,37 +41,37 @@ struct cds_extra {
 
 struct item {
     const char *name;
-    uint8_t dtype;                    /* d_type as listed (extras: DT_REG, or DT_LNK for a link) */
-    uint8_t type;                     /* DT_* after lstat when dtype was DT_UNKNOWN */
+    uint8_t dtype; /* d_type as listed (extras: DT_REG, or DT_LNK for a link) */
+    uint8_t type;  /* DT_* after lstat when dtype was DT_UNKNOWN */
     uint8_t lstat_done;
     int8_t lstat_err_set;
     int32_t lstat_err;
     int32_t extra;
     /* Following links: what the name ends at. */
     int8_t state;
-    int32_t err;                      /* -errno when FAILED */
+    int32_t err; /* -errno when FAILED */
     uint32_t mode;
     uint64_t dev, ino;
-    int32_t file;                     /* index into files[] once read, -1 before */
-    int32_t target;                   /* the listing item a same-directory link ends at, or -1 */
-    char *link_text;                  /* a link's text once read (malloc'd unless borrowed) */
-    int32_t link_err;                 /* -errno of reading it */
-    uint8_t link_borrowed;            /* link_text lies in the memo's listing text */
+    int32_t file;          /* index into files[] once read, -1 before */
+    int32_t target;        /* the listing item a same-directory link ends at, or -1 */
+    char *link_text;       /* a link's text once read (malloc'd unless borrowed) */
+    int32_t link_err;      /* -errno of reading it */
+    uint8_t link_borrowed; /* link_text lies in the memo's listing text */
 };
 
-struct file {                         /* one regular file read */
-    int status;                       /* CDS_ELF_* or -errno */
+struct file {   /* one regular file read */
+    int status; /* CDS_ELF_* or -errno */
     int32_t flags;
     uint32_t isa_level;
-    char *soname;                     /* malloc'd; NULL when the file has none */
-    uint64_t dev, ino;                /* when has_identity */
+    char *soname;      /* malloc'd; NULL when the file has none */
+    uint64_t dev, ino; /* when has_identity */
     int has_identity;
 };
 
 struct dlib {
     const char *name;
     const char *soname;
-    int32_t file;                     /* files[] index of what was read */
+    int32_t file; /* files[] index of what was read */
     int32_t flags;
     uint32_t isa_level;
     int32_t is_link;
@@ -92,13 +92,13 @@ struct cds_scan {
     const struct cds_extra *extras;
     struct item *items;
     uint32_t nitems;
-    uint32_t *name_index;             /* open addressing: item index + 1 */
+    uint32_t *name_index; /* open addressing: item index + 1 */
     uint32_t name_slots;
     struct file *files;
     uint32_t nfiles, files_cap;
     struct dlib *dlibs;
     uint32_t ndlibs, dlibs_cap;
-    uint32_t *soname_index;           /* dlib index + 1 */
+    uint32_t *soname_index; /* dlib index + 1 */
     uint32_t soname_slots;
     struct subdir *subdirs;
     uint32_t nsubdirs, subdirs_cap;
@@ -106,21 +106,21 @@ struct cds_scan {
     uint32_t nskips, skips_cap;
     int extras_only;
     uint32_t shadowing;
-    const char *same_dir_text;        /* the last link directory part asked about */
+    const char *same_dir_text; /* the last link directory part asked about */
     int same_dir_answer;
-    int memo;                         /* files go through filememo.h */
-    int memo_with_dev;                /* the device is part of the image's keys (not overlayfs) */
-    struct timespec started;          /* filememo_clock() when the scan began */
-    struct stat dir_id;               /* the directory's identity when listed (memo on) */
-    int listed_from_memo;             /* the listing came from the memo: */
-    char *memo_listing;               /* its text, which names and link texts point into */
-    int remember_listing;             /* keep the listing when done (read, or texts gained) */
+    int memo;                /* files go through filememo.h */
+    int memo_with_dev;       /* the device is part of the image's keys (not overlayfs) */
+    struct timespec started; /* filememo_clock() when the scan began */
+    struct stat dir_id;      /* the directory's identity when listed (memo on) */
+    int listed_from_memo;    /* the listing came from the memo: */
+    char *memo_listing;      /* its text, which names and link texts point into */
+    int remember_listing;    /* keep the listing when done (read, or texts gained) */
     /* With extras only and the memo on: the directory's own listing, for the names the
      * extras would hide and the links to them (instead of a stat and a readlink each). */
     int have_listed;
     struct item *listed;
     uint32_t nlisted;
-    uint32_t *listed_index;           /* open addressing: listed index + 1 */
+    uint32_t *listed_index; /* open addressing: listed index + 1 */
     uint32_t listed_slots;
 };
 
@@ -149,8 +149,7 @@ static int grow(void **array, uint32_t *cap, uint32_t need, size_t size)
     return 0;
 }
 
-static long find_name(const struct item *items, const uint32_t *index, uint32_t slots,
-                      const char *name)
+static long find_name(const struct item *items, const uint32_t *index, uint32_t slots, const char *name)
 {
     if (slots == 0)
         return -1;
@@ -194,16 +193,13 @@ static int index_names(const struct item *items, uint32_t n, uint32_t **index, u
     return 0;
 }
 
-static int index_items(struct cds_scan *s)
-{
-    return index_names(s->items, s->nitems, &s->name_index, &s->name_slots);
-}
+static int index_items(struct cds_scan *s) { return index_names(s->items, s->nitems, &s->name_index, &s->name_slots); }
 
 static int add_skip(struct cds_scan *s, const char *name, int status)
 {
     if (grow((void **)&s->skips, &s->skips_cap, s->nskips + 1, sizeof *s->skips) < 0)
         return -1;
-    s->skips[s->nskips++] = (struct cds_skip){ name, status };
+    s->skips[s->nskips++] = (struct cds_skip){name, status};
     return 0;
 }
 
@@ -212,7 +208,7 @@ static int add_skip(struct cds_scan *s, const char *name, int status)
  * regular file and let the reads find its size. */
 static void read_file_into(struct file *f, int fd, int target, int identity)
 {
-    *f = (struct file){ .status = 0, .soname = NULL };
+    *f = (struct file){.status = 0, .soname = NULL};
     uint64_t size = UINT64_MAX;
     if (identity) {
         struct cds_stat st;
@@ -329,7 +325,7 @@ static int stat_item(struct cds_scan *s, struct item *it)
     struct cds_stat st;
     int rc;
     if (it->file >= 0 && s->files[it->file].has_identity && s->files[it->file].status >= 0) {
-        it->mode = S_IFREG;           /* read before: it was a regular file */
+        it->mode = S_IFREG; /* read before: it was a regular file */
         it->dev = s->files[it->file].dev;
         it->ino = s->files[it->file].ino;
         it->state = RESOLVED;
@@ -441,7 +437,7 @@ static const char *same_dir_name(struct cds_scan *s, const char *target)
         snprintf(path, n, "%s/%.*s/", s->dirpath, (int)dir_len, target);
     struct cds_stat there, here;
     int same = cds_inroot_stat(s->rootfd, path, 1, &there) == 0 && cds_fstat(s->dirfd, &here) == 0
-               && there.dev == here.dev && there.ino == here.ino;
+        && there.dev == here.dev && there.ino == here.ino;
     char *text = cds_arena_strndup(&s->arena, target, dir_len);
     if (text != NULL) {
         s->same_dir_text = text;
@@ -467,7 +463,7 @@ static int resolve(struct cds_scan *s, uint32_t index, int hops)
         return 0;
     }
     if (it->type != DT_LNK || it->extra >= 0) {
-        stat_item(s, it);             /* failures are recorded in the item */
+        stat_item(s, it); /* failures are recorded in the item */
         return 0;
     }
     if (it->link_text == NULL && it->link_err == 0)
@@ -486,7 +482,7 @@ static int resolve(struct cds_scan *s, uint32_t index, int hops)
             it->err = -ENOENT;
             return 0;
         }
-        it->state = FAILED;           /* a loop back here stops at the hop limit */
+        it->state = FAILED; /* a loop back here stops at the hop limit */
         it->err = -ELOOP;
         if (resolve(s, (uint32_t)next, hops + 1) < 0)
             return -1;
@@ -521,7 +517,7 @@ static long file_of(struct cds_scan *s, uint32_t index)
     if (fd < 0) {
         if (grow((void **)&s->files, &s->files_cap, s->nfiles + 1, sizeof *s->files) < 0)
             return -2;
-        s->files[s->nfiles] = (struct file){ .status = -errno, .soname = NULL };
+        s->files[s->nfiles] = (struct file){.status = -errno, .soname = NULL};
         f = (long)s->nfiles++;
     } else {
         f = read_file(s, fd);
@@ -598,14 +594,12 @@ static const char *implicit_soname(struct cds_scan *s, const char *name, int32_t
 }
 
 /* search_dir's first filter: which listed names it looks at at all. */
-static int is_candidate(const struct cds_scan *s, const struct item *it,
-                        const struct cds_scan_opts *opts)
+static int is_candidate(const struct cds_scan *s, const struct item *it, const struct cds_scan_opts *opts)
 {
     uint8_t type = it->dtype;
     if (type != DT_UNKNOWN && type != DT_LNK && type != DT_REG && type != DT_DIR)
         return 0;
-    if (!cds_is_dso_name(it->name)
-        && (type == DT_REG || opts->in_hwcaps || !cds_is_hwcap_subdir(s->target, it->name)))
+    if (!cds_is_dso_name(it->name) && (type == DT_REG || opts->in_hwcaps || !cds_is_hwcap_subdir(s->target, it->name)))
         return 0;
     return !is_prelink_temp(it->name);
 }
@@ -627,7 +621,7 @@ static int consider(struct cds_scan *s, uint32_t index, const struct cds_scan_op
             return -1;
         it = &s->items[index];
         if (it->state != RESOLVED)
-            return add_skip(s, name, it->err);     /* a stale link */
+            return add_skip(s, name, it->err); /* a stale link */
         is_dir = S_ISDIR(it->mode);
     } else {
         is_dir = type == DT_DIR;
@@ -640,7 +634,7 @@ static int consider(struct cds_scan *s, uint32_t index, const struct cds_scan_op
             return add_skip(s, name, it->err);
         if (grow((void **)&s->subdirs, &s->subdirs_cap, s->nsubdirs + 1, sizeof *s->subdirs) < 0)
             return -1;
-        s->subdirs[s->nsubdirs++] = (struct subdir){ name, it->dev, it->ino };
+        s->subdirs[s->nsubdirs++] = (struct subdir){name, it->dev, it->ino};
         return 0;
     }
     if (type != DT_REG && !is_link)
@@ -662,25 +656,21 @@ static int consider(struct cds_scan *s, uint32_t index, const struct cds_scan_op
     if (is_link && strcmp(name, soname) != 0) {
         size_t len = strlen(name);
         if (len < 3 || strcmp(name + len - 3, ".so") != 0 || strncmp(name, soname, len) != 0)
-            is_link = 0;              /* treated as a file of its own */
+            is_link = 0; /* treated as a file of its own */
     }
     if (is_link)
         soname = name;
-    if (flag == CDS_FLAG_ELF
-        && (opts->dir_flag == CDS_FLAG_ELF_LIBC5 || opts->dir_flag == CDS_FLAG_ELF_LIBC6))
+    if (flag == CDS_FLAG_ELF && (opts->dir_flag == CDS_FLAG_ELF_LIBC5 || opts->dir_flag == CDS_FLAG_ELF_LIBC6))
         flag = opts->dir_flag;
 
     long existing = find_dlib(s, soname);
     if (existing >= 0) {
         struct dlib *d = &s->dlibs[existing];
-        if ((!is_link && d->is_link)
-            || (is_link == d->is_link && cds_libcmp(d->name, name, s->target) < 0)) {
+        if ((!is_link && d->is_link) || (is_link == d->is_link && cds_libcmp(d->name, name, s->target) < 0)) {
             if (d->flags != flag) {
-                if (d->flags == CDS_FLAG_ELF
-                    && (flag == CDS_FLAG_ELF_LIBC5 || flag == CDS_FLAG_ELF_LIBC6))
+                if (d->flags == CDS_FLAG_ELF && (flag == CDS_FLAG_ELF_LIBC5 || flag == CDS_FLAG_ELF_LIBC6))
                     d->flags = flag;
-                else if ((d->flags == CDS_FLAG_ELF_LIBC5 || d->flags == CDS_FLAG_ELF_LIBC6)
-                         && flag == CDS_FLAG_ELF)
+                else if ((d->flags == CDS_FLAG_ELF_LIBC5 || d->flags == CDS_FLAG_ELF_LIBC6) && flag == CDS_FLAG_ELF)
                     d->flags = flag;
                 /* otherwise ldconfig complains and keeps the first type */
             }
@@ -695,10 +685,16 @@ static int consider(struct cds_scan *s, uint32_t index, const struct cds_scan_op
         return 0;
     }
     struct dlib d = {
-        .name = name, .soname = soname, .file = (int32_t)f, .flags = flag,
+        .name = name,
+        .soname = soname,
+        .file = (int32_t)f,
+        .flags = flag,
         .isa_level = file->isa_level,
-        .is_link = is_link, .extra = s->items[index].extra, .soname_link_ok = 0,
-        .dev = file->dev, .ino = file->ino,
+        .is_link = is_link,
+        .extra = s->items[index].extra,
+        .soname_link_ok = 0,
+        .dev = file->dev,
+        .ino = file->ino,
     };
     return add_dlib(s, &d);
 }
@@ -709,7 +705,7 @@ static int items_from_memo(struct cds_scan *s, struct filememo_value *v)
 {
     s->memo_listing = v->listing;
     v->listing = NULL;
-    if (grow((void **)&s->items, &(uint32_t){ 0 }, v->listing_count, sizeof *s->items) < 0)
+    if (grow((void **)&s->items, &(uint32_t){0}, v->listing_count, sizeof *s->items) < 0)
         return -1;
     char *p = s->memo_listing;
     for (uint32_t i = 0; i < v->listing_count; i++) {
@@ -718,8 +714,14 @@ static int items_from_memo(struct cds_scan *s, struct filememo_value *v)
         char *text = name + strlen(name) + 1;
         p = text + strlen(text) + 1;
         s->items[s->nitems++] = (struct item){
-            .name = name, .dtype = type, .type = type, .extra = -1, .state = UNRESOLVED,
-            .file = -1, .target = -1, .link_text = has_text ? text : NULL,
+            .name = name,
+            .dtype = type,
+            .type = type,
+            .extra = -1,
+            .state = UNRESOLVED,
+            .file = -1,
+            .target = -1,
+            .link_text = has_text ? text : NULL,
             .link_borrowed = has_text,
         };
     }
@@ -737,7 +739,7 @@ static void remember_listing(struct cds_scan *s, const struct item *items, uint3
     for (uint32_t i = 0; i < n; i++) {
         const struct item *it = &items[i];
         if (it->type == DT_LNK && it->link_text == NULL && it->link_err != 0)
-            return;                   /* a link that could not be read: read it next time */
+            return; /* a link that could not be read: read it next time */
         size += 2 + strlen(it->name) + 1 + (it->link_text ? strlen(it->link_text) : 0) + 1;
     }
     cleanup_free char *blob = malloc(size ? size : 1);
@@ -752,7 +754,7 @@ static void remember_listing(struct cds_scan *s, const struct item *items, uint3
         p = stpcpy(p, it->name) + 1;
         p = stpcpy(p, text) + 1;
     }
-    struct filememo_value v = { .listing = blob, .listing_size = size, .listing_count = n };
+    struct filememo_value v = {.listing = blob, .listing_size = size, .listing_count = n};
     filememo_store(FILEMEMO_DIR, "", &s->dir_id, s->memo_with_dev, &v, s->started);
 }
 
@@ -799,8 +801,13 @@ static int read_listing(struct cds_scan *s)
         if (name == NULL)
             break;
         s->items[s->nitems++] = (struct item){
-            .name = name, .dtype = type, .type = type, .extra = -1,
-            .state = UNRESOLVED, .file = -1, .target = -1,
+            .name = name,
+            .dtype = type,
+            .type = type,
+            .extra = -1,
+            .state = UNRESOLVED,
+            .file = -1,
+            .target = -1,
         };
         rc = 0;
     }
@@ -811,7 +818,7 @@ static int read_listing(struct cds_scan *s)
 /* With extras only, the listing is looked up, not scanned: move it to s->listed. */
 static int set_aside_listing(struct cds_scan *s)
 {
-    if (!s->extras_only || !(s->listed_from_memo || s->remember_listing))  /* not listed */
+    if (!s->extras_only || !(s->listed_from_memo || s->remember_listing)) /* not listed */
         return 0;
     s->have_listed = 1;
     s->listed = s->items;
@@ -830,8 +837,7 @@ static int add_extras(struct cds_scan *s, size_t nextras)
     uint32_t cap = s->nitems;
     for (size_t i = 0; i < nextras; i++) {
         const char *name = s->extras[i].name;
-        if (name[0] == '\0' || strchr(name, '/') != NULL || strcmp(name, ".") == 0
-            || strcmp(name, "..") == 0) {
+        if (name[0] == '\0' || strchr(name, '/') != NULL || strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
             errno = EINVAL;
             return -1;
         }
@@ -846,13 +852,18 @@ static int add_extras(struct cds_scan *s, size_t nextras)
             else if (errno != ENOENT)
                 return -1;
         }
-        uint8_t type = s->extras[i].is_link ? DT_LNK : DT_REG;   /* (a link's host path is followed) */
+        uint8_t type = s->extras[i].is_link ? DT_LNK : DT_REG; /* (a link's host path is followed) */
         struct item extra = {
-            .name = name, .dtype = type, .type = type, .extra = (int32_t)i,
-            .state = UNRESOLVED, .file = -1, .target = -1,
+            .name = name,
+            .dtype = type,
+            .type = type,
+            .extra = (int32_t)i,
+            .state = UNRESOLVED,
+            .file = -1,
+            .target = -1,
         };
         if (at >= 0) {
-            s->items[at] = extra;     /* the mount hides what the tree has there */
+            s->items[at] = extra; /* the mount hides what the tree has there */
             continue;
         }
         if (grow((void **)&s->items, &cap, s->nitems + 1, sizeof *s->items) < 0)
@@ -906,28 +917,31 @@ static int soname_is_same_file(struct cds_scan *s, const struct dlib *d)
     if (f == d->file)
         return 1;
     const struct file *file = &s->files[f], *chosen = &s->files[d->file];
-    return file->status >= 0 && file->has_identity && chosen->has_identity
-           && file->dev == chosen->dev && file->ino == chosen->ino;
+    return file->status >= 0 && file->has_identity && chosen->has_identity && file->dev == chosen->dev
+        && file->ino == chosen->ino;
 }
 
 /* Fill F from the memo's value V for the file ST identifies. */
 static void file_from_memo(struct file *f, const struct filememo_value *v, const struct stat *st)
 {
-    *f = (struct file){ .status = v->status, .flags = v->flags, .isa_level = v->isa_level,
-                        .soname = v->soname, .dev = (uint64_t)st->st_dev,
-                        .ino = (uint64_t)st->st_ino, .has_identity = 1 };
+    *f = (struct file){.status = v->status,
+                       .flags = v->flags,
+                       .isa_level = v->isa_level,
+                       .soname = v->soname,
+                       .dev = (uint64_t)st->st_dev,
+                       .ino = (uint64_t)st->st_ino,
+                       .has_identity = 1};
 }
 
 /* After reading the file open at FD (stat'ed as BEFORE when the scan was at STARTED): keep
  * what F holds when a stat now shows the same unchanged file. */
-static void remember(const struct file *f, int fd, enum filememo_kind kind, const char *name,
-                     int with_dev, const struct stat *before, struct timespec started)
+static void remember(const struct file *f, int fd, enum filememo_kind kind, const char *name, int with_dev,
+                     const struct stat *before, struct timespec started)
 {
     struct stat after;
     if (f->status < 0 || fstat(fd, &after) < 0 || !filememo_same(before, &after))
         return;
-    struct filememo_value v = { .status = f->status, .flags = f->flags,
-                                .isa_level = f->isa_level, .soname = f->soname };
+    struct filememo_value v = {.status = f->status, .flags = f->flags, .isa_level = f->isa_level, .soname = f->soname};
     filememo_store(kind, name, &after, with_dev, &v, started);
 }
 
@@ -937,7 +951,7 @@ static void read_host_file(struct cds_scan *s, struct file *f, const char *path)
 {
     struct stat before;
     if (stat(path, &before) < 0) {
-        *f = (struct file){ .status = -errno, .soname = NULL };
+        *f = (struct file){.status = -errno, .soname = NULL};
         return;
     }
     struct filememo_value v;
@@ -947,7 +961,7 @@ static void read_host_file(struct cds_scan *s, struct file *f, const char *path)
     }
     int fd = cds_open_host(path);
     if (fd < 0) {
-        *f = (struct file){ .status = -errno, .soname = NULL };
+        *f = (struct file){.status = -errno, .soname = NULL};
         return;
     }
     read_file_into(f, fd, s->target, 1);
@@ -961,11 +975,11 @@ static void read_listed_file(struct cds_scan *s, struct file *f, const struct it
 {
     struct stat before;
     if (fstatat(s->dirfd, it->name, &before, AT_SYMLINK_NOFOLLOW) < 0) {
-        *f = (struct file){ .status = -errno, .soname = NULL };
+        *f = (struct file){.status = -errno, .soname = NULL};
         return;
     }
-    if (!S_ISREG(before.st_mode)) {   /* replaced since it was listed */
-        *f = (struct file){ .status = S_ISDIR(before.st_mode) ? -EISDIR : -EINVAL };
+    if (!S_ISREG(before.st_mode)) { /* replaced since it was listed */
+        *f = (struct file){.status = S_ISDIR(before.st_mode) ? -EISDIR : -EINVAL};
         return;
     }
     struct filememo_value v;
@@ -975,7 +989,7 @@ static void read_listed_file(struct cds_scan *s, struct file *f, const struct it
     }
     int fd = open_item(s, it);
     if (fd < 0) {
-        *f = (struct file){ .status = -errno, .soname = NULL };
+        *f = (struct file){.status = -errno, .soname = NULL};
         return;
     }
     read_file_into(f, fd, s->target, 0);
@@ -1018,7 +1032,7 @@ static void *prefetch_worker(void *arg)
         }
         int fd = open_item(s, it);
         if (fd < 0) {
-            *f = (struct file){ .status = -errno, .soname = NULL };
+            *f = (struct file){.status = -errno, .soname = NULL};
             continue;
         }
         read_file_into(f, fd, s->target, it->extra >= 0);
@@ -1027,10 +1041,10 @@ static void *prefetch_worker(void *arg)
     return NULL;
 }
 
-#define PREFETCH_THREADED 128         /* below this many reads, one thread is quicker */
+#define PREFETCH_THREADED 128 /* below this many reads, one thread is quicker */
 #define PREFETCH_THREADS 4
 
-static int max_threads = 0;           /* 0: as many as CPUs (up to PREFETCH_THREADS) */
+static int max_threads = 0; /* 0: as many as CPUs (up to PREFETCH_THREADS) */
 
 int cds_scan_set_threads(int n)
 {
@@ -1041,7 +1055,7 @@ int cds_scan_set_threads(int n)
 
 static int run_jobs(struct cds_scan *s, const uint32_t *list, uint32_t n)
 {
-    struct prefetch job = { .s = s, .list = list, .n = n, .next = 0 };
+    struct prefetch job = {.s = s, .list = list, .n = n, .next = 0};
     pthread_t threads[PREFETCH_THREADS];
     int started = 0;
     if (n >= PREFETCH_THREADED) {
@@ -1072,7 +1086,7 @@ static int queue_file(struct cds_scan *s, uint32_t *list, uint32_t *n, uint32_t 
         return 0;
     if (grow((void **)&s->files, &s->files_cap, s->nfiles + 1, sizeof *s->files) < 0)
         return -1;
-    s->files[s->nfiles] = (struct file){ .status = -EAGAIN, .soname = NULL };
+    s->files[s->nfiles] = (struct file){.status = -EAGAIN, .soname = NULL};
     it->file = (int32_t)s->nfiles++;
     list[(*n)++] = index;
     return 0;
@@ -1137,15 +1151,15 @@ static int unpack_extras(struct cds_scan *s, const char *packed, size_t len, siz
             return -1;
         }
         int is_link = name_end[1] == '\001';
-        extras[i] = (struct cds_extra){ p, name_end + 1 + is_link, is_link };
+        extras[i] = (struct cds_extra){p, name_end + 1 + is_link, is_link};
         p = host_end + 1;
     }
     s->extras = extras;
     return 0;
 }
 
-int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const char *extras, size_t len,
-                 size_t nextras, const struct cds_scan_opts *opts, struct cds_scan **out)
+int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const char *extras, size_t len, size_t nextras,
+                 const struct cds_scan_opts *opts, struct cds_scan **out)
 {
     *out = NULL;
     struct cds_scan *s = calloc(1, sizeof *s);
@@ -1161,10 +1175,8 @@ int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const char *extras,
         s->started = filememo_clock();
     int rc = -1;
     s->dirpath = cds_arena_strndup(&s->arena, dirpath, strlen(dirpath));
-    if (s->dirpath != NULL && unpack_extras(s, extras, len, nextras) == 0
-        && read_listing(s) == 0 && set_aside_listing(s) == 0
-        && add_extras(s, nextras) == 0
-        && index_items(s) == 0 && prefetch(s, opts) == 0) {
+    if (s->dirpath != NULL && unpack_extras(s, extras, len, nextras) == 0 && read_listing(s) == 0
+        && set_aside_listing(s) == 0 && add_extras(s, nextras) == 0 && index_items(s) == 0 && prefetch(s, opts) == 0) {
         rc = 0;
         for (uint32_t i = 0; i < s->nitems && rc == 0; i++)
             rc = consider(s, i, opts);
@@ -1179,8 +1191,7 @@ int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const char *extras,
             && (s->remember_listing || gained_link_texts(s->listed, s->nlisted)))
             remember_listing(s, s->listed, s->nlisted);
         else if (rc == 0 && !s->extras_only && nextras == 0
-                 && (s->remember_listing || (s->listed_from_memo
-                                             && gained_link_texts(s->items, s->nitems))))
+                 && (s->remember_listing || (s->listed_from_memo && gained_link_texts(s->items, s->nitems))))
             remember_listing(s, s->items, s->nitems);
     }
     if (rc < 0) {
@@ -1243,8 +1254,7 @@ int cds_scan_lib(const struct cds_scan *s, uint32_t index, struct cds_dlib *lib)
 
 uint32_t cds_scan_subdir_count(const struct cds_scan *s) { return s->nsubdirs; }
 
-int cds_scan_subdir(const struct cds_scan *s, uint32_t index, const char **name, uint64_t *dev,
-                    uint64_t *ino)
+int cds_scan_subdir(const struct cds_scan *s, uint32_t index, const char **name, uint64_t *dev, uint64_t *ino)
 {
     if (index >= s->nsubdirs) {
         errno = ERANGE;
@@ -1269,8 +1279,8 @@ int cds_scan_skip(const struct cds_scan *s, uint32_t index, struct cds_skip *ski
     return 0;
 }
 
-int cds_builder_add_scan(struct cds_builder *b, const struct cds_scan *s, const char *dirpath,
-                         uint32_t rank, const char *hwcaps, uint64_t hwcap, int links)
+int cds_builder_add_scan(struct cds_builder *b, const struct cds_scan *s, const char *dirpath, uint32_t rank,
+                         const char *hwcaps, uint64_t hwcap, int links)
 {
     size_t dir_len = strlen(dirpath);
     cleanup_free char *path = NULL;
@@ -1280,9 +1290,9 @@ int cds_builder_add_scan(struct cds_builder *b, const struct cds_scan *s, const 
         cds_scan_lib(s, i, &d);
         const char *file;
         if (hwcaps != NULL)
-            file = d.name;            /* glibc-hwcaps entries name the file itself */
+            file = d.name; /* glibc-hwcaps entries name the file itself */
         else if (links == CDS_LINKS_EXISTING && !d.soname_link_ok)
-            file = d.name;            /* no link to the soname there: name the file */
+            file = d.name; /* no link to the soname there: name the file */
         else
             file = d.soname;
         size_t need = dir_len + strlen(file) + 2;
@@ -1296,8 +1306,7 @@ int cds_builder_add_scan(struct cds_builder *b, const struct cds_scan *s, const 
         memcpy(path, dirpath, dir_len);
         path[dir_len] = '/';
         strcpy(path + dir_len + 1, file);
-        if (cds_builder_add(b, d.soname, path, d.flags, d.isa_level, hwcaps ? 0 : hwcap, hwcaps,
-                            rank) < 0)
+        if (cds_builder_add(b, d.soname, path, d.flags, d.isa_level, hwcaps ? 0 : hwcap, hwcaps, rank) < 0)
             return -1;
     }
     return 0;
@@ -1305,16 +1314,15 @@ int cds_builder_add_scan(struct cds_builder *b, const struct cds_scan *s, const 
 
 /* ---- ldconfig's name tables ------------------------------------------------------- */
 
-static const char *const x86_hwcaps[] = { "sse2", "x86_64", "avx512_1" };
-static const char *const x86_platforms[] = { "i586", "i686", "haswell", "xeon_phi" };
+static const char *const x86_hwcaps[] = {"sse2", "x86_64", "avx512_1"};
+static const char *const x86_platforms[] = {"i586", "i686", "haswell", "xeon_phi"};
 #define X86_FIRST_PLATFORM 48
 static const char *const aarch64_hwcaps[] = {
-    "fp", "asimd", "evtstrm", "aes", "pmull", "sha1", "sha2", "crc32", "atomics", "fphp",
-    "asimdhp", "cpuid", "asimdrdm", "jscvt", "fcma", "lrcpc", "dcpop", "sha3", "sm3", "sm4",
-    "asimddp", "sha512", "sve", "asimdfhm", "dit", "uscat", "ilrcpc", "flagm", "ssbs", "sb",
-    "paca", "pacg",
+    "fp",    "asimd",    "evtstrm", "aes",   "pmull",  "sha1",  "sha2", "crc32", "atomics", "fphp",    "asimdhp",
+    "cpuid", "asimdrdm", "jscvt",   "fcma",  "lrcpc",  "dcpop", "sha3", "sm3",   "sm4",     "asimddp", "sha512",
+    "sve",   "asimdfhm", "dit",     "uscat", "ilrcpc", "flagm", "ssbs", "sb",    "paca",    "pacg",
 };
-#define AARCH64_HWCAP_IMPORTANT (1u << 8)   /* atomics */
+#define AARCH64_HWCAP_IMPORTANT (1u << 8) /* atomics */
 #define TLS_HWCAP_BIT 63
 
 static int string_hwcap(int target, const char *name)
@@ -1381,7 +1389,6 @@ uint64_t cds_path_hwcap(int target, const char *path)
 
 int cds_is_dso_name(const char *name)
 {
-    return ((strncmp(name, "lib", 3) == 0 || strncmp(name, "ld-", 3) == 0)
-            && strstr(name, ".so") != NULL)
-           || strncmp(name, "ld.so.", 6) == 0 || strncmp(name, "ld64.so.", 8) == 0;
+    return ((strncmp(name, "lib", 3) == 0 || strncmp(name, "ld-", 3) == 0) && strstr(name, ".so") != NULL)
+        || strncmp(name, "ld.so.", 6) == 0 || strncmp(name, "ld64.so.", 8) == 0;
 }

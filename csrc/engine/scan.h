@@ -11,30 +11,30 @@ struct cds_stat;
 struct cds_builder;
 
 enum {
-    CDS_LINKS_LDCONFIG = 0,       /* DIR/SONAME, as ldconfig (which creates the link) */
-    CDS_LINKS_EXISTING = 1        /* DIR/SONAME where that name is this file, else DIR/NAME */
+    CDS_LINKS_LDCONFIG = 0, /* DIR/SONAME, as ldconfig (which creates the link) */
+    CDS_LINKS_EXISTING = 1  /* DIR/SONAME where that name is this file, else DIR/NAME */
 };
 
 struct cds_scan_opts {
-    int target;                   /* CDS_TARGET_* */
-    int in_hwcaps;                /* a glibc-hwcaps subdirectory: no subdirectories, and
+    int target;       /* CDS_TARGET_* */
+    int in_hwcaps;    /* a glibc-hwcaps subdirectory: no subdirectories, and
                                      entries name the file itself */
-    int32_t dir_flag;             /* the "=libc6" style type of the directory, -1 if none */
-    int links;                    /* CDS_LINKS_*: EXISTING also works out soname_link_ok */
-    int extras_only;              /* look at the EXTRAS only, not at the directory's listing
+    int32_t dir_flag; /* the "=libc6" style type of the directory, -1 if none */
+    int links;        /* CDS_LINKS_*: EXISTING also works out soname_link_ok */
+    int extras_only;  /* look at the EXTRAS only, not at the directory's listing
                                      (the directory is still asked about names: see
                                      cds_scan_shadowing) */
 };
 
 /* A library ldconfig keeps for the directory. */
 struct cds_dlib {
-    const char *name;             /* the file (or link) name chosen for the soname */
+    const char *name; /* the file (or link) name chosen for the soname */
     const char *soname;
     int32_t flags;
     uint32_t isa_level;
     int32_t is_link;
-    int32_t extra;                /* index into the extras, or -1 */
-    int32_t soname_link_ok;       /* DIR/SONAME exists and is this same file */
+    int32_t extra;          /* index into the extras, or -1 */
+    int32_t soname_link_ok; /* DIR/SONAME exists and is this same file */
     uint64_t dev, ino;
 };
 
@@ -54,16 +54,15 @@ struct cds_scan;
  * byte stripped) is a link's: a directory mount's entry that is a link there, which ldconfig
  * keys by its own name (libcuda.so) where a file is keyed by its SONAME. Returns 0 or -1
  * with errno. */
-int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const char *extras, size_t len,
-                 size_t nextras, const struct cds_scan_opts *opts, struct cds_scan **out);
+int cds_scan_dir(int rootfd, const char *dirpath, int dirfd, const char *extras, size_t len, size_t nextras,
+                 const struct cds_scan_opts *opts, struct cds_scan **out);
 void cds_scan_free(struct cds_scan *scan);
 uint32_t cds_scan_count(const struct cds_scan *scan);
 /* Libraries in ldconfig's order of addition to the cache. */
 int cds_scan_lib(const struct cds_scan *scan, uint32_t index, struct cds_dlib *lib);
 /* Legacy hwcap subdirectories found (tls, x86_64, haswell, ...), in directory order. */
 uint32_t cds_scan_subdir_count(const struct cds_scan *scan);
-int cds_scan_subdir(const struct cds_scan *scan, uint32_t index, const char **name,
-                    uint64_t *dev, uint64_t *ino);
+int cds_scan_subdir(const struct cds_scan *scan, uint32_t index, const char **name, uint64_t *dev, uint64_t *ino);
 /* With extras_only: how many extras land on a name the directory already has (they hide
  * it, so what the directory's cache entries said may no longer hold). */
 uint32_t cds_scan_shadowing(const struct cds_scan *scan);
@@ -73,9 +72,8 @@ int cds_scan_skip(const struct cds_scan *scan, uint32_t index, struct cds_skip *
 /* Add a scanned directory's libraries to a cache under construction: DIRPATH as the cache
  * names it, RANK its place in the directory list, HWCAPS its glibc-hwcaps subdirectory name
  * (or NULL), HWCAP its legacy hwcap value. 0 or -1. */
-int cds_builder_add_scan(struct cds_builder *builder, const struct cds_scan *scan,
-                         const char *dirpath, uint32_t rank, const char *hwcaps,
-                         uint64_t hwcap, int links);
+int cds_builder_add_scan(struct cds_builder *builder, const struct cds_scan *scan, const char *dirpath, uint32_t rank,
+                         const char *hwcaps, uint64_t hwcap, int links);
 
 /* Threads that read files in big directories: 0 = one per CPU (up to 4), 1 = none.
  * Returns the previous setting. */
@@ -98,7 +96,7 @@ int cds_scan_memo(int enable, int forget, int64_t settle_ns, struct cds_memo_sta
 struct cds_identity {
     int32_t err;
     uint32_t mode;
-    uint64_t dev;       /* 0 for files in a tree on overlayfs, as in the file memo */
+    uint64_t dev; /* 0 for files in a tree on overlayfs, as in the file memo */
     uint64_t ino;
     uint64_t size;
     int64_t mtime_ns;
@@ -114,8 +112,7 @@ int64_t cds_memo_clock_ns(void);
  * 0 at the first that does not. Both: -1 with EINVAL on a malformed list. */
 int cds_memo_identify(int rootfd, const char *paths, size_t size, size_t count, int64_t started_ns,
                       struct cds_identity *out);
-int cds_memo_same(int rootfd, const char *paths, size_t size, size_t count,
-                  const struct cds_identity *expected);
+int cds_memo_same(int rootfd, const char *paths, size_t size, size_t count, const struct cds_identity *expected);
 
 /* ldconfig's path_hwcap(): the legacy hwcap bits of PATH's trailing components. */
 uint64_t cds_path_hwcap(int target, const char *path);

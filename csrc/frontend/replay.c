@@ -85,8 +85,8 @@ static int parse_recipe(const char *text, size_t len, struct recipe *r)
         return -1;
     const char *at = text, *end = text + len;
     at += magic;
-    struct block *order[] = {&r->version, &r->key, &r->params, &r->paths, &r->count, &r->identities,
-                             &r->links, &r->files, &r->programs, &r->hooks, &r->binds, &r->roots, &r->etc};
+    struct block *order[] = {&r->version, &r->key,      &r->params, &r->paths, &r->count, &r->identities, &r->links,
+                             &r->files,   &r->programs, &r->hooks,  &r->binds, &r->roots, &r->etc};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (next_block(&at, end, order[i]) < 0)
             return -1;
@@ -374,8 +374,8 @@ static int out_template(struct out *o, const char *template, size_t len, const c
 {
     for (size_t i = 0; i < len; i++) {
         int failed = template[i] == '\1' ? out_put(o, rootfs, strlen(rootfs))
-                     : template[i] == '\2' ? out_put(o, bundle, strlen(bundle))
-                     : out_put(o, template + i, 1);
+            : template[i] == '\2'        ? out_put(o, bundle, strlen(bundle))
+                                         : out_put(o, template + i, 1);
         if (failed)
             return -1;
     }
@@ -416,7 +416,8 @@ static int out_mounts(struct out *o, const char *json, const struct cds_oci_view
         const char *at = binds->data, *end = binds->data + binds->len;
         struct block dest, body;
         while (at < end && next_block(&at, end, &dest) == 0 && next_block(&at, end, &body) == 0)
-            if (mount->destination.end && dest.len == dlen && memcmp(dest.data, json + mount->destination.start, dlen) == 0)
+            if (mount->destination.end && dest.len == dlen
+                && memcmp(dest.data, json + mount->destination.start, dlen) == 0)
                 bound = 1;
         if (bound)
             continue;
@@ -433,7 +434,7 @@ static int out_mounts(struct out *o, const char *json, const struct cds_oci_view
         if (next_block(&at, end, &dest) < 0 || next_block(&at, end, &body) < 0)
             return -1;
         if (body.len == 0)
-            continue;   /* moved: bound by the hook */
+            continue; /* moved: bound by the hook */
         if (out_overlay(o, overlay, &placed, &first, dest.data, dest.len, rootfs, bundle) < 0
             || (!first && out_put(o, ",", 1) < 0) || out_template(o, body.data, body.len, rootfs, bundle) < 0)
             return -1;
@@ -509,8 +510,8 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
     struct recipe r;
     struct etc_overlay etc;
     int ours = text_len >= 0 && parse_recipe(text, (size_t)text_len, &r) == 0 && parse_etc(&r.etc, &etc) == 0
-               && r.version.len == strlen(CDS_VERSION) && memcmp(r.version.data, CDS_VERSION, r.version.len) == 0
-               && r.key.len == key_len && memcmp(r.key.data, key, key_len) == 0;
+        && r.version.len == strlen(CDS_VERSION) && memcmp(r.version.data, CDS_VERSION, r.version.len) == 0
+        && r.key.len == key_len && memcmp(r.key.data, key, key_len) == 0;
     cds_step_key_free(key);
     if (!ours || r.count.len != 4 || cds_oci_view(json, len, &view) < 0)
         return 0;

@@ -62,7 +62,11 @@ struct settings {
 };
 
 static void free_buf(char **buf) { free(*buf); }
-static void close_fd(int *fd) { if (*fd >= 0) close(*fd); }
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+}
 
 /* Read a whole regular file, refusing links, FIFOs and anything over `limit`; its mode into
  * *MODE when MODE is given. Returns the length, or -1 with errno set (EFBIG when too large). */
@@ -108,10 +112,7 @@ static long read_file_mode(const char *path, size_t limit, char **out, mode_t *m
     return (long)len;
 }
 
-static long read_file(const char *path, size_t limit, char **out)
-{
-    return read_file_mode(path, limit, out, NULL);
-}
+static long read_file(const char *path, size_t limit, char **out) { return read_file_mode(path, limit, out, NULL); }
 
 static char *trim(char *s)
 {
@@ -319,7 +320,6 @@ static const char *option_name(const char *arg, size_t *len)
     return name;
 }
 
-
 /* What a create/run command line (argv from the command word on) says to us. */
 struct create_line {
     const char *bundle;
@@ -328,23 +328,14 @@ struct create_line {
     int end;        /* where the options end (the container id, "--", or n) */
 };
 
-static int is_help_option(const char *name, size_t len)
-{
-    return among(name, len, cds_help_options);
-}
+static int is_help_option(const char *name, size_t len) { return among(name, len, cds_help_options); }
 
 /* A --device option without "=": whether the next argument is its value (a device name never
  * starts with '-', so `--device --help` asks for help, not for a device called "--help"). */
-static int device_value_follows(char **args, int i, int n)
-{
-    return i + 1 < n && args[i + 1][0] != '-';
-}
+static int device_value_follows(char **args, int i, int n) { return i + 1 < n && args[i + 1][0] != '-'; }
 
 /* Options of create/run that take a value; the rest of theirs are booleans. */
-static int create_takes_value(const char *name, size_t len)
-{
-    return among(name, len, cds_create_value_options);
-}
+static int create_takes_value(const char *name, size_t len) { return among(name, len, cds_create_value_options); }
 
 static struct create_line scan_create(char **args, int n)
 {
@@ -356,8 +347,8 @@ static struct create_line scan_create(char **args, int n)
             /* runc (urfave/cli) also takes its options after the container id: --help there
              * shows the command's help too */
             for (int j = i; j < n && strcmp(args[j], "--") != 0; j++)
-                if (strcmp(args[j], "--help") == 0 || strcmp(args[j], "-h") == 0
-                    || strcmp(args[j], "-help") == 0 || strcmp(args[j], "--h") == 0)
+                if (strcmp(args[j], "--help") == 0 || strcmp(args[j], "-h") == 0 || strcmp(args[j], "-help") == 0
+                    || strcmp(args[j], "--h") == 0)
                     line.help = 1;
             break;
         }
@@ -421,8 +412,7 @@ static enum config_kind config_kind(const char *bundle, const struct settings *s
     long len = read_file_mode(path, MAX_CONFIG_JSON, &json, mode);
     if (len < 0)
         return MAY_REQUEST; /* Python reports the problem with the file */
-    size_t prefix_len[MAX_PREFIXES], env_len = 0, mount_len = strlen(DEVICE_MOUNT_PATTERN),
-           hook_len[N_HOOK_PROGRAMS];
+    size_t prefix_len[MAX_PREFIXES], env_len = 0, mount_len = strlen(DEVICE_MOUNT_PATTERN), hook_len[N_HOOK_PROGRAMS];
     for (int i = 0; i < set->n_prefixes; i++)
         prefix_len[i] = strlen(set->prefixes[i]);
     if (set->device_env[0])
@@ -430,7 +420,7 @@ static enum config_kind config_kind(const char *bundle, const struct settings *s
     for (size_t h = 0; h < N_HOOK_PROGRAMS; h++)
         hook_len[h] = strlen(cds_hook_programs[h]);
     const char *end = json + len;
-    for (const char *p = json; ; p++) {
+    for (const char *p = json;; p++) {
         p += strcspn(p, "\\\""); /* stops at a quote, a backslash or a NUL */
         if (*p == '\0') {
             if (p < end)
@@ -440,7 +430,7 @@ static enum config_kind config_kind(const char *bundle, const struct settings *s
         if (*p == '\\') {
             if (p[1] == 'u' || p[1] == '/' || p[1] == '\0')
                 return MAY_REQUEST; /* an escape could spell a pattern differently */
-            p++; /* the escaped character is no pattern's edge */
+            p++;                    /* the escaped character is no pattern's edge */
             continue;
         }
         /* a quote: a request begins here, or a hook program ends here */
@@ -500,9 +490,10 @@ static int replayed(const struct settings *set, const char *bundle, const char *
     if (!replay_step(steps, bundle, json, (size_t)len, mode))
         return 0;
     clock_gettime(CLOCK_MONOTONIC, &end);
-    snprintf(message, sizeof(message), "cdi-shim: container %.200s: the linker step of an earlier container of these "
-             "files and spec, replayed by the front end; phase=replay took=%.2fms", id ? id : "?",
-             (double)(end.tv_sec - start.tv_sec) * 1e3 + (double)(end.tv_nsec - start.tv_nsec) / 1e6);
+    snprintf(message, sizeof(message),
+             "cdi-shim: container %.200s: the linker step of an earlier container of these "
+             "files and spec, replayed by the front end; phase=replay took=%.2fms",
+             id ? id : "?", (double)(end.tv_sec - start.tv_sec) * 1e3 + (double)(end.tv_nsec - start.tv_nsec) / 1e6);
     debug_line(set, message);
     return 1;
 }
@@ -540,7 +531,8 @@ static void append_line(const char *path, const char *format, const char *level,
                : (size_t)snprintf(line, sizeof(line), "time=\"%s\" level=%s msg=\"", stamp, level);
     append_escaped(line, sizeof(line) - 64, &len, message);
     len += (size_t)snprintf(line + len, sizeof(line) - len, json ? "\",\"time\":\"%s\"}\n" : "\"\n", stamp);
-    __attribute__((cleanup(close_fd))) int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    __attribute__((cleanup(close_fd))) int fd =
+        open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0 || write(fd, line, len) < 0)
         fprintf(stderr, "cdi-shim: cannot write log file %s: %s\n", path, strerror(errno));
 }
@@ -594,8 +586,10 @@ static int exec_runtime(const struct settings *set, char **argv_out)
     if (!strchr(runtime, '/')) {
         runtime = search_path(runtime, found, sizeof(found));
         if (!runtime) {
-            snprintf(message, sizeof(message), "cdi-shim: the low-level runtime \"%s\" is not on PATH "
-                     "(install runc or set \"runtime\" in the cdi-shim config)", set->runtime);
+            snprintf(message, sizeof(message),
+                     "cdi-shim: the low-level runtime \"%s\" is not on PATH "
+                     "(install runc or set \"runtime\" in the cdi-shim config)",
+                     set->runtime);
             report(message);
             return 127;
         }
@@ -656,8 +650,8 @@ static int send_request(int fd, const struct bytes *body, int token)
     } control;
     memset(&control, 0, sizeof(control));
     struct iovec iov[2] = {{header, sizeof(header)}, {body->data, body->len}};
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2, .msg_control = control.buf,
-                         .msg_controllen = sizeof(control.buf)};
+    struct msghdr msg = {
+        .msg_iov = iov, .msg_iovlen = 2, .msg_control = control.buf, .msg_controllen = sizeof(control.buf)};
     struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
@@ -759,8 +753,8 @@ static int try_resident(const struct settings *set, int argc, char **argv)
     struct ucred peer = {.uid = (uid_t)-1};
     socklen_t peer_len = sizeof(peer);
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.uid != geteuid()) {
-        snprintf(message, sizeof(message), "cdi-shim: ignoring %s: served by uid %d, not by us",
-                 set->socket, (int)peer.uid);
+        snprintf(message, sizeof(message), "cdi-shim: ignoring %s: served by uid %d, not by us", set->socket,
+                 (int)peer.uid);
         fprintf(stderr, "%s\n", message);
         return -1;
     }
@@ -829,7 +823,7 @@ static int try_resident(const struct settings *set, int argc, char **argv)
     }
     reply.data[reply.len] = '\0';
     int whole = why != EFBIG && parse_answer(&reply, &status, &messages, &messages_len, &argv_at) == 0
-                && (status != 0 || argv_at < reply.data + reply.len);
+        && (status != 0 || argv_at < reply.data + reply.len);
     /* Declined ("F"), or no whole answer: if we can take a byte of the claim back, no worker
      * has written anything, nor will one. */
     if (!whole && claim(token))
@@ -837,10 +831,14 @@ static int try_resident(const struct settings *set, int argc, char **argv)
     /* A worker began the work and may have written: whatever goes wrong now is a failure,
      * never a second run through the interpreter. */
     if (!whole) {
-        snprintf(message, sizeof(message), "cdi-shim: the resident process at %s stopped before it "
-                 "answered (%s); the container was not started", set->socket,
-                 why == ETIMEDOUT ? "no answer within the bound, a worker stalled after it began writing"
-                 : why == EFBIG ? "answer too large" : why ? strerror(why) : "connection closed");
+        snprintf(message, sizeof(message),
+                 "cdi-shim: the resident process at %s stopped before it "
+                 "answered (%s); the container was not started",
+                 set->socket,
+                 why == ETIMEDOUT   ? "no answer within the bound, a worker stalled after it began writing"
+                     : why == EFBIG ? "answer too large"
+                     : why          ? strerror(why)
+                                    : "connection closed");
         report(message);
         return 1;
     }
@@ -861,8 +859,8 @@ static int try_resident(const struct settings *set, int argc, char **argv)
     for (const char *p = argv_at; p < reply.data + reply.len; p += strlen(p) + 1)
         args[n++] = (char *)p;
     execv(args[0], args);
-    snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s",
-             args[0], strerror(errno));
+    snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s", args[0],
+             strerror(errno));
     report(message);
     return 127;
 }
@@ -927,8 +925,9 @@ int main(int argc, char **argv)
         }
     }
     /* runc shows its help for --help, no command (unless --version) and a bare `help`: ours first. */
-    if (command == argc ? !version
-        : help || (argc - command == 1 && among(argv[command], strlen(argv[command]), cds_help_commands))) {
+    if (command == argc
+            ? !version
+            : help || (argc - command == 1 && among(argv[command], strlen(argv[command]), cds_help_commands))) {
         help = 1;
         fputs(help_text, stdout);
         fflush(stdout);
@@ -943,8 +942,8 @@ int main(int argc, char **argv)
         __attribute__((cleanup(free_buf))) char *json = NULL;
         long len = 0;
         mode_t mode = 0;
-        enum config_kind kind = has_device || scan.has_device ? MAY_REQUEST
-                                : config_kind(scan.bundle, &set, &json, &len, &mode);
+        enum config_kind kind =
+            has_device || scan.has_device ? MAY_REQUEST : config_kind(scan.bundle, &set, &json, &len, &mode);
         if (!help && !scan.help && kind != NOTHING_FOR_US
             && !(kind == HOOKS_ONLY && !set.runc_binds
                  && replayed(&set, scan.bundle, container_id(argv, argc, command + scan.end), json, len, mode))) {

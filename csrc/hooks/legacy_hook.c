@@ -14,7 +14,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-v") == 0)) {
         printf("nvidia-container-runtime-hook version %s\ncdi-shim's stand-in for the NVIDIA Container Toolkit's "
-               "hook, so that dockerd offers docker run --gpus; cdi-shim-runtime does its work\n", CDS_VERSION);
+               "hook, so that dockerd offers docker run --gpus; cdi-shim-runtime does its work\n",
+               CDS_VERSION);
         return 0;
     }
     if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {

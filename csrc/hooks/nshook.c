@@ -77,10 +77,7 @@ static int usage_to(FILE *out, int status)
     return status;
 }
 
-static int usage(void)
-{
-    return usage_to(stderr, 2);
-}
+static int usage(void) { return usage_to(stderr, 2); }
 
 static int asks_help(const char *arg)
 {
@@ -133,7 +130,10 @@ static int bind_params(int rootfd, const char *rootfs, const char *source)
 {
     /* The bind; then, on the path opened again (it now names the mount, not the file under
      * it), read-only and private. */
-    static const struct { unsigned long flags; const char *what; } steps[] = {
+    static const struct {
+        unsigned long flags;
+        const char *what;
+    } steps[] = {
         {MS_BIND, "cannot bind"},
         {MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, "cannot remount read-only"},
         {MS_PRIVATE, "cannot make private"},
@@ -143,8 +143,8 @@ static int bind_params(int rootfd, const char *rootfs, const char *source)
         if (fd < 0)
             return 1;
         if (mount_on_fd(fd, i == 0 ? source : NULL, steps[i].flags) != 0) {
-            fprintf(stderr, "Error: bind-params: %s %s over " PARAMS_PATH " in %s: %s\n",
-                    steps[i].what, source, rootfs, strerror(errno));
+            fprintf(stderr, "Error: bind-params: %s %s over " PARAMS_PATH " in %s: %s\n", steps[i].what, source, rootfs,
+                    strerror(errno));
             return 1;
         }
     }
@@ -198,7 +198,8 @@ static int make_links(int rootfd, const char *rootfs, char **links, int count)
         char *link = sep + 2;
         char *slash = strrchr(link, '/');
         const char *name = slash + 1;
-        if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || strstr(link, "/../") || strstr(link, "/./")) {
+        if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || strstr(link, "/../")
+            || strstr(link, "/./")) {
             fprintf(stderr, "Error: symlinks: malformed link path \"%s\"\n", link);
             return 1;
         }
@@ -207,7 +208,8 @@ static int make_links(int rootfd, const char *rootfs, char **links, int count)
         int err = errno;
         *slash = '/';
         if (dirfd < 0) {
-            fprintf(stderr, "Error: symlinks: cannot open the directory of %s in %s: %s\n", link, rootfs, strerror(err));
+            fprintf(stderr, "Error: symlinks: cannot open the directory of %s in %s: %s\n", link, rootfs,
+                    strerror(err));
             return 1;
         }
         int rc = cds_link_at(dirfd, name, target);
@@ -226,23 +228,29 @@ static int make_links(int rootfd, const char *rootfs, char **links, int count)
  * MS_NODEV, MS_NOEXEC); -1 for an option we do not take or no bind at all. */
 static int bind_options(const char *options, unsigned long flags[3])
 {
-    static const struct { const char *name; int step; unsigned long flags; } known[] = {
-        {"bind", 0, MS_BIND}, {"rbind", 0, MS_BIND | MS_REC},
+    static const struct {
+        const char *name;
+        int step;
+        unsigned long flags;
+    } known[] = {
+        {"bind", 0, MS_BIND},       {"rbind", 0, MS_BIND | MS_REC},
         {"private", 1, MS_PRIVATE}, {"rprivate", 1, MS_PRIVATE | MS_REC},
-        {"slave", 1, MS_SLAVE}, {"rslave", 1, MS_SLAVE | MS_REC},
-        {"ro", 2, MS_RDONLY}, {"nosuid", 2, MS_NOSUID}, {"nodev", 2, MS_NODEV}, {"noexec", 2, MS_NOEXEC},
+        {"slave", 1, MS_SLAVE},     {"rslave", 1, MS_SLAVE | MS_REC},
+        {"ro", 2, MS_RDONLY},       {"nosuid", 2, MS_NOSUID},
+        {"nodev", 2, MS_NODEV},     {"noexec", 2, MS_NOEXEC},
     };
     flags[0] = flags[1] = flags[2] = 0;
     const char *at = options;
     while (*at) {
         size_t len = strcspn(at, ",");
         size_t i = 0;
-        while (i < sizeof known / sizeof known[0] && !(strlen(known[i].name) == len && strncmp(at, known[i].name, len) == 0))
+        while (i < sizeof known / sizeof known[0]
+               && !(strlen(known[i].name) == len && strncmp(at, known[i].name, len) == 0))
             i++;
         if (i == sizeof known / sizeof known[0])
             return -1;
         if (known[i].step == 1 && flags[1] && flags[1] != known[i].flags)
-            return -1;  /* two propagations */
+            return -1; /* two propagations */
         flags[known[i].step] |= known[i].flags;
         at += len + (at[len] == ',');
     }
@@ -305,7 +313,8 @@ static int bind_files(int rootfd, const char *rootfs, char **binds, int count)
         unsigned long flags[3];
         if (source[0] != '/' || dest[0] != '/' || dest[1] == '\0' || strstr(dest, "/../") || strstr(dest, "/./")
             || bind_options(options, flags) < 0) {
-            fprintf(stderr, "Error: binds: malformed --bind \"%s\" \"%s\" \"%s\": expected /SOURCE /DEST OPTIONS "
+            fprintf(stderr,
+                    "Error: binds: malformed --bind \"%s\" \"%s\" \"%s\": expected /SOURCE /DEST OPTIONS "
                     "(bind or rbind; any of ro,nosuid,nodev,noexec; private, rprivate, slave or rslave)\n",
                     source, dest, options);
             return 1;
@@ -347,7 +356,7 @@ static int chmod_paths(int rootfd, const char *rootfs, const char *mode_text, ch
         int fd = cds_inroot_open(rootfd, paths[i], O_PATH);
         struct stat st;
         if (fd < 0)
-            continue;   /* as the hook's os.Stat error: skipped */
+            continue; /* as the hook's os.Stat error: skipped */
         if (fstat(fd, &st) < 0 || (st.st_mode & 07777) == mode) {
             close(fd);
             continue;
@@ -368,7 +377,7 @@ int main(int argc, char **argv)
 {
     if (argc < 2)
         return usage();
-    if (asks_help(argv[1]) || (argc == 3 && asks_help(argv[2])))  /* --help, or COMMAND --help */
+    if (asks_help(argv[1]) || (argc == 3 && asks_help(argv[2]))) /* --help, or COMMAND --help */
         return usage_to(stdout, 0);
     if (argc == 2 && strcmp(argv[1], "--version") == 0) {
         printf("cdi-shim-nshook version %s\n", CDS_VERSION);
@@ -376,8 +385,8 @@ int main(int argc, char **argv)
     }
     const char *command = argv[1], *source = NULL;
     char *rootfs = NULL;
-    char *links[MAX_LINKS];     /* --link values (chmod: --path values) */
-    char *binds[MAX_LINKS];     /* three values a --bind */
+    char *links[MAX_LINKS]; /* --link values (chmod: --path values) */
+    char *binds[MAX_LINKS]; /* three values a --bind */
     int count = 0, bound = 0;
     int params = strcmp(command, "bind-params") == 0, binding = strcmp(command, "binds") == 0;
     int modes = strcmp(command, "chmod") == 0;
@@ -401,8 +410,7 @@ int main(int argc, char **argv)
             binds[3 * bound] = argv[i + 1], binds[3 * bound + 1] = argv[i + 2], binds[3 * bound + 2] = argv[i + 3];
             bound++;
             i += 3;
-        }
-        else
+        } else
             return usage();
     }
     if ((rootfs != NULL && rootfs[0] != '/') || (params && source == NULL) || (source != NULL && source[0] != '/')
@@ -423,11 +431,11 @@ int main(int argc, char **argv)
     if (rootfd < 0) {
         fprintf(stderr, "Error: %s: cannot open the rootfs %s: %s\n", command, rootfs, strerror(errno));
     } else {
-        rc = params ? bind_params(rootfd, rootfs, source)
-             : binding ? bind_files(rootfd, rootfs, binds, bound) || (source && bind_params(rootfd, rootfs, source))
-                             || (count && make_links(rootfd, rootfs, links, count))
-             : modes ? chmod_paths(rootfd, rootfs, mode, links, count)
-             : make_links(rootfd, rootfs, links, count);
+        rc = params   ? bind_params(rootfd, rootfs, source)
+            : binding ? bind_files(rootfd, rootfs, binds, bound) || (source && bind_params(rootfd, rootfs, source))
+                || (count && make_links(rootfd, rootfs, links, count))
+            : modes ? chmod_paths(rootfd, rootfs, mode, links, count)
+                    : make_links(rootfd, rootfs, links, count);
         close(rootfd);
     }
     /* The state runc writes, read after the work: runc's writer is a goroutine of its own,

@@ -81,7 +81,7 @@ static int read_string(struct cursor *c, char **out)
     char *buf = NULL;
     size_t n = 0;
     if (out) {
-        buf = malloc((size_t)(c->end - c->p) + 1);   /* decoding never grows the text */
+        buf = malloc((size_t)(c->end - c->p) + 1); /* decoding never grows the text */
         if (buf == NULL)
             return -1;
     }
@@ -109,10 +109,10 @@ static int read_string(struct cursor *c, char **out)
         if (esc != 'u' || c->end - c->p < 4 || hex4(c->p, &cp) < 0)
             goto bad;
         c->p += 4;
-        if (cp >= 0xD800 && cp < 0xDC00) {     /* a surrogate pair, or refused */
+        if (cp >= 0xD800 && cp < 0xDC00) { /* a surrogate pair, or refused */
             unsigned low;
-            if (c->end - c->p < 6 || c->p[0] != '\\' || c->p[1] != 'u' || hex4(c->p + 2, &low) < 0
-                || low < 0xDC00 || low >= 0xE000)
+            if (c->end - c->p < 6 || c->p[0] != '\\' || c->p[1] != 'u' || hex4(c->p + 2, &low) < 0 || low < 0xDC00
+                || low >= 0xE000)
                 goto bad;
             c->p += 6;
             cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
@@ -228,8 +228,7 @@ static int skip_value(struct cursor *c, int depth)
     if (depth > MAX_DEPTH || c->p >= c->end)
         return -1;
     switch (*c->p) {
-    case '{':
-        return walk_object(c, depth, NULL, NULL);
+    case '{': return walk_object(c, depth, NULL, NULL);
     case '[':
         c->p++;
         skip_space(c);
@@ -244,10 +243,8 @@ static int skip_value(struct cursor *c, int depth)
             if (more <= 0)
                 return more;
         }
-    case '"':
-        return read_string(c, NULL);
-    default:
-        return skip_scalar(c);
+    case '"': return read_string(c, NULL);
+    default: return skip_scalar(c);
     }
 }
 
@@ -264,7 +261,7 @@ static int take_string(const char *key, struct cursor *c, void *data, int depth)
     struct want *w = data;
     (void)depth;
     if (strcmp(key, w->inner) != 0 || c->p >= c->end || *c->p != '"')
-        return 0;       /* another member, or not a string (skipped: not found) */
+        return 0; /* another member, or not a string (skipped: not found) */
     free(w->value);
     w->value = NULL;
     return read_string(c, &w->value) < 0 ? -1 : 1;
@@ -294,7 +291,7 @@ static char *json_string(const char *text, size_t len, const char *key, const ch
     skip_space(&c);
     int rc = walk_object(&c, 0, inner ? take_member : take_string, &w);
     skip_space(&c);
-    if (rc < 0 || c.p != c.end) {     /* malformed, or trailing text: not one JSON document */
+    if (rc < 0 || c.p != c.end) { /* malformed, or trailing text: not one JSON document */
         free(w.value);
         return NULL;
     }

@@ -12,19 +12,18 @@
  * steered by the caller, and site costs ~2.5 ms): the prefix comes as argv[1], the program's name
  * as argv[2]. An editable install has no package in site-packages, only a .pth naming the
  * source tree, so site's reading of that folder happens only when the import fails. */
-static const char boot[] =
-    "import sys\n"
-    "prefix = sys.argv[1]\n"
-    "del sys.argv[:2]\n"
-    "packages = prefix + '/lib/python%%d.%%d/site-packages' %% sys.version_info[:2]\n"
-    "sys.path.insert(0, packages)\n"
-    "try:\n"
-    "    import shim\n"
-    "except ImportError:\n"
-    "    import site\n"
-    "    site.addsitedir(packages)\n"
-    "from %s import main\n"
-    "sys.exit(main())\n";
+static const char boot[] = "import sys\n"
+                           "prefix = sys.argv[1]\n"
+                           "del sys.argv[:2]\n"
+                           "packages = prefix + '/lib/python%%d.%%d/site-packages' %% sys.version_info[:2]\n"
+                           "sys.path.insert(0, packages)\n"
+                           "try:\n"
+                           "    import shim\n"
+                           "except ImportError:\n"
+                           "    import site\n"
+                           "    site.addsitedir(packages)\n"
+                           "from %s import main\n"
+                           "sys.exit(main())\n";
 
 /* The prefix: the folder above the one holding this program, links resolved. */
 static int own_prefix(char *prefix, size_t size)
@@ -71,7 +70,7 @@ int cds_exec_python(const char *module, int argc, char **argv, char *message, si
     execv(python, args);
     int error = errno;
     free(args);
-    snprintf(message, size, "cannot start %s: %s (%s needs the Python of the folder it is installed in)",
-             python, strerror(error), argv[0]);
+    snprintf(message, size, "cannot start %s: %s (%s needs the Python of the folder it is installed in)", python,
+             strerror(error), argv[0]);
     return -1;
 }

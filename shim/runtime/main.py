@@ -289,9 +289,10 @@ def decide(argv, where="", commit=_always):
 
     Returns (status, exec_argv): exec_argv is the runtime and its arguments to exec when the
     status is 0; otherwise the reason has been reported and the process should exit with
-    the status. Status None: COMMIT (see prepare) said False, nothing was written or reported. Reads the config, PATH and the bundle through the current environment and
-    working directory, so the resident process runs it in a child that has the caller's (and
-    says so in WHERE, for the debug log).
+    the status. Status None: COMMIT (see prepare) said False, nothing was written or reported.
+    Reads the config, PATH and the bundle through the current environment and working
+    directory, so the resident process runs it in a child that has the caller's (and says so in
+    WHERE, for the debug log).
     """
     start = time.perf_counter()
     try:

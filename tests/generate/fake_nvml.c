@@ -27,9 +27,15 @@
 typedef int nvmlReturn_t;
 
 enum {
-    NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
-    NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_NOT_FOUND = 6, NVML_ERROR_INSUFFICIENT_SIZE = 7,
-    NVML_ERROR_DRIVER_NOT_LOADED = 9, NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_UNKNOWN = 999,
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_UNKNOWN = 999,
 };
 
 #define MAX_GPUS 64
@@ -40,11 +46,11 @@ struct fake_gpu {
     char name[96];
     char bus[32];
     unsigned int minor;
-    int mig;               /* 0 disabled, 1 enabled, -1 not supported */
+    int mig; /* 0 disabled, 1 enabled, -1 not supported */
     char fail_fn[64];
     int fail_code;
     int mig_slot_used[MIG_SLOTS];
-    unsigned int gi, ci;   /* MIG devices only */
+    unsigned int gi, ci; /* MIG devices only */
 };
 
 typedef struct fake_gpu *nvmlDevice_t;
@@ -190,10 +196,7 @@ static int valid(nvmlDevice_t d)
     return d != NULL && ((d >= gpus && d < gpus + ngpus) || (d >= first_mig && d < first_mig + MAX_GPUS * MIG_SLOTS));
 }
 
-static int is_mig(nvmlDevice_t d)
-{
-    return d >= &migs[0][0] && d < &migs[0][0] + MAX_GPUS * MIG_SLOTS;
-}
+static int is_mig(nvmlDevice_t d) { return d >= &migs[0][0] && d < &migs[0][0] + MAX_GPUS * MIG_SLOTS; }
 
 /* The error the description sets for FN on device D, else 0. */
 static nvmlReturn_t device_fails(nvmlDevice_t d, const char *fn)
@@ -230,7 +233,11 @@ static nvmlReturn_t init(const char *fn)
 }
 
 nvmlReturn_t nvmlInit_v2(void) { return init("nvmlInit_v2"); }
-nvmlReturn_t nvmlInitWithFlags(unsigned int flags) { (void)flags; return init("nvmlInitWithFlags"); }
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    return init("nvmlInitWithFlags");
+}
 
 nvmlReturn_t nvmlShutdown(void)
 {

@@ -266,7 +266,8 @@ def key_of(config=CONFIG, text=None):
 
 def test_the_key_holds_what_the_step_reads_and_nothing_else():
     key = key_of()
-    assert key and b"update-ldcache" in key and b"/host/libcuda.so.550" in key and b'"source": 0' in key  # (not "proc": no library there)
+    # (not "proc": no library there)
+    assert key and b"update-ldcache" in key and b"/host/libcuda.so.550" in key and b'"source": 0' in key
     same = json.loads(json.dumps(CONFIG))
     same["annotations"]["other"] = "x"
     same["process"]["env"].append("HOME=/")

@@ -60,7 +60,8 @@ def _bundle(world, libraries, tmp_path, readonly=False, edit_rootfs=None, more=(
         config["root"]["readonly"] = readonly
         config["hooks"] = {"createContainer": [dict(UPDATE_LDCACHE)]}
 
-    bundle = world.bundle(args=["sh", "-c", _script([os.path.basename(p) for p in libraries])], mounts=mounts, edit=edit)
+    bundle = world.bundle(args=["sh", "-c", _script([os.path.basename(p) for p in libraries])], mounts=mounts,
+                          edit=edit)
     if edit_rootfs:
         edit_rootfs(bundle.rootfs)
     return bundle
@@ -131,14 +132,16 @@ def test_a_library_directory_linked_out_of_the_root_is_followed_inside_it(world,
         == sorted(os.path.basename(p) for p in libraries)
     # (and the soname links the spec's update-ldcache makes beside them, where the directory is
     # there before runc: one only runc's mount makes gets none, and the cache names the files)
-    assert {n: os.readlink(os.path.join(inside, n)) for n in os.listdir(inside) if os.path.islink(os.path.join(inside, n))} \
-        == ({os.path.basename(p).split(".so.")[0] + ".so.1": os.path.basename(p) for p in libraries}
+    made = {n: os.readlink(os.path.join(inside, n))
+            for n in os.listdir(inside) if os.path.islink(os.path.join(inside, n))}
+    assert made == ({os.path.basename(p).split(".so.")[0] + ".so.1": os.path.basename(p) for p in libraries}
             if leads == "inside" else {})
     config = bundle.config()
     if leads == "inside":
         assert config["hooks"]["createContainer"][0]["args"].count("--bind") == COUNT
     else:       # (too few to pay for the hook: runc binds them)
-        assert not config.get("hooks") and len([m for m in config["mounts"] if m["destination"].startswith(LIBDIR)]) == COUNT
+        assert not config.get("hooks")
+        assert len([m for m in config["mounts"] if m["destination"].startswith(LIBDIR)]) == COUNT
     sums = [line.split()[0] for line in run.stdout.splitlines() if "libnvidia-bench" in line
             and not line.startswith("mount ")]
     assert len(sums) == COUNT and len(set(sums)) == COUNT
@@ -211,7 +214,8 @@ def test_nshook_binds_makes_the_links_folded_into_it(tmp_path):
     assert run.stdout.split() == ["rc=0", "fake"], (run.stdout, run.stderr)
     assert os.readlink(rootfs / "dev/dri/by-path/pci-0000:3b:00.0-card") == "../card1"
     run = _nshook_binds(rootfs, bind, extra=["--link", "x::/dev/out/escape"])
-    assert run.stdout.split() == ["rc=1"] and "Error: symlinks: cannot open the directory of /dev/out/escape" in run.stderr
+    assert run.stdout.split() == ["rc=1"]
+    assert "Error: symlinks: cannot open the directory of /dev/out/escape" in run.stderr
     assert os.listdir(host) == []
 
 

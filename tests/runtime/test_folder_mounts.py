@@ -110,7 +110,8 @@ def test_a_folder_from_a_tmpfs_leaves_the_hook(world, driver, tmp_path, how):
     """A tmpfs at the folder: its content exists only once runc mounts it, so no cache is
     written without it; the hook stays, and its program missing here, the create fails naming it."""
     world.write_spec("nvidia-gpu.yaml", _spec(world, tmp_path).replace(
-        f"    - hostPath: {tmp_path}\n      containerPath: {FOLDER}\n      options: [ro, nosuid, nodev, rbind, rprivate]\n",
+        f"    - hostPath: {tmp_path}\n      containerPath: {FOLDER}\n"
+        "      options: [ro, nosuid, nodev, rbind, rprivate]\n",
         f"    - hostPath: tmpfs\n      containerPath: {FOLDER}\n      type: tmpfs\n      options: [nosuid]\n"))
     bundle = world.bundle(args=["/prog"])
     host = _host_folder(tmp_path, driver)

@@ -87,11 +87,13 @@ def result(bundle):
     with open(bundle.config_path) as f:
         text = f.read()
     config = json.loads(text.replace(bundle.rootfs, "ROOTFS").replace(bundle.path, "BUNDLE"))
-    files = {name: (open(os.path.join(bundle.path, name), "rb").read(), os.stat(os.path.join(bundle.path, name)).st_mode)
+    files = {name: (open(os.path.join(bundle.path, name), "rb").read(),
+                    os.stat(os.path.join(bundle.path, name)).st_mode)
              for name in sorted(os.listdir(bundle.path))
              if name.startswith("cdi-shim.") and os.path.isfile(os.path.join(bundle.path, name))}
     links = {name: os.readlink(os.path.join(bundle.rootfs + LIBDIR, name))
-             for name in ("libcuda.so", "libnvidia-ml.so") if os.path.islink(os.path.join(bundle.rootfs + LIBDIR, name))}
+             for name in ("libcuda.so", "libnvidia-ml.so")
+             if os.path.islink(os.path.join(bundle.rootfs + LIBDIR, name))}
     etc = bundle.rootfs + "/etc"
     names = ["ld.so.cache", "ld.so.conf"] + [f"ld.so.conf.d/{n}" for n in sorted(os.listdir(etc + "/ld.so.conf.d"))]
     linker = {name: (open(f"{etc}/{name}", "rb").read(), os.stat(f"{etc}/{name}").st_mode)
@@ -275,7 +277,8 @@ def _library_directory_out_of_the_root(image):
     image.next_root_change = change
 
 
-REFUSED = {"untouched (the control)": _untouched, "a-link-out-of-the-root": _library_directory_out_of_the_root, "group-and-others-may-write-it": _loose_file, "its-directory-open-to-others": _loose_directory,
+REFUSED = {"untouched (the control)": _untouched, "a-link-out-of-the-root": _library_directory_out_of_the_root,
+           "group-and-others-may-write-it": _loose_file, "its-directory-open-to-others": _loose_directory,
            "another-owner": _other_owner, "a-link": _a_link, "another-key": _other_key,
            "another-version": _other_version, "truncated": _truncated, "a-changed-root": _root_changed}
 

@@ -193,7 +193,8 @@ def test_soname_links_and_cache_as_the_hook_s_ldconfig_makes_them(world, driver,
 
 def test_no_soname_links_without_update_ldcache(world, driver, tmp_path):
     """No update-ldcache hook: no ldconfig runs under the toolkit, so no link is made."""
-    spec = toolkit_spec(world, driver).replace(_hook("update-ldcache", "--folder", LIBDIR, "--folder", f"{LIBDIR}/vdpau"), "")
+    spec = toolkit_spec(world, driver).replace(
+        _hook("update-ldcache", "--folder", LIBDIR, "--folder", f"{LIBDIR}/vdpau"), "")
     assert "update-ldcache" not in spec
     world.write_spec("nvidia-gpu.yaml", spec)
     bundle = world.bundle(args=["/prog"])
@@ -422,11 +423,13 @@ COMPAT_CASES = {
     "no note, a newer minor": ("550.90.07", None, [f"--host-driver-version={VERSION}"], 550),
     "note, a host CUDA version older than the note's": ("570.86.10", _note([535], "12.8"), ["--host-cuda-version=12.4"],
                                               COMPAT_MARK),
-    "note, a host CUDA version newer than the note's": ("570.86.10", _note([535], "12.2"), ["--host-cuda-version=12.4"], 550),
-    "no note, a host CUDA version": ("570.86.10", None, [f"--host-driver-version={VERSION}", "--host-cuda-version=12.4"],
-                                     550),
+    "note, a host CUDA version newer than the note's": ("570.86.10", _note([535], "12.2"),
+                                                        ["--host-cuda-version=12.4"], 550),
+    "no note, a host CUDA version": ("570.86.10", None,
+                                     [f"--host-driver-version={VERSION}", "--host-cuda-version=12.4"], 550),
     "note, a host driver that does not parse": ("570.86.10", _note([560], "12.8"),
-                                                ["--host-driver-version=unknown", "--host-cuda-version=12.4"], COMPAT_MARK),
+                                                ["--host-driver-version=unknown", "--host-cuda-version=12.4"],
+                                                COMPAT_MARK),
     "no host version": ("570.86.10", None, [], 550),
     "a host version that does not parse": ("570.86.10", None, ["--host-driver-version=unknown"], 550),
     "update-ldcache before it": ("570.86.10", None, [f"--host-driver-version={VERSION}"], 550),
@@ -467,4 +470,5 @@ def test_enable_cuda_compat_decides_as_the_hook(world, driver, tmp_path, case):
     result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"linked=42 cuda={expected}\n", (case, result.stdout)
-    assert not any("enable-cuda-compat" in json.dumps(h) for h in bundle.config().get("hooks", {}).get("createContainer", []))
+    hooks = bundle.config().get("hooks", {}).get("createContainer", [])
+    assert not any("enable-cuda-compat" in json.dumps(h) for h in hooks)

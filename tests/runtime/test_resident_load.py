@@ -14,10 +14,9 @@ import time
 
 import pytest
 
-import runtime_helpers as rh
 from shim.runtime.resident import ANSWER_WAIT, MAGIC
 from test_runtime_linker import _spec, driver  # noqa: F401 (a fixture)
-from test_runtime_resident import (GPU0, FakeServer, _send_with_fd, debug_world, served_lines, start_server,
+from test_runtime_resident import (GPU0, FakeServer, debug_world, served_lines, start_server,
                                    wait_for, workers_of)
 
 pytestmark = pytest.mark.runtime_e2e

@@ -408,8 +408,9 @@ def test_cache_write_errors_keep_the_hooks(driver, tmp_path, failure):
         from shim.linker.toolkit_hooks import HookFailure
 
         absent = dict(hook, path="/usr/bin/nvidia-cdi-hook", args=["nvidia-cdi-hook", *hook["args"][1:]])
-        with pytest.raises(HookFailure, match=f"update-ldcache hook cannot be done: linker cache not written "
-                                              f"into the bundle: cannot write .*{why}.*/usr/bin/nvidia-cdi-hook is not"):
+        message = (f"update-ldcache hook cannot be done: linker cache not written "
+                   f"into the bundle: cannot write .*{why}.*/usr/bin/nvidia-cdi-hook is not")
+        with pytest.raises(HookFailure, match=message):
             prepare_linker(dict(config, hooks={"createContainer": [absent]}), str(bundle), _Recorder())
     finally:
         subprocess.run(["umount", str(bundle)], check=False)

@@ -183,7 +183,8 @@ def test_toolkit_spec_preinjected_runs_without_the_toolkit(world, driver, tmp_pa
     assert open(rootfs + "/etc/ld.so.cache", "rb").read() != image_cache
     dropins = {n.split("-")[0] + "-" + n.split("-")[1]: (open(rootfs + "/etc/ld.so.conf.d/" + n).read(),
                                                          os.stat(rootfs + "/etc/ld.so.conf.d/" + n).st_mode)
-               for n in os.listdir(rootfs + "/etc/ld.so.conf.d") if n.startswith(("00-compat-", "00-nvcr-", "zz-nvcr-"))}
+               for n in os.listdir(rootfs + "/etc/ld.so.conf.d")
+               if n.startswith(("00-compat-", "00-nvcr-", "zz-nvcr-"))}
     assert dropins == {"00-compat": (COMPAT + "\n", 0o100644), "00-nvcr": (f"{LIBDIR}/vdpau\n", 0o100644),
                        "zz-nvcr": ("/lib\n/usr/lib\n/lib64\n/usr/lib64\n/libx32\n/usr/libx32\n", 0o100644)}
     assert not [n for n in os.listdir(bundle.path) if n.startswith("cdi-shim.ld")]
@@ -281,7 +282,8 @@ def test_params_file_modified_and_our_hook_binds_it(world, driver, tmp_path):
     script = script.replace(" ".join(hooks[0]["args"][1:]), f"bind-params --rootfs {rootfs} --source {written}")
     run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
-    assert run.returncode == 0 and run.stdout == PARAMS.replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0"), run.stderr
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == PARAMS.replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0"), run.stderr
 
 
 def _bind_params(rootfs, source, state):
@@ -320,7 +322,8 @@ def test_params_bind_refuses_anything_but_the_image_s_own_file(world, tmp_path, 
 def test_nshook_usage():
     hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
     for args in ([], ["bind-params"], ["bind-params", "--source", "relative", "--rootfs", "/"],
-                 ["bind-params", "--rootfs", "/"], ["symlinks", "--rootfs", "/"], ["symlinks", "--rootfs", "x", "--link", "a::/b"],
+                 ["bind-params", "--rootfs", "/"], ["symlinks", "--rootfs", "/"],
+                 ["symlinks", "--rootfs", "x", "--link", "a::/b"],
                  ["symlinks", "--rootfs", "/", "--source", "/x"], ["other", "--rootfs", "/"]):
         run = subprocess.run([hook, *args], capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
         assert run.returncode == 2 and "usage: cdi-shim-nshook bind-params [--rootfs DIR] --source FILE" in run.stderr

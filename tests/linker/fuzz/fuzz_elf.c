@@ -17,14 +17,14 @@ static void same(int rc_a, const struct cds_elf_info *a, int rc_b, const struct 
     if (rc_a != rc_b)
         abort();
     if (rc_a == CDS_ELF_LIBRARY
-        && (a->flags != b->flags || a->isa_level != b->isa_level
-            || a->has_soname != b->has_soname || strcmp(a->soname, b->soname) != 0))
+        && (a->flags != b->flags || a->isa_level != b->isa_level || a->has_soname != b->has_soname
+            || strcmp(a->soname, b->soname) != 0))
         abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const int targets[] = { CDS_TARGET_X86_64, CDS_TARGET_AARCH64 };
+    static const int targets[] = {CDS_TARGET_X86_64, CDS_TARGET_AARCH64};
     if (memfd < 0)
         memfd = memfd_create("fuzz-elf", MFD_CLOEXEC);
     if (memfd < 0 || ftruncate(memfd, 0) != 0 || pwrite(memfd, data, size, 0) != (ssize_t)size)

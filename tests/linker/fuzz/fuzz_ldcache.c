@@ -26,12 +26,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *why = NULL;
     if (cds_cache_parse(data, size, &cache, &why) != 0) {
         if (why == NULL || why[0] == '\0')
-            abort();                  /* every refusal says why */
+            abort(); /* every refusal says why */
         return 0;
     }
     uint32_t n = cds_cache_count(cache);
     size_t total = 0;
-    int long_numbers = 0;             /* glibc's libcmp overflows there: no order to check */
+    int long_numbers = 0; /* glibc's libcmp overflows there: no order to check */
     for (uint32_t i = 0; i < n; i++) {
         struct cds_cache_entry e;
         if (cds_cache_entry(cache, i, &e) != 0)
@@ -66,11 +66,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (cds_builder_build(b, CDS_FORMAT_NEW, "fuzz", &out, &out_len) == 0) {
             struct cds_cache *again = NULL;
             if (cds_cache_parse(out, out_len, &again, &why) != 0)
-                abort();              /* what we write, we read */
+                abort(); /* what we write, we read */
             if (cds_cache_count(again) != cds_builder_count(b))
                 abort();
             if (!long_numbers && cds_cache_unsorted_at(again, CDS_TARGET_X86_64) != -1)
-                abort();              /* and it is in ldconfig's order */
+                abort(); /* and it is in ldconfig's order */
             cds_cache_free(again);
             cds_free(out);
         }
