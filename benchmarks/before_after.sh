@@ -18,12 +18,12 @@ for round in $(seq "$rounds"); do
 import json, sys
 for r in json.load(sys.stdin):
     if "device" in r["case"]:
-        print(f"  {r[\"case\"]}: {r[\"median_paired_ratio\"]}x ({r[\"shim_ms\"]} ms, runc {r[\"runc_ms\"]} ms)")'
+        print("  %s: %sx (%s ms, runc %s ms)" % (r["case"], r["median_paired_ratio"], r["shim_ms"], r["runc_ms"]))'
         echo "=== round $round $side ($dir): run_with_libraries.py --preinjected --runs 20"
         .venv/bin/python benchmarks/run_with_libraries.py --preinjected --runs 20 --dir /dev/shm 2>/dev/null | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
 d = d[-1] if isinstance(d, list) else d
-print(f"  pre-injected: {d[\"median_paired_ratio\"]}x, before runc {d[\"of_which_before_runc_ms\"]} ms")'
+print("  pre-injected: %sx, before runc %s ms" % (d["median_paired_ratio"], d["of_which_before_runc_ms"]))'
     done
 done
