@@ -26,7 +26,29 @@ def _fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _big_spec(world, devices=6000):
+def _claim_bytes(pid):
+    """The bytes left in the claim pipe the front end PID holds (a pipe it made, holding 1 or 2
+    bytes); None before it exists."""
+    import fcntl
+    import termios
+
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if int(name) < 3 or not os.readlink(f"/proc/{pid}/fd/{name}").startswith("pipe:"):
+                continue
+            fd = os.open(f"/proc/{pid}/fd/{name}", os.O_RDONLY | os.O_NONBLOCK)
+        except (OSError, ValueError):
+            continue
+        try:
+            count = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        finally:
+            os.close(fd)
+        if count in (1, 2):
+            return count
+    return None
+
+
+def _big_spec(world, devices=30000):
     """A second spec whose first reading takes a fresh worker seconds: a stretch of the create
     before its first write in which to stop that worker."""
     entries = "".join(f'  - name: "d{i}"\n    containerEdits:\n      env: [BIG_{i}=1]\n' for i in range(devices))
@@ -54,8 +76,10 @@ def test_a_worker_stopped_before_writing_is_abandoned_and_the_interpreter_does_i
         errors = open(os.path.join(world.base, "front.err"), "w+")    # (runc init keeps a pipe open)
         front = subprocess.Popen([world.runtime, "--root", world.runc_root, "create", "--bundle", bundle.path,
                                   bundle.id], env=world.env(), stdout=subprocess.DEVNULL, stderr=errors)
+        # stopped once it has taken the claim's first byte (it then reads the big spec for
+        # seconds, before its first write): the front end's claim pipe tells
         wait_for(lambda: _fds(worker) >= idle + 2, "the worker did not take the request", timeout=10)
-        time.sleep(0.2)
+        wait_for(lambda: _claim_bytes(front.pid) == 1, "the worker did not take the claim", timeout=10)
         os.kill(worker, signal.SIGSTOP)
         try:
             front.wait(timeout=ANSWER_WAIT + 60)
