@@ -90,3 +90,12 @@ def node_release(directory, name="test"):
                   ["cdi-shim", "cdi-shim-runtime", "cdi-shim-hook", "cdi-shim-nshook"])
     os.symlink(os.path.join("releases", name), os.path.join(prefix, "current"))
     return prefix
+
+
+def put_node_file(root, path, text="", mode=0o644):
+    """PATH (absolute on the node) under the node tree ROOT, with TEXT and MODE."""
+    full = os.path.join(str(root), path.lstrip("/"))
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(full, "w") as stream:
+        stream.write(text)
+    os.chmod(full, mode)

@@ -9,19 +9,11 @@ from shim.config import Config
 from shim.node.doctor import FAIL, OK, WARN, Options, run_checks
 from shim.node.doctor.docker import (check_docker_cdi, check_docker_default_runtime, check_docker_gpus,
                                      check_docker_runtime)
-from tests.helpers import run_cli
+from tests.helpers import put_node_file as put, run_cli
 
 CHECKS = (check_docker_runtime, check_docker_default_runtime, check_docker_cdi, check_docker_gpus)
 RUNTIME = "/opt/cdi-shim/current/bin/cdi-shim-runtime"
 HOOK = "/usr/local/bin/nvidia-container-runtime-hook"
-
-
-def put(root, path, text="", mode=0o644):
-    full = os.path.join(str(root), path.lstrip("/"))
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    with open(full, "w") as stream:
-        stream.write(text)
-    os.chmod(full, mode)
 
 
 def node(root, daemon=None, runtime=True, hook=True):

@@ -2,24 +2,15 @@
 registration of cdi-shim-runtime (merged as podman merges /usr/share's file, /etc's and its .d
 drop-ins), a runtime path that does not exist, a syntax error, the default runtime. Through the
 real `cdi-shim doctor --root` as well as run_checks."""
-import os
 
 from shim.config import Config
 from shim.node.doctor import FAIL, OK, WARN, Options, run_checks
 from shim.node.doctor.podman import check_podman_default_runtime, check_podman_runtime
-from tests.helpers import run_cli
+from tests.helpers import put_node_file as put, run_cli
 
 CHECKS = (check_podman_runtime, check_podman_default_runtime)
 RUNTIME = "/opt/cdi-shim/current/bin/cdi-shim-runtime"
 CONF = "/etc/containers/containers.conf"
-
-
-def put(root, path, text="", mode=0o644):
-    full = os.path.join(str(root), path.lstrip("/"))
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    with open(full, "w") as stream:
-        stream.write(text)
-    os.chmod(full, mode)
 
 
 def node(root, conf=None, runtime=True, podman=False):
