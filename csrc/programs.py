@@ -9,10 +9,11 @@ import subprocess
 import sysconfig
 
 LAUNCHER = ["csrc/launcher/pylaunch.c"]
+FRONTEND = ["runtime_main", "settings", "cmdline", "request_scan", "passthrough", "resident_client", "replay"]
 PROGRAMS = {
     # the runtime front end: runc's command line, passthrough without Python
-    "cdi-shim-runtime": (["csrc/frontend/runtime_main.c", "csrc/frontend/replay.c", "csrc/engine/ociconf.c",
-                          "csrc/engine/inroot.c", "csrc/engine/filememo.c"] + LAUNCHER, []),
+    "cdi-shim-runtime": ([f"csrc/frontend/{name}.c" for name in FRONTEND]
+                         + ["csrc/engine/ociconf.c", "csrc/engine/inroot.c", "csrc/engine/filememo.c"] + LAUNCHER, []),
     # the Python programs, started isolated from the caller's environment
     "cdi-shim": (["csrc/launcher/launcher.c"] + LAUNCHER, ['-DCDS_MODULE="shim.cli.main"']),
     "cdi-shim-hook": (["csrc/launcher/launcher.c"] + LAUNCHER, ['-DCDS_MODULE="shim.cli.hook_main"']),

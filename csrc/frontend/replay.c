@@ -54,8 +54,6 @@ struct etc_overlay {
     struct block dirs, files, fs, mount;
 };
 
-static void free_text(char **p) { free(*p); }
-
 static int next_block(const char **at, const char *end, struct block *b)
 {
     uint32_t len;
@@ -125,7 +123,7 @@ static int params_unchanged(const struct block *recorded)
         return errno == ENOENT && recorded->data[0] == '1' && recorded->len == 1;
     if (recorded->data[0] != '2')
         return 0;
-    __attribute__((cleanup(free_text))) char *buf = malloc(MAX_PARAMS);
+    cleanup_free char *buf = malloc(MAX_PARAMS);
     size_t got = 0;
     if (!buf)
         return 0;
@@ -306,7 +304,7 @@ static int make_etc(int bundlefd, const char *rootfs, const char *bundle, const 
     at = e->files.data;
     end = e->files.data + e->files.len;
     while (at < end) {
-        __attribute__((cleanup(free_text))) char *path = strndup(at, (size_t)(end - at));
+        cleanup_free char *path = strndup(at, (size_t)(end - at));
         uint32_t mode, len;
         if (!path)
             return -1;
@@ -499,7 +497,7 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
     if (!plain_path(bundle) || cds_step_key(json, len, &key, &key_len) < 0)
         return 0;
     snprintf(name, sizeof name, "%016llx", (unsigned long long)cds_fnv1a(key, key_len));
-    __attribute__((cleanup(free_text))) char *text = NULL;
+    cleanup_free char *text = NULL;
     long text_len = -1;
     {
         cleanup_fd int dirfd = open(steps_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -535,7 +533,7 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
         cleanup_fd int rootfd = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC);
         cleanup_fd int bundlefd = open(bundle, O_PATH | O_DIRECTORY | O_CLOEXEC);
         /* (the identities are copied out: the recipe's text need not be aligned) */
-        __attribute__((cleanup(free_text))) char *ids = malloc(r.identities.len ? r.identities.len : 1);
+        cleanup_free char *ids = malloc(r.identities.len ? r.identities.len : 1);
         if (rootfd < 0 || bundlefd < 0 || !ids)
             goto out;
         memcpy(ids, r.identities.data, r.identities.len);

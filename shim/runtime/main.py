@@ -1,6 +1,6 @@
 """`cdi-shim-runtime` (Python part): inject CDI devices on create/run, then exec runc.
 
-The native front end (csrc/frontend/runtime_main.c) execs runc itself for every other command and for
+The native front end (csrc/frontend/) execs runc itself for every other command and for
 containers that cannot be asking for a device; it hands create/run over to `main` here. The
 work is a plain function of (argv, bundle, config), `prepare`, so a resident process can call
 it too.

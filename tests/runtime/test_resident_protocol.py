@@ -72,8 +72,11 @@ def test_the_protocol_and_its_bounds_are_defined_once():
     from shim.runtime import resident
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with open(os.path.join(root, "csrc/frontend/runtime_main.c")) as f:
-        front = f.read()
+    front = ""
+    for name in sorted(os.listdir(os.path.join(root, "csrc/frontend"))):   # the front end's sources
+        if name.endswith(".c"):
+            with open(os.path.join(root, "csrc/frontend", name)) as f:
+                front += f.read()
     with open(os.path.join(root, "shim/runtime/resident.py")) as f:
         server = f.read()
     assert '#include "../engine/resident.h"' in front

@@ -1,0 +1,67 @@
+/* What the parts of the runtime front end (cdi-shim-runtime) share: see runtime_main.c. */
+#ifndef CDI_SHIM_FRONTEND_H
+#define CDI_SHIM_FRONTEND_H
+
+#include <stddef.h>
+#include <sys/types.h>
+#include <sys/un.h>
+
+#ifndef CDS_VERSION
+#define CDS_VERSION "unknown"
+#endif
+
+#define MAX_PREFIXES 16
+
+struct settings {
+    char runtime[4096];
+    char device_env[256];
+    char prefixes[MAX_PREFIXES][256];
+    int n_prefixes;
+    char socket[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* the resident process; "" = none */
+    char log_file[4096]; /* our own log (log-file), and whether debug lines go to it (log-level) */
+    int debug;
+    int runc_binds; /* file-binds = "runc": no replay (a kept step's recipe binds them by our hook) */
+    int understood; /* 0: let Python read the config file (and report its problems) */
+};
+
+/* settings.c: our config file, and whole small files. */
+long read_file_mode(const char *path, size_t limit, char **out, mode_t *mode);
+void load_settings(struct settings *set);
+
+/* cmdline.c: runc's command line. */
+int among(const char *name, size_t len, const char *const *names);
+int is_device_option(const char *name, size_t len);
+int is_help_option(const char *name, size_t len);
+int global_takes_value(const char *name, size_t len);
+int create_takes_value(const char *name, size_t len);
+const char *option_name(const char *arg, size_t *len);
+int device_value_follows(char **args, int i, int n);
+
+/* What a create/run command line (argv from the command word on) says to us. */
+struct create_line {
+    const char *bundle;
+    int has_device; /* --device among the command's options: always Python */
+    int help;       /* --help/-h: runc prints the command's help; no bundle is read */
+    int end;        /* where the options end (the container id, "--", or n) */
+};
+
+struct create_line scan_create(char **args, int n);
+const char *container_id(char **argv, int argc, int at);
+
+/* request_scan.c: whether a bundle's config.json holds anything for us. */
+enum config_kind { NOTHING_FOR_US = 0, HOOKS_ONLY = 1, MAY_REQUEST = 2 };
+
+enum config_kind config_kind(const char *bundle, const struct settings *set, char **json_out, long *len_out,
+                             mode_t *mode);
+
+/* passthrough.c: our failures and debug lines, and the programs we exec. */
+extern const char *log_path, *log_format;
+void report(const char *message);
+void debug_line(const struct settings *set, const char *message);
+int exec_runtime(const struct settings *set, char **argv_out);
+int exec_python(int argc, char **argv);
+
+/* resident_client.c: create/run handed to the resident process. */
+int try_resident(const struct settings *set, int argc, char **argv);
+
+#endif

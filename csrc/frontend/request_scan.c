@@ -1,0 +1,104 @@
+/* The request scan: whether a bundle's config.json can ask for a device, by searching its raw
+ * bytes for the patterns a request needs (see runtime_main.c for why a false "maybe" is fine). */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime_rules.h"
+#include "frontend.h"
+#include "../engine/cleanup.h"
+
+#define MAX_CONFIG_JSON (64u << 20)
+#define DEVICE_MOUNT_PATTERN "\"" CDS_DEVICE_MOUNT_ROOT
+
+/* The hook programs whose work the Python half does (cds_hook_programs): a config injected by
+ * someone else (containerd's own CDI, podman) carries them with no request left in it. Docker's
+ * --gpus hook (CDS_LEGACY_HOOK) is a request, and ours to drop, whatever the env says. Both are
+ * matched as a whole JSON string or its last path component. */
+#define N_HOOK_PROGRAMS (sizeof(cds_hook_programs) / sizeof(cds_hook_programs[0]) - 1)
+
+static int starts_with(const char *at, const char *end, const char *text, size_t len)
+{
+    return (size_t)(end - at) >= len && memcmp(at, text, len) == 0;
+}
+
+/* Whether AT holds one of cds_no_request_values, closed by its quote. */
+static int no_request_value(const char *at, const char *end)
+{
+    for (const char *const *v = cds_no_request_values; *v; v++) {
+        size_t len = strlen(*v);
+        if (starts_with(at, end, *v, len) && at + len < end && at[len] == '"')
+            return 1;
+    }
+    return 0;
+}
+
+/* What config.json (read into *JSON, its length *LEN and mode *MODE) holds for us:
+ * MAY_REQUEST when it may request a device (or we cannot tell), HOOKS_ONLY when it cannot but
+ * carries a hook program whose work we may do, NOTHING_FOR_US when it has neither. One pass:
+ * it stops only at quotes and backslashes, where every pattern begins (a request: an opening
+ * quote) or ends (a hook program: a closing quote). */
+enum config_kind config_kind(const char *bundle, const struct settings *set, char **json_out, long *len_out,
+                             mode_t *mode)
+{
+    char path[8192], env_pattern[300];
+    cleanup_free char *json = NULL;
+    int hooks = 0;
+
+    if (snprintf(path, sizeof(path), "%s/config.json", bundle) >= (int)sizeof(path))
+        return MAY_REQUEST;
+    long len = read_file_mode(path, MAX_CONFIG_JSON, &json, mode);
+    if (len < 0)
+        return MAY_REQUEST; /* Python reports the problem with the file */
+    size_t prefix_len[MAX_PREFIXES], env_len = 0, mount_len = strlen(DEVICE_MOUNT_PATTERN), hook_len[N_HOOK_PROGRAMS];
+    for (int i = 0; i < set->n_prefixes; i++)
+        prefix_len[i] = strlen(set->prefixes[i]);
+    if (set->device_env[0])
+        env_len = (size_t)snprintf(env_pattern, sizeof(env_pattern), "%s=", set->device_env);
+    for (size_t h = 0; h < N_HOOK_PROGRAMS; h++)
+        hook_len[h] = strlen(cds_hook_programs[h]);
+    const char *end = json + len;
+    for (const char *p = json;; p++) {
+        p += strcspn(p, "\\\""); /* stops at a quote, a backslash or a NUL */
+        if (*p == '\0') {
+            if (p < end)
+                return MAY_REQUEST; /* a NUL inside the text: Python says what is wrong */
+            break;
+        }
+        if (*p == '\\') {
+            if (p[1] == 'u' || p[1] == '/' || p[1] == '\0')
+                return MAY_REQUEST; /* an escape could spell a pattern differently */
+            p++;                    /* the escaped character is no pattern's edge */
+            continue;
+        }
+        /* a quote: a request begins here, or a hook program ends here */
+        if (starts_with(p, end, DEVICE_MOUNT_PATTERN, mount_len))
+            return MAY_REQUEST;
+        for (int i = 0; i < set->n_prefixes; i++)
+            if (starts_with(p + 1, end, set->prefixes[i], prefix_len[i]))
+                return MAY_REQUEST;
+        if (env_len && starts_with(p + 1, end, env_pattern, env_len)) {
+            /* cds_no_request_values ("void", "none") request nothing, and beat any other value
+             * of the variable: only when every one is such can none be a request. */
+            const char *value = p + 1 + env_len;
+            if (!no_request_value(value, end))
+                return MAY_REQUEST;
+        }
+        size_t legacy_len = sizeof(CDS_LEGACY_HOOK) - 1;
+        if ((size_t)(p - json) > legacy_len && memcmp(p - legacy_len, CDS_LEGACY_HOOK, legacy_len) == 0
+            && (p[-(long)legacy_len - 1] == '/' || p[-(long)legacy_len - 1] == '"'))
+            return MAY_REQUEST;
+        for (size_t h = 0; !hooks && h < N_HOOK_PROGRAMS; h++) {
+            const char *name = p - hook_len[h];
+            if ((size_t)(p - json) > hook_len[h] && memcmp(name, cds_hook_programs[h], hook_len[h]) == 0
+                && (name[-1] == '/' || name[-1] == '"'))
+                hooks = 1;
+        }
+    }
+    if (!hooks)
+        return NOTHING_FOR_US;
+    *json_out = cds_take_ptr(&json);
+    *len_out = len;
+    return HOOKS_ONLY;
+}
