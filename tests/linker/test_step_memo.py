@@ -309,7 +309,7 @@ def test_the_key_holds_what_the_step_reads_and_nothing_else():
     '{"hooks": {}, "mounts": [], "x": 01}',                           # not JSON
     '{"hooks": {}, "mounts": [], "x": "\x01"}',                       # a raw control character
     b'{"hooks": {}, "mounts": [], "x": "\xff"}',                      # not UTF-8
-    '{"hooks": {}, "mounts": [], "x": ' + "[" * 300 + "]" * 300 + "}",  # too deep
+    '{"hooks": {}, "mounts": [], "x": ' + "[" * 600 + "]" * 600 + "}",  # too deep (CDS_OCI_MAX_DEPTH 512)
 ])
 def test_the_key_refuses_what_it_is_not_sure_of(text):
     assert key_of(text=text) is None

@@ -22,6 +22,7 @@ import sys
 import pytest
 
 import runtime_helpers as rh
+from tests.helpers import native_programs
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "linker"))
 
@@ -639,9 +640,9 @@ def sanitized_nshook(directory):
     gcc = rh.need("gcc", "gcc")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     binary = os.path.join(str(directory), "nshook-asan")
+    sources, _ = native_programs().PROGRAMS["cdi-shim-nshook"]
     build = subprocess.run([gcc, "-std=gnu11", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-                            "-o", binary, *(os.path.join(repo, "csrc", part) for part in
-                                            ("hooks/nshook.c", "hooks/ocistate.c", "engine/inroot.c"))],
+                            "-o", binary, *(os.path.join(repo, source) for source in sources)],
                            capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr + "\n(gcc's sanitizer runtimes: apt-get install libasan8 libubsan1)"
     return binary
@@ -663,6 +664,8 @@ def test_nshook_state_reader_under_asan_and_ubsan(tmp_path):
         (good, '{"root": {"path": "\\ud83d"}}', 1),                        # a lone high surrogate
         (good, '{"root": {"path": "\\ude00x"}}', 1),                       # a lone low surrogate
         (good, '{"root": {"path": "\\u12"}}', 1),
+        (good, '{"r\\u006fot": {"p\\u0061th": "ro\\u006ftfs"}}', 0),       # escaped keys, decoded
+        (good, '{"x": "\\u0000", "root": {"path": "rootfs"}}', 1),          # a NUL anywhere
         (good, '{"root": {"path": "rootfs\\', 1),
         (good, '{"root": {"path": "rootfs"}, "n": -', 1),
         (good, '{"root": {"path": "rootfs"}, "n": 1e}', 1),
