@@ -13,6 +13,7 @@ import pytest
 
 from ldcache_helpers import build_library, fake_driver, roots
 from shim.linker import container, ldcache, stepmemo
+from tests.helpers import file_memo
 from shim.linker.toolkit_hooks import PARAMS_ENV
 from test_file_memo import overlay_mounts
 from test_plan_memo import _replace_cache
@@ -46,13 +47,12 @@ class Log:
 def steps():
     """Both memos on and empty, the file memo off, files trusted however new (the settle rule
     is the plan memo's, tested there)."""
-    previous_files = ldcache.remember_files(False, settle=0)
-    previous_plans = ldcache.remember_plans(True, forget=True)
-    previous = stepmemo.remember_steps(True)
-    yield
-    stepmemo.remember_steps(previous)
-    ldcache.remember_plans(previous_plans, forget=True)
-    ldcache.remember_files(previous_files, settle=1)
+    with file_memo(False):
+        previous_plans = ldcache.remember_plans(True, forget=True)
+        previous = stepmemo.remember_steps(True)
+        yield
+        stepmemo.remember_steps(previous)
+        ldcache.remember_plans(previous_plans, forget=True)
 
 
 @pytest.fixture
