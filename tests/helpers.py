@@ -118,3 +118,13 @@ def file_memo(enabled, forget=None, settle=0):
         yield
     finally:
         ldcache.remember_files(previous, settle=ENGINE_SETTLE)
+
+
+def cli_with_settle(argv, settle=0):
+    """The command line running `cdi-shim ARGV` in this interpreter with the engine's settle window
+    set to SETTLE first: a resident server (`runtime serve`) started so keeps it in its workers,
+    whose memos then trust files however new, and no test waits for files to age."""
+    code = ("import sys; from shim.linker import ldcache; "
+            f"ldcache.remember_files(False, settle={settle!r}); "
+            "from shim.cli.main import main; main(prog_name='cdi-shim')")
+    return [sys.executable, "-c", code, *argv]

@@ -22,6 +22,7 @@ import runtime_helpers as rh
 from shim.runtime.resident import CLAIM, MAGIC, PERMIT
 from test_runtime_linker import LIBDIR, _glibc_rootfs, _spec, driver  # noqa: F401 (a fixture)
 from test_runtime_runc import SOURCES, check_injected, run_container
+from tests.helpers import cli_with_settle
 
 pytestmark = pytest.mark.runtime_e2e
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -71,11 +72,12 @@ def test_without_a_server_the_interpreter_does_it(world):
     assert len(lines) == 1 and "resident" not in lines[0], lines
 
 
-def start_server(world, socket_path, workers=2):
-    cli = os.path.join(rh.VENV_BIN, "cdi-shim")
+def start_server(world, socket_path, workers=2, settle=None):
+    """`cdi-shim runtime serve` at SOCKET_PATH; with SETTLE, its memos' settle window (seconds)."""
+    argv = ["runtime", "serve", "--socket", socket_path, "--workers", str(workers)]
+    command = [os.path.join(rh.VENV_BIN, "cdi-shim"), *argv] if settle is None else cli_with_settle(argv, settle)
     log = open(os.path.join(world.base, "serve.log"), "wb")
-    process = subprocess.Popen([cli, "runtime", "serve", "--socket", socket_path, "--workers", str(workers)],
-                               stdout=log, stderr=log, start_new_session=True, env=world.env())
+    process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True, env=world.env())
     deadline = time.monotonic() + 30
     while not os.path.exists(socket_path):
         assert process.poll() is None and time.monotonic() < deadline, "serve did not start"
@@ -510,7 +512,7 @@ def _two_containers_of_an_image(world, driver, tmp_path, spec):
     them -- with the same driver file through a one-worker resident server (one memo); the
     debug log's linker-cache lines, in order."""
     socket_path = os.path.join(world.base, "run", "runtime.sock")
-    server = start_server(world, socket_path, workers=1)
+    server = start_server(world, socket_path, workers=1, settle=0)
     mounts = []
     try:
         world.resident_socket = socket_path
@@ -528,7 +530,6 @@ def _two_containers_of_an_image(world, driver, tmp_path, spec):
             mounts.append(merged)
             bundles.append(world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"],
                                         edit=lambda config, root=merged: config["root"].update(path=root)))
-        time.sleep(1.2)     # files are trusted by the memos once their ctime is over a second old
         for bundle in bundles:
             result = world.shim("run", "--bundle", bundle.path, bundle.id)
             assert result.returncode == 0, result.stderr
