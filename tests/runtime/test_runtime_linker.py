@@ -33,11 +33,6 @@ int main(void) {
 """
 
 
-def _gcc(*args):
-    gcc = rh.need("gcc", "gcc")
-    subprocess.run([gcc, *args], check=True, capture_output=True, timeout=120)
-
-
 @pytest.fixture
 def driver(tmp_path):
     """A fake driver root: libnvidia-ml.so.<version> with SONAME libnvidia-ml.so.1."""
@@ -46,7 +41,7 @@ def driver(tmp_path):
     source = tmp_path / "fake.c"
     source.write_text("int cdi_shim_fake(void) { return 42; }\n")
     library = directory / f"libnvidia-ml.so.{VERSION}"
-    _gcc("-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(library), str(source))
+    rh.gcc("-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(library), str(source))
     return library
 
 
@@ -179,7 +174,7 @@ def test_our_hooks_under_plain_runc(world, driver, tmp_path, hook_command):
                         f' FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
     bundle = world.bundle(args=["/prog"], env=["LD_PRELOAD=/proc/self/cwd/evil.so"])
     rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
-    _gcc("-shared", "-fPIC", "-o", os.path.join(rootfs, "evil.so"), str(evil_src))
+    rh.gcc("-shared", "-fPIC", "-o", os.path.join(rootfs, "evil.so"), str(evil_src))
     image_cache = open(rootfs + "/etc/ld.so.cache", "rb").read()
     edited = subprocess.run([os.path.join(rh.VENV_BIN, "cdi-shim"), "cdi", "inject", "--device", "nvidia.com/gpu=0",
                              os.path.join(bundle.path, "config.json")], env=world.env(),
@@ -264,13 +259,13 @@ def test_runtime_gives_hooks_an_env_so_the_image_env_cannot_reach_them(world, tm
                         f' FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
     hook_program = tmp_path / "hook-prog"
     (tmp_path / "hook.c").write_text("int main(void) { return 0; }\n")
-    _gcc("-o", str(hook_program), str(tmp_path / "hook.c"))  # dynamically linked: honours LD_PRELOAD
+    rh.gcc("-o", str(hook_program), str(tmp_path / "hook.c"))  # dynamically linked: honours LD_PRELOAD
     world.write_spec("hooked.yaml", 'cdiVersion: "0.5.0"\nkind: example.com/hooked\ndevices:\n'
                      '  - name: "a"\n    containerEdits:\n      env: [HOOKED=1]\n      hooks:\n'
                      f"        - {{hookName: createContainer, path: {hook_program}}}\n")
     bundle = world.bundle(args=["true"], env=["LD_PRELOAD=/proc/self/cwd/evil.so"],
                           annotations={"cdi.k8s.io/x": "example.com/hooked=a"})
-    _gcc("-shared", "-fPIC", "-o", os.path.join(bundle.rootfs, "evil.so"), str(evil_src))
+    rh.gcc("-shared", "-fPIC", "-o", os.path.join(bundle.rootfs, "evil.so"), str(evil_src))
     result = world.shim("run", "--bundle", bundle.path, bundle.id)
     assert result.returncode == 0, result.stderr
     hook = bundle.config()["hooks"]["createContainer"][0]

@@ -48,15 +48,11 @@ int main(void) {
 PARAMS = "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileUID: 0\nDeviceFileMode: 438\n"
 
 
-def _gcc(*args):
-    subprocess.run([rh.need("gcc", "gcc"), *args], check=True, capture_output=True, timeout=120)
-
-
 def _library(path, soname, body):
     src = str(path) + ".c"
     with open(src, "w") as out:
         out.write(body)
-    _gcc("-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(path), src)
+    rh.gcc("-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(path), src)
     os.unlink(src)
 
 
