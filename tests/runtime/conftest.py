@@ -37,3 +37,15 @@ def world(tmp_path, world_mode, request):
     w.cleanup()
     if server:
         server.check_alive()
+
+
+@pytest.fixture
+def nvml_library(tmp_path):
+    """A fake driver library: DRIVER_VERSION's libnvidia-ml.so (SONAME libnvidia-ml.so.1) in a folder of its own."""
+    directory = tmp_path / "driver-root"
+    directory.mkdir()
+    source = tmp_path / "fake.c"
+    source.write_text("int cdi_shim_fake(void) { return 42; }\n")
+    library = directory / f"libnvidia-ml.so.{rh.DRIVER_VERSION}"
+    rh.gcc("-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(library), str(source))
+    return library

@@ -502,6 +502,7 @@ def kill_quietly(proc):
 
 
 GLIBC_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+DRIVER_VERSION = "550.54.15"   # the fake driver's libraries' version
 
 
 def gcc(*args):

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from shim.runtime.resident import ANSWER_WAIT, CLAIM_WAIT, MAGIC
-from test_runtime_linker import _spec, driver  # noqa: F401 (a fixture)
+from test_runtime_linker import _spec
 from test_runtime_resident import (GPU0, FakeServer, debug_world, served_lines, start_server,
                                    wait_for, workers_of)
 
@@ -268,11 +268,11 @@ def test_a_create_whose_stderr_pipe_is_full_holds_no_worker(world):
 
 
 @pytest.mark.parametrize("via", ["interpreter", "resident"])
-def test_a_config_write_that_fails_on_enospc_leaves_nothing_of_ours(world, driver, tmp_path, via):
+def test_a_config_write_that_fails_on_enospc_leaves_nothing_of_ours(world, nvml_library, tmp_path, via):
     """The bundle is on a full tmpfs: the linker files fit but the new config.json does not.
     The create fails naming config.json and ENOSPC, config.json is as it was, and the linker
     files written before into the bundle (a read-only root's /etc overlay) are gone."""
-    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    world.write_spec("nvidia-gpu.yaml", _spec(world, nvml_library))
     if via == "resident":
         world.resident_socket = os.path.join(world.base, "run", "runtime.sock")
         server = start_server(world, world.resident_socket, workers=1)

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 RESIDENT_TOO = True
 
-VERSION = "550.54.15"
+VERSION = rh.DRIVER_VERSION
 COMPAT_VERSION = "560.28.03"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 COMPAT = "/usr/local/cuda/compat"
