@@ -49,3 +49,14 @@ def nvml_library(tmp_path):
     library = directory / f"libnvidia-ml.so.{rh.DRIVER_VERSION}"
     rh.gcc("-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(library), str(source))
     return library
+
+
+@pytest.fixture
+def driver(tmp_path):
+    """A fake driver: libnvidia-ml.so.<v> (SONAME libnvidia-ml.so.1), libcuda.so.<v> (libcuda.so.1)."""
+    directory = tmp_path / "driver-root"
+    directory.mkdir()
+    v = rh.DRIVER_VERSION
+    rh.library(directory / f"libnvidia-ml.so.{v}", "libnvidia-ml.so.1", "int cdi_shim_fake(void) { return 42; }\n")
+    rh.library(directory / f"libcuda.so.{v}", "libcuda.so.1", "int fake_cuda_major(void) { return 550; }\n")
+    return directory

@@ -509,6 +509,15 @@ def gcc(*args):
     subprocess.run([need("gcc", "gcc"), *args], check=True, capture_output=True, timeout=120)
 
 
+def library(path, soname, body):
+    """A shared library at PATH with SONAME, built from the C source BODY."""
+    src = str(path) + ".c"
+    with open(src, "w") as out:
+        out.write(body)
+    gcc("-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(path), src)
+    os.unlink(src)
+
+
 def glibc_image(rootfs, program, library, workdir, link_args=()):
     """ROOTFS made a small glibc image: /prog built from the C source PROGRAM against LIBRARY
     (a file whose SONAME is libnvidia-ml.so.1), and this host's libc, libm and loader, with an

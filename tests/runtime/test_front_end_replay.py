@@ -19,7 +19,7 @@ import runtime_helpers as rh
 from shim.cri.lab import build_driver_libraries
 from tests.helpers import native_programs, python_prefix
 from test_runtime_resident import debug_world, served_lines, start_server
-from test_runtime_toolkit_hooks import LIBDIR, PARAMS, _image, driver, preinject, toolkit_spec  # noqa: F401 (a fixture)
+from test_runtime_toolkit_hooks import LIBDIR, PARAMS, _image, preinject, toolkit_spec
 
 
 class Image:
@@ -477,12 +477,12 @@ def test_a_compat_decision_by_the_elf_note_is_replayed_alike(world, driver, tmp_
     Python step alone give the same config and files, the cache naming the compat library first."""
     import ldcache_helpers as lh
     from test_hook_fidelity import COMPAT_MARK, _note, note_source
-    from test_runtime_toolkit_hooks import COMPAT, _library
+    from test_runtime_toolkit_hooks import COMPAT
 
     made = Image(world, driver, tmp_path)
     try:
         os.makedirs(made.layer + COMPAT)
-        _library(made.layer + f"{COMPAT}/libcuda.so.550.90.07", "libcuda.so.1",
+        rh.library(made.layer + f"{COMPAT}/libcuda.so.550.90.07", "libcuda.so.1",
                  f"int fake_cuda_major(void) {{ return {COMPAT_MARK}; }}\n" + note_source(_note([535, 550])))
         os.symlink("libcuda.so.550.90.07", made.layer + f"{COMPAT}/libcuda.so.1")
         results = each_way(world, made)

@@ -48,24 +48,6 @@ int main(void) {
 PARAMS = "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileUID: 0\nDeviceFileMode: 438\n"
 
 
-def _library(path, soname, body):
-    src = str(path) + ".c"
-    with open(src, "w") as out:
-        out.write(body)
-    rh.gcc("-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(path), src)
-    os.unlink(src)
-
-
-@pytest.fixture
-def driver(tmp_path):
-    """A fake driver: libnvidia-ml.so.<v> (SONAME libnvidia-ml.so.1), libcuda.so.<v> (libcuda.so.1)."""
-    directory = tmp_path / "driver-root"
-    directory.mkdir()
-    _library(directory / f"libnvidia-ml.so.{VERSION}", "libnvidia-ml.so.1", "int cdi_shim_fake(void) { return 42; }\n")
-    _library(directory / f"libcuda.so.{VERSION}", "libcuda.so.1", "int fake_cuda_major(void) { return 550; }\n")
-    return directory
-
-
 def _image(bundle, driver, tmp_path, compat=True):
     """The bundle's busybox rootfs made a small glibc image with its own ld.so.cache and, with
     COMPAT, CUDA forward-compatibility libraries for a newer driver (560) in /usr/local/cuda/compat."""
@@ -73,7 +55,7 @@ def _image(bundle, driver, tmp_path, compat=True):
     rh.glibc_image(rootfs, PROGRAM, str(driver / f"libnvidia-ml.so.{VERSION}"), str(tmp_path), ["-ldl"])
     if compat:
         os.makedirs(rootfs + COMPAT)
-        _library(rootfs + f"{COMPAT}/libcuda.so.{COMPAT_VERSION}", "libcuda.so.1",
+        rh.library(rootfs + f"{COMPAT}/libcuda.so.{COMPAT_VERSION}", "libcuda.so.1",
                  "int fake_cuda_major(void) { return 560; }\n")
         os.symlink(f"libcuda.so.{COMPAT_VERSION}", rootfs + f"{COMPAT}/libcuda.so.1")
     os.makedirs(rootfs + "/opt/data", mode=0o755)
@@ -489,7 +471,7 @@ def test_hostile_links_out_of_the_root(world, driver, tmp_path):
     nothing of the host is read as the image's."""
     host = tmp_path / "host"
     (host / "compat").mkdir(parents=True)
-    _library(host / "compat" / "libcuda.so.999.1", "libcuda.so.1", "int fake_cuda_major(void) { return 999; }\n")
+    rh.library(host / "compat" / "libcuda.so.999.1", "libcuda.so.1", "int fake_cuda_major(void) { return 999; }\n")
     (host / "nvidia").mkdir()
     (host / "data").mkdir(mode=0o755)
     os.chmod(host / "data", 0o755)
