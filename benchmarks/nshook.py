@@ -12,7 +12,9 @@ against the Python hook program it replaced, and /bin/true (a process start) as 
 Each run is a whole process with the OCI state on stdin, in a private mount namespace (the
 script re-runs itself under `unshare -m`), alternated: C, Python, true, C, ... Runs as root.
 
-    .venv/bin/python benchmarks/nshook.py [--runs 40]
+    .venv/bin/python benchmarks/nshook.py [--runs 40] [--nshook PATH]
+
+--nshook times another build of the C hook (a before/after pair: run the script once a build).
 """
 import argparse
 import json
@@ -36,6 +38,7 @@ def timed(argv, state):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--nshook", default=os.path.join(BIN, "cdi-shim-nshook"), help="the C hook to time")
     args = parser.parse_args()
     if os.environ.get("CDI_SHIM_BENCH_UNSHARED") != "1":
         env = dict(os.environ, CDI_SHIM_BENCH_UNSHARED="1")
@@ -58,7 +61,7 @@ def main():
         bus = "0000:3b:00.0"
         links = [f"../card1::/dev/dri/by-path/pci-{bus}-card", f"../renderD128::/dev/dri/by-path/pci-{bus}-render"]
         link_args = [a for link in links for a in ("--link", link)]
-        nshook, hook = os.path.join(BIN, "cdi-shim-nshook"), os.path.join(BIN, "cdi-shim-hook")
+        nshook, hook = os.path.abspath(args.nshook), os.path.join(BIN, "cdi-shim-hook")
         cases = {
             "symlinks": ([nshook, "symlinks", "--rootfs", rootfs, *link_args],
                          [hook, "create-symlinks", *link_args]),

@@ -1,4 +1,5 @@
 """Helpers of the tests that run `cdi-shim` and host tools (plain functions; fixtures are in the conftest.py files)."""
+import contextlib
 import os
 import shutil
 import subprocess
@@ -99,3 +100,31 @@ def put_node_file(root, path, text="", mode=0o644):
     with open(full, "w") as stream:
         stream.write(text)
     os.chmod(full, mode)
+
+
+# The engine's settle window, seconds (csrc/engine/filememo.c's default), put back after a test.
+ENGINE_SETTLE = 1
+
+
+@contextlib.contextmanager
+def file_memo(enabled, forget=None, settle=0):
+    """The engine's file memo on or off (ldcache.remember_files) for the block, trusting files
+    SETTLE seconds old (0: however new, so no test waits for files to age); its previous state
+    and ENGINE_SETTLE come back after. The one place tests set the settle window."""
+    from shim.linker import ldcache
+
+    previous = ldcache.remember_files(enabled, forget=forget, settle=settle)
+    try:
+        yield
+    finally:
+        ldcache.remember_files(previous, settle=ENGINE_SETTLE)
+
+
+def cli_with_settle(argv, settle=0):
+    """The command line running `cdi-shim ARGV` in this interpreter with the engine's settle window
+    set to SETTLE first: a resident server (`runtime serve`) started so keeps it in its workers,
+    whose memos then trust files however new, and no test waits for files to age."""
+    code = ("import sys; from shim.linker import ldcache; "
+            f"ldcache.remember_files(False, settle={settle!r}); "
+            "from shim.cli.main import main; main(prog_name='cdi-shim')")
+    return [sys.executable, "-c", code, *argv]

@@ -1,5 +1,6 @@
-/* The parts of config.json a linker step reads: see ociconf.h. One pass over the text with a
- * strict JSON grammar (RFC 8259); values that do not matter are checked and skipped. */
+/* The parts of config.json a linker step reads, and the strings the hooks read: see ociconf.h.
+ * One pass over the text with a strict JSON grammar (RFC 8259); values that do not matter are
+ * checked and skipped. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@ struct reader {
     const char *s;
     size_t n, i;
     int depth;
+    int decode; /* the hooks' reading: \u and \/ accepted and decoded, escaped keys too */
 };
 
 static void blanks(struct reader *r)
@@ -39,10 +41,76 @@ static size_t utf8_length(const unsigned char *p, size_t n)
     return len;
 }
 
-/* A string at r->i (its opening quote): 0 past its closing quote, *ESCAPED set when it holds
- * an escape; -1 when malformed or holding an escape we refuse (\u, \/). */
-static int string(struct reader *r, int *escaped)
+static int hex4(const char *p, unsigned *out)
 {
+    unsigned v = 0;
+    for (int k = 0; k < 4; k++) {
+        char c = p[k];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            v |= (unsigned)(c - 'A' + 10);
+        else
+            return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static size_t put_utf8(char *out, unsigned cp)
+{
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xc0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3f));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xe0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+        out[2] = (char)(0x80 | (cp & 0x3f));
+        return 3;
+    }
+    out[0] = (char)(0xf0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
+    out[3] = (char)(0x80 | (cp & 0x3f));
+    return 4;
+}
+
+/* The \u escape at r->i (past its backslash and u): its code point, a surrogate pair joined; -1
+ * when malformed, a lone surrogate, or NUL (no C string can hold it: never a path or a key). */
+static int unicode_escape(struct reader *r, unsigned *cp)
+{
+    if (r->n - r->i < 4 || hex4(r->s + r->i, cp) < 0)
+        return -1;
+    r->i += 4;
+    if (*cp >= 0xd800 && *cp < 0xdc00) {
+        unsigned low;
+        if (r->n - r->i < 6 || r->s[r->i] != '\\' || r->s[r->i + 1] != 'u' || hex4(r->s + r->i + 2, &low) < 0
+            || low < 0xdc00 || low >= 0xe000)
+            return -1;
+        r->i += 6;
+        *cp = 0x10000 + ((*cp - 0xd800) << 10) + (low - 0xdc00);
+    } else if ((*cp >= 0xdc00 && *cp < 0xe000) || *cp == 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* A string at r->i (its opening quote): 0 past its closing quote, *ESCAPED set when it holds
+ * an escape; -1 when malformed or holding an escape we refuse (\u, \/, unless r->decode). With
+ * OUT (room for the string's length in the text and a NUL: decoding never grows it), its
+ * decoded bytes, NUL-terminated. */
+static int decoded_string(struct reader *r, int *escaped, char *out)
+{
+    size_t n = 0;
     *escaped = 0;
     if (r->i >= r->n || r->s[r->i] != '"')
         return -1;
@@ -51,23 +119,56 @@ static int string(struct reader *r, int *escaped)
         unsigned char c = (unsigned char)r->s[r->i];
         if (c == '"') {
             r->i++;
+            if (out)
+                out[n] = '\0';
             return 0;
         }
         if (c < 0x20)
             return -1;
         if (c == '\\') {
-            if (r->i + 1 >= r->n || !strchr("\"\\bfnrt", r->s[r->i + 1]) || r->s[r->i + 1] == '\0')
-                return -1;
+            char e = r->i + 1 < r->n ? r->s[r->i + 1] : '\0';
+            const char *simple = e ? strchr("\"\\/bfnrt", e) : NULL;
+            unsigned cp;
             *escaped = 1;
             r->i += 2;
+            if (simple && (e != '/' || r->decode)) {
+                if (out)
+                    out[n++] = "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"];
+                continue;
+            }
+            if (e != 'u' || !r->decode || unicode_escape(r, &cp) < 0)
+                return -1;
+            if (out)
+                n += put_utf8(out + n, cp);
             continue;
         }
         size_t len = utf8_length((const unsigned char *)r->s + r->i, r->n - r->i);
         if (len == 0)
             return -1;
+        if (out)
+            memcpy(out + n, r->s + r->i, len);
+        n += len;
         r->i += len;
     }
     return -1;
+}
+
+static int string(struct reader *r, int *escaped) { return decoded_string(r, escaped, NULL); }
+
+/* The string at r->i, decoded into *OUT (malloc'd). */
+static int take_decoded(struct reader *r, char **out)
+{
+    int escaped;
+    size_t start = r->i;
+    if (string(r, &escaped) < 0)
+        return -1;
+    char *text = malloc(r->i - start + 1);
+    if (!text)
+        return -1;
+    r->i = start;
+    decoded_string(r, &escaped, text);
+    *out = text;
+    return 0;
 }
 
 static int digits(struct reader *r)
@@ -137,15 +238,22 @@ static int items(struct reader *r, member_fn on_member, element_fn on_element, v
     for (;;) {
         if (on_member) {
             size_t key = r->i;
-            if (string(r, &escaped) < 0 || escaped)
+            char *decoded = NULL; /* an escaped key, when the reader decodes */
+            if (string(r, &escaped) < 0 || (escaped && !r->decode))
+                return -1;
+            if (escaped && (r->i = key, take_decoded(r, &decoded) < 0))
                 return -1;
             size_t key_end = r->i;
             blanks(r);
-            if (r->i >= r->n || r->s[r->i] != ':')
-                return -1;
-            r->i++;
-            blanks(r);
-            if (on_member(r, r->s + key + 1, key_end - key - 2, data) < 0)
+            int failed = r->i >= r->n || r->s[r->i] != ':';
+            if (!failed) {
+                r->i++;
+                blanks(r);
+                failed = decoded ? on_member(r, decoded, strlen(decoded), data) < 0
+                                 : on_member(r, r->s + key + 1, key_end - key - 2, data) < 0;
+            }
+            free(decoded);
+            if (failed)
                 return -1;
         } else if (on_element(r, data) < 0) {
             return -1;
@@ -353,6 +461,59 @@ void cds_oci_view_free(struct cds_oci_view *view)
     free(view->mount);
     view->mount = NULL;
     view->n_mounts = 0;
+}
+
+/* What cds_json_string looks for: the string member INNER (of the object KEY's value, with KEY). */
+struct wanted {
+    const char *key, *inner;
+    char *value;
+};
+
+static int wanted_inner(struct reader *r, const char *key, size_t len, void *data)
+{
+    struct wanted *w = data;
+    char *text;
+    if (!is(key, len, w->inner) || r->i >= r->n || r->s[r->i] != '"')
+        return value(r); /* another member, or not a string (not found, unless given again) */
+    if (take_decoded(r, &text) < 0)
+        return -1;
+    free(w->value);
+    w->value = text;
+    return 0;
+}
+
+static int wanted_outer(struct reader *r, const char *key, size_t len, void *data)
+{
+    struct wanted *w = data;
+    if (!is(key, len, w->key) || r->i >= r->n || r->s[r->i] != '{')
+        return value(r);
+    struct wanted inner = {.inner = w->inner};
+    if (members(r, wanted_inner, &inner) < 0) {
+        free(inner.value);
+        return -1;
+    }
+    free(w->value);
+    w->value = inner.value;
+    return 0;
+}
+
+int cds_json_string(const char *json, size_t len, const char *key, const char *inner, char **out)
+{
+    struct reader r = {.s = json, .n = len, .decode = 1};
+    struct wanted w = {.key = inner ? key : NULL, .inner = inner ? inner : key};
+    *out = NULL;
+    blanks(&r);
+    if (members(&r, inner ? wanted_outer : wanted_inner, &w) == 0) {
+        blanks(&r);
+        if (r.i == r.n) {
+            *out = w.value;
+            return 0;
+        }
+    }
+    int saved = errno == ENOMEM ? ENOMEM : EINVAL;
+    free(w.value);
+    errno = saved;
+    return -1;
 }
 
 /* shim/linker/container.py's _is_library: a basename libNAME with .so at its end or .so. in it. */

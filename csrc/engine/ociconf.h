@@ -1,6 +1,7 @@
 /* The parts of an OCI config.json that a linker step reads (shim/linker/stepmemo.py), found
  * in its text without building it: the runtime front end replays a kept step from them, and
- * the resident worker names the step it keeps with the same key (cds_step_key).
+ * the resident worker names the step it keeps with the same key (cds_step_key). The hooks read
+ * the OCI state and config.json with the same reader (cds_json_string).
  *
  * Spans are byte offsets into the text, [start, end); a string's span includes its quotes.
  * A config this reader is not sure of -- malformed JSON, a \u or \/ escape anywhere, an escape
@@ -12,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CDS_OCI_MAX_DEPTH 200
+#define CDS_OCI_MAX_DEPTH 512
 
 struct cds_span {
     size_t start, end; /* both 0: absent */
@@ -46,6 +47,14 @@ void cds_oci_view_free(struct cds_oci_view *view);
  * 0 with *KEY (malloc'd: free it with cds_step_key_free) and *KEY_LEN, or -1 as cds_oci_view. */
 int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len);
 void cds_step_key_free(uint8_t *key);
+
+/* The string member KEY of the JSON object in JSON (with INNER: member INNER of the object
+ * KEY), every escape decoded; a key given twice counts as given last, as runc's reader has it.
+ * Unlike the view above, any valid escape is taken (the hooks' documents come from runc and the
+ * engine, and a refusal fails the container), but a \u0000 anywhere is refused, as is
+ * anything malformed. 0 with *OUT malloc'd, or NULL when absent or not a string; -1 (EINVAL:
+ * not one JSON object; ENOMEM). */
+int cds_json_string(const char *json, size_t len, const char *key, const char *inner, char **out);
 
 /* FNV-1a, 64 bits, of LEN bytes at DATA: a recipe's file name (of its key) and its check sum
  * (of its bytes before the sum), for the worker that writes it and the front end that reads it. */

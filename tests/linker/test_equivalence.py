@@ -16,6 +16,7 @@ import libtree
 from ldcache_helpers import (elfgen, fake_driver, build_library, generator_of, listing, roots,
                       strip_generator, toolkit_ldconfig)
 from shim.linker import ldcache
+from tests.helpers import file_memo
 
 FOLDER = "/usr/local/nvidia/lib"
 
@@ -38,14 +39,11 @@ def assert_equivalent(root, folders, workdir, expect_mode=None, extra=None, orac
     assert generator_of(own.cache) == ldcache.GENERATOR
     # A resident worker's file memo changes nothing: the plan that fills it and the plan
     # that uses it (files stat'ed, listings remembered) give glibc's cache too.
-    previous = ldcache.remember_files(True, forget=True, settle=0)
-    try:
+    with file_memo(True, forget=True):
         for _ in range(2):
             again = ldcache.plan(root, folders, extra, links="ldconfig",
                                  generator=generator_of(expected), **options)
             assert again.cache == expected
-    finally:
-        ldcache.remember_files(previous, forget=True, settle=1)
     return plan
 
 

@@ -14,6 +14,7 @@ import pytest
 import ldcache_helpers
 from ldcache_helpers import build_library, fake_driver, generator_of, roots, toolkit_ldconfig
 from shim.linker import ldcache
+from tests.helpers import file_memo
 from test_equivalence import assert_equivalent
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -22,9 +23,8 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 @pytest.fixture
 def memo():
     """The memo on and empty, keeping files however new (the settle rule has its own test)."""
-    previous = ldcache.remember_files(True, forget=True, settle=0)
-    yield
-    ldcache.remember_files(previous, settle=1)
+    with file_memo(True, forget=True):
+        yield
 
 
 def mounted_copy(host_tree, scratch, extra, name):
@@ -98,12 +98,9 @@ def test_off_by_default_and_off_forgets(scratch):
     hits, misses, entries = ldcache.memo_stats()
     ldcache.plan_cache(scratch, [LIBDIR], {f"{LIBDIR}/libcuda.so.1": made["libcuda.so.1"]})
     assert ldcache.memo_stats() == (hits, misses, 0)
-    ldcache.remember_files(True, settle=0)
-    try:
+    with file_memo(True):
         ldcache.plan_cache(scratch, [LIBDIR], {f"{LIBDIR}/libcuda.so.1": made["libcuda.so.1"]})
         assert ldcache.memo_stats()[2] == 1
-    finally:
-        ldcache.remember_files(False, settle=1)
     assert ldcache.memo_stats()[2] == 0
 
 
@@ -121,18 +118,15 @@ def test_a_file_changed_within_the_settle_time_is_not_kept(scratch):
     the kernel's clock, unseen by its stat: it is read every time until it settles."""
     made = fake_driver(os.path.join(scratch, "driver"), names=("cuda",))
     extra = {f"{LIBDIR}/libcuda.so.1": made["libcuda.so.1"]}
-    previous = ldcache.remember_files(True, forget=True, settle=5)
-    try:
+    with file_memo(True, forget=True, settle=5):
         ldcache.plan_cache(scratch, [LIBDIR], extra)
         ldcache.plan_cache(scratch, [LIBDIR], extra)
         hits, misses, entries = ldcache.memo_stats()
         assert entries == 0
-        ldcache.remember_files(True, forget=False, settle=0)
-        ldcache.plan_cache(scratch, [LIBDIR], extra)
-        ldcache.plan_cache(scratch, [LIBDIR], extra)
-        assert ldcache.memo_stats() == (hits + 1, misses + 1, 1)
-    finally:
-        ldcache.remember_files(previous, settle=1)
+        with file_memo(True, forget=False):
+            ldcache.plan_cache(scratch, [LIBDIR], extra)
+            ldcache.plan_cache(scratch, [LIBDIR], extra)
+            assert ldcache.memo_stats() == (hits + 1, misses + 1, 1)
 
 
 # ---- the image's own files -----------------------------------------------------------

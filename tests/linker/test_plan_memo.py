@@ -16,6 +16,7 @@ import pytest
 import ldcache_helpers
 from ldcache_helpers import build_library, fake_driver, roots
 from shim.linker import ldcache
+from tests.helpers import file_memo
 from test_file_memo import overlay_mounts, rebuild_with_soname
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -25,11 +26,10 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 def plans():
     """The plan memo on and empty, the file memo off (so each plan's reads are its own), and
     files trusted however new (the settle rule has its own test)."""
-    previous_files = ldcache.remember_files(False, settle=0)
-    previous = ldcache.remember_plans(True, forget=True)
-    yield
-    ldcache.remember_plans(previous, forget=True)
-    ldcache.remember_files(previous_files, settle=1)
+    with file_memo(False):
+        previous = ldcache.remember_plans(True, forget=True)
+        yield
+        ldcache.remember_plans(previous, forget=True)
 
 
 @pytest.fixture
@@ -193,26 +193,24 @@ def test_a_debian_image_whose_cache_leaves_a_directory_out(scratch, plans):
 
 def test_files_changed_within_the_settle_time_are_not_trusted(image, scratch):
     lower, extra = image
-    previous_files = ldcache.remember_files(False, settle=5)      # every file here is younger
     previous = ldcache.remember_plans(True, forget=True)
     try:
         with overlay_mounts(lower, scratch, 2) as (first, second):
-            ldcache.plan(first, [LIBDIR], extra)
-            assert not ldcache.plan(second, [LIBDIR], extra).remembered
-            ldcache.remember_files(False, settle=0)
-            ldcache.plan(first, [LIBDIR], extra)
-            assert ldcache.plan(second, [LIBDIR], extra).remembered
+            with file_memo(False, settle=5):      # every file here is younger
+                ldcache.plan(first, [LIBDIR], extra)
+                assert not ldcache.plan(second, [LIBDIR], extra).remembered
+            with file_memo(False):
+                ldcache.plan(first, [LIBDIR], extra)
+                assert ldcache.plan(second, [LIBDIR], extra).remembered
     finally:
         ldcache.remember_plans(previous, forget=True)
-        ldcache.remember_files(previous_files, settle=1)
 
 
 def test_off_by_default_and_off_forgets(image, scratch):
     lower, extra = image
     assert ldcache.remember_plans(False) is False               # nothing turned it on in this process
-    previous_files = ldcache.remember_files(False, settle=0)
     try:
-        with overlay_mounts(lower, scratch, 2) as (first, second):
+        with file_memo(False), overlay_mounts(lower, scratch, 2) as (first, second):
             ldcache.plan(first, [LIBDIR], extra)
             assert not ldcache.plan(second, [LIBDIR], extra).remembered
             ldcache.remember_plans(True)
@@ -223,7 +221,6 @@ def test_off_by_default_and_off_forgets(image, scratch):
             assert not ldcache.plan(second, [LIBDIR], extra).remembered
     finally:
         ldcache.remember_plans(False)
-        ldcache.remember_files(previous_files, settle=1)
 
 
 def test_the_same_tree_planned_again_outside_overlayfs(image, scratch, plans):

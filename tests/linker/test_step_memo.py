@@ -13,6 +13,7 @@ import pytest
 
 from ldcache_helpers import build_library, fake_driver, roots
 from shim.linker import container, ldcache, stepmemo
+from tests.helpers import file_memo
 from shim.linker.toolkit_hooks import PARAMS_ENV
 from test_file_memo import overlay_mounts
 from test_plan_memo import _replace_cache
@@ -46,13 +47,12 @@ class Log:
 def steps():
     """Both memos on and empty, the file memo off, files trusted however new (the settle rule
     is the plan memo's, tested there)."""
-    previous_files = ldcache.remember_files(False, settle=0)
-    previous_plans = ldcache.remember_plans(True, forget=True)
-    previous = stepmemo.remember_steps(True)
-    yield
-    stepmemo.remember_steps(previous)
-    ldcache.remember_plans(previous_plans, forget=True)
-    ldcache.remember_files(previous_files, settle=1)
+    with file_memo(False):
+        previous_plans = ldcache.remember_plans(True, forget=True)
+        previous = stepmemo.remember_steps(True)
+        yield
+        stepmemo.remember_steps(previous)
+        ldcache.remember_plans(previous_plans, forget=True)
 
 
 @pytest.fixture
@@ -309,7 +309,7 @@ def test_the_key_holds_what_the_step_reads_and_nothing_else():
     '{"hooks": {}, "mounts": [], "x": 01}',                           # not JSON
     '{"hooks": {}, "mounts": [], "x": "\x01"}',                       # a raw control character
     b'{"hooks": {}, "mounts": [], "x": "\xff"}',                      # not UTF-8
-    '{"hooks": {}, "mounts": [], "x": ' + "[" * 300 + "]" * 300 + "}",  # too deep
+    '{"hooks": {}, "mounts": [], "x": ' + "[" * 600 + "]" * 600 + "}",  # too deep (CDS_OCI_MAX_DEPTH 512)
 ])
 def test_the_key_refuses_what_it_is_not_sure_of(text):
     assert key_of(text=text) is None

@@ -24,6 +24,17 @@ def fake_binary(tmp_path):
     return str(path)
 
 
+@pytest.fixture
+def runtime_binary(tmp_path):
+    """An executable standing in for cdi-shim-runtime that does nothing (Docker's and podman's
+    configuration tests)."""
+    path = tmp_path / "bin" / "cdi-shim-runtime"
+    path.parent.mkdir()
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def containerd_release():
     """containerd_release("1.7" | "2.1") -> path of that real containerd, fetched once from Debian's

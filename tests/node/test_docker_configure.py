@@ -31,15 +31,6 @@ def dockerd():
     return found
 
 
-@pytest.fixture
-def runtime_binary(tmp_path):
-    path = tmp_path / "bin" / "cdi-shim-runtime"
-    path.parent.mkdir()
-    path.write_text("#!/bin/sh\nexit 0\n")
-    path.chmod(0o755)
-    return str(path)
-
-
 def env_for(dockerd_path):
     # dockerd --validate looks for docker-proxy on PATH (the package's /usr/sbin)
     return dict(os.environ, PATH=f"{os.path.dirname(dockerd_path)}:{os.environ.get('PATH', '/usr/bin:/bin')}")

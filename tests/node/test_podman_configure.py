@@ -65,15 +65,6 @@ def podman():
 
 
 @pytest.fixture
-def runtime_binary(tmp_path):
-    path = tmp_path / "bin" / "cdi-shim-runtime"
-    path.parent.mkdir()
-    path.write_text("#!/bin/sh\nexit 0\n")
-    path.chmod(0o755)
-    return str(path)
-
-
-@pytest.fixture
 def conf(tmp_path):
     path = tmp_path / "etc" / "containers.conf"
     path.parent.mkdir()

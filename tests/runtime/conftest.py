@@ -37,3 +37,26 @@ def world(tmp_path, world_mode, request):
     w.cleanup()
     if server:
         server.check_alive()
+
+
+@pytest.fixture
+def nvml_library(tmp_path):
+    """A fake driver library: DRIVER_VERSION's libnvidia-ml.so (SONAME libnvidia-ml.so.1) in a folder of its own."""
+    directory = tmp_path / "driver-root"
+    directory.mkdir()
+    source = tmp_path / "fake.c"
+    source.write_text("int cdi_shim_fake(void) { return 42; }\n")
+    library = directory / f"libnvidia-ml.so.{rh.DRIVER_VERSION}"
+    rh.gcc("-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(library), str(source))
+    return library
+
+
+@pytest.fixture
+def driver(tmp_path):
+    """A fake driver: libnvidia-ml.so.<v> (SONAME libnvidia-ml.so.1), libcuda.so.<v> (libcuda.so.1)."""
+    directory = tmp_path / "driver-root"
+    directory.mkdir()
+    v = rh.DRIVER_VERSION
+    rh.library(directory / f"libnvidia-ml.so.{v}", "libnvidia-ml.so.1", "int cdi_shim_fake(void) { return 42; }\n")
+    rh.library(directory / f"libcuda.so.{v}", "libcuda.so.1", "int fake_cuda_major(void) { return 550; }\n")
+    return directory

@@ -502,10 +502,20 @@ def kill_quietly(proc):
 
 
 GLIBC_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+DRIVER_VERSION = "550.54.15"   # the fake driver's libraries' version
 
 
 def gcc(*args):
     subprocess.run([need("gcc", "gcc"), *args], check=True, capture_output=True, timeout=120)
+
+
+def library(path, soname, body):
+    """A shared library at PATH with SONAME, built from the C source BODY."""
+    src = str(path) + ".c"
+    with open(src, "w") as out:
+        out.write(body)
+    gcc("-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(path), src)
+    os.unlink(src)
 
 
 def glibc_image(rootfs, program, library, workdir, link_args=()):

@@ -9,7 +9,7 @@ import pytest
 
 import runtime_helpers as rh
 from test_hook_fidelity import _request
-from test_runtime_toolkit_hooks import PROGRAM, VERSION, _absent_params, _hook, _library, driver  # noqa: F401
+from test_runtime_toolkit_hooks import PROGRAM, VERSION, _absent_params, _hook
 
 RESIDENT_TOO = True
 FOLDER = "/usr/local/nvidia/lib64"
@@ -30,7 +30,7 @@ def _host_folder(tmp_path, driver, answer=42):
     """The host folder as a driver installer leaves it: the versioned file and its soname link."""
     folder = tmp_path / "host-lib64"
     folder.mkdir(exist_ok=True)
-    _library(folder / f"libnvidia-ml.so.{VERSION}", "libnvidia-ml.so.1",
+    rh.library(folder / f"libnvidia-ml.so.{VERSION}", "libnvidia-ml.so.1",
              f"int cdi_shim_fake(void) {{ return {answer}; }}\n")
     if not os.path.lexists(folder / "libnvidia-ml.so.1"):
         os.symlink(f"libnvidia-ml.so.{VERSION}", folder / "libnvidia-ml.so.1")
@@ -71,7 +71,7 @@ def test_a_folder_mounted_over_an_image_folder_hides_its_libraries(world, driver
     rootfs = bundle.rootfs
     rh.glibc_image(rootfs, PROGRAM, str(host / f"libnvidia-ml.so.{VERSION}"), str(tmp_path), ["-ldl"])
     os.makedirs(rootfs + FOLDER)
-    _library(rootfs + FOLDER + "/libold.so.1", "libold.so.1", "int old(void) { return 1; }\n")
+    rh.library(rootfs + FOLDER + "/libold.so.1", "libold.so.1", "int old(void) { return 1; }\n")
     with open(rootfs + "/etc/ld.so.conf.d/nvidia.conf", "w") as out:
         out.write(FOLDER + "\n")
     subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
@@ -100,7 +100,7 @@ def test_a_changed_host_folder_is_not_served_stale(world, driver, tmp_path):
         result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
         assert result.returncode == 0, result.stderr
         listings.append(_cache_listing(world, bundle))
-        _library(host / "libnvidia-extra.so.1", "libnvidia-extra.so.1", "int extra(void) { return 7; }\n")
+        rh.library(host / "libnvidia-extra.so.1", "libnvidia-extra.so.1", "int extra(void) { return 7; }\n")
     assert "libnvidia-extra.so.1" not in listings[0]
     assert f"{FOLDER}/libnvidia-extra.so.1" in listings[1], listings[1]
 

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
 
@@ -20,7 +19,7 @@ import runtime_helpers as rh
 from shim.cri.lab import build_driver_libraries
 from tests.helpers import native_programs, python_prefix
 from test_runtime_resident import debug_world, served_lines, start_server
-from test_runtime_toolkit_hooks import LIBDIR, PARAMS, _image, driver, preinject, toolkit_spec  # noqa: F401 (a fixture)
+from test_runtime_toolkit_hooks import LIBDIR, PARAMS, _image, preinject, toolkit_spec
 
 
 class Image:
@@ -31,7 +30,7 @@ class Image:
         self.socket = os.path.join(world.base, "run", "runtime.sock")
         self.steps = os.path.join(world.base, "run", "steps")
         self.params = params
-        self.server = start_server(world, self.socket, workers=1)
+        self.server = start_server(world, self.socket, workers=1, settle=0)    # files trusted however new
         world.resident_socket = self.socket
         self.log = debug_world(world)
         world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver) + "".join(
@@ -40,7 +39,6 @@ class Image:
         image = world.bundle(tag="image")
         _image(image, driver, str(tmp_path), compat=False)
         self.layer = image.rootfs
-        time.sleep(1.2)     # files are trusted by the memos once their ctime is over a second old
 
     def env(self):
         return self.world.env(CDI_SHIM_NVIDIA_PARAMS=self.params or str(self.tmp_path / "no-such-params"))
@@ -463,7 +461,6 @@ def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path, image_link):
             out.write("the image's stub\n")
         if image_link:      # (the spec's libcuda.so -> libcuda.so.1 then loops until the soname link is made)
             os.symlink("libcuda.so", made.layer + f"{LIBDIR}/libcuda.so.1")
-        time.sleep(1.2)     # (older than the memos' settle time)
         # (with the image's soname link replaced too, the front end leaves the step to the worker)
         results = each_way(world, made, lambda how, bundle: not [
             n for n in os.listdir(bundle.rootfs + LIBDIR) if "cdi-shim" in n], replayed=not image_link)
@@ -480,15 +477,14 @@ def test_a_compat_decision_by_the_elf_note_is_replayed_alike(world, driver, tmp_
     Python step alone give the same config and files, the cache naming the compat library first."""
     import ldcache_helpers as lh
     from test_hook_fidelity import COMPAT_MARK, _note, note_source
-    from test_runtime_toolkit_hooks import COMPAT, _library
+    from test_runtime_toolkit_hooks import COMPAT
 
     made = Image(world, driver, tmp_path)
     try:
         os.makedirs(made.layer + COMPAT)
-        _library(made.layer + f"{COMPAT}/libcuda.so.550.90.07", "libcuda.so.1",
+        rh.library(made.layer + f"{COMPAT}/libcuda.so.550.90.07", "libcuda.so.1",
                  f"int fake_cuda_major(void) {{ return {COMPAT_MARK}; }}\n" + note_source(_note([535, 550])))
         os.symlink("libcuda.so.550.90.07", made.layer + f"{COMPAT}/libcuda.so.1")
-        time.sleep(1.2)     # (older than the memos' settle time)
         results = each_way(world, made)
         assert all(later == results[0] for later in results[1:])
         listed = lh.listing(results[0][3]["ld.so.cache"][0]).decode().splitlines()
@@ -526,7 +522,6 @@ def test_a_later_ldconfig_after_a_replayed_step(world, driver, tmp_path, readonl
     try:
         os.makedirs(made.layer + "/sbin", exist_ok=True)
         shutil.copy2(rh.need("ldconfig", "libc-bin"), made.layer + "/sbin/ldconfig")     # (static)
-        time.sleep(1.2)     # (trusted by the memos once over a second old)
         outputs, after = [], []
         for how in ("worker", "front end", "worker's memo", "python"):
             if how == "worker's memo":

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 import runtime_helpers as rh
-from test_runtime_toolkit_hooks import (COMPAT, LIBDIR, VERSION, _absent_params, _hook, _image, _library,  # noqa: F401
-                                        driver, preinject, toolkit_spec)
+from test_runtime_toolkit_hooks import (COMPAT, LIBDIR, VERSION, _absent_params, _hook, _image, preinject,
+                                        toolkit_spec)
 
 RESIDENT_TOO = True
 
@@ -64,7 +64,7 @@ def test_create_symlinks_replaces_what_is_at_the_link_path(world, driver, tmp_pa
     rootfs = bundle.rootfs
     rh.glibc_image(rootfs, __import__("test_runtime_toolkit_hooks").PROGRAM,
                    str(driver / f"libnvidia-ml.so.{VERSION}"), str(tmp_path), ["-ldl"])
-    _library(rootfs + f"{LIBDIR}/libcuda.so.1", "libcuda.so.1", "int fake_cuda_major(void) { return 100; }\n")
+    rh.library(rootfs + f"{LIBDIR}/libcuda.so.1", "libcuda.so.1", "int fake_cuda_major(void) { return 100; }\n")
     os.symlink("libcuda.so.0", rootfs + f"{LIBDIR}/libcuda.so")
     os.symlink(f"libnvidia-ml.so.{VERSION}", rootfs + f"{LIBDIR}/libnvidia-ml.so")
     subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
@@ -97,7 +97,7 @@ def test_a_replaced_file_s_link_to_a_soname_link_dangles_during_the_scan(world, 
     world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver))
     bundle = world.bundle(args=["sh", "-c", f"/prog; cat {LIBDIR}/libcuda.so > /dev/null && echo dev-link-opens"])
     rootfs = _image(bundle, driver, tmp_path, compat=False)
-    _library(rootfs + f"{LIBDIR}/libcuda.so", "libcuda.so.1", "int fake_cuda_major(void) { return 100; }\n")
+    rh.library(rootfs + f"{LIBDIR}/libcuda.so", "libcuda.so.1", "int fake_cuda_major(void) { return 100; }\n")
     subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
     assert os.readlink(rootfs + f"{LIBDIR}/libcuda.so.1") == "libcuda.so"     # (ldconfig's, to the stub)
     if not image_link:
@@ -457,7 +457,7 @@ def test_enable_cuda_compat_decides_as_the_hook(world, driver, tmp_path, case):
     bundle = world.bundle(args=["/prog"])
     rootfs = _image(bundle, driver, tmp_path, compat=False)
     os.makedirs(rootfs + COMPAT)
-    _library(rootfs + f"{COMPAT}/libcuda.so.{compat}", "libcuda.so.1",
+    rh.library(rootfs + f"{COMPAT}/libcuda.so.{compat}", "libcuda.so.1",
              f"int fake_cuda_major(void) {{ return {COMPAT_MARK}; }}\n" + (note_source(note) if note else ""))
     os.symlink(f"libcuda.so.{compat}", rootfs + f"{COMPAT}/libcuda.so.1")
     if case == "no /etc/ld.so.cache, no /etc/ld.so.conf.d":

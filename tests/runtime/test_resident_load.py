@@ -1,7 +1,7 @@
 """The resident process under load (issue 31, item 8), with real runc and the real server: a
 worker that stalls after taking a create is abandoned within the front end's bound; slow,
-idle and half-open connections hold no worker; a create that
-fails writing config.json (ENOSPC) leaves no file of ours in the bundle."""
+idle and half-open connections hold no worker, nor does a create whose stderr pipe is full; a
+create that fails writing config.json (ENOSPC) leaves no file of ours in the bundle."""
 import json
 import os
 import shutil
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from shim.runtime.resident import ANSWER_WAIT, MAGIC
-from test_runtime_linker import _spec, driver  # noqa: F401 (a fixture)
+from shim.runtime.resident import ANSWER_WAIT, CLAIM_WAIT, MAGIC
+from test_runtime_linker import _spec
 from test_runtime_resident import (GPU0, FakeServer, debug_world, served_lines, start_server,
                                    wait_for, workers_of)
 
@@ -183,12 +183,96 @@ def test_idle_half_open_and_slow_connections_hold_no_worker(world):
         server.wait(timeout=60)
 
 
+def _full_pipe():
+    """(read end, write end) of a pipe filled to its last byte; the write end blocks (as a
+    caller's stderr does), the read end does not (the test never waits on it)."""
+    read_end, write_end = os.pipe2(os.O_NONBLOCK)
+    for chunk in (4096, 1):
+        try:
+            while True:
+                os.write(write_end, b"." * chunk)
+        except BlockingIOError:
+            pass
+    os.set_blocking(write_end, True)
+    return read_end, write_end
+
+
+def _blocked_writing_stderr(pid):
+    """Whether process PID is in write(2) on its fd 2 (/proc/PID/syscall: number, then args)."""
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            fields = f.read().split()
+    except OSError:
+        return False
+    return fields[:2] == ["1", "0x2"]
+
+
+def test_a_create_whose_stderr_pipe_is_full_holds_no_worker(world):
+    """A create that has messages to say (an unresolvable device) and whose stderr is a pipe
+    nobody drains: its worker hands the messages back in the answer and goes on, so while
+    that pipe stays full every other create through the one-worker server is still taken up
+    by the worker within the claim wait, not by the interpreter after it. Only the full
+    pipe's own front end waits; drained, it writes the messages and fails as it should."""
+    socket_path = os.path.join(world.base, "run", "runtime.sock")
+    server = start_server(world, socket_path, workers=1)
+    read_end, write_end = _full_pipe()
+    wedged = None
+    try:
+        wait_for(lambda: len(workers_of(server.pid)) == 1, "one worker")
+        (worker,) = workers_of(server.pid)
+        world.resident_socket = socket_path
+        log = debug_world(world)
+        failing = world.bundle(annotations={"cdi.k8s.io/e2e": "nvidia.com/gpu=7"})
+        wedged = subprocess.Popen([world.runtime, "--root", world.runc_root, "create", "--bundle", failing.path,
+                                   failing.id], env=world.env(), stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=write_end)
+        os.close(write_end)
+        write_end = None
+        # its messages are being written: by its front end (now), or by the worker (before the fix)
+        wait_for(lambda: _blocked_writing_stderr(wedged.pid) or _blocked_writing_stderr(worker),
+                 "nobody is writing the full pipe", timeout=30)
+        times = []
+        for _ in range(3):
+            bundle = world.bundle(annotations=GPU0)
+            start = time.monotonic()
+            result = world.shim("create", "--bundle", bundle.path, bundle.id, timeout=ANSWER_WAIT + 30)
+            times.append(round(time.monotonic() - start, 3))
+            assert result.returncode == 0, result.stderr
+        lines = [line for line in served_lines(log) if "; exec " in line]     # the failed one's is "; failed"
+        assert len(lines) == 3 and all(f" in resident process {worker};" in line for line in lines), \
+            (f"with a full stderr pipe undrained, creates were not taken up by the worker within the claim "
+             f"wait ({CLAIM_WAIT:g} s): {times}", lines)
+        assert wedged.poll() is None, "the full pipe's own create did not wait for it"
+        said = bytearray()
+        deadline = time.monotonic() + 60
+        while wedged.poll() is None and time.monotonic() < deadline:
+            try:
+                said += os.read(read_end, 65536)
+            except BlockingIOError:
+                time.sleep(0.01)
+        assert wedged.poll() == 1, "the create did not end once its stderr was drained"
+        try:
+            said += os.read(read_end, 65536)
+        except BlockingIOError:
+            pass
+        assert b"nvidia.com/gpu=7" in said and b"unresolvable" in said, bytes(said[-2000:])
+    finally:
+        if wedged is not None and wedged.poll() is None:
+            wedged.kill()
+            wedged.wait(timeout=30)
+        for fd in (read_end, write_end):
+            if fd is not None:
+                os.close(fd)
+        server.terminate()
+        server.wait(timeout=60)
+
+
 @pytest.mark.parametrize("via", ["interpreter", "resident"])
-def test_a_config_write_that_fails_on_enospc_leaves_nothing_of_ours(world, driver, tmp_path, via):
+def test_a_config_write_that_fails_on_enospc_leaves_nothing_of_ours(world, nvml_library, tmp_path, via):
     """The bundle is on a full tmpfs: the linker files fit but the new config.json does not.
     The create fails naming config.json and ENOSPC, config.json is as it was, and the linker
     files written before into the bundle (a read-only root's /etc overlay) are gone."""
-    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    world.write_spec("nvidia-gpu.yaml", _spec(world, nvml_library))
     if via == "resident":
         world.resident_socket = os.path.join(world.base, "run", "runtime.sock")
         server = start_server(world, world.resident_socket, workers=1)

@@ -19,7 +19,7 @@ import runtime_helpers as rh
 
 RESIDENT_TOO = True  # every test also through `cdi-shim runtime serve` (conftest.py)
 
-VERSION = "550.54.15"
+VERSION = rh.DRIVER_VERSION
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 PROGRAM = r"""
 #include <dlfcn.h>
@@ -33,43 +33,26 @@ int main(void) {
 """
 
 
-def _gcc(*args):
-    gcc = rh.need("gcc", "gcc")
-    subprocess.run([gcc, *args], check=True, capture_output=True, timeout=120)
-
-
-@pytest.fixture
-def driver(tmp_path):
-    """A fake driver root: libnvidia-ml.so.<version> with SONAME libnvidia-ml.so.1."""
-    directory = tmp_path / "driver-root"
-    directory.mkdir()
-    source = tmp_path / "fake.c"
-    source.write_text("int cdi_shim_fake(void) { return 42; }\n")
-    library = directory / f"libnvidia-ml.so.{VERSION}"
-    _gcc("-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(library), str(source))
-    return library
-
-
-def _glibc_rootfs(world, bundle, driver, tmp_path):
+def _glibc_rootfs(world, bundle, nvml_library, tmp_path):
     """Turn the bundle's busybox rootfs into a small glibc image with its own ld.so.cache."""
     rootfs = os.path.join(bundle.path, "rootfs")
-    rh.glibc_image(rootfs, PROGRAM, str(driver), str(tmp_path))
+    rh.glibc_image(rootfs, PROGRAM, str(nvml_library), str(tmp_path))
     subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60)
     return rootfs
 
 
-def _spec(world, driver, readonly_link=None):
+def _spec(world, nvml_library, readonly_link=None):
     fake_hook = "/usr/bin/nvidia-cdi-hook-absent-on-this-host"
     assert not os.path.exists(fake_hook)
     return (
         'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n'
         "containerEdits:\n"
         "  mounts:\n"
-        f"    - hostPath: {driver}\n      containerPath: {LIBDIR}/{driver.name}\n"
+        f"    - hostPath: {nvml_library}\n      containerPath: {LIBDIR}/{nvml_library.name}\n"
         "      options: [ro, nosuid, nodev, bind]\n"
         "  hooks:\n"
         f"    - hookName: createContainer\n      path: {fake_hook}\n"
-        f"      args: [nvidia-cdi-hook, create-symlinks, --link, '{driver.name}::{LIBDIR}/libnvidia-ml.so']\n"
+        f"      args: [nvidia-cdi-hook, create-symlinks, --link, '{nvml_library.name}::{LIBDIR}/libnvidia-ml.so']\n"
         f"    - hookName: createContainer\n      path: {fake_hook}\n"
         f"      args: [nvidia-cdi-hook, update-ldcache, --folder, {LIBDIR}]\n"
         'devices:\n  - name: "0"\n    containerEdits:\n'
@@ -78,14 +61,14 @@ def _spec(world, driver, readonly_link=None):
 
 
 @pytest.mark.parametrize("readonly", [False, True], ids=["rw-rootfs", "readonly-rootfs"])
-def test_injected_library_resolves_by_soname_without_hooks(world, driver, tmp_path, readonly):
-    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+def test_injected_library_resolves_by_soname_without_hooks(world, nvml_library, tmp_path, readonly):
+    world.write_spec("nvidia-gpu.yaml", _spec(world, nvml_library))
 
     def edit(config):
         config["root"]["readonly"] = readonly
 
     bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"], edit=edit)
-    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
+    rootfs = _glibc_rootfs(world, bundle, nvml_library, tmp_path)
     image_cache = open(rootfs + "/etc/ld.so.cache", "rb").read()
 
     result = world.shim("run", "--bundle", bundle.path, bundle.id)
@@ -106,14 +89,14 @@ def test_injected_library_resolves_by_soname_without_hooks(world, driver, tmp_pa
         # written where the hook's ldconfig writes it, in the root
         assert open(rootfs + "/etc/ld.so.cache", "rb").read() != image_cache
         assert not overlay and not os.path.exists(upper)
-    assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == driver.name
+    assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == nvml_library.name
 
 
-def test_without_our_cache_the_program_cannot_start(world, driver, tmp_path):
+def test_without_our_cache_the_program_cannot_start(world, nvml_library, tmp_path):
     """The control: the same edits applied by `cdi inject` (hooks removed) under plain runc."""
-    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    world.write_spec("nvidia-gpu.yaml", _spec(world, nvml_library))
     bundle = world.bundle(args=["/prog"])
-    _glibc_rootfs(world, bundle, driver, tmp_path)
+    _glibc_rootfs(world, bundle, nvml_library, tmp_path)
     edited = subprocess.run([os.path.join(rh.VENV_BIN, "cdi-shim"), "cdi", "inject", "--device", "nvidia.com/gpu=0",
                              os.path.join(bundle.path, "config.json")], env=world.env(),
                             capture_output=True, text=True, check=True).stdout
@@ -126,11 +109,11 @@ def test_without_our_cache_the_program_cannot_start(world, driver, tmp_path):
     assert "libnvidia-ml.so.1" in result.stdout + result.stderr
 
 
-def test_linker_phase_is_logged(world, driver, tmp_path):
+def test_linker_phase_is_logged(world, nvml_library, tmp_path):
     world.write_config(log_level="debug")
-    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    world.write_spec("nvidia-gpu.yaml", _spec(world, nvml_library))
     bundle = world.bundle(args=["/prog"], annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
-    _glibc_rootfs(world, bundle, driver, tmp_path)
+    _glibc_rootfs(world, bundle, nvml_library, tmp_path)
     log = os.path.join(bundle.path, "log.json")
     result = world.shim("--log", log, "--log-format", "json", "run", "--bundle", bundle.path, bundle.id)
     assert result.returncode == 0, result.stderr
@@ -143,7 +126,7 @@ def test_linker_phase_is_logged(world, driver, tmp_path):
 HOOK_COMMANDS = {"cdi-shim hook": ("cdi-shim", ["hook"]), "cdi-shim-hook": ("cdi-shim-hook", [])}
 
 
-def _hook_spec(world, driver, hook_command="cdi-shim hook"):
+def _hook_spec(world, nvml_library, hook_command="cdi-shim hook"):
     # An explicit env for each hook: without one, runc gives a hook the container's env.
     program, sub = HOOK_COMMANDS[hook_command]
     cdi_shim = os.path.join(rh.VENV_BIN, program)
@@ -152,11 +135,11 @@ def _hook_spec(world, driver, hook_command="cdi-shim hook"):
         'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n'
         "containerEdits:\n"
         "  mounts:\n"
-        f"    - hostPath: {driver}\n      containerPath: {LIBDIR}/{driver.name}\n"
+        f"    - hostPath: {nvml_library}\n      containerPath: {LIBDIR}/{nvml_library.name}\n"
         "      options: [ro, nosuid, nodev, bind]\n"
         "  hooks:\n"
         f"    - hookName: createContainer\n      path: {cdi_shim}\n"
-        f"      args: [{prefix}, create-symlinks, --link, '{driver.name}::{LIBDIR}/libnvidia-ml.so']\n"
+        f"      args: [{prefix}, create-symlinks, --link, '{nvml_library.name}::{LIBDIR}/libnvidia-ml.so']\n"
         "      env: [PATH=/usr/sbin:/usr/bin:/sbin:/bin]\n"
         f"    - hookName: createContainer\n      path: {cdi_shim}\n"
         f"      args: [{prefix}, update-ldcache, --folder, {LIBDIR}]\n"
@@ -167,9 +150,9 @@ def _hook_spec(world, driver, hook_command="cdi-shim hook"):
 
 
 @pytest.mark.parametrize("hook_command", list(HOOK_COMMANDS))
-def test_our_hooks_under_plain_runc(world, driver, tmp_path, hook_command):
+def test_our_hooks_under_plain_runc(world, nvml_library, tmp_path, hook_command):
     """Specs naming `cdi-shim hook ...` work with any runtime: here runc runs the hooks."""
-    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, driver, hook_command))
+    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, nvml_library, hook_command))
     # The image's environment preloads a library of the image's through the hook's working
     # directory (the rootfs), as in CVE-2025-23266: had a hook loaded it, its constructor would
     # have written MARKER on the host (inside the container that path does not exist).
@@ -178,8 +161,8 @@ def test_our_hooks_under_plain_runc(world, driver, tmp_path, hook_command):
     evil_src.write_text('#include <stdio.h>\n__attribute__((constructor)) static void ran(void) {'
                         f' FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
     bundle = world.bundle(args=["/prog"], env=["LD_PRELOAD=/proc/self/cwd/evil.so"])
-    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
-    _gcc("-shared", "-fPIC", "-o", os.path.join(rootfs, "evil.so"), str(evil_src))
+    rootfs = _glibc_rootfs(world, bundle, nvml_library, tmp_path)
+    rh.gcc("-shared", "-fPIC", "-o", os.path.join(rootfs, "evil.so"), str(evil_src))
     image_cache = open(rootfs + "/etc/ld.so.cache", "rb").read()
     edited = subprocess.run([os.path.join(rh.VENV_BIN, "cdi-shim"), "cdi", "inject", "--device", "nvidia.com/gpu=0",
                              os.path.join(bundle.path, "config.json")], env=world.env(),
@@ -190,17 +173,17 @@ def test_our_hooks_under_plain_runc(world, driver, tmp_path, hook_command):
     assert result.returncode == 0, result.stderr
     assert result.stdout == "linked=42 dlopen=ok\n"
     assert open(rootfs + "/etc/ld.so.cache", "rb").read() != image_cache  # the hook wrote it, in the root
-    assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == driver.name
+    assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == nvml_library.name
     assert not marker.exists(), "a hook loaded the image's LD_PRELOAD library"
 
 
 @pytest.mark.parametrize("hook_command", list(HOOK_COMMANDS))
-def test_runtime_does_the_work_of_our_hooks(world, driver, tmp_path, hook_command):
+def test_runtime_does_the_work_of_our_hooks(world, nvml_library, tmp_path, hook_command):
     """Through cdi-shim-runtime the same spec needs no hook process: the runtime recognises
     our hooks (either program name) as it does the toolkit's, and drops them."""
-    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, driver, hook_command))
+    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, nvml_library, hook_command))
     bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
-    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
+    rootfs = _glibc_rootfs(world, bundle, nvml_library, tmp_path)
     image_cache = open(rootfs + "/etc/ld.so.cache", "rb").read()
     result = world.shim("run", "--bundle", bundle.path, bundle.id)
     assert result.returncode == 0, result.stderr
@@ -209,7 +192,7 @@ def test_runtime_does_the_work_of_our_hooks(world, driver, tmp_path, hook_comman
     # no hook ran: the runtime wrote the cache where the hook's ldconfig writes it, in the root
     assert open(rootfs + "/etc/ld.so.cache", "rb").read() != image_cache
     assert not [n for n in os.listdir(bundle.path) if n.startswith("cdi-shim.")]
-    assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == driver.name
+    assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == nvml_library.name
 
 
 @pytest.mark.parametrize("hook_command", list(HOOK_COMMANDS))
@@ -264,13 +247,13 @@ def test_runtime_gives_hooks_an_env_so_the_image_env_cannot_reach_them(world, tm
                         f' FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
     hook_program = tmp_path / "hook-prog"
     (tmp_path / "hook.c").write_text("int main(void) { return 0; }\n")
-    _gcc("-o", str(hook_program), str(tmp_path / "hook.c"))  # dynamically linked: honours LD_PRELOAD
+    rh.gcc("-o", str(hook_program), str(tmp_path / "hook.c"))  # dynamically linked: honours LD_PRELOAD
     world.write_spec("hooked.yaml", 'cdiVersion: "0.5.0"\nkind: example.com/hooked\ndevices:\n'
                      '  - name: "a"\n    containerEdits:\n      env: [HOOKED=1]\n      hooks:\n'
                      f"        - {{hookName: createContainer, path: {hook_program}}}\n")
     bundle = world.bundle(args=["true"], env=["LD_PRELOAD=/proc/self/cwd/evil.so"],
                           annotations={"cdi.k8s.io/x": "example.com/hooked=a"})
-    _gcc("-shared", "-fPIC", "-o", os.path.join(bundle.rootfs, "evil.so"), str(evil_src))
+    rh.gcc("-shared", "-fPIC", "-o", os.path.join(bundle.rootfs, "evil.so"), str(evil_src))
     result = world.shim("run", "--bundle", bundle.path, bundle.id)
     assert result.returncode == 0, result.stderr
     hook = bundle.config()["hooks"]["createContainer"][0]
@@ -290,15 +273,15 @@ def _unfit_image(rootfs, shape):
 
 
 @pytest.mark.parametrize("shape", ["etc-is-a-file", "cache-is-a-directory"])
-def test_image_without_a_place_for_the_cache_the_spec_needs_is_a_clear_error(world, driver, tmp_path, shape):
+def test_image_without_a_place_for_the_cache_the_spec_needs_is_a_clear_error(world, nvml_library, tmp_path, shape):
     """Issue 14, finding 12b: an image whose /etc is a regular file (or whose /etc/ld.so.cache
     is a directory) failed inside runc, which cannot bind our cache file there. Decision: when
     the spec asks for the cache (update-ldcache: its libraries need it to be found by soname,
     and the toolkit's hook would fail on this image too), the create fails before runc with an
     error that says why; config.json is left as it was."""
-    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    world.write_spec("nvidia-gpu.yaml", _spec(world, nvml_library))
     bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
-    why = _unfit_image(_glibc_rootfs(world, bundle, driver, tmp_path), shape)
+    why = _unfit_image(_glibc_rootfs(world, bundle, nvml_library, tmp_path), shape)
     result = world.shim("run", "--bundle", bundle.path, bundle.id)
     assert result.returncode == 1, result.stderr
     assert why in result.stderr and "update-ldcache" in result.stderr and "nvidia.com/gpu=0" in result.stderr, \
@@ -309,33 +292,33 @@ def test_image_without_a_place_for_the_cache_the_spec_needs_is_a_clear_error(wor
 
 
 @pytest.mark.parametrize("shape", ["etc-is-a-file", "cache-is-a-directory"])
-def test_image_without_a_place_for_our_own_cache_runs_without_it(world, driver, tmp_path, shape):
+def test_image_without_a_place_for_our_own_cache_runs_without_it(world, nvml_library, tmp_path, shape):
     """The same image with a spec that only mounts libraries (no update-ldcache hook: the cache
     would be our own idea) runs as under the toolkit, without a cache, with a warning."""
     world.write_spec("nvidia-gpu.yaml", 'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ncontainerEdits:\n  mounts:\n'
-                     f"    - hostPath: {driver}\n      containerPath: {LIBDIR}/{driver.name}\n"
+                     f"    - hostPath: {nvml_library}\n      containerPath: {LIBDIR}/{nvml_library.name}\n"
                      "      options: [ro, nosuid, nodev, bind]\n"
                      'devices:\n  - name: "0"\n    containerEdits:\n'
                      f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n")
     bundle = world.bundle(args=["sh", "-c", f"ls {LIBDIR}"], env=["NVIDIA_VISIBLE_DEVICES=0"])
-    why = _unfit_image(_glibc_rootfs(world, bundle, driver, tmp_path), shape)
+    why = _unfit_image(_glibc_rootfs(world, bundle, nvml_library, tmp_path), shape)
     result = world.shim("run", "--bundle", bundle.path, bundle.id)
     assert result.returncode == 0, result.stderr
-    assert driver.name in result.stdout.split()
+    assert nvml_library.name in result.stdout.split()
     assert "linker cache not mounted" in result.stderr and why in result.stderr, result.stderr
     assert not [m for m in bundle.config()["mounts"] if m["destination"] == "/etc/ld.so.cache"]
     assert sorted(os.listdir(bundle.path)) == ["config.json", "rootfs"]
 
 
-def test_cache_that_cannot_be_written_keeps_the_hooks(world, driver, tmp_path):
+def test_cache_that_cannot_be_written_keeps_the_hooks(world, nvml_library, tmp_path):
     """A read-only root whose bundle cannot take the cache, neither as the /etc overlay's upper
     folder (a file in the way) nor as a file to bind (a directory in the way: rename fails with
     EISDIR): a warning naming the file, the spec's hooks kept, and the container still gets its
     cache from them; never an internal error."""
-    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, driver))
+    world.write_spec("nvidia-gpu.yaml", _hook_spec(world, nvml_library))
     bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"],
                           edit=lambda config: config["root"].update(readonly=True))
-    _glibc_rootfs(world, bundle, driver, tmp_path)
+    _glibc_rootfs(world, bundle, nvml_library, tmp_path)
     os.makedirs(os.path.join(bundle.path, "cdi-shim.ld.so.cache", "in-the-way"))
     open(os.path.join(bundle.path, "cdi-shim.etc"), "w").close()
     result = world.shim("run", "--bundle", bundle.path, bundle.id)
@@ -367,7 +350,7 @@ class _Recorder:
 
 
 @pytest.mark.parametrize("failure", ["ENOSPC", "EROFS"])
-def test_cache_write_errors_keep_the_hooks(driver, tmp_path, failure):
+def test_cache_write_errors_keep_the_hooks(nvml_library, tmp_path, failure):
     """prepare_linker for a read-only root (the cache goes into the bundle) on a bundle
     directory that is full (a 4 KiB tmpfs, filled) or read-only (a tmpfs remounted ro): the
     config comes back with the hooks and without the cache mount or /etc overlay, a warning
@@ -393,8 +376,8 @@ def test_cache_write_errors_keep_the_hooks(driver, tmp_path, failure):
         program = os.path.join(rh.VENV_BIN, "cdi-shim-hook")
         hook = {"path": program, "args": ["cdi-shim-hook", "update-ldcache", "--folder", LIBDIR]}
         config = {"root": {"path": str(rootfs), "readonly": True}, "hooks": {"createContainer": [hook]},
-                  "mounts": [{"destination": f"{LIBDIR}/{driver.name}", "source": str(driver), "type": "bind",
-                              "options": ["ro", "bind"]}]}
+                  "mounts": [{"destination": f"{LIBDIR}/{nvml_library.name}", "source": str(nvml_library),
+                              "type": "bind", "options": ["ro", "bind"]}]}
         log = _Recorder()
         out = prepare_linker(config, str(bundle), log)
         assert out["hooks"]["createContainer"] == [hook]
@@ -416,13 +399,13 @@ def test_cache_write_errors_keep_the_hooks(driver, tmp_path, failure):
         subprocess.run(["umount", str(bundle)], check=False)
 
 
-def test_stale_cache_temp_files_are_removed(world, driver, tmp_path):
+def test_stale_cache_temp_files_are_removed(world, nvml_library, tmp_path):
     """A worker killed between writing the cache's temp file and renaming it leaves
     .cdi-shim.ld.so.cache.cds-PID-N~ in the bundle: the next create there removes it (its
     writer is gone), as it does config.json's; a live writer's stays."""
-    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    world.write_spec("nvidia-gpu.yaml", _spec(world, nvml_library))
     bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
-    _glibc_rootfs(world, bundle, driver, tmp_path)
+    _glibc_rootfs(world, bundle, nvml_library, tmp_path)
     gone = subprocess.Popen(["true"])
     gone.wait()
     stale = [f".cdi-shim.ld.so.cache.cds-{gone.pid}-0~", f".cdi-shim.musl-0.path.cds-{gone.pid}-3~"]
@@ -450,13 +433,13 @@ def _self_referencing_include(rootfs):
         out.write("include /g/" + "*/" * 6 + "*.conf\n")
 
 
-def test_include_glob_over_self_referencing_links(world, driver, tmp_path):
+def test_include_glob_over_self_referencing_links(world, nvml_library, tmp_path):
     """An image whose ld.so.conf globs over self-referencing links (issue 14, finding 3: 7
     levels took minutes and gigabytes, and the kept hook repeated it inside runc): served
     in well under a second, the hooks dropped."""
-    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    world.write_spec("nvidia-gpu.yaml", _spec(world, nvml_library))
     bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
-    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
+    rootfs = _glibc_rootfs(world, bundle, nvml_library, tmp_path)
     _self_referencing_include(rootfs)
     result = world.shim("run", "--bundle", bundle.path, bundle.id, timeout=30)
     assert result.returncode == 0, result.stderr
@@ -464,14 +447,14 @@ def test_include_glob_over_self_referencing_links(world, driver, tmp_path):
     assert not bundle.config().get("hooks", {}).get("createContainer")
 
 
-def test_include_glob_past_its_bound_fails_the_create(world, driver, tmp_path):
+def test_include_glob_past_its_bound_fails_the_create(world, nvml_library, tmp_path):
     """An ld.so.conf whose include globs look into more directories than the bound (70 x 70
     real ones): the create fails with a message naming the file, its include line and the
     bound, in stderr and runc's log; config.json is untouched, so the spec's update-ldcache
     hook never runs to repeat the work inside runc."""
-    world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+    world.write_spec("nvidia-gpu.yaml", _spec(world, nvml_library))
     bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"])
-    rootfs = _glibc_rootfs(world, bundle, driver, tmp_path)
+    rootfs = _glibc_rootfs(world, bundle, nvml_library, tmp_path)
     for i in range(70):
         for j in range(70):
             os.makedirs(os.path.join(rootfs, f"d/{i}/{j}"))
@@ -490,7 +473,7 @@ def test_include_glob_past_its_bound_fails_the_create(world, driver, tmp_path):
     assert world.state(bundle.id) is None
 
 
-def test_linker_step_past_its_time_bound_is_refused(driver, tmp_path, monkeypatch):
+def test_linker_step_past_its_time_bound_is_refused(nvml_library, tmp_path, monkeypatch):
     """The wall-clock bound on the whole linker step (LINKER_TIME_LIMIT, here 0 s): the step
     raises LinkerLimitError, which fails the create, saying which bound and where."""
     from shim.linker import ldcache
@@ -502,7 +485,7 @@ def test_linker_step_past_its_time_bound_is_refused(driver, tmp_path, monkeypatc
     bundle.mkdir()
     hook = {"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR]}
     config = {"root": {"path": str(rootfs)}, "hooks": {"createContainer": [hook]},
-              "mounts": [{"destination": f"{LIBDIR}/{driver.name}", "source": str(driver), "type": "bind"}]}
+              "mounts": [{"destination": f"{LIBDIR}/{nvml_library.name}", "source": str(nvml_library), "type": "bind"}]}
     monkeypatch.setattr(ldcache, "LINKER_TIME_LIMIT", 0)
     with pytest.raises(LinkerLimitError) as caught:
         prepare_linker(config, str(bundle), _Recorder())
@@ -510,5 +493,6 @@ def test_linker_step_past_its_time_bound_is_refused(driver, tmp_path, monkeypatc
         in str(caught.value), caught.value
     assert os.listdir(bundle) == []
     monkeypatch.setattr(ldcache, "LINKER_TIME_LIMIT", 10)
-    assert prepare_linker(config, str(bundle), _Recorder())["mounts"][-1]["destination"] == f"{LIBDIR}/{driver.name}"
+    made = prepare_linker(config, str(bundle), _Recorder())
+    assert made["mounts"][-1]["destination"] == f"{LIBDIR}/{nvml_library.name}"
     assert (rootfs / "etc" / "ld.so.cache").is_file()      # (written in the root, as the hook's ldconfig does)

@@ -20,8 +20,9 @@ import pytest
 
 import runtime_helpers as rh
 from shim.runtime.resident import CLAIM, MAGIC, PERMIT
-from test_runtime_linker import LIBDIR, _glibc_rootfs, _spec, driver  # noqa: F401 (a fixture)
+from test_runtime_linker import LIBDIR, _glibc_rootfs, _spec
 from test_runtime_runc import SOURCES, check_injected, run_container
+from tests.helpers import cli_with_settle
 
 pytestmark = pytest.mark.runtime_e2e
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -71,11 +72,12 @@ def test_without_a_server_the_interpreter_does_it(world):
     assert len(lines) == 1 and "resident" not in lines[0], lines
 
 
-def start_server(world, socket_path, workers=2):
-    cli = os.path.join(rh.VENV_BIN, "cdi-shim")
+def start_server(world, socket_path, workers=2, settle=None):
+    """`cdi-shim runtime serve` at SOCKET_PATH; with SETTLE, its memos' settle window (seconds)."""
+    argv = ["runtime", "serve", "--socket", socket_path, "--workers", str(workers)]
+    command = [os.path.join(rh.VENV_BIN, "cdi-shim"), *argv] if settle is None else cli_with_settle(argv, settle)
     log = open(os.path.join(world.base, "serve.log"), "wb")
-    process = subprocess.Popen([cli, "runtime", "serve", "--socket", socket_path, "--workers", str(workers)],
-                               stdout=log, stderr=log, start_new_session=True, env=world.env())
+    process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True, env=world.env())
     deadline = time.monotonic() + 30
     while not os.path.exists(socket_path):
         assert process.poll() is None and time.monotonic() < deadline, "serve did not start"
@@ -505,19 +507,19 @@ def memo_counts(log):
     return counts
 
 
-def _two_containers_of_an_image(world, driver, tmp_path, spec):
+def _two_containers_of_an_image(world, nvml_library, tmp_path, spec):
     """Run two containers of one image -- two overlay mounts of its layer, as containerd makes
     them -- with the same driver file through a one-worker resident server (one memo); the
     debug log's linker-cache lines, in order."""
     socket_path = os.path.join(world.base, "run", "runtime.sock")
-    server = start_server(world, socket_path, workers=1)
+    server = start_server(world, socket_path, workers=1, settle=0)
     mounts = []
     try:
         world.resident_socket = socket_path
         log = debug_world(world)
         world.write_spec("nvidia-gpu.yaml", spec)
         image = world.bundle(tag="image")
-        layer = _glibc_rootfs(world, image, driver, tmp_path)
+        layer = _glibc_rootfs(world, image, nvml_library, tmp_path)
         bundles = []
         for n in range(2):
             upper, work, merged = (str(tmp_path / f"c{n}" / d) for d in ("upper", "work", "rootfs"))
@@ -528,7 +530,6 @@ def _two_containers_of_an_image(world, driver, tmp_path, spec):
             mounts.append(merged)
             bundles.append(world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"],
                                         edit=lambda config, root=merged: config["root"].update(path=root)))
-        time.sleep(1.2)     # files are trusted by the memos once their ctime is over a second old
         for bundle in bundles:
             result = world.shim("run", "--bundle", bundle.path, bundle.id)
             assert result.returncode == 0, result.stderr
@@ -543,28 +544,28 @@ def _two_containers_of_an_image(world, driver, tmp_path, spec):
             subprocess.run(["umount", merged], check=False)
 
 
-def test_a_link_made_before_planning_still_lets_the_second_container_take_the_step(world, driver, tmp_path):
+def test_a_link_made_before_planning_still_lets_the_second_container_take_the_step(world, nvml_library, tmp_path):
     """The spec's link is made in the library directory before the cache is planned, so the
     directory the plan scans is new in each container (the plan memo cannot keep that plan:
     the first container's read every file, from nothing remembered); the step memo keeps the
     whole step with the directory as it was before the link, so the second container, its
     directory found as the first one's was, gets the step replayed (and its program runs)."""
-    first, second = _two_containers_of_an_image(world, driver, tmp_path, _spec(world, driver))
+    first, second = _two_containers_of_an_image(world, nvml_library, tmp_path, _spec(world, nvml_library))
     (_, read_first), = memo_counts(world.base + "/cdi-shim.log")
     assert "directories scanned" in first and read_first > 0, first
     assert "linker step: the one of an earlier container of these files and spec, replayed" in second, second
 
 
-def test_a_second_container_of_an_image_takes_the_first_ones_step(world, driver, tmp_path):
+def test_a_second_container_of_an_image_takes_the_first_ones_step(world, nvml_library, tmp_path):
     """Nothing written into the image's directories before the plan (no link to make): the
     first container's plan is kept (ldcache.remember_plans) and so is its whole linker step
     (stepmemo.py); the second container, every path of both found unchanged in its own root,
     gets the step replayed, and its program still links and runs."""
-    spec = _spec(world, driver)
+    spec = _spec(world, nvml_library)
     links_hook = spec.index("    - hookName: createContainer\n")
     spec = spec[:links_hook] + spec[spec.index("    - hookName: createContainer\n", links_hook + 1):]
     assert "create-symlinks" not in spec and "update-ldcache" in spec
-    first, second = _two_containers_of_an_image(world, driver, tmp_path, spec)
+    first, second = _two_containers_of_an_image(world, nvml_library, tmp_path, spec)
     assert "(incremental, " in first and "earlier container" not in first, first
     assert "linker step: the one of an earlier container of these files and spec, replayed" in second, second
 
@@ -596,7 +597,7 @@ def _fifo_cache_and_self_include(rootfs):
 HOSTILE_IMAGES = (_dangling_library_dir, _library_dir_is_a_file, _fifo_cache_and_self_include)
 
 
-def test_worker_fds_do_not_grow_over_hostile_creates(world, driver):
+def test_worker_fds_do_not_grow_over_hostile_creates(world, nvml_library):
     """A resident worker serves many creates of hostile images (a dangling or non-directory
     library directory under the spec's links, a FIFO as ld.so.cache, an ld.so.conf that
     includes itself): its open descriptors stay what they were. (A descriptor leaked per
@@ -609,7 +610,7 @@ def test_worker_fds_do_not_grow_over_hostile_creates(world, driver):
         (worker,) = workers_of(server.pid)
         world.resident_socket = socket_path
         log = debug_world(world)
-        world.write_spec("nvidia-gpu.yaml", _spec(world, driver))
+        world.write_spec("nvidia-gpu.yaml", _spec(world, nvml_library))
 
         def create(make_hostile):
             bundle = world.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"])

@@ -22,12 +22,13 @@ import sys
 import pytest
 
 import runtime_helpers as rh
+from tests.helpers import native_programs
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "linker"))
 
 RESIDENT_TOO = True
 
-VERSION = "550.54.15"
+VERSION = rh.DRIVER_VERSION
 COMPAT_VERSION = "560.28.03"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 COMPAT = "/usr/local/cuda/compat"
@@ -47,28 +48,6 @@ int main(void) {
 PARAMS = "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileUID: 0\nDeviceFileMode: 438\n"
 
 
-def _gcc(*args):
-    subprocess.run([rh.need("gcc", "gcc"), *args], check=True, capture_output=True, timeout=120)
-
-
-def _library(path, soname, body):
-    src = str(path) + ".c"
-    with open(src, "w") as out:
-        out.write(body)
-    _gcc("-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(path), src)
-    os.unlink(src)
-
-
-@pytest.fixture
-def driver(tmp_path):
-    """A fake driver: libnvidia-ml.so.<v> (SONAME libnvidia-ml.so.1), libcuda.so.<v> (libcuda.so.1)."""
-    directory = tmp_path / "driver-root"
-    directory.mkdir()
-    _library(directory / f"libnvidia-ml.so.{VERSION}", "libnvidia-ml.so.1", "int cdi_shim_fake(void) { return 42; }\n")
-    _library(directory / f"libcuda.so.{VERSION}", "libcuda.so.1", "int fake_cuda_major(void) { return 550; }\n")
-    return directory
-
-
 def _image(bundle, driver, tmp_path, compat=True):
     """The bundle's busybox rootfs made a small glibc image with its own ld.so.cache and, with
     COMPAT, CUDA forward-compatibility libraries for a newer driver (560) in /usr/local/cuda/compat."""
@@ -76,7 +55,7 @@ def _image(bundle, driver, tmp_path, compat=True):
     rh.glibc_image(rootfs, PROGRAM, str(driver / f"libnvidia-ml.so.{VERSION}"), str(tmp_path), ["-ldl"])
     if compat:
         os.makedirs(rootfs + COMPAT)
-        _library(rootfs + f"{COMPAT}/libcuda.so.{COMPAT_VERSION}", "libcuda.so.1",
+        rh.library(rootfs + f"{COMPAT}/libcuda.so.{COMPAT_VERSION}", "libcuda.so.1",
                  "int fake_cuda_major(void) { return 560; }\n")
         os.symlink(f"libcuda.so.{COMPAT_VERSION}", rootfs + f"{COMPAT}/libcuda.so.1")
     os.makedirs(rootfs + "/opt/data", mode=0o755)
@@ -492,7 +471,7 @@ def test_hostile_links_out_of_the_root(world, driver, tmp_path):
     nothing of the host is read as the image's."""
     host = tmp_path / "host"
     (host / "compat").mkdir(parents=True)
-    _library(host / "compat" / "libcuda.so.999.1", "libcuda.so.1", "int fake_cuda_major(void) { return 999; }\n")
+    rh.library(host / "compat" / "libcuda.so.999.1", "libcuda.so.1", "int fake_cuda_major(void) { return 999; }\n")
     (host / "nvidia").mkdir()
     (host / "data").mkdir(mode=0o755)
     os.chmod(host / "data", 0o755)
@@ -639,9 +618,9 @@ def sanitized_nshook(directory):
     gcc = rh.need("gcc", "gcc")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     binary = os.path.join(str(directory), "nshook-asan")
+    sources, _ = native_programs().PROGRAMS["cdi-shim-nshook"]
     build = subprocess.run([gcc, "-std=gnu11", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-                            "-o", binary, *(os.path.join(repo, "csrc", part) for part in
-                                            ("hooks/nshook.c", "hooks/ocistate.c", "engine/inroot.c"))],
+                            "-o", binary, *(os.path.join(repo, source) for source in sources)],
                            capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr + "\n(gcc's sanitizer runtimes: apt-get install libasan8 libubsan1)"
     return binary
@@ -663,6 +642,8 @@ def test_nshook_state_reader_under_asan_and_ubsan(tmp_path):
         (good, '{"root": {"path": "\\ud83d"}}', 1),                        # a lone high surrogate
         (good, '{"root": {"path": "\\ude00x"}}', 1),                       # a lone low surrogate
         (good, '{"root": {"path": "\\u12"}}', 1),
+        (good, '{"r\\u006fot": {"p\\u0061th": "ro\\u006ftfs"}}', 0),       # escaped keys, decoded
+        (good, '{"x": "\\u0000", "root": {"path": "rootfs"}}', 1),          # a NUL anywhere
         (good, '{"root": {"path": "rootfs\\', 1),
         (good, '{"root": {"path": "rootfs"}, "n": -', 1),
         (good, '{"root": {"path": "rootfs"}, "n": 1e}', 1),
