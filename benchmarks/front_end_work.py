@@ -46,6 +46,7 @@ def main():
     parser.add_argument("--no-replay", action="store_true", help="leave every step to the resident worker")
     parser.add_argument("--dir", default="/dev/shm", help="where the image and the rootfs overlay live")
     parser.add_argument("--writable-root", action="store_true", help="root.readonly false")
+    parser.add_argument("--debug-log", metavar="FILE", help="log each create's phases (log-level debug) into FILE")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="cdi-shim-front-end.", dir=args.dir)
     server = None
@@ -67,6 +68,8 @@ def main():
         settings = os.path.join(root, "cdi-shim.toml")
         with open(settings, "w") as out:
             out.write(f'spec-dirs = ["{spec_dir}"]\nresident-socket = "{sock}"\nruntime = "/bin/true"\n')
+            if args.debug_log:  # (the front end's `phase=replay took=`, the worker's phases)
+                out.write(f'log-level = "debug"\nlog-file = "{os.path.abspath(args.debug_log)}"\n')
         env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
         server = start_resident(sock, env)
         bench.settle()
