@@ -13,7 +13,12 @@ Sides, shuffled each round, 20 ms apart (as creates come on a node: cold caches)
   after the first round, so the front end refuses them and the worker does every step (from its
   memo of whole steps: shim/linker/stepmemo.py).
 
-    .venv/bin/python benchmarks/front_end_work.py [--runs 100] [--no-replay]
+    .venv/bin/python benchmarks/front_end_work.py [--runs 100] [--no-replay] [--dir DIR] [--writable-root]
+
+--dir: where the image and the container's overlay rootfs live (default /dev/shm; a folder on
+disk makes the rootfs's upper layer a disk's, as a containerd snapshot's is); the bundles are on
+a tmpfs of their own either way. --writable-root: `root.readonly` false (the linker files are
+then written into the rootfs, not into an overlay of /etc in the bundle).
 """
 import argparse
 import json
@@ -39,8 +44,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--no-replay", action="store_true", help="leave every step to the resident worker")
+    parser.add_argument("--dir", default="/dev/shm", help="where the image and the rootfs overlay live")
+    parser.add_argument("--writable-root", action="store_true", help="root.readonly false")
+    parser.add_argument("--debug-log", metavar="FILE", help="log each create's phases (log-level debug) into FILE")
     args = parser.parse_args()
-    root = tempfile.mkdtemp(prefix="cdi-shim-front-end.", dir="/dev/shm")
+    root = tempfile.mkdtemp(prefix="cdi-shim-front-end.", dir=args.dir)
     server = None
     try:
         rootfs = os.path.join(root, "rootfs")
@@ -60,6 +68,8 @@ def main():
         settings = os.path.join(root, "cdi-shim.toml")
         with open(settings, "w") as out:
             out.write(f'spec-dirs = ["{spec_dir}"]\nresident-socket = "{sock}"\nruntime = "/bin/true"\n')
+            if args.debug_log:  # (the front end's `phase=replay took=`, the worker's phases)
+                out.write(f'log-level = "debug"\nlog-file = "{os.path.abspath(args.debug_log)}"\n')
         env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
         server = start_resident(sock, env)
         bench.settle()
@@ -77,7 +87,9 @@ def main():
         injected = subprocess.run([os.path.join(bench.BIN, "cdi-shim"), "cdi", "inject", "--spec-dir", spec_dir,
                                    "--device", "nvidia.com/gpu=0", os.path.join(gpu, "config.json")],
                                   env=env, check=True, capture_output=True).stdout
-        pristine = json.dumps(json.loads(injected)).encode()
+        injected = json.loads(injected)
+        injected["root"]["readonly"] = not args.writable_root
+        pristine = json.dumps(injected).encode()
         shim = os.path.join(bench.BIN, "cdi-shim-runtime")
         argv = {"true": ["/bin/true", "create", "--bundle", plain, "x"],
                 "passthrough": [shim, "create", "--bundle", plain, "x"],
@@ -102,7 +114,8 @@ def main():
                 assert b"nvidia-cdi-hook" not in f.read()
         subprocess.run(["umount", gpu_rootfs], check=False)
         med = {side: statistics.median(values) for side, values in times.items()}
-        print(json.dumps({"runs": args.runs, "replay": not args.no_replay,
+        print(json.dumps({"runs": args.runs, "replay": not args.no_replay, "dir": args.dir,
+                          "readonly_root": not args.writable_root,
                           "median_ms": {side: round(value, 3) for side, value in med.items()},
                           "over_bin_true_ms": {side: round(med[side] - med["true"], 3)
                                                for side in med if side != "true"}},

@@ -285,6 +285,9 @@ def _rule(case, key, theirs, ours, loads_gain=False):
         return "documented: library mounts without update-ldcache get a cache"
     if case["conf"] != "include" and _gain(key, theirs, ours):
         return "documented: an ld.so.conf without an include line still gets the folders"
+    if key.startswith("entry ") and ".so." in key.rsplit("/", 1)[-1] and theirs is None \
+            and (ours or "").startswith("l ") and ours.endswith(" dangles") and "update-ldcache" in hooks:
+        return "documented: a link that does not resolve, which ldconfig removes, is kept"
     return None
 
 

@@ -82,7 +82,7 @@ def toolkit_hooks():
     return lab_toolkit_hooks("/usr/bin/nvidia-cdi-hook", FOLDER, VERSION)
 
 
-def preinjected(root, rootfs, libraries, node, runs):
+def preinjected(root, rootfs, libraries, node, runs, log_file=None):
     """create of a pre-injected toolkit-shaped config, resident, against runc create without its hooks."""
     spec_dir = os.path.join(root, "specs-toolkit")
     os.makedirs(spec_dir)
@@ -96,6 +96,8 @@ def preinjected(root, rootfs, libraries, node, runs):
     settings = os.path.join(root, "toolkit.toml")
     with open(settings, "w") as out:
         out.write(f'spec-dirs = ["{spec_dir}"]\nresident-socket = "{root}/run-toolkit/runtime.sock"\n')
+        if log_file:  # each create's phases with their durations (docs/configuration.md)
+            out.write(f'log-level = "debug"\nlog-file = "{os.path.abspath(log_file)}"\n')
     env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache-toolkit"))
     server = start_resident(f"{root}/run-toolkit/runtime.sock", env)
     settle()
@@ -264,6 +266,8 @@ def main():
                         help="where the image and its copies live (the bundles get a tmpfs of their own)")
     parser.add_argument("--preinjected", action="store_true",
                         help="measure create of a pre-injected toolkit-shaped config instead (see above)")
+    parser.add_argument("--debug-log", metavar="FILE",
+                        help="--preinjected: log each create's phases (log-level debug) into FILE")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="cdi-shim-run-bench.", dir=args.dir)
     try:
@@ -273,7 +277,7 @@ def main():
         node = os.path.join(root, "nvidia0")
         os.mknod(node, 0o666 | 0o020000, os.makedev(195, 0))
         if args.preinjected:
-            result = preinjected(root, rootfs, libraries, node, args.runs)
+            result = preinjected(root, rootfs, libraries, node, args.runs, args.debug_log)
             result.update(image_library_files=image_libs, driver_libraries=args.libs)
             print(json.dumps(result, indent=2))
             return

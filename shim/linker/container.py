@@ -301,7 +301,18 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
     updates = [call for call in calls if call.command == "update-ldcache"]
     symlinks = [call for call in calls if call.command == "create-symlinks"]
     drop = set()
-    config, compat, compat_calls = _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log)
+    config, compat, compat_calls, alone = _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log)
+
+    def alone_dropin(config):   # enable-cuda-compat's drop-in that no cache of ours reads
+        return _compat_alone(config, bundle, rootfs, [f for _, f in alone], log) if alone else config
+
+    def give_up(config, why):
+        # The cache's hooks run as written, and an enable-cuda-compat after them (so its
+        # drop-in comes after their ldconfig, unread): the reasons, for _finish.
+        for call in updates + compat_calls + ([c for c, _ in alone] if updates else []):
+            reasons[id(call.hook)] = why
+            drop.discard(id(call.hook))
+        return config if updates else alone_dropin(config)
 
     destinations = [m.get("destination", "") for m in mounts]
     # Links that lead nowhere yet (their target neither in the image nor mounted) are made
@@ -345,7 +356,7 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             # our own idea (no hook asked for it): run as the toolkit would, without a cache
             log.warning(f"linker cache not mounted for {rootfs}: {unfit}; the injected libraries are found "
                         "only in the linker's default directories")
-            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
+            return _finish(alone_dropin(config), drop, rootfs, deferred, log, calls, reasons)
         folders = _update_folders(updates, libraries)
         # The soname links the hook's ldconfig makes beside the mounted libraries, after its
         # scan: planned as the mounted file at that name (the cache names the link, as
@@ -367,12 +378,11 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
                                    "inside runc") from None
         except (LdcacheError, OSError) as err:
             log.warning(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
-            reasons.update((id(c.hook), f"linker cache not prepared: {err}") for c in updates + compat_calls)
+            config = give_up(config, f"linker cache not prepared: {err}")
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         except Exception as err:  # noqa: BLE001 - a bug here must not fail a container the hooks can serve
             log.error(f"linker cache: unexpected {type(err).__name__}: {err}; the spec's hooks run as written")
-            reasons.update((id(c.hook), f"linker cache: unexpected {type(err).__name__}: {err}")
-                           for c in updates + compat_calls)
+            config = give_up(config, f"linker cache: unexpected {type(err).__name__}: {err}")
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         if _recording is not None:
             if result.covered:
@@ -386,8 +396,9 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             # As the hook's ldconfig leaves it: a later ldconfig in the container works, and the
             # drop-ins keep the folders (a bind over /etc/ld.so.cache could not be renamed over).
             # A read-only root gets them in an overlay of its /etc instead (_overlay_etc).
-            overlaid = _overlay_etc(config, bundle, rootfs, result, sonames, log) if _readonly(config) else None
-            if overlaid is not None or not _readonly(config) and _write_in_root(rootfs, result, sonames, log):
+            after = _compat_files([f for _, f in alone])
+            overlaid = _overlay_etc(config, bundle, rootfs, result, sonames, log, after) if _readonly(config) else None
+            if overlaid is not None or not _readonly(config) and _write_in_root(rootfs, result, sonames, log, after):
                 config = overlaid or config
                 drop.update(id(call.hook) for call in updates + compat_calls)
                 _memo_line(log, counting, result, hits, misses, compat, memo_stats)
@@ -417,8 +428,7 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
                 except OSError:
                     pass
             log.warning(f"linker cache not written into the bundle ({err}); the spec's hooks run as written")
-            reasons.update((id(c.hook), f"linker cache not written into the bundle: {err}")
-                           for c in updates + compat_calls)
+            config = give_up(config, f"linker cache not written into the bundle: {err}")
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         for destination, source in written:
             config = _bind(config, destination, source)
@@ -426,7 +436,7 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
         drop.update(id(call.hook) for call in updates + compat_calls)
         _memo_line(log, counting, result, hits, misses, compat, memo_stats)
-    return _finish(config, drop, rootfs, deferred, log, calls, reasons)
+    return _finish(alone_dropin(config), drop, rootfs, deferred, log, calls, reasons)
 
 
 def _memo_line(log, counting, result, hits, misses, compat, memo_stats):
@@ -445,19 +455,42 @@ def _readonly(config):
     return isinstance(root, dict) and root.get("readonly") is True
 
 
-def _etc_files(root, result):
+def _etc_files(root, result, after=()):
     """[(path, bytes)]: what the hook leaves under /etc, in the order written: ld.so.conf
     where nothing is at that name (the hook creates it O_EXCL), the drop-ins, the musl path
-    file, the cache last (newer than all it was made from)."""
+    file, the cache (newer than all it was made from); then AFTER (files of hooks run after
+    update-ldcache) where not written already. RESULT None: AFTER alone."""
     files = []
-    for path, data in result.conf_files:
+    for path, data in result.conf_files if result is not None else ():
         if path == "/etc/ld.so.conf" and (root.stat(path, follow=False) is not None or root.errno != errno.ENOENT):
             continue
         files.append((path, data))
-    return files + sorted(result.musl.items()) + [("/etc/ld.so.cache", result.cache)]
+    if result is not None:
+        files += sorted(result.musl.items()) + [("/etc/ld.so.cache", result.cache)]
+    return files + [(path, data) for path, data in after if path not in dict(files)]
 
 
-def _write_in_root(rootfs, result, sonames, log):
+def _compat_files(folders):
+    """enable-cuda-compat's drop-in naming FOLDERS, where no update-ldcache hook after it reads
+    it: the hook writes it all the same (createLdsoconfdFile), so a later ldconfig in the
+    container puts the compat folder first. [] without FOLDERS."""
+    from .ldconf import CONF_DIR, DROPIN_COMPAT
+
+    lines = "".join(folder + "\n" for folder in dict.fromkeys(folders))
+    return [(f"{CONF_DIR}/{DROPIN_COMPAT}", lines.encode())] if lines else []
+
+
+def _compat_alone(config, bundle, rootfs, folders, log):
+    """CONFIG with _compat_files(FOLDERS) written where the hook leaves them: in the root, or a
+    read-only root's /etc overlay (its /etc otherwise left as it is: logged)."""
+    files = _compat_files(folders)
+    if _readonly(config):
+        return _overlay_etc(config, bundle, rootfs, None, (), log, files) or config
+    _write_in_root(rootfs, None, (), log, files)
+    return config
+
+
+def _write_in_root(rootfs, result, sonames, log, after=()):
     """Write what the spec's update-ldcache (and enable-cuda-compat) leave in the root: the
     soname links, then _etc_files, each resolved inside the root and renamed into place. True,
     or False when the root cannot be written (an image on a read-only filesystem: the caller
@@ -468,7 +501,7 @@ def _write_in_root(rootfs, result, sonames, log):
         _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
     try:
         with Root(rootfs) as root:
-            files = _etc_files(root, result)
+            files = _etc_files(root, result, after)
     except LdcacheError as err:
         log.debug(f"the root cannot be read for its linker configuration ({err})")
         return False
@@ -543,7 +576,7 @@ def _no_overlay(config, bundle, rootfs):
     return ""
 
 
-def _overlay_etc(config, bundle, rootfs, result, sonames, log):
+def _overlay_etc(config, bundle, rootfs, result, sonames, log, after=()):
     """A read-only root: CONFIG with the image's /etc overlaid by the bundle's ETC_DIR/upper
     holding _etc_files, or None (why logged; the caller binds the cache from the bundle). The
     container's /etc shows the files as the hook leaves them and takes a later ldconfig's
@@ -566,7 +599,7 @@ def _overlay_etc(config, bundle, rootfs, result, sonames, log):
                     owners[path] = os.fstat(fd)
                 finally:
                     os.close(fd)
-            files = _etc_files(root, result)
+            files = _etc_files(root, result, after)
     except LdcacheError as err:
         why = why or str(err)
     if why:
@@ -642,10 +675,11 @@ def _remove_tree(path):
 
 
 def _update_folders(updates, libraries):
-    folders = [folder for call in updates for folder in call.options.get("folder", ())]
-    if not folders:
-        folders = list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
-    return list(dict.fromkeys(folders))
+    """The folders of update-ldcache's 00-nvcr drop-in: its --folder options (none given, none:
+    the hook adds no folder). Without such a hook, the mounted libraries' folders (our cache)."""
+    if updates:
+        return list(dict.fromkeys(folder for call in updates for folder in call.options.get("folder", ())))
+    return list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
 
 
 def _soname_links(rootfs, folders, updates, libraries, compat, log, start):
@@ -818,19 +852,22 @@ def _finish(config, drop, rootfs, deferred, log, calls, reasons):
 def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
     """The native work of the toolkit's hooks other than update-ldcache and create-symlinks
     (toolkit_hooks.py). Returns (config, compat folders, the enable-cuda-compat calls whose
-    folders the cache must take: dropped once the cache is in place)."""
+    folders the cache must take: dropped once the cache is in place, [(call, folder)] of those whose drop-in no
+    update-ldcache hook reads: dropped, the drop-in written all the same)."""
     from . import toolkit_hooks as toolkit
 
-    compat, compat_calls, destinations = [], [], [m.get("destination", "") for m in mounts]
+    compat, compat_calls, destinations, alone = [], [], [m.get("destination", "") for m in mounts], []
     for call in calls:
         if call.command == "enable-cuda-compat":
             # its drop-in counts only for an update-ldcache hook run after it (the hooks run in order)
             later = any(c.command == "update-ldcache" for c in calls[calls.index(call) + 1:])
-            folder = toolkit.cuda_compat_folder(rootfs, call) if later else None
-            if folder:
+            folder = toolkit.cuda_compat_folder(rootfs, call)
+            if folder and later:
                 compat.append(folder)
                 compat_calls.append(call)
             else:
+                if folder:
+                    alone.append((call, folder))
                 drop.add(id(call.hook))
                 log.debug("enable-cuda-compat: the compat libraries are not to be used"
                           + ("" if later else " (no update-ldcache hook after it)"))
@@ -871,7 +908,7 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
             _become_nshook(call, program, "bind-params", "--rootfs", rootfs, "--source", source)
             config = dict(config)  # changed (the hook, in place): to be written
             log.debug(f"disable-device-node-modification: {source} bound over {toolkit.PARAMS_PATH} by {program}")
-    return config, list(dict.fromkeys(compat)), compat_calls
+    return config, list(dict.fromkeys(compat)), compat_calls, alone
 
 
 def our_program(name):

@@ -558,3 +558,29 @@ def test_a_later_ldconfig_after_a_replayed_step(world, driver, tmp_path, readonl
             assert "zz-nvcr-cdi-shim.conf" in image and not overlays
     finally:
         made.close()
+
+
+def test_a_compat_drop_in_no_cache_reads_is_replayed_alike(world, driver, tmp_path):
+    """A spec without update-ldcache whose enable-cuda-compat uses the image's compat libcuda
+    (570 over the host's 550, no note): the hook's 00-compat drop-in is written into the root
+    all the same (issue 32; test_hook_fidelity), by the worker, the front end's replay, the
+    worker's memo and the Python step alone, with the same config and files."""
+    from test_hook_fidelity import COMPAT_MARK
+    from test_runtime_toolkit_hooks import COMPAT, _hook, _library
+
+    made = Image(world, driver, tmp_path)
+    try:
+        spec = toolkit_spec(world, driver).replace(
+            _hook("update-ldcache", "--folder", LIBDIR, "--folder", f"{LIBDIR}/vdpau"), "")
+        assert "update-ldcache" not in spec
+        world.write_spec("nvidia-gpu.yaml", spec)
+        os.makedirs(made.layer + COMPAT)
+        _library(made.layer + f"{COMPAT}/libcuda.so.570.86.10", "libcuda.so.1",
+                 f"int fake_cuda_major(void) {{ return {COMPAT_MARK}; }}\n")
+        os.symlink("libcuda.so.570.86.10", made.layer + f"{COMPAT}/libcuda.so.1")
+        time.sleep(1.2)     # (older than the memos' settle time)
+        results = each_way(world, made)
+        assert all(later == results[0] for later in results[1:])
+        assert results[0][3]["ld.so.conf.d/00-compat-cdi-shim.conf"] == (f"{COMPAT}\n".encode(), 0o100644)
+    finally:
+        made.close()

@@ -472,3 +472,77 @@ def test_enable_cuda_compat_decides_as_the_hook(world, driver, tmp_path, case):
     assert result.stdout == f"linked=42 cuda={expected}\n", (case, result.stdout)
     hooks = bundle.config().get("hooks", {}).get("createContainer", [])
     assert not any("enable-cuda-compat" in json.dumps(h) for h in hooks)
+
+
+# cudacompat.go, run: once getContainerForwardCompatDir names the folder, createLdsoconfdFile
+# writes it whatever hooks follow (MkdirAll /etc/ld.so.conf.d 0755, "00-compat-<uuid>.conf"
+# holding "/usr/local/cuda/compat\n", Chmod 0644). Without an update-ldcache hook after it no
+# ldconfig reads it: the driver's libcuda loads; a later ldconfig in the container puts the
+# compat folder first. Observed with the real hook (hook_differential.py, seed 1 case 63: no
+# update-ldcache, a read-only root, compat 570 over a 550 host).
+
+ALONE = ("/prog; cat /etc/ld.so.conf.d/00-compat-*.conf; stat -c %a /etc/ld.so.conf.d/00-compat-*.conf; "
+         "/sbin/ldconfig 2>/dev/null; echo ldconfig=$?; /prog")
+
+
+@pytest.mark.parametrize("order", ["no update-ldcache", "update-ldcache before it"])
+@pytest.mark.parametrize("readonly", [False, True], ids=["rw-rootfs", "readonly-rootfs"])
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_the_compat_drop_in_is_written_where_no_cache_reads_it(world, driver, tmp_path, how, readonly, order):
+    import shutil
+
+    ours = _hook("enable-cuda-compat", f"--host-driver-version={VERSION}")
+    spec = toolkit_spec(world, driver).replace(ours, "")
+    if order == "no update-ldcache":
+        spec = spec.replace(_hook("update-ldcache", "--folder", LIBDIR, "--folder", f"{LIBDIR}/vdpau"), "")
+    spec = spec.replace("  mounts:\n", ours + "  mounts:\n", 1)
+    world.write_spec("nvidia-gpu.yaml", spec)
+    bundle = world.bundle(args=["sh", "-c", ALONE], edit=lambda config: config["root"].update(readonly=readonly))
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    os.makedirs(rootfs + COMPAT)
+    _library(rootfs + f"{COMPAT}/libcuda.so.570.86.10", "libcuda.so.1",
+             f"int fake_cuda_major(void) {{ return {COMPAT_MARK}; }}\n")
+    os.symlink("libcuda.so.570.86.10", rootfs + f"{COMPAT}/libcuda.so.1")
+    os.makedirs(rootfs + "/sbin", exist_ok=True)
+    shutil.copy2(rh.need("ldconfig", "libc-bin"), rootfs + "/sbin/ldconfig")     # (static)
+    image_etc = _listed(rootfs + "/etc")
+    _request(world, bundle, how)
+
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # the driver's libcuda (no ldconfig after the hook), its drop-in there all the same
+    assert lines[:3] == ["linked=42 cuda=550", COMPAT, "644"], result.stdout
+    if order == "update-ldcache before it":
+        # a later ldconfig reads the drop-in first: the compat libcuda (ours works on a read-only
+        # root too, where the toolkit's fails: a documented difference)
+        assert lines[3:] == ["ldconfig=0", f"linked=42 cuda={COMPAT_MARK}"], result.stdout
+    hooks = bundle.config().get("hooks", {}).get("createContainer", [])
+    assert not any("enable-cuda-compat" in json.dumps(h) for h in hooks)
+    if readonly:
+        assert _listed(rootfs + "/etc") == image_etc, "a read-only root's /etc was written"
+
+
+def test_update_ldcache_without_folders_adds_no_folder(world, driver, tmp_path):
+    """ldconfig.go, UpdateLDCache: the 00-nvcr drop-in names the hook's --folder options not
+    yet configured, none given: none written (createLdsoconfdFile returns for no folders), even
+    where the mounted libraries' folder is configured nowhere; the zz-nvcr one is written.
+    Observed with the real hook: hook_differential.py seed 1 case 30 (an image without
+    /etc/ld.so.conf.d, a read-only root)."""
+    spec = _later_ldconfig_spec(world, driver).replace(_hook("update-ldcache", "--folder", FOLDER),
+                                                       _hook("update-ldcache"))
+    world.write_spec("nvidia-gpu.yaml", spec)
+    bundle = world.bundle(args=["sh", "-c", "ls /etc/ld.so.conf.d"],
+                          edit=lambda config: config["root"].update(readonly=True))
+    rootfs = _image(bundle, driver, tmp_path, compat=False)
+    import shutil
+
+    shutil.rmtree(rootfs + "/etc/ld.so.conf.d")
+    os.makedirs(rootfs + FOLDER)
+    preinject(world, bundle)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    names = result.stdout.split()
+    assert len(names) == 1 and names[0].startswith("zz-nvcr-"), result.stdout
+    upper = os.path.join(bundle.path, "cdi-shim.etc", "upper", "ld.so.conf.d")
+    assert [open(os.path.join(upper, n)).read() for n in os.listdir(upper)] == [SYSTEM_DIRS]
