@@ -230,7 +230,9 @@ def prepare_linker(config, bundle, log, file_binds=True):
             result = _step(config, bundle, rootfs, calls, mounts, libraries, _Noting(log, recorder), start, file_binds)
         finally:
             _recording = None
-    stepmemo.keep(step_key, recorder, config, result, rootfs, bundle, host)
+    why = stepmemo.keep(step_key, recorder, config, result, rootfs, bundle, host)
+    if why:
+        log.debug(f"linker step not kept for a later container: {why}")
     return result
 
 
@@ -300,7 +302,7 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
 
     updates = [call for call in calls if call.command == "update-ldcache"]
     symlinks = [call for call in calls if call.command == "create-symlinks"]
-    drop = set()
+    drop, original = set(), config
     config, compat, compat_calls = _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log)
 
     destinations = [m.get("destination", "") for m in mounts]
@@ -376,9 +378,10 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             return _finish(config, drop, rootfs, deferred, log, calls, reasons)
         if _recording is not None:
             if result.covered:
-                # A step's key has a mount's source only where it names a library (a pod's own
-                # mounts differ pod to pod): a replay could not tell one host folder from another.
-                _recording.refuse("a directory mount provides a folder of the cache")
+                # The key has a mount's source only where it names a library (a pod's own mounts
+                # differ pod to pod): a replay checks these sources as well as the host folders'
+                # identities (the plan's looked).
+                _recording.sources_of(original, result.providers)
             _recording.plans.append(result.looked)
         for warning in result.warnings:
             log.debug(f"linker cache: {warning}")

@@ -61,13 +61,15 @@ def enabled():
 
 class _Recipe:
     __slots__ = ("paths", "count", "identities", "links", "files", "binds", "moved", "hooks", "params", "exported",
-                 "exported_path", "root_files", "overlay")
+                 "exported_path", "root_files", "overlay", "sources")
 
-    def __init__(self, paths, count, identities, links, files, binds, moved, hooks, root_files=(), overlay=None):
+    def __init__(self, paths, count, identities, links, files, binds, moved, hooks, root_files=(), overlay=None,
+                 sources=()):
         self.paths, self.count, self.identities = paths, count, identities
         self.links, self.files, self.binds, self.moved, self.hooks = links, files, binds, moved, hooks
         self.root_files = list(root_files)     # [(path in the root, data, mode)] in the order written
         self.overlay = overlay      # a read-only root's /etc overlay (container.etc_overlay), or None
+        self.sources = list(sources)    # [(mount index, host source)]: Recorder.sources
         self.params = b"0"      # the host's params file as the last step of it read it (export_recipe)
         self.exported = self.exported_path = None   # where it was last exported to
 
@@ -102,6 +104,7 @@ class Recorder:
         self.moved = []         # the destinations of the mounts our binds hook makes (filebinds.py)
         self.changed = {}       # id(hook) -> True for each hook changed in place (our nshook)
         self.plans = []         # the paths each plan looked at (plan.Plan.looked), or None
+        self.sources = []       # [(mount index, host source)] of the directory mounts the cache reads
         self.refused = ""       # why this step cannot be kept
         # What the step's own links change, as it was before (what a new container shows):
         # memo entry -> identity (the links' paths and every directory above them), and a
@@ -119,6 +122,23 @@ class Recorder:
 
     def refuse(self, why):
         self.refused = self.refused or why
+
+    def sources_of(self, config, providers):
+        """Note the host sources of the directory mounts that provide folders of the cache
+        (plan.Plan.providers): a replay needs the same source in the same mount of its config."""
+        if providers is None:
+            self.refuse("a folder's mount is not known")
+            return
+        mounts = config.get("mounts") or []
+        for _, destination, source in providers:
+            at = [index for index, mount in enumerate(mounts) if isinstance(mount, dict)
+                  and isinstance(mount.get("destination"), str)
+                  and posixpath.normpath(mount["destination"]) == destination and mount.get("source") == source]
+            if not at:
+                self.refuse("a folder's mount is not in config.json as written")
+                return
+            if (at[-1], source) not in self.sources:
+                self.sources.append((at[-1], source))
 
     def before_links(self, rootfs, links):
         """Note what making LINKS (target, path) in ROOTFS will change, before it does."""
@@ -225,6 +245,8 @@ def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host,
     try:
         found = None
         for at, recipe in enumerate(candidates):
+            if not _same_sources(recipe.sources, config):
+                continue
             if lib.cds_memo_same(rootfd, recipe.paths, len(recipe.paths), recipe.count, recipe.identities) == 1:
                 found = recipe
                 if at:
@@ -269,6 +291,17 @@ def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host,
 _UNCHANGED = object()
 
 
+def _same_sources(sources, config):
+    """Whether CONFIG's mounts have the host SOURCES ([(index, source)]) a recipe's cache read."""
+    if not sources:
+        return True
+    mounts = config.get("mounts")
+    if not isinstance(mounts, list):
+        return False
+    return all(index < len(mounts) and isinstance(mounts[index], dict) and mounts[index].get("source") == source
+               for index, source in sources)
+
+
 def _hooks(layout, config, rootfs, bundle):
     """The hooks of CONFIG as LAYOUT has them ({stage: [index in the stage | changed hook]}), or
     _UNCHANGED; None when a changed hook's program is no longer there."""
@@ -293,9 +326,14 @@ def _hooks(layout, config, rootfs, bundle):
 
 
 def keep(step_key, recorder, original, result, rootfs, bundle, host):
-    """Keep the step RECORDER saw (ORIGINAL config in, RESULT out) when it can be replayed."""
-    if step_key is None or recorder.refused or None in recorder.plans:
-        return      # (a plan past plan._MAX_PATHS: checking its paths would cost what planning does)
+    """Keep the step RECORDER saw (ORIGINAL config in, RESULT out) when it can be replayed: "",
+    or why not."""
+    if step_key is None:
+        return "no key"
+    if recorder.refused:
+        return recorder.refused
+    if None in recorder.plans:
+        return "a plan past its path bound"   # (checking its paths would cost what planning does)
     bundle = os.path.abspath(bundle)
     prefix = bundle + "/"
 
@@ -305,29 +343,29 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
     files = []
     for path, (data, mode) in recorder.files.items():
         if in_bundle(path) is None:
-            return
+            return "a file outside the bundle"
         files.append((in_bundle(path), (data, mode)))
     binds = []
     for destination, source in recorder.binds:
         if in_bundle(source) is None or source not in recorder.files:
-            return
+            return "a bind of a file not its own"
         binds.append((destination, in_bundle(source)))
     layout = _layout(recorder, original, result, rootfs, in_bundle)
     if layout is False:
-        return
+        return "hooks it cannot tell"
     entries = []
     for root in recorder.roots:
-        entries += [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in root.seen or ()]
+        entries += [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in root.looked()]
     for looked in recorder.plans:
         entries += looked.split(b"\0")[:-1]
     entries = list(dict.fromkeys(entries))
     if len(entries) > _MAX_PATHS or any(b"\0" in entry for entry in entries):
-        return
+        return "past its path bound"
     # Each path as a new container shows it: what the step's links changed, as it was before
     # (recorder.before); everything else as it is now, which must be older than the settle time.
     now = _identify(rootfs, entries)
     if now is None:
-        return
+        return "the root cannot be opened"
     size = ffi.sizeof("struct cds_identity")
     found, unchanged = [], []
     for index, entry in enumerate(entries):
@@ -340,7 +378,7 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
             unchanged.append(entry)
         found.append(before)
     if unchanged and _identify(rootfs, unchanged, recorder.started) is None:
-        return      # changed too recently to be trusted
+        return "a path changed within the settle window"
     paths = b"\0".join(entries) + b"\0"
     at = len(entries)
     identities = ffi.new("struct cds_identity[]", max(1, at))
@@ -349,10 +387,11 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
         _steps.clear()
     candidates = _steps.setdefault(step_key, [])
     recipe = _Recipe(paths, at, identities, list(recorder.links), files, binds, list(recorder.moved), layout,
-                     recorder.root_files, recorder.overlay)
+                     recorder.root_files, recorder.overlay, recorder.sources)
     candidates.insert(0, recipe)
     del candidates[_PER_KEY:]
     _took(recipe, host)
+    return ""
 
 
 def _layout(recorder, original, result, rootfs, in_bundle):
@@ -386,7 +425,7 @@ def _layout(recorder, original, result, rootfs, in_bundle):
 
 # ---- the recipes the runtime front end replays (csrc/frontend/replay.c) -------------------
 
-RECIPE_MAGIC = b"CDSSTEP4"
+RECIPE_MAGIC = b"CDSSTEP5"
 _MAX_RECIPES = 64       # files in the steps directory; the oldest go first
 _ROOTFS_MARK, _BUNDLE_MARK = "\x01", "\x02"
 
@@ -464,6 +503,8 @@ def export_recipe(raw, final, rootfs, bundle, directory):
                + _block(struct.pack("<II", bundle_fs & 0xFFFFFFFF, rootfs_fs & 0xFFFFFFFF))
                + _block(text(dict(mounts["/etc"], options=[_marked(option, rootfs, bundle)
                                                             for option in mounts["/etc"]["options"]]))))
+    # (each directory mount's index and its source as JSON text: the front end compares the text)
+    sources = b"".join(struct.pack("<I", index) + _block(fastjson.dumpb(source)) for index, source in recipe.sources)
     programs = b"".join(os.fsencode(dict(entry)["path"]) + b"\0" for entries in (recipe.hooks or {}).values()
                         for entry in entries if not isinstance(entry, int))
     from cdi import __version__
@@ -471,7 +512,7 @@ def export_recipe(raw, final, rootfs, bundle, directory):
     data = RECIPE_MAGIC + b"".join(_block(part) for part in (
         __version__.encode(), key, recipe.params, recipe.paths, struct.pack("<I", recipe.count),
         bytes(ffi.buffer(recipe.identities, recipe.count * ffi.sizeof("struct cds_identity"))),
-        links, files, programs, text(final.get("hooks")), binds, root_files, etc))
+        links, files, programs, text(final.get("hooks")), binds, root_files, etc, sources))
     data += struct.pack("<Q", lib.cds_fnv1a(data, len(data)))     # (the front end refuses it changed or cut)
     name = recipe_name(key)
     try:

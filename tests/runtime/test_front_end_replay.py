@@ -26,7 +26,8 @@ from test_runtime_toolkit_hooks import LIBDIR, PARAMS, _image, driver, preinject
 class Image:
     """A world with a one-worker resident server, the toolkit's spec and an image layer."""
 
-    def __init__(self, world, driver, tmp_path, params=None, more_libraries=()):
+    def __init__(self, world, driver, tmp_path, params=None, more_libraries=(), extra_hooks="", spec=None,
+                 layer_dirs=()):
         self.world, self.tmp_path, self.mounts = world, tmp_path, []
         self.socket = os.path.join(world.base, "run", "runtime.sock")
         self.steps = os.path.join(world.base, "run", "steps")
@@ -34,12 +35,16 @@ class Image:
         self.server = start_server(world, self.socket, workers=1)
         world.resident_socket = self.socket
         self.log = debug_world(world)
-        world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver) + "".join(
+        # (EXTRA_HOOKS first, where the toolkit writes its create-symlinks hooks)
+        spec = spec or toolkit_spec(world, driver).replace("  hooks:\n", "  hooks:\n" + extra_hooks, 1)
+        world.write_spec("nvidia-gpu.yaml", spec + "".join(
             f"    - hostPath: {path}\n      containerPath: {LIBDIR}/{os.path.basename(path)}\n"
             "      options: [ro, nosuid, nodev, rbind, rprivate]\n" for path in more_libraries))
         image = world.bundle(tag="image")
         _image(image, driver, str(tmp_path), compat=False)
         self.layer = image.rootfs
+        for path in layer_dirs:
+            os.makedirs(self.layer + path, exist_ok=True)
         time.sleep(1.2)     # files are trusted by the memos once their ctime is over a second old
 
     def env(self):
