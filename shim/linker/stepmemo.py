@@ -12,7 +12,7 @@ devices give, the params file's new bytes), with the identity of every path it l
 the root: those of the Roots opened during the step (engine.Root.observers) and the plan's
 (plan.Plan.looked), each as a new container shows it -- for what the step's own links changed
 (the links' paths, the directories above them, by whatever path the step reached them), the
-identity from before the change (Recorder.before_links). What the step did is kept as a
+identity from before the change (stepresult.StepResult.linking). What the step did is kept as a
 recipe: the links it made, in order, the bundle files it wrote, the files it wrote into the
 root (the linker cache and configuration, as the toolkit's hooks leave them) or a read-only
 root's /etc overlay (container.etc_overlay), the mounts it bound, and the hooks it dropped or
@@ -34,7 +34,7 @@ import stat
 import struct
 
 from .._native import ffi, lib
-from .engine import Root
+from .stepresult import identify as _identify
 
 _MAX_STEPS = 64     # a node's images times its specs
 _PER_KEY = 4        # roots tried for one key (each try stats every path)
@@ -69,7 +69,7 @@ class _Recipe:
         self.links, self.files, self.binds, self.moved, self.hooks = links, files, binds, moved, hooks
         self.root_files = list(root_files)     # [(path in the root, data, mode)] in the order written
         self.overlay = overlay      # a read-only root's /etc overlay (container.etc_overlay), or None
-        self.sources = list(sources)    # [(mount index, host source)]: Recorder.sources
+        self.sources = list(sources)    # [(mount index, host source)]: StepResult.sources
         self.params = b"0"      # the host's params file as the last step of it read it (export_recipe)
         self.exported = self.exported_path = None   # where it was last exported to
 
@@ -88,98 +88,6 @@ def _took(recipe, host):
     _last = recipe
     params = host.get("params", False)
     recipe.params = b"0" if params is False else b"1" if params is None else b"2" + params
-
-
-class Recorder:
-    """What one linker step does, noted as it goes (by shim.linker.container)."""
-
-    def __init__(self, config):
-        self.started = lib.cds_memo_clock_ns()
-        self.roots = []
-        self.links = []         # [(target, link)] in the order made
-        self.files = {}         # bundle path -> (data, mode)
-        self.root_files = []    # [(path in the root, data, mode)] written into the root, in order
-        self.overlay = None     # a read-only root's /etc overlay, as container.etc_overlay takes it
-        self.binds = []         # [(destination, bundle path)] in the order bound
-        self.moved = []         # the destinations of the mounts our binds hook makes (filebinds.py)
-        self.changed = {}       # id(hook) -> True for each hook changed in place (our nshook)
-        self.plans = []         # the paths each plan looked at (plan.Plan.looked), or None
-        self.sources = []       # [(mount index, host source)] of the directory mounts the cache reads
-        self.refused = ""       # why this step cannot be kept
-        # What the step's own links change, as it was before (what a new container shows):
-        # memo entry -> identity (the links' paths and every directory above them), and a
-        # directory's inode -> its identity (the same directory, reached by another path).
-        self.before, self.directories = {}, {}
-        self.positions = {id(hook): (stage, index) for stage, entries in _stages(config)
-                          for index, hook in enumerate(entries)}
-
-    def __enter__(self):
-        Root.observers = self.roots
-        return self
-
-    def __exit__(self, *exc):
-        Root.observers = None
-
-    def refuse(self, why):
-        self.refused = self.refused or why
-
-    def sources_of(self, config, providers):
-        """Note the host sources of the directory mounts that provide folders of the cache
-        (plan.Plan.providers): a replay needs the same source in the same mount of its config."""
-        if providers is None:
-            self.refuse("a folder's mount is not known")
-            return
-        mounts = config.get("mounts") or []
-        for _, destination, source in providers:
-            at = [index for index, mount in enumerate(mounts) if isinstance(mount, dict)
-                  and isinstance(mount.get("destination"), str)
-                  and posixpath.normpath(mount["destination"]) == destination and mount.get("source") == source]
-            if not at:
-                self.refuse("a folder's mount is not in config.json as written")
-                return
-            if (at[-1], source) not in self.sources:
-                self.sources.append((at[-1], source))
-
-    def before_links(self, rootfs, links):
-        """Note what making LINKS (target, path) in ROOTFS will change, before it does."""
-        entries = []
-        for _, link in links:
-            path = os.path.normpath(link)
-            while path not in ("/", ""):
-                for kind in (b"n", b"f"):
-                    entry = kind + os.fsencode(path)
-                    if entry not in self.before and entry not in entries and b"\0" not in entry:
-                        entries.append(entry)
-                path = os.path.dirname(path)
-        if not entries:
-            return
-        identities = _identify(rootfs, entries, self.started)
-        if identities is None:
-            self.refuse("a path its links change is too new")
-            return
-        size = ffi.sizeof("struct cds_identity")
-        for index, entry in enumerate(entries):
-            identity = identities[index]
-            self.before[entry] = bytes(ffi.buffer(identities + index, size))
-            if identity.err == 0 and stat.S_ISDIR(identity.mode):
-                self.directories.setdefault((identity.dev, identity.ino), self.before[entry])
-
-
-def _identify(rootfs, entries, started=None):
-    """The identities (struct cds_identity[]) of memo ENTRIES in ROOTFS, or None when one of
-    them changed within the settle time before STARTED (unless None), or the root cannot be
-    opened."""
-    paths = b"\0".join(entries) + b"\0"
-    identities = ffi.new("struct cds_identity[]", max(1, len(entries)))
-    try:
-        rootfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        unsettled = lib.cds_memo_identify(rootfd, paths, len(paths), len(entries), started or 0, identities)
-    finally:
-        os.close(rootfd)
-    return identities if unsettled == 0 or (started is None and unsettled > 0) else None
 
 
 def _stages(config):
@@ -325,14 +233,16 @@ def _hooks(layout, config, rootfs, bundle):
     return hooks
 
 
-def keep(step_key, recorder, original, result, rootfs, bundle, host):
-    """Keep the step RECORDER saw (ORIGINAL config in, RESULT out) when it can be replayed: "",
-    or why not."""
+def keep(step_key, done, rootfs, bundle, host):
+    """Keep the step DONE tells of (stepresult.StepResult: what it did, from what) when it can be
+    replayed: "", or why not. Nothing but DONE and the identities of its paths goes in."""
     if step_key is None:
         return "no key"
-    if recorder.refused:
-        return recorder.refused
-    if None in recorder.plans:
+    if done.warnings:
+        return "it warned"
+    if done.refused:
+        return done.refused
+    if None in done.plans:
         return "a plan past its path bound"   # (checking its paths would cost what planning does)
     bundle = os.path.abspath(bundle)
     prefix = bundle + "/"
@@ -341,28 +251,28 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
         return path[len(prefix):] if path.startswith(prefix) and "/" not in path[len(prefix):] else None
 
     files = []
-    for path, (data, mode) in recorder.files.items():
+    for path, (data, mode) in done.files.items():
         if in_bundle(path) is None:
             return "a file outside the bundle"
         files.append((in_bundle(path), (data, mode)))
     binds = []
-    for destination, source in recorder.binds:
-        if in_bundle(source) is None or source not in recorder.files:
+    for destination, source in done.binds:
+        if in_bundle(source) is None or source not in done.files:
             return "a bind of a file not its own"
         binds.append((destination, in_bundle(source)))
-    layout = _layout(recorder, original, result, rootfs, in_bundle)
+    layout = _layout(done, rootfs, in_bundle)
     if layout is False:
         return "hooks it cannot tell"
     entries = []
-    for root in recorder.roots:
+    for root in done.roots:
         entries += [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in root.looked()]
-    for looked in recorder.plans:
+    for looked in done.plans:
         entries += looked.split(b"\0")[:-1]
     entries = list(dict.fromkeys(entries))
     if len(entries) > _MAX_PATHS or any(b"\0" in entry for entry in entries):
         return "past its path bound"
     # Each path as a new container shows it: what the step's links changed, as it was before
-    # (recorder.before); everything else as it is now, which must be older than the settle time.
+    # (done.before); everything else as it is now, which must be older than the settle time.
     now = _identify(rootfs, entries)
     if now is None:
         return "the root cannot be opened"
@@ -370,14 +280,14 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
     found, unchanged = [], []
     for index, entry in enumerate(entries):
         identity = now[index]
-        before = recorder.before.get(entry)
+        before = done.before.get(entry)
         if before is None and identity.err == 0 and stat.S_ISDIR(identity.mode):
-            before = recorder.directories.get((identity.dev, identity.ino))
+            before = done.directories.get((identity.dev, identity.ino))
         if before is None:
             before = bytes(ffi.buffer(now + index, size))
             unchanged.append(entry)
         found.append(before)
-    if unchanged and _identify(rootfs, unchanged, recorder.started) is None:
+    if unchanged and _identify(rootfs, unchanged, done.started) is None:
         return "a path changed within the settle window"
     paths = b"\0".join(entries) + b"\0"
     at = len(entries)
@@ -386,40 +296,39 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
     if sum(len(recipes) for recipes in _steps.values()) >= _MAX_STEPS:
         _steps.clear()
     candidates = _steps.setdefault(step_key, [])
-    recipe = _Recipe(paths, at, identities, list(recorder.links), files, binds, list(recorder.moved), layout,
-                     recorder.root_files, recorder.overlay, recorder.sources)
+    recipe = _Recipe(paths, at, identities, list(done.links), files, binds, list(done.moved), layout,
+                     done.root_files, done.overlay, done.sources)
     candidates.insert(0, recipe)
     del candidates[_PER_KEY:]
     _took(recipe, host)
     return ""
 
 
-def _layout(recorder, original, result, rootfs, in_bundle):
-    """RESULT's hooks as indices into ORIGINAL's and changed hooks with blanks ({stage: [...]}),
-    None when they are ORIGINAL's unchanged, False when they cannot be told."""
-    if result.get("hooks") is original.get("hooks") and not recorder.changed:
+def _layout(done, rootfs, in_bundle):
+    """DONE's hooks (by position: stepresult.StepResult.hooks) with the changed hooks' rootfs
+    and bundle paths as blanks; None when they are the config's own, False when they cannot be
+    told."""
+    if done.hooks is None:
         return None
     layout = {}
-    for stage, entries in _stages(result):
+    for stage, entries in done.hooks.items():
+        if entries is None:
+            return False
         made = []
-        for hook in entries:
-            if id(hook) in recorder.changed:
-                if not isinstance(hook.get("args"), list):
-                    return False
-                args = [_ROOTFS if arg == rootfs else ("bundle", in_bundle(arg))
-                        if isinstance(arg, str) and arg in recorder.files else arg
-                        for arg in hook["args"]]
-                if any(isinstance(arg, str) and in_bundle(arg) is not None for arg in args):
-                    return False    # (a bundle path not written by the step: not this container's)
-                # (name, value) in the hook's own order, its arguments with the blanks
-                made.append(tuple((name, args if name == "args" else value) for name, value in hook.items()))
-            elif id(hook) in recorder.positions and recorder.positions[id(hook)][0] == stage:
-                made.append(recorder.positions[id(hook)][1])
-            else:
+        for entry in entries:
+            if isinstance(entry, int):
+                made.append(entry)
+                continue
+            if not isinstance(entry.get("args"), list):
                 return False
+            args = [_ROOTFS if arg == rootfs else ("bundle", in_bundle(arg))
+                    if isinstance(arg, str) and arg in done.files else arg
+                    for arg in entry["args"]]
+            if any(isinstance(arg, str) and in_bundle(arg) is not None for arg in args):
+                return False    # (a bundle path not written by the step: not this container's)
+            # (name, value) in the hook's own order, its arguments with the blanks
+            made.append(tuple((name, args if name == "args" else value) for name, value in entry.items()))
         layout[stage] = made
-    if not isinstance(result.get("hooks"), dict) or len(layout) != len(result["hooks"]):
-        return False
     return layout
 
 

@@ -402,3 +402,41 @@ def test_both_keys_read_of_a_namespace_its_type_and_only_a_user_or_mount_one_s_p
         assert changed[0] not in (None, base[0]) and changed[1] != base[1], change
     assert both([*POD_NAMESPACES, {"type": "user", "path": "/proc/1/ns/user"}]) != \
         both([*POD_NAMESPACES, {"type": "user", "path": "/proc/2/ns/user"}])
+
+
+def test_the_step_returns_all_it_did_and_leaves_its_config_alone(world, steps):
+    """Recording is explicit (issue 28): the step returns what it did (stepresult.StepResult) --
+    the links, the bundle and root files, the binds, the hooks by position -- and that is all
+    the memo keeps; the config it was given is not changed in place."""
+    import copy
+
+    from shim.linker.stepresult import StepResult
+
+    rootfs = roots.copy_tree(world["lower"], os.path.join(world["scratch"], "root"))
+    bundle = os.path.join(world["scratch"], "bundle")
+    os.makedirs(bundle)
+    config = config_for(world, rootfs)
+    given = copy.deepcopy(config)
+    calls = [call for _, call in container._hook_calls(config)]
+    mounts = config["mounts"]
+    libraries = {m["destination"]: m["source"] for m in mounts if container._is_library(m["destination"])}
+    image_files = linker_files(rootfs)
+    with StepResult(Log(), config, observe=True) as out:
+        container._step(out, bundle, rootfs, calls, mounts, libraries, time.monotonic())
+    assert config == given, "the step changed the config it was given"
+    assert not out.warnings and not out.refused
+    assert ("libcuda.so.1", f"{LIBDIR}/libcuda.so") in out.links
+    assert all(os.path.islink(rootfs + link) and os.readlink(rootfs + link) == target for target, link in out.links)
+    assert sorted(out.files) == sorted(os.path.join(os.path.abspath(bundle), name) for name in os.listdir(bundle))
+    now = linker_files(rootfs)
+    assert {path for path, value in now.items() if image_files.get(path) != value} <= {p for p, _, _ in out.root_files}
+    assert all(now[path][0] == data for path, data, _ in out.root_files) and out.root_files
+    assert [destination for destination, _ in out.binds] == \
+        [m["destination"] for m in out.config["mounts"] if m.get("source", "").startswith(os.path.abspath(bundle))]
+    # the hooks by position: the prestart hook kept as it was, each toolkit hook dropped or replaced
+    assert out.hooks["prestart"] == [0]
+    hooks = out.config["hooks"]
+    assert [hooks[stage] for stage in hooks] == [[config["hooks"][stage][e] if isinstance(e, int) else e
+                                                  for e in entries] for stage, entries in out.hooks.items()]
+    assert not any("nvidia-cdi-hook" in json.dumps(hook) for hook in hooks.get("createContainer", ()))
+    assert stepmemo.keep(("key",), out, rootfs, bundle, {}) == ""
