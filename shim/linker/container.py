@@ -179,9 +179,11 @@ def _no_place_for(rootfs, destination):
     return ""
 
 
-def prepare_linker(config, bundle, log, file_binds=True):
+def prepare_linker(config, bundle, log, file_binds=True, raw=None):
     """Return `config` with the linker cache prepared and the hooks we replaced removed; FILE_BINDS:
-    whether the library mounts and our bundle files may go to our binds hook (_bind_files)."""
+    whether the library mounts and our bundle files may go to our binds hook (_bind_files). RAW:
+    config.json's bytes when CONFIG is exactly what they say (the step memo's key is read from
+    them; else from CONFIG written out)."""
     from . import stepmemo, toolkit_hooks as toolkit
     from .stepresult import StepResult
 
@@ -211,7 +213,11 @@ def prepare_linker(config, bundle, log, file_binds=True):
         host["params"] = toolkit.params_file()
         return toolkit.modified_params(host["params"])
 
-    step_key = stepmemo.key(config, calls, _is_library, lambda: toolkit.application_profile(config), params)
+    if raw is None:
+        from .. import fastjson
+
+        raw = fastjson.dumpb(config)
+    step_key = stepmemo.key(raw, calls, lambda: toolkit.application_profile(config), params)
     if step_key is not None:
         step_key += (file_binds,)
     replayed = stepmemo.replay(step_key, config, bundle, rootfs, make_links, _write_file, _bind, host, write_in_root,

@@ -6,8 +6,8 @@ config that someone else injected (containerd's own CDI) does the same linker st
 hooks parsed, the image looked at, links made, files written into the bundle, config.json
 edited -- ~1.5 ms of scattered small work in a worker that wakes with cold caches.
 
-A step is kept under a key made of what it read from config.json (its hooks, its mounts whole,
-the namespaces: see key) and from the host (the application profile the
+A step is kept under a key made of what it read from config.json (the front end's key: its
+hooks, its mounts whole, the namespaces; see key) and from the host (the application profile the
 devices give, the params file's new bytes), with the identity of every path it looked at in
 the root: those of the Roots opened during the step (engine.Root.observers) and the plan's
 (plan.Plan.looked), each as a new container shows it -- for what the step's own links changed
@@ -29,7 +29,6 @@ beside its socket (export_recipe), named by the front end's key of the config (c
 csrc/engine/ociconf.c), for the front end to replay without asking (csrc/frontend/replay.c).
 """
 import os
-import posixpath
 import stat
 import struct
 
@@ -75,17 +74,18 @@ class _Recipe:
 
 
 _last = None        # the recipe the current step replayed or kept (export_recipe)
+_last_key = None    # and the config's key it was kept or replayed under
 
 
 def begin():
     """A new step: forget which recipe the last one had."""
-    global _last
-    _last = None
+    global _last, _last_key
+    _last = _last_key = None
 
 
-def _took(recipe, host):
-    global _last
-    _last = recipe
+def _took(recipe, host, step_key):
+    global _last, _last_key
+    _last, _last_key = recipe, step_key[0]
     params = host.get("params", False)
     recipe.params = b"0" if params is False else b"1" if params is None else b"2" + params
 
@@ -99,40 +99,17 @@ def _stages(config):
             yield stage, entries
 
 
-def key(config, calls, is_library, profile, params):
-    """The key of a step for CONFIG (what the step reads of it and of the host), or None when
-    it cannot have one. CALLS: its parsed hooks; IS_LIBRARY: whether a mount destination names
-    a library; PROFILE and PARAMS: callables giving the host-side bytes (run only when a hook
-    asks for them). Each mount whole (type, source, destination, options, in its own order),
-    but a mount whose destination names no library has its source only as whether it names one
-    of the step's bundle files (all the step reads of it: a pod's /etc/hosts differs per pod);
-    root.readonly; and the namespaces' types, with the paths of the user and mount ones, and the
-    id mappings (the file binds' rule). The front end's key (cds_step_key, csrc/engine/ociconf.c) takes the same
-    parts of the text."""
-    commands = {call.command for call in calls}
-    mounts = []
-    for mount in config.get("mounts") or ():
-        if not isinstance(mount, dict):
-            mounts.append(None)
-            continue
-        destination, source = mount.get("destination"), mount.get("source")
-        if isinstance(source, str) and not (isinstance(destination, str) and is_library(destination)):
-            mount = dict(mount, source=posixpath.basename(source).startswith(OURS_PREFIX))
-        mounts.append(mount)
-    linux = config.get("linux")
-    linux = linux if isinstance(linux, dict) else {}
-    namespaces = linux.get("namespaces")
-    if isinstance(namespaces, list):    # a pod's network, IPC and UTS paths differ pod to pod
-        namespaces = [(ns.get("type"), ns.get("path") if ns.get("type") in ("user", "mount") else None)
-                      if isinstance(ns, dict) else ns for ns in namespaces]
-    root = config.get("root")
-    readonly = root.get("readonly") if isinstance(root, dict) else None   # (the step differs: container.py)
-    try:
-        parts = repr((config.get("hooks"), mounts, readonly, namespaces, linux.get("uidMappings"),
-                      linux.get("gidMappings")))
-    except RecursionError:
+def key(text, calls, profile, params):
+    """The key of a step for config.json's bytes TEXT (what the step reads of it and of the
+    host), or None when it cannot have one. The config's part is the front end's own key
+    (cds_step_key, csrc/engine/ociconf.c: one definition for both sides, see ociconf.h for
+    what it holds); CALLS: its parsed hooks; PROFILE and PARAMS: callables giving the
+    host-side bytes (run only when a hook asks for them)."""
+    config_key = step_key_of(text)
+    if config_key is None:
         return None
-    return (parts,
+    commands = {call.command for call in calls}
+    return (config_key,
             profile() if "update-application-profile" in commands else None,
             params() if "disable-device-node-modification" in commands else None)
 
@@ -192,7 +169,7 @@ def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host,
             config = etc_overlay(config, bundle, rootfs, found.overlay)
         except (OSError, TypeError):
             return None
-    _took(found, host)
+    _took(found, host, step_key)
     return config
 
 
@@ -300,7 +277,7 @@ def keep(step_key, done, rootfs, bundle, host):
                      done.root_files, done.overlay, done.sources)
     candidates.insert(0, recipe)
     del candidates[_PER_KEY:]
-    _took(recipe, host)
+    _took(recipe, host, step_key)
     return ""
 
 
@@ -356,15 +333,13 @@ def step_key_of(raw):
         lib.cds_step_key_free(key[0])
 
 
-def export_recipe(raw, final, rootfs, bundle, directory):
-    """Write the recipe of the step just replayed or kept (for config.json's bytes RAW, which it
-    turned into FINAL) into DIRECTORY, for the front end to replay without us. Nothing when
-    there is no such step, the front end cannot read this config, or it was written before."""
-    recipe = _last
+def export_recipe(final, rootfs, bundle, directory):
+    """Write the recipe of the step just replayed or kept (for config.json's bytes as given to
+    prepare_linker, which it turned into FINAL) into DIRECTORY, under the key it was kept or
+    replayed under, for the front end to replay without us. Nothing when there is no such step
+    or it was written before."""
+    recipe, key = _last, _last_key
     if recipe is None or (recipe.exported == directory and os.path.exists(recipe.exported_path)):
-        return
-    key = step_key_of(raw)
-    if key is None:
         return
     from .. import fastjson
 

@@ -353,10 +353,8 @@ def test_what_the_key_reader_takes_is_json_python_reads_alike():
 
 def test_the_worker_s_key_takes_each_mount_whole_and_the_namespaces():
     """stepmemo.key (the worker's memo): the same fields as the front end's key above."""
-    from shim.linker.container import _is_library
-
     def worker_key(config):
-        return stepmemo.key(config, [], _is_library, lambda: None, lambda: None)
+        return stepmemo.key(json.dumps(config).encode(), [], lambda: None, lambda: None)
 
     base = worker_key(CONFIG)
     same = json.loads(json.dumps(CONFIG))
@@ -383,12 +381,10 @@ def test_both_keys_read_of_a_namespace_its_type_and_only_a_user_or_mount_one_s_p
     """A pod's container joins its sandbox's network, IPC and UTS namespaces by path: those paths
     differ pod to pod and the step reads none of them, so they must not keep the next pod's
     create from a kept step; the types, and the user and mount namespaces' paths, do count."""
-    from shim.linker.container import _is_library
-
     def both(namespaces):
         config = json.loads(json.dumps(CONFIG))
         config["linux"]["namespaces"] = namespaces
-        return key_of(config), stepmemo.key(config, [], _is_library, lambda: None, lambda: None)
+        return key_of(config), stepmemo.key(json.dumps(config).encode(), [], lambda: None, lambda: None)
 
     base = both(POD_NAMESPACES)
     assert base[0] is not None
@@ -440,3 +436,21 @@ def test_the_step_returns_all_it_did_and_leaves_its_config_alone(world, steps):
                                                   for e in entries] for stage, entries in out.hooks.items()]
     assert not any("nvidia-cdi-hook" in json.dumps(hook) for hook in hooks.get("createContainer", ()))
     assert stepmemo.keep(("key",), out, rootfs, bundle, {}) == ""
+
+
+def test_one_key_for_the_worker_and_the_front_end():
+    """The worker keeps a step under the front end's key of the config's bytes (cds_step_key,
+    computed once), whether it was given the bytes or only the parsed config (written out):
+    the two cannot drift. And which mount's source the key holds (a library destination) is
+    the step's own rule of what a library is (container._is_library, ociconf.c library_named)."""
+    text = json.dumps(CONFIG).encode()
+    assert stepmemo.key(text, [], lambda: None, lambda: None)[0] == stepmemo.step_key_of(text)
+    from shim import fastjson
+
+    assert stepmemo.step_key_of(fastjson.dumpb(CONFIG)) is not None
+    for name in ("libcuda.so", "libcuda.so.1", "libnvidia-ml.so.550.54.15", "libGLX_indirect.so.0", "lib.so",
+                 "libx.so.", "libso", "libcuda.sox", "cuda.so.1", "libcuda.so1", "libc.so.6.bak", "ld-linux.so.2",
+                 "nvidia_icd.json", "libcuda.so.1/", "libx.soso.1", "libnvidia-egl-gbm.so.1.1.2"):
+        config = {"hooks": {}, "mounts": [{"destination": f"{LIBDIR}/{name}", "source": "/host/marker"}]}
+        held = b"/host/marker" in stepmemo.step_key_of(json.dumps(config).encode())
+        assert held == container._is_library(f"{LIBDIR}/{name}"), name
