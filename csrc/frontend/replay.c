@@ -33,7 +33,7 @@
 #include "../engine/scan.h"
 #include "replay.h"
 
-#define RECIPE_MAGIC "CDSSTEP4"
+#define RECIPE_MAGIC "CDSSTEP5"
 #define MAX_RECIPE (8u << 20)
 #define MAX_PARAMS (1u << 20)
 #define PARAMS_PATH CDS_PARAMS_PATH
@@ -45,7 +45,8 @@ struct block {
 };
 
 struct recipe {
-    struct block version, key, params, paths, count, identities, links, files, programs, hooks, binds, roots, etc;
+    struct block version, key, params, paths, count, identities, links, files, programs, hooks, binds, roots, etc,
+        sources;
 };
 
 /* A read-only root's /etc overlay (shim/linker/container.py, etc_overlay): its folders and
@@ -84,7 +85,7 @@ static int parse_recipe(const char *text, size_t len, struct recipe *r)
     const char *at = text, *end = text + len;
     at += magic;
     struct block *order[] = {&r->version, &r->key,      &r->params, &r->paths, &r->count, &r->identities, &r->links,
-                             &r->files,   &r->programs, &r->hooks,  &r->binds, &r->roots, &r->etc};
+                             &r->files,   &r->programs, &r->hooks,  &r->binds, &r->roots, &r->etc,        &r->sources};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (next_block(&at, end, order[i]) < 0)
             return -1;
@@ -335,6 +336,29 @@ static int under_etc(const char *dest, size_t len)
     return len > 6 && memcmp(dest, "\"/etc/", 6) == 0;
 }
 
+/* SOURCES: the directory mounts whose host folders the step's cache read (u32 index, then a
+ * block: the source as JSON text); each must be this config's mount at that index with that
+ * source (the key holds a mount's source only where it names a library). */
+static int same_sources(const struct block *sources, const char *json, const struct cds_oci_view *view)
+{
+    const char *at = sources->data, *end = sources->data + sources->len;
+    while (at < end) {
+        uint32_t index;
+        struct block text;
+        if ((size_t)(end - at) < 4)
+            return 0;
+        memcpy(&index, at, 4);
+        at += 4;
+        if (next_block(&at, end, &text) < 0 || index >= view->n_mounts)
+            return 0;
+        const struct cds_span *source = &view->mount[index].source;
+        if (!source->end || source->end - source->start != text.len
+            || memcmp(json + source->start, text.data, text.len) != 0)
+            return 0;
+    }
+    return 1;
+}
+
 static int programs_there(const struct block *programs)
 {
     const char *at = programs->data, *end = programs->data + programs->len;
@@ -527,7 +551,7 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
     int made = root_len > 0 && root[0] == '/' ? snprintf(rootfs, sizeof rootfs, "%.*s", root_len, root)
                                               : snprintf(rootfs, sizeof rootfs, "%s/%.*s", bundle, root_len, root);
     if (made < 0 || made >= (int)sizeof rootfs || !plain_path(rootfs) || !params_unchanged(&r.params)
-        || !programs_there(&r.programs))
+        || !programs_there(&r.programs) || !same_sources(&r.sources, json, &view))
         goto out;
     {
         cleanup_fd int rootfd = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC);

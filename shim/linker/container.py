@@ -54,8 +54,9 @@ class LinkerLimitError(Exception):
 class HookCall:
     """A hook of ours or the toolkit's: its subcommand and options."""
 
-    def __init__(self, hook):
+    def __init__(self, hook, at=None):
         self.hook = hook
+        self.at = at    # (stage, index) in config.json's hooks
         self.command, self.options = "", {}
         args = hook.get("args") or [hook.get("path", "")]
         if posixpath.basename(hook.get("path", "")) not in HOOK_PROGRAMS \
@@ -85,9 +86,9 @@ def _is_library(path):
 def _hook_calls(config):
     hooks = config.get("hooks") or {}
     for stage, entries in hooks.items():
-        for entry in entries or ():
+        for index, entry in enumerate(entries or ()):
             if isinstance(entry, dict):
-                call = HookCall(entry)
+                call = HookCall(entry, (stage, index))
                 if call.command:
                     yield stage, call
 
@@ -95,12 +96,6 @@ def _hook_calls(config):
 def has_known_hooks(config):
     """True when config.json holds a hook of one of HOOK_PROGRAMS."""
     return any(True for _ in _hook_calls(config))
-
-
-def _without_hooks(config, drop):
-    hooks = {stage: [hook for hook in entries if id(hook) not in drop]
-             for stage, entries in (config.get("hooks") or {}).items()}
-    return dict(config, hooks={stage: entries for stage, entries in hooks.items() if entries})
 
 
 def _links(call):
@@ -149,9 +144,9 @@ def _open_dir_in_root(rootfd, path, ffi, lib):
     return fd
 
 
-def _bind(config, destination, source):
-    if _recording is not None:
-        _recording.binds.append((destination, source))
+def _bind(config, destination, source, out=None):
+    if out is not None:
+        out.bound(destination, source)
     mount = {"destination": destination, "type": "bind", "source": source,
              "options": ["bind", "ro", "nosuid", "nodev"]}
     mounts = [m for m in config.get("mounts") or () if m.get("destination") != destination]
@@ -184,10 +179,13 @@ def _no_place_for(rootfs, destination):
     return ""
 
 
-def prepare_linker(config, bundle, log, file_binds=True):
+def prepare_linker(config, bundle, log, file_binds=True, raw=None):
     """Return `config` with the linker cache prepared and the hooks we replaced removed; FILE_BINDS:
-    whether the library mounts and our bundle files may go to our binds hook (_bind_files)."""
+    whether the library mounts and our bundle files may go to our binds hook (_bind_files). RAW:
+    config.json's bytes when CONFIG is exactly what they say (the step memo's key is read from
+    them; else from CONFIG written out)."""
     from . import stepmemo, toolkit_hooks as toolkit
+    from .stepresult import StepResult
 
     start = time.monotonic()
     stepmemo.begin()    # (whatever this step does, no recipe of an earlier one is exported for it)
@@ -208,14 +206,18 @@ def prepare_linker(config, bundle, log, file_binds=True):
         return config
     rootfs = rootfs_path(config, bundle) or os.path.join(bundle, "rootfs")
     if not stepmemo.enabled():
-        return _step(config, bundle, rootfs, calls, mounts, libraries, log, start, file_binds)
+        return _step(StepResult(log, config), bundle, rootfs, calls, mounts, libraries, start, file_binds).config
     host = {}
 
     def params():       # (the file's bytes kept too: the front end's replay compares them)
         host["params"] = toolkit.params_file()
         return toolkit.modified_params(host["params"])
 
-    step_key = stepmemo.key(config, calls, _is_library, lambda: toolkit.application_profile(config), params)
+    if raw is None:
+        from .. import fastjson
+
+        raw = fastjson.dumpb(config)
+    step_key = stepmemo.key(raw, calls, lambda: toolkit.application_profile(config), params)
     if step_key is not None:
         step_key += (file_binds,)
     replayed = stepmemo.replay(step_key, config, bundle, rootfs, make_links, _write_file, _bind, host, write_in_root,
@@ -223,47 +225,23 @@ def prepare_linker(config, bundle, log, file_binds=True):
     if replayed is not None:
         log.debug(f"linker step: the one of an earlier container of these files and spec, replayed in {rootfs}")
         return replayed
-    global _recording
-    with stepmemo.Recorder(config) as recorder:
-        _recording = recorder
-        try:
-            result = _step(config, bundle, rootfs, calls, mounts, libraries, _Noting(log, recorder), start, file_binds)
-        finally:
-            _recording = None
-    stepmemo.keep(step_key, recorder, config, result, rootfs, bundle, host)
-    return result
+    with StepResult(log, config, observe=True) as out:
+        _step(out, bundle, rootfs, calls, mounts, libraries, start, file_binds)
+    why = stepmemo.keep(step_key, out, rootfs, bundle, host)
+    if why:
+        log.debug(f"linker step not kept for a later container: {why}")
+    return out.config
 
 
-# The step memo's recorder (stepmemo.Recorder) while a step is recorded: the step's writes,
-# links, binds and changed hooks are noted in it where they are done.
-_recording = None
+def _step(out, bundle, rootfs, calls, mounts, libraries, start, file_binds=True):
+    """The linker step itself (prepare_linker, past the memo of whole steps), its file binds
+    last, of OUT.original: OUT (stepresult.StepResult) filled, OUT.config the new config."""
+    config = _linker_work(out.original, bundle, rootfs, calls, mounts, libraries, out, start)
+    out.config = _bind_files(config, bundle, rootfs, out) if file_binds else config
+    return out
 
 
-class _Noting:
-    """The step's log, telling the recorder of a warning or error (such a step is not kept)."""
-
-    def __init__(self, log, recorder):
-        self._log, self._recorder = log, recorder
-
-    def __getattr__(self, name):
-        return getattr(self._log, name)
-
-    def warning(self, message):
-        self._recorder.refuse("it warned")
-        self._log.warning(message)
-
-    def error(self, message):
-        self._recorder.refuse("it failed")
-        self._log.error(message)
-
-
-def _step(config, bundle, rootfs, calls, mounts, libraries, log, start, file_binds=True):
-    """The linker step itself (prepare_linker, past the memo of whole steps), its file binds last."""
-    config = _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start)
-    return _bind_files(config, bundle, rootfs, log) if file_binds else config
-
-
-def _bind_files(config, bundle, rootfs, log):
+def _bind_files(config, bundle, rootfs, out):
     """CONFIG with the library mounts and our bundle files bound by our C hook rather than by
     runc, where that cannot be told apart and pays (filebinds.py)."""
     from . import filebinds, stepmemo
@@ -285,33 +263,31 @@ def _bind_files(config, bundle, rootfs, log):
         chosen = filebinds.plan(config, root, ours, _is_library, 1 if folded else None)
     if not chosen:
         return config
-    moved = [config["mounts"][index]["destination"] for index in chosen]
-    config, hook = filebinds.hook(config, chosen, rootfs, program, SAFE_HOOK_ENV, folded, params, links)
-    if _recording is not None:
-        _recording.changed[id(hook)] = True
-        _recording.moved = moved
-    log.debug(f"{len(chosen)} file mounts bound by {program} binds in the container's mount namespace, not by runc")
+    out.moved = [config["mounts"][index]["destination"] for index in chosen]
+    config, hook = filebinds.hook(config, chosen, rootfs, program, SAFE_HOOK_ENV, params, links)
+    config = out.put_first(config, "createContainer", hook, folded)
+    out.log.debug(f"{len(chosen)} file mounts bound by {program} binds in the container's mount namespace, not by runc")
     return config
 
 
-def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
+def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
     """The cache, the links and the toolkit hooks' work (_step)."""
     from . import toolkit_hooks as toolkit
 
     updates = [call for call in calls if call.command == "update-ldcache"]
     symlinks = [call for call in calls if call.command == "create-symlinks"]
-    drop = set()
-    config, compat, compat_calls, alone = _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log)
+    drop, original = set(), config   # drop: the (stage, index) of each hook whose work is done
+    config, compat, compat_calls, alone = _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, out)
 
     def alone_dropin(config):   # enable-cuda-compat's drop-in that no cache of ours reads
-        return _compat_alone(config, bundle, rootfs, [f for _, f in alone], log) if alone else config
+        return _compat_alone(config, bundle, rootfs, [f for _, f in alone], out) if alone else config
 
     def give_up(config, why):
         # The cache's hooks run as written, and an enable-cuda-compat after them (so its
         # drop-in comes after their ldconfig, unread): the reasons, for _finish.
         for call in updates + compat_calls + ([c for c, _ in alone] if updates else []):
-            reasons[id(call.hook)] = why
-            drop.discard(id(call.hook))
+            reasons[call.at] = why
+            drop.discard(call.at)
         return config if updates else alone_dropin(config)
 
     destinations = [m.get("destination", "") for m in mounts]
@@ -319,25 +295,25 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
     # once the cache is planned: the cache would not list them either way, and a directory
     # changed now would be scanned again in full rather than taken from the image's cache.
     deferred, links_made = [], {link for call in symlinks for _, link in _links(call)}
-    reasons = {}  # id(hook) -> why its work was left to it
+    reasons = {}  # (stage, index) of a hook -> why its work was left to it
     for call in symlinks:
         links = list(_links(call))
         pending = [(target, link) for target, link in links if link not in destinations]
         if any(_under_a_mount(link, destinations) for _, link in pending):
             # (the toolkit's /dev/dri/by-path links: /dev is runc's mount) made in the
             # container's mount namespace by the hook: expected, so not a warning
-            log.debug("keeping a create-symlinks hook: a link lies under a mounted directory")
-            reasons[id(call.hook)] = UNDER_A_MOUNT
+            out.log.debug("keeping a create-symlinks hook: a link lies under a mounted directory")
+            reasons[call.at] = UNDER_A_MOUNT
             continue
         later = []
         if updates or libraries or compat:
             pending, later = _dangling_later(rootfs, pending, libraries, links_made)
-        if not _made_links(rootfs, call, pending, log, reasons):
+        if not _made_links(rootfs, call, pending, out, reasons):
             continue
         if later:
             deferred.append((call, later))
         else:
-            drop.add(id(call.hook))
+            drop.add(call.at)
 
     if updates or libraries or compat:
         from .ldcache import LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats, plan, write_cache
@@ -354,16 +330,16 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
                                       f"cache at /etc/ld.so.cache, but {unfit}")
         if unfit:
             # our own idea (no hook asked for it): run as the toolkit would, without a cache
-            log.warning(f"linker cache not mounted for {rootfs}: {unfit}; the injected libraries are found "
+            out.warn(f"linker cache not mounted for {rootfs}: {unfit}; the injected libraries are found "
                         "only in the linker's default directories")
-            return _finish(alone_dropin(config), drop, rootfs, deferred, log, calls, reasons)
+            return _finish(alone_dropin(config), drop, rootfs, deferred, out, calls, reasons)
         folders = _update_folders(updates, libraries)
         # The soname links the hook's ldconfig makes beside the mounted libraries, after its
         # scan: planned as the mounted file at that name (the cache names the link, as
         # ldconfig's does), made once the cache is planned (a create-symlinks link to one of
         # them dangled during ldconfig's scan, and is not listed: _dangling_later)
-        sonames = _soname_links(rootfs, folders, updates, libraries, compat, log, start)
-        counting = getattr(log, "debug_enabled", True)  # the memo's counts are for the debug line only
+        sonames = _soname_links(rootfs, folders, updates, libraries, compat, out.log, start)
+        counting = getattr(out.log, "debug_enabled", True)  # the memo's counts are for the debug line only
         hits, misses, _ = memo_stats() if counting else (0, 0, 0)
         from .mounted import directory_mounts
 
@@ -377,32 +353,32 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
                                    "created rather than its update-ldcache hook left to repeat this "
                                    "inside runc") from None
         except (LdcacheError, OSError) as err:
-            log.warning(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
+            out.warn(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
             config = give_up(config, f"linker cache not prepared: {err}")
-            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
+            return _finish(config, drop, rootfs, deferred, out, calls, reasons)
         except Exception as err:  # noqa: BLE001 - a bug here must not fail a container the hooks can serve
-            log.error(f"linker cache: unexpected {type(err).__name__}: {err}; the spec's hooks run as written")
+            out.fail(f"linker cache: unexpected {type(err).__name__}: {err}; the spec's hooks run as written")
             config = give_up(config, f"linker cache: unexpected {type(err).__name__}: {err}")
-            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
-        if _recording is not None:
-            if result.covered:
-                # A step's key has a mount's source only where it names a library (a pod's own
-                # mounts differ pod to pod): a replay could not tell one host folder from another.
-                _recording.refuse("a directory mount provides a folder of the cache")
-            _recording.plans.append(result.looked)
+            return _finish(config, drop, rootfs, deferred, out, calls, reasons)
+        if result.covered:
+            # The key has a mount's source only where it names a library (a pod's own mounts
+            # differ pod to pod): a replay checks these sources as well as the host folders'
+            # identities (the plan's looked).
+            out.sources_of(original, result.providers)
+        out.plans.append(result.looked)
         for warning in result.warnings:
-            log.debug(f"linker cache: {warning}")
+            out.log.debug(f"linker cache: {warning}")
         if updates:
             # As the hook's ldconfig leaves it: a later ldconfig in the container works, and the
             # drop-ins keep the folders (a bind over /etc/ld.so.cache could not be renamed over).
             # A read-only root gets them in an overlay of its /etc instead (_overlay_etc).
             after = _compat_files([f for _, f in alone])
-            overlaid = _overlay_etc(config, bundle, rootfs, result, sonames, log, after) if _readonly(config) else None
-            if overlaid is not None or not _readonly(config) and _write_in_root(rootfs, result, sonames, log, after):
+            overlaid = _overlay_etc(config, bundle, rootfs, result, sonames, out, after) if _readonly(config) else None
+            if overlaid is not None or not _readonly(config) and _write_in_root(rootfs, result, sonames, out, after):
                 config = overlaid or config
-                drop.update(id(call.hook) for call in updates + compat_calls)
-                _memo_line(log, counting, result, hits, misses, compat, memo_stats)
-                return _finish(config, drop, rootfs, deferred, log, calls, reasons)
+                drop.update(call.at for call in updates + compat_calls)
+                _memo_line(out.log, counting, result, hits, misses, compat, memo_stats)
+                return _finish(config, drop, rootfs, deferred, out, calls, reasons)
         files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
         files += [(path, f"cdi-shim.musl-{index}.path", data)
                   for index, (path, data) in enumerate(sorted(result.musl.items()))]
@@ -411,13 +387,12 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
             for destination, name, data in files:
                 unfit = destination != "/etc/ld.so.cache" and _no_place_for(rootfs, destination)
                 if unfit:
-                    log.warning(f"musl library path file not mounted for {rootfs}: {unfit}")
+                    out.warn(f"musl library path file not mounted for {rootfs}: {unfit}")
                     continue
                 source = os.path.abspath(os.path.join(bundle, name))
                 write_cache(source, data)  # temp file + rename, mode 0644
                 written.append((destination, source))
-                if _recording is not None:
-                    _recording.files[source] = (data, 0o644)
+                out.wrote(source, data, 0o644)
         except (LdcacheError, OSError) as err:
             # A full or read-only bundle directory: the hooks can still do it, as for any
             # other linker error. (A temp file of a worker killed mid-write is removed by the
@@ -427,16 +402,16 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, log, start):
                     os.unlink(source)
                 except OSError:
                     pass
-            log.warning(f"linker cache not written into the bundle ({err}); the spec's hooks run as written")
+            out.warn(f"linker cache not written into the bundle ({err}); the spec's hooks run as written")
             config = give_up(config, f"linker cache not written into the bundle: {err}")
-            return _finish(config, drop, rootfs, deferred, log, calls, reasons)
+            return _finish(config, drop, rootfs, deferred, out, calls, reasons)
         for destination, source in written:
-            config = _bind(config, destination, source)
+            config = _bind(config, destination, source, out)
         if sonames:
-            _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
-        drop.update(id(call.hook) for call in updates + compat_calls)
-        _memo_line(log, counting, result, hits, misses, compat, memo_stats)
-    return _finish(alone_dropin(config), drop, rootfs, deferred, log, calls, reasons)
+            _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
+        drop.update(call.at for call in updates + compat_calls)
+        _memo_line(out.log, counting, result, hits, misses, compat, memo_stats)
+    return _finish(alone_dropin(config), drop, rootfs, deferred, out, calls, reasons)
 
 
 def _memo_line(log, counting, result, hits, misses, compat, memo_stats):
@@ -480,17 +455,17 @@ def _compat_files(folders):
     return [(f"{CONF_DIR}/{DROPIN_COMPAT}", lines.encode())] if lines else []
 
 
-def _compat_alone(config, bundle, rootfs, folders, log):
+def _compat_alone(config, bundle, rootfs, folders, out):
     """CONFIG with _compat_files(FOLDERS) written where the hook leaves them: in the root, or a
     read-only root's /etc overlay (its /etc otherwise left as it is: logged)."""
     files = _compat_files(folders)
     if _readonly(config):
-        return _overlay_etc(config, bundle, rootfs, None, (), log, files) or config
-    _write_in_root(rootfs, None, (), log, files)
+        return _overlay_etc(config, bundle, rootfs, None, (), out, files) or config
+    _write_in_root(rootfs, None, (), out, files)
     return config
 
 
-def _write_in_root(rootfs, result, sonames, log, after=()):
+def _write_in_root(rootfs, result, sonames, out, after=()):
     """Write what the spec's update-ldcache (and enable-cuda-compat) leave in the root: the
     soname links, then _etc_files, each resolved inside the root and renamed into place. True,
     or False when the root cannot be written (an image on a read-only filesystem: the caller
@@ -498,24 +473,21 @@ def _write_in_root(rootfs, result, sonames, log, after=()):
     from .engine import LdcacheError, Root
 
     if sonames:
-        _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
+        _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
     try:
         with Root(rootfs) as root:
             files = _etc_files(root, result, after)
     except LdcacheError as err:
-        log.debug(f"the root cannot be read for its linker configuration ({err})")
+        out.log.debug(f"the root cannot be read for its linker configuration ({err})")
         return False
     try:
-        if _recording is not None:
-            _recording.before_links(rootfs, [(None, path) for path, _ in files])
+        out.linking(rootfs, [(None, path) for path, _ in files])     # (what the writes change, before)
         for path, data in files:
             write_in_root(rootfs, path, data, 0o644)
-            if _recording is not None:
-                _recording.root_files.append((path, data, 0o644))
+            out.root_files.append((path, data, 0o644))
     except OSError as err:
-        log.debug(f"linker cache not written into {rootfs} ({err}): bound from the bundle")
-        if _recording is not None:
-            _recording.refuse("the root could not be written")
+        out.log.debug(f"linker cache not written into {rootfs} ({err}): bound from the bundle")
+        out.refuse("the root could not be written")
         return False
     return True
 
@@ -576,7 +548,7 @@ def _no_overlay(config, bundle, rootfs):
     return ""
 
 
-def _overlay_etc(config, bundle, rootfs, result, sonames, log, after=()):
+def _overlay_etc(config, bundle, rootfs, result, sonames, out, after=()):
     """A read-only root: CONFIG with the image's /etc overlaid by the bundle's ETC_DIR/upper
     holding _etc_files, or None (why logged; the caller binds the cache from the bundle). The
     container's /etc shows the files as the hook leaves them and takes a later ldconfig's
@@ -603,7 +575,7 @@ def _overlay_etc(config, bundle, rootfs, result, sonames, log, after=()):
     except LdcacheError as err:
         why = why or str(err)
     if why:
-        log.debug(f"linker cache bound from the bundle, /etc not overlaid: {why}")
+        out.log.debug(f"linker cache bound from the bundle, /etc not overlaid: {why}")
         return None
     # (the merged folder shows its upper folder's owner and mode: the image's)
     upper = f"{ETC_DIR}/upper"
@@ -618,13 +590,12 @@ def _overlay_etc(config, bundle, rootfs, result, sonames, log, after=()):
     try:
         config = etc_overlay(config, bundle, rootfs, overlay)
     except OSError as err:
-        log.debug(f"linker cache bound from the bundle, /etc not overlaid: {err}")
+        out.log.debug(f"linker cache bound from the bundle, /etc not overlaid: {err}")
         return None
-    if _recording is not None:
-        _recording.overlay = overlay
+    out.overlay = overlay
     if sonames:
-        _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], log)
-    log.debug(f"read-only root: /etc overlaid, the linker files in {os.path.join(bundle, upper)}")
+        _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
+    out.log.debug(f"read-only root: /etc overlaid, the linker files in {os.path.join(bundle, upper)}")
     return config
 
 
@@ -730,22 +701,20 @@ def _link_text(root, link):
         os.close(fd)
 
 
-def _make_recorded_links(rootfs, links):
-    """make_links, told to the step memo's recorder (what the links change, then the links)."""
-    if _recording is not None:
-        _recording.before_links(rootfs, links)
+def _make_noted_links(rootfs, links, out):
+    """make_links, noted in OUT (what the links change, then the links)."""
+    out.linking(rootfs, links)
     make_links(rootfs, links)
-    if _recording is not None:
-        _recording.links += links
+    out.linked(links)
 
 
-def _make_soname_links(rootfs, links, log):
+def _make_soname_links(rootfs, links, out):
     """Make the soname LINKS (_soname_links) once the cache is planned. A failure is
     ldconfig's warning, not an error (the cache still names the file's soname path)."""
     try:
-        _make_recorded_links(rootfs, links)
+        _make_noted_links(rootfs, links, out)
     except OSError as err:
-        log.warning(f"soname links not all made in {rootfs}: {err}")
+        out.warn(f"soname links not all made in {rootfs}: {err}")
 
 
 PENDING_LINK = ".cdi-shim-pending-link"     # the text of a link made again after planning: leads nowhere
@@ -786,70 +755,65 @@ def _dangling_later(rootfs, pending, libraries, links_made):
     return now, later
 
 
-def _made_links(rootfs, call, links, log, reasons):
+def _made_links(rootfs, call, links, out, reasons):
     """Make a create-symlinks hook's LINKS in the rootfs: True, or False (the hook is kept, its
     reason in REASONS) when they cannot be made."""
     if not links:
         return True
     try:
-        _make_recorded_links(rootfs, links)
+        _make_noted_links(rootfs, links, out)
     except IsADirectoryError as err:
         # the toolkit's hook fails the create here too (its rename over a directory)
         from .toolkit_hooks import HookFailure
 
         raise HookFailure("create-symlinks", f"cannot create the link {err.filename}: is a directory") from None
     except OSError as err:
-        log.warning(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
-        reasons[id(call.hook)] = f"cannot create its links in {rootfs}: {err}"
+        out.warn(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
+        reasons[call.at] = f"cannot create its links in {rootfs}: {err}"
         return False
-    log.debug(f"created {len(links)} library link(s) in {rootfs}")
+    out.log.debug(f"created {len(links)} library link(s) in {rootfs}")
     return True
 
 
-def _become_nshook(call, program, *args):
-    """The hook becomes our C one (cdi-shim-nshook ARGS, csrc/hooks/nshook.c), in place."""
-    call.hook.clear()
-    call.hook.update(path=program, args=["cdi-shim-nshook", *args], env=list(SAFE_HOOK_ENV))
-    if _recording is not None:
-        _recording.changed[id(call.hook)] = True
+def _become_nshook(call, out, program, *args):
+    """The hook becomes our C one (cdi-shim-nshook ARGS, csrc/hooks/nshook.c) at its place."""
+    out.replaced[call.at] = {"path": program, "args": ["cdi-shim-nshook", *args], "env": list(SAFE_HOOK_ENV)}
 
 
-def _finish(config, drop, rootfs, deferred, log, calls, reasons):
+def _finish(config, drop, rootfs, deferred, out, calls, reasons):
     """Make the links left for after planning, then drop the hooks whose work is done. A hook
     whose work we could not do stays for runc to run; when its program is not on this host
     either, the create fails here with the reason (runc would only say the program is missing)."""
     from .toolkit_hooks import HookFailure
 
     for call, links in deferred:
-        if _made_links(rootfs, call, links, log, reasons):
-            drop.add(id(call.hook))
-    changed = False
+        if _made_links(rootfs, call, links, out, reasons):
+            drop.add(call.at)
     nshook = None
     for call in calls:
-        if id(call.hook) in drop or id(call.hook) not in reasons:
+        if call.at in drop or call.at not in reasons:
             continue
         path = call.hook.get("path", "")
-        if reasons[id(call.hook)] == UNDER_A_MOUNT:
+        if reasons[call.at] == UNDER_A_MOUNT:
             nshook = nshook or our_program("cdi-shim-nshook")
             if os.access(nshook, os.X_OK):
                 # Links under a mount (the toolkit's /dev/dri/by-path ones, in runc's /dev) can only
                 # be made in the container's mount namespace: our C program does it, in ~1 ms,
                 # whatever program the spec named (its own start would cost more).
                 links = [arg for target, link in _links(call) for arg in ("--link", f"{target}::{link}")]
-                _become_nshook(call, nshook, "symlinks", "--rootfs", rootfs, *links)
-                changed = True
-                log.debug(f"create-symlinks: links under a mount made by {nshook} in the container's mount namespace")
+                _become_nshook(call, out, nshook, "symlinks", "--rootfs", rootfs, *links)
+                out.log.debug(f"create-symlinks: links under a mount made by {nshook} in the container's mount "
+                              "namespace")
                 continue
         if not os.access(path, os.X_OK):
-            raise HookFailure(call.command, f"{reasons[id(call.hook)]}; and its program {path} is not on this host")
-        if _recording is not None:
-            _recording.refuse("a hook is left to its program")
-    if drop:
-        return _without_hooks(config, drop)
-    return dict(config) if changed else config  # (a hook changed in place: a new dict to be written)
+            raise HookFailure(call.command, f"{reasons[call.at]}; and its program {path} is not on this host")
+        out.refuse("a hook is left to its program")
+    if drop or out.replaced:
+        return out.change_hooks(config, drop)
+    return config
 
 
-def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
+def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, out):
     """The native work of the toolkit's hooks other than update-ldcache and create-symlinks
     (toolkit_hooks.py). Returns (config, compat folders, the enable-cuda-compat calls whose
     folders the cache must take: dropped once the cache is in place, [(call, folder)] of those whose drop-in no
@@ -868,46 +832,43 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, log):
             else:
                 if folder:
                     alone.append((call, folder))
-                drop.add(id(call.hook))
-                log.debug("enable-cuda-compat: the compat libraries are not to be used"
+                drop.add(call.at)
+                out.log.debug("enable-cuda-compat: the compat libraries are not to be used"
                           + ("" if later else " (no update-ldcache hook after it)"))
         elif call.command == "chmod":
-            if _recording is not None:
-                _recording.refuse("chmod")     # (rare: its modes and device fields are not replayed)
+            out.refuse("chmod")     # (rare: its modes and device fields are not replayed)
             config, mode, later = toolkit.chmod(config, rootfs, call, destinations)
             if not later:
-                drop.add(id(call.hook))
+                drop.add(call.at)
                 continue
             program = our_program("cdi-shim-nshook")
             if not os.access(program, os.X_OK):
                 raise toolkit.HookFailure(call.command, f"our hook program {program} is missing (paths under "
                                           f"a mount runc makes: {', '.join(later)})")
             # Under runc's mounts (the toolkit's /dev/dri): our C hook, after them, in place of the spec's
-            _become_nshook(call, program, "chmod", "--rootfs", rootfs, "--mode", mode,
+            _become_nshook(call, out, program, "chmod", "--rootfs", rootfs, "--mode", mode,
                            *[arg for path in later for arg in ("--path", path)])
-            config = dict(config)  # changed (the hook, in place): to be written
-            log.debug(f"chmod: {', '.join(later)} under a mount, changed by {program} after runc's mounts")
+            out.log.debug(f"chmod: {', '.join(later)} under a mount, changed by {program} after runc's mounts")
         elif call.command == "update-application-profile":
             data = toolkit.application_profile(config)
             if data is not None:
-                source = _write_bundle_file(bundle, toolkit.PROFILE_FILE, data, 0o444, call.command)
-                config = _bind(config, toolkit.PROFILE_PATH, source)
-            drop.add(id(call.hook))
+                source = _write_bundle_file(bundle, toolkit.PROFILE_FILE, data, 0o444, call.command, out)
+                config = _bind(config, toolkit.PROFILE_PATH, source, out)
+            drop.add(call.at)
         elif call.command == "disable-device-node-modification":
             data = toolkit.params_contents()
             if data is None:
-                drop.add(id(call.hook))
+                drop.add(call.at)
                 continue
-            source = _write_bundle_file(bundle, toolkit.PARAMS_FILE, data, 0o444, call.command)
+            source = _write_bundle_file(bundle, toolkit.PARAMS_FILE, data, 0o444, call.command, out)
             program = our_program("cdi-shim-nshook")
             if not os.access(program, os.X_OK):
                 raise toolkit.HookFailure(call.command, f"our hook program {program} is missing (runc refuses "
                                           "mounts under /proc from config.json, so a hook makes this one)")
             # runc refuses config.json mounts under /proc: our own hook (C, ~1 ms) binds the
             # file in the container's mount namespace, in place of the spec's.
-            _become_nshook(call, program, "bind-params", "--rootfs", rootfs, "--source", source)
-            config = dict(config)  # changed (the hook, in place): to be written
-            log.debug(f"disable-device-node-modification: {source} bound over {toolkit.PARAMS_PATH} by {program}")
+            _become_nshook(call, out, program, "bind-params", "--rootfs", rootfs, "--source", source)
+            out.log.debug(f"disable-device-node-modification: {source} bound over {toolkit.PARAMS_PATH} by {program}")
     return config, list(dict.fromkeys(compat)), compat_calls, alone
 
 
@@ -924,7 +885,7 @@ def our_program(name):
     return beside
 
 
-def _write_bundle_file(bundle, name, data, mode, command):
+def _write_bundle_file(bundle, name, data, mode, command, out):
     from . import toolkit_hooks as toolkit
 
     source = os.path.abspath(os.path.join(bundle, name))
@@ -932,8 +893,7 @@ def _write_bundle_file(bundle, name, data, mode, command):
         _write_file(source, data, mode)
     except OSError as err:
         raise toolkit.HookFailure(command, f"cannot write {source}: {err}") from None
-    if _recording is not None:
-        _recording.files[source] = (data, mode)
+    out.wrote(source, data, mode)
     return source
 
 

@@ -182,6 +182,15 @@ class Root:
         found = self._stats[key] = (st.mode, st.dev, st.ino, st.mtime_sec * 1000000000 + st.mtime_nsec)
         return found
 
+    def looked(self):
+        """[(path, follow)] of what the memos must check of what was looked at (seen): all but
+        the root itself where only stat'ed -- always a directory, and in a container its
+        identity is the container's own new upper folder, so a step that looked up a folder
+        missing up to / (an image without /lib) would never be kept."""
+        if not self.seen:
+            return []
+        return [key for key in self.seen if key[0] != "/" or "/" in self._listings]
+
     def open(self, path, flags):
         if self.seen is not None:
             self.seen[(path, not flags & O_NOFOLLOW)] = None

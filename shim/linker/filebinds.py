@@ -116,9 +116,10 @@ def plan(config, root, ours, is_library, minimum=None):
 
 def folded_hooks(config, program, rootfs):
     """Our own hooks of PROGRAM this hook can do too (cdi-shim-nshook bind-params and symlinks of
-    ROOTFS): [the hooks], the params source or None, [the --link values]."""
+    ROOTFS): [their indices among the createContainer hooks], the params source or None, [the
+    --link values]."""
     folded, params, links = [], None, []
-    for entry in (config.get("hooks") or {}).get("createContainer") or ():
+    for at, entry in enumerate((config.get("hooks") or {}).get("createContainer") or ()):
         args = entry.get("args") if isinstance(entry, dict) else None
         if entry.get("path") != program or not isinstance(args, list) or args[2:4] != ["--rootfs", rootfs] \
                 or not all(isinstance(arg, str) for arg in args):
@@ -132,14 +133,14 @@ def folded_hooks(config, program, rootfs):
             links += [value for _, value in options]
         else:
             continue
-        folded.append(entry)
+        folded.append(at)
     return folded, params, links
 
 
-def hook(config, chosen, rootfs, program, env, folded=(), params=None, links=()):
-    """CONFIG with its mounts at CHOSEN bound by PROGRAM (cdi-shim-nshook binds) instead, and the
-    FOLDED hooks' work too (the bind of PARAMS, the LINKS): the new config and the hook (first
-    among the createContainer hooks)."""
+def hook(config, chosen, rootfs, program, env, params=None, links=()):
+    """CONFIG without its mounts at CHOSEN, and the hook of PROGRAM (cdi-shim-nshook binds) that
+    binds them instead, and does the folded hooks' work too (the bind of PARAMS, the LINKS): the
+    caller puts it first among the createContainer hooks, the folded ones taken out."""
     mounts = config.get("mounts") or []
     args = ["cdi-shim-nshook", "binds", "--rootfs", rootfs]
     for index in chosen:
@@ -150,7 +151,5 @@ def hook(config, chosen, rootfs, program, env, folded=(), params=None, links=())
     for link in links:
         args += ["--link", link]
     made = {"path": program, "args": args, "env": list(env)}
-    skip, gone = set(chosen), {id(entry) for entry in folded}
-    hooks = dict(config.get("hooks") or {})
-    hooks["createContainer"] = [made] + [h for h in hooks.get("createContainer") or [] if id(h) not in gone]
-    return dict(config, mounts=[m for at, m in enumerate(mounts) if at not in skip], hooks=hooks), made
+    skip = set(chosen)
+    return dict(config, mounts=[m for at, m in enumerate(mounts) if at not in skip]), made

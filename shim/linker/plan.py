@@ -20,7 +20,7 @@ class Plan:
     """What plan() computed."""
 
     __slots__ = ("cache", "mode", "reason", "entries", "musl", "warnings", "skipped", "dirs", "scanned",
-                 "remembered", "looked", "covered", "conf_files")
+                 "remembered", "looked", "covered", "providers", "conf_files")
 
     def __init__(self):
         self.cache = b""
@@ -35,6 +35,7 @@ class Plan:
         self.remembered = False  # a copy of an earlier plan for the same files (remember_plans)
         self.looked = None  # with the memo on: the paths it depends on (memo entries), or None past _MAX_PATHS
         self.covered = []   # configured folders a directory mount provides (mounted.py)
+        self.providers = ()  # ((folder, mount destination, host source)) of those (mounted.coverage; None: unknown)
         self.conf_files = []  # [(path, bytes)] the toolkit's hooks write into the root (LdConfig.conf_files)
 
     def copy(self):
@@ -242,6 +243,7 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
                 config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
                 mounted.hide(config, hidden)
                 result.covered = sorted(hidden)
+                result.providers = mounted.coverage(mounts, result.covered, config.target)
         target = config.target
         result.warnings = config.warnings
         builder = _Builder(target)
@@ -416,9 +418,10 @@ def _looked(tree, arguments, files, hosts=()):
     """The memo entries (kind byte, path, NUL) of what TREE looked at, the FILES its scans
     read, the host files added and HOSTS (mounted folders and their files, read on the host);
     None past _MAX_PATHS."""
-    if files is None or len(tree.seen) + len(files) + len(arguments[-1]) + len(hosts) > _MAX_PATHS:
+    seen = tree.looked()
+    if files is None or len(seen) + len(files) + len(arguments[-1]) + len(hosts) > _MAX_PATHS:
         return None
-    entries = [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in tree.seen]
+    entries = [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in seen]
     entries += [b"f" + os.fsencode(path) for path in files]
     entries += [b"h" + os.fsencode(host) for _, host in arguments[-1]]
     entries += [b"h" + os.fsencode(host) for host in hosts]

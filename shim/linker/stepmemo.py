@@ -6,13 +6,13 @@ config that someone else injected (containerd's own CDI) does the same linker st
 hooks parsed, the image looked at, links made, files written into the bundle, config.json
 edited -- ~1.5 ms of scattered small work in a worker that wakes with cold caches.
 
-A step is kept under a key made of what it read from config.json (its hooks, its mounts whole,
-the namespaces: see key) and from the host (the application profile the
+A step is kept under a key made of what it read from config.json (the front end's key: its
+hooks, its mounts whole, the namespaces; see key) and from the host (the application profile the
 devices give, the params file's new bytes), with the identity of every path it looked at in
 the root: those of the Roots opened during the step (engine.Root.observers) and the plan's
 (plan.Plan.looked), each as a new container shows it -- for what the step's own links changed
 (the links' paths, the directories above them, by whatever path the step reached them), the
-identity from before the change (Recorder.before_links). What the step did is kept as a
+identity from before the change (stepresult.StepResult.linking). What the step did is kept as a
 recipe: the links it made, in order, the bundle files it wrote, the files it wrote into the
 root (the linker cache and configuration, as the toolkit's hooks leave them) or a read-only
 root's /etc overlay (container.etc_overlay), the mounts it bound, and the hooks it dropped or
@@ -29,12 +29,11 @@ beside its socket (export_recipe), named by the front end's key of the config (c
 csrc/engine/ociconf.c), for the front end to replay without asking (csrc/frontend/replay.c).
 """
 import os
-import posixpath
 import stat
 import struct
 
 from .._native import ffi, lib
-from .engine import Root
+from .stepresult import identify as _identify
 
 _MAX_STEPS = 64     # a node's images times its specs
 _PER_KEY = 4        # roots tried for one key (each try stats every path)
@@ -61,105 +60,34 @@ def enabled():
 
 class _Recipe:
     __slots__ = ("paths", "count", "identities", "links", "files", "binds", "moved", "hooks", "params", "exported",
-                 "exported_path", "root_files", "overlay")
+                 "exported_path", "root_files", "overlay", "sources")
 
-    def __init__(self, paths, count, identities, links, files, binds, moved, hooks, root_files=(), overlay=None):
+    def __init__(self, paths, count, identities, links, files, binds, moved, hooks, root_files=(), overlay=None,
+                 sources=()):
         self.paths, self.count, self.identities = paths, count, identities
         self.links, self.files, self.binds, self.moved, self.hooks = links, files, binds, moved, hooks
         self.root_files = list(root_files)     # [(path in the root, data, mode)] in the order written
         self.overlay = overlay      # a read-only root's /etc overlay (container.etc_overlay), or None
+        self.sources = list(sources)    # [(mount index, host source)]: StepResult.sources
         self.params = b"0"      # the host's params file as the last step of it read it (export_recipe)
         self.exported = self.exported_path = None   # where it was last exported to
 
 
 _last = None        # the recipe the current step replayed or kept (export_recipe)
+_last_key = None    # and the config's key it was kept or replayed under
 
 
 def begin():
     """A new step: forget which recipe the last one had."""
-    global _last
-    _last = None
+    global _last, _last_key
+    _last = _last_key = None
 
 
-def _took(recipe, host):
-    global _last
-    _last = recipe
+def _took(recipe, host, step_key):
+    global _last, _last_key
+    _last, _last_key = recipe, step_key[0]
     params = host.get("params", False)
     recipe.params = b"0" if params is False else b"1" if params is None else b"2" + params
-
-
-class Recorder:
-    """What one linker step does, noted as it goes (by shim.linker.container)."""
-
-    def __init__(self, config):
-        self.started = lib.cds_memo_clock_ns()
-        self.roots = []
-        self.links = []         # [(target, link)] in the order made
-        self.files = {}         # bundle path -> (data, mode)
-        self.root_files = []    # [(path in the root, data, mode)] written into the root, in order
-        self.overlay = None     # a read-only root's /etc overlay, as container.etc_overlay takes it
-        self.binds = []         # [(destination, bundle path)] in the order bound
-        self.moved = []         # the destinations of the mounts our binds hook makes (filebinds.py)
-        self.changed = {}       # id(hook) -> True for each hook changed in place (our nshook)
-        self.plans = []         # the paths each plan looked at (plan.Plan.looked), or None
-        self.refused = ""       # why this step cannot be kept
-        # What the step's own links change, as it was before (what a new container shows):
-        # memo entry -> identity (the links' paths and every directory above them), and a
-        # directory's inode -> its identity (the same directory, reached by another path).
-        self.before, self.directories = {}, {}
-        self.positions = {id(hook): (stage, index) for stage, entries in _stages(config)
-                          for index, hook in enumerate(entries)}
-
-    def __enter__(self):
-        Root.observers = self.roots
-        return self
-
-    def __exit__(self, *exc):
-        Root.observers = None
-
-    def refuse(self, why):
-        self.refused = self.refused or why
-
-    def before_links(self, rootfs, links):
-        """Note what making LINKS (target, path) in ROOTFS will change, before it does."""
-        entries = []
-        for _, link in links:
-            path = os.path.normpath(link)
-            while path not in ("/", ""):
-                for kind in (b"n", b"f"):
-                    entry = kind + os.fsencode(path)
-                    if entry not in self.before and entry not in entries and b"\0" not in entry:
-                        entries.append(entry)
-                path = os.path.dirname(path)
-        if not entries:
-            return
-        identities = _identify(rootfs, entries, self.started)
-        if identities is None:
-            self.refuse("a path its links change is too new")
-            return
-        size = ffi.sizeof("struct cds_identity")
-        for index, entry in enumerate(entries):
-            identity = identities[index]
-            self.before[entry] = bytes(ffi.buffer(identities + index, size))
-            if identity.err == 0 and stat.S_ISDIR(identity.mode):
-                self.directories.setdefault((identity.dev, identity.ino), self.before[entry])
-
-
-def _identify(rootfs, entries, started=None):
-    """The identities (struct cds_identity[]) of memo ENTRIES in ROOTFS, or None when one of
-    them changed within the settle time before STARTED (unless None), or the root cannot be
-    opened."""
-    paths = b"\0".join(entries) + b"\0"
-    identities = ffi.new("struct cds_identity[]", max(1, len(entries)))
-    try:
-        rootfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        unsettled = lib.cds_memo_identify(rootfd, paths, len(paths), len(entries), started or 0, identities)
-    finally:
-        os.close(rootfd)
-    return identities if unsettled == 0 or (started is None and unsettled > 0) else None
 
 
 def _stages(config):
@@ -171,40 +99,17 @@ def _stages(config):
             yield stage, entries
 
 
-def key(config, calls, is_library, profile, params):
-    """The key of a step for CONFIG (what the step reads of it and of the host), or None when
-    it cannot have one. CALLS: its parsed hooks; IS_LIBRARY: whether a mount destination names
-    a library; PROFILE and PARAMS: callables giving the host-side bytes (run only when a hook
-    asks for them). Each mount whole (type, source, destination, options, in its own order),
-    but a mount whose destination names no library has its source only as whether it names one
-    of the step's bundle files (all the step reads of it: a pod's /etc/hosts differs per pod);
-    root.readonly; and the namespaces' types, with the paths of the user and mount ones, and the
-    id mappings (the file binds' rule). The front end's key (cds_step_key, csrc/engine/ociconf.c) takes the same
-    parts of the text."""
-    commands = {call.command for call in calls}
-    mounts = []
-    for mount in config.get("mounts") or ():
-        if not isinstance(mount, dict):
-            mounts.append(None)
-            continue
-        destination, source = mount.get("destination"), mount.get("source")
-        if isinstance(source, str) and not (isinstance(destination, str) and is_library(destination)):
-            mount = dict(mount, source=posixpath.basename(source).startswith(OURS_PREFIX))
-        mounts.append(mount)
-    linux = config.get("linux")
-    linux = linux if isinstance(linux, dict) else {}
-    namespaces = linux.get("namespaces")
-    if isinstance(namespaces, list):    # a pod's network, IPC and UTS paths differ pod to pod
-        namespaces = [(ns.get("type"), ns.get("path") if ns.get("type") in ("user", "mount") else None)
-                      if isinstance(ns, dict) else ns for ns in namespaces]
-    root = config.get("root")
-    readonly = root.get("readonly") if isinstance(root, dict) else None   # (the step differs: container.py)
-    try:
-        parts = repr((config.get("hooks"), mounts, readonly, namespaces, linux.get("uidMappings"),
-                      linux.get("gidMappings")))
-    except RecursionError:
+def key(text, calls, profile, params):
+    """The key of a step for config.json's bytes TEXT (what the step reads of it and of the
+    host), or None when it cannot have one. The config's part is the front end's own key
+    (cds_step_key, csrc/engine/ociconf.c: one definition for both sides, see ociconf.h for
+    what it holds); CALLS: its parsed hooks; PROFILE and PARAMS: callables giving the
+    host-side bytes (run only when a hook asks for them)."""
+    config_key = step_key_of(text)
+    if config_key is None:
         return None
-    return (parts,
+    commands = {call.command for call in calls}
+    return (config_key,
             profile() if "update-application-profile" in commands else None,
             params() if "disable-device-node-modification" in commands else None)
 
@@ -225,6 +130,8 @@ def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host,
     try:
         found = None
         for at, recipe in enumerate(candidates):
+            if not _same_sources(recipe.sources, config):
+                continue
             if lib.cds_memo_same(rootfd, recipe.paths, len(recipe.paths), recipe.count, recipe.identities) == 1:
                 found = recipe
                 if at:
@@ -262,11 +169,22 @@ def replay(step_key, config, bundle, rootfs, make_links, write_file, bind, host,
             config = etc_overlay(config, bundle, rootfs, found.overlay)
         except (OSError, TypeError):
             return None
-    _took(found, host)
+    _took(found, host, step_key)
     return config
 
 
 _UNCHANGED = object()
+
+
+def _same_sources(sources, config):
+    """Whether CONFIG's mounts have the host SOURCES ([(index, source)]) a recipe's cache read."""
+    if not sources:
+        return True
+    mounts = config.get("mounts")
+    if not isinstance(mounts, list):
+        return False
+    return all(index < len(mounts) and isinstance(mounts[index], dict) and mounts[index].get("source") == source
+               for index, source in sources)
 
 
 def _hooks(layout, config, rootfs, bundle):
@@ -292,10 +210,17 @@ def _hooks(layout, config, rootfs, bundle):
     return hooks
 
 
-def keep(step_key, recorder, original, result, rootfs, bundle, host):
-    """Keep the step RECORDER saw (ORIGINAL config in, RESULT out) when it can be replayed."""
-    if step_key is None or recorder.refused or None in recorder.plans:
-        return      # (a plan past plan._MAX_PATHS: checking its paths would cost what planning does)
+def keep(step_key, done, rootfs, bundle, host):
+    """Keep the step DONE tells of (stepresult.StepResult: what it did, from what) when it can be
+    replayed: "", or why not. Nothing but DONE and the identities of its paths goes in."""
+    if step_key is None:
+        return "no key"
+    if done.warnings:
+        return "it warned"
+    if done.refused:
+        return done.refused
+    if None in done.plans:
+        return "a plan past its path bound"   # (checking its paths would cost what planning does)
     bundle = os.path.abspath(bundle)
     prefix = bundle + "/"
 
@@ -303,44 +228,44 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
         return path[len(prefix):] if path.startswith(prefix) and "/" not in path[len(prefix):] else None
 
     files = []
-    for path, (data, mode) in recorder.files.items():
+    for path, (data, mode) in done.files.items():
         if in_bundle(path) is None:
-            return
+            return "a file outside the bundle"
         files.append((in_bundle(path), (data, mode)))
     binds = []
-    for destination, source in recorder.binds:
-        if in_bundle(source) is None or source not in recorder.files:
-            return
+    for destination, source in done.binds:
+        if in_bundle(source) is None or source not in done.files:
+            return "a bind of a file not its own"
         binds.append((destination, in_bundle(source)))
-    layout = _layout(recorder, original, result, rootfs, in_bundle)
+    layout = _layout(done, rootfs, in_bundle)
     if layout is False:
-        return
+        return "hooks it cannot tell"
     entries = []
-    for root in recorder.roots:
-        entries += [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in root.seen or ()]
-    for looked in recorder.plans:
+    for root in done.roots:
+        entries += [(b"f" if follow else b"n") + os.fsencode(path) for path, follow in root.looked()]
+    for looked in done.plans:
         entries += looked.split(b"\0")[:-1]
     entries = list(dict.fromkeys(entries))
     if len(entries) > _MAX_PATHS or any(b"\0" in entry for entry in entries):
-        return
+        return "past its path bound"
     # Each path as a new container shows it: what the step's links changed, as it was before
-    # (recorder.before); everything else as it is now, which must be older than the settle time.
+    # (done.before); everything else as it is now, which must be older than the settle time.
     now = _identify(rootfs, entries)
     if now is None:
-        return
+        return "the root cannot be opened"
     size = ffi.sizeof("struct cds_identity")
     found, unchanged = [], []
     for index, entry in enumerate(entries):
         identity = now[index]
-        before = recorder.before.get(entry)
+        before = done.before.get(entry)
         if before is None and identity.err == 0 and stat.S_ISDIR(identity.mode):
-            before = recorder.directories.get((identity.dev, identity.ino))
+            before = done.directories.get((identity.dev, identity.ino))
         if before is None:
             before = bytes(ffi.buffer(now + index, size))
             unchanged.append(entry)
         found.append(before)
-    if unchanged and _identify(rootfs, unchanged, recorder.started) is None:
-        return      # changed too recently to be trusted
+    if unchanged and _identify(rootfs, unchanged, done.started) is None:
+        return "a path changed within the settle window"
     paths = b"\0".join(entries) + b"\0"
     at = len(entries)
     identities = ffi.new("struct cds_identity[]", max(1, at))
@@ -348,45 +273,45 @@ def keep(step_key, recorder, original, result, rootfs, bundle, host):
     if sum(len(recipes) for recipes in _steps.values()) >= _MAX_STEPS:
         _steps.clear()
     candidates = _steps.setdefault(step_key, [])
-    recipe = _Recipe(paths, at, identities, list(recorder.links), files, binds, list(recorder.moved), layout,
-                     recorder.root_files, recorder.overlay)
+    recipe = _Recipe(paths, at, identities, list(done.links), files, binds, list(done.moved), layout,
+                     done.root_files, done.overlay, done.sources)
     candidates.insert(0, recipe)
     del candidates[_PER_KEY:]
-    _took(recipe, host)
+    _took(recipe, host, step_key)
+    return ""
 
 
-def _layout(recorder, original, result, rootfs, in_bundle):
-    """RESULT's hooks as indices into ORIGINAL's and changed hooks with blanks ({stage: [...]}),
-    None when they are ORIGINAL's unchanged, False when they cannot be told."""
-    if result.get("hooks") is original.get("hooks") and not recorder.changed:
+def _layout(done, rootfs, in_bundle):
+    """DONE's hooks (by position: stepresult.StepResult.hooks) with the changed hooks' rootfs
+    and bundle paths as blanks; None when they are the config's own, False when they cannot be
+    told."""
+    if done.hooks is None:
         return None
     layout = {}
-    for stage, entries in _stages(result):
+    for stage, entries in done.hooks.items():
+        if entries is None:
+            return False
         made = []
-        for hook in entries:
-            if id(hook) in recorder.changed:
-                if not isinstance(hook.get("args"), list):
-                    return False
-                args = [_ROOTFS if arg == rootfs else ("bundle", in_bundle(arg))
-                        if isinstance(arg, str) and arg in recorder.files else arg
-                        for arg in hook["args"]]
-                if any(isinstance(arg, str) and in_bundle(arg) is not None for arg in args):
-                    return False    # (a bundle path not written by the step: not this container's)
-                # (name, value) in the hook's own order, its arguments with the blanks
-                made.append(tuple((name, args if name == "args" else value) for name, value in hook.items()))
-            elif id(hook) in recorder.positions and recorder.positions[id(hook)][0] == stage:
-                made.append(recorder.positions[id(hook)][1])
-            else:
+        for entry in entries:
+            if isinstance(entry, int):
+                made.append(entry)
+                continue
+            if not isinstance(entry.get("args"), list):
                 return False
+            args = [_ROOTFS if arg == rootfs else ("bundle", in_bundle(arg))
+                    if isinstance(arg, str) and arg in done.files else arg
+                    for arg in entry["args"]]
+            if any(isinstance(arg, str) and in_bundle(arg) is not None for arg in args):
+                return False    # (a bundle path not written by the step: not this container's)
+            # (name, value) in the hook's own order, its arguments with the blanks
+            made.append(tuple((name, args if name == "args" else value) for name, value in entry.items()))
         layout[stage] = made
-    if not isinstance(result.get("hooks"), dict) or len(layout) != len(result["hooks"]):
-        return False
     return layout
 
 
 # ---- the recipes the runtime front end replays (csrc/frontend/replay.c) -------------------
 
-RECIPE_MAGIC = b"CDSSTEP4"
+RECIPE_MAGIC = b"CDSSTEP5"
 _MAX_RECIPES = 64       # files in the steps directory; the oldest go first
 _ROOTFS_MARK, _BUNDLE_MARK = "\x01", "\x02"
 
@@ -408,15 +333,13 @@ def step_key_of(raw):
         lib.cds_step_key_free(key[0])
 
 
-def export_recipe(raw, final, rootfs, bundle, directory):
-    """Write the recipe of the step just replayed or kept (for config.json's bytes RAW, which it
-    turned into FINAL) into DIRECTORY, for the front end to replay without us. Nothing when
-    there is no such step, the front end cannot read this config, or it was written before."""
-    recipe = _last
+def export_recipe(final, rootfs, bundle, directory):
+    """Write the recipe of the step just replayed or kept (for config.json's bytes as given to
+    prepare_linker, which it turned into FINAL) into DIRECTORY, under the key it was kept or
+    replayed under, for the front end to replay without us. Nothing when there is no such step
+    or it was written before."""
+    recipe, key = _last, _last_key
     if recipe is None or (recipe.exported == directory and os.path.exists(recipe.exported_path)):
-        return
-    key = step_key_of(raw)
-    if key is None:
         return
     from .. import fastjson
 
@@ -464,6 +387,8 @@ def export_recipe(raw, final, rootfs, bundle, directory):
                + _block(struct.pack("<II", bundle_fs & 0xFFFFFFFF, rootfs_fs & 0xFFFFFFFF))
                + _block(text(dict(mounts["/etc"], options=[_marked(option, rootfs, bundle)
                                                             for option in mounts["/etc"]["options"]]))))
+    # (each directory mount's index and its source as JSON text: the front end compares the text)
+    sources = b"".join(struct.pack("<I", index) + _block(fastjson.dumpb(source)) for index, source in recipe.sources)
     programs = b"".join(os.fsencode(dict(entry)["path"]) + b"\0" for entries in (recipe.hooks or {}).values()
                         for entry in entries if not isinstance(entry, int))
     from cdi import __version__
@@ -471,7 +396,7 @@ def export_recipe(raw, final, rootfs, bundle, directory):
     data = RECIPE_MAGIC + b"".join(_block(part) for part in (
         __version__.encode(), key, recipe.params, recipe.paths, struct.pack("<I", recipe.count),
         bytes(ffi.buffer(recipe.identities, recipe.count * ffi.sizeof("struct cds_identity"))),
-        links, files, programs, text(final.get("hooks")), binds, root_files, etc))
+        links, files, programs, text(final.get("hooks")), binds, root_files, etc, sources))
     data += struct.pack("<Q", lib.cds_fnv1a(data, len(data)))     # (the front end refuses it changed or cut)
     name = recipe_name(key)
     try:

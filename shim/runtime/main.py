@@ -233,12 +233,13 @@ def once(original, edited):
     return edited
 
 
-def _linker(args, config, settings, log, what=""):
+def _linker(args, config, settings, log, what="", raw=None):
     from ..linker.container import LinkerLimitError, NoPlaceForCache, isolate_hooks, prepare_linker
     from ..linker.toolkit_hooks import HookFailure
 
     try:
-        return isolate_hooks(prepare_linker(config, args.bundle, log, file_binds=settings.file_binds == "hook"))
+        return isolate_hooks(prepare_linker(config, args.bundle, log, file_binds=settings.file_binds == "hook",
+                                            raw=raw))
     except NoPlaceForCache as err:
         raise RuntimeFailure(f"container {args.container_id or '?'}: {what}{err}") from None
     except (LinkerLimitError, HookFailure) as err:
@@ -263,7 +264,7 @@ def _prepare_injected(args, config, raw, info, settings, log, phases, writes):
     if not has_known_hooks(config):
         return
     writes.begin()
-    edited = _linker(args, config, settings, log)
+    edited = _linker(args, config, settings, log, raw=raw)
     phases.done("linker")
     if edited is not config:
         _write(args, edited, info)
@@ -271,7 +272,7 @@ def _prepare_injected(args, config, raw, info, settings, log, phases, writes):
         log.debug(f"container {args.container_id or '?'}: the work of the injected spec's hooks done natively")
         # (none for the front end while runc binds the files: it replays only what the hook mode gives)
         if stepmemo.enabled() and settings.resident_socket and settings.file_binds == "hook":
-            stepmemo.export_recipe(raw, edited, rootfs_path(config, args.bundle), args.bundle,
+            stepmemo.export_recipe(edited, rootfs_path(config, args.bundle), args.bundle,
                                    os.path.join(os.path.dirname(settings.resident_socket), "steps"))
             phases.done("recipe")
 

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from shim.linker import filebinds
+from shim.linker.stepresult import StepResult
 from shim.linker.container import _is_library
 from shim.linker.engine import Root
 
@@ -153,14 +154,17 @@ def test_our_own_hooks_are_folded_into_the_binds_hook(host, rootfs):
     elsewhere = dict(links, args=links["args"][:3] + ["/other/rootfs"] + links["args"][4:])
     config = {"mounts": [library(host, 0)], "hooks": {"createContainer": [other, params, elsewhere, links]}}
     folded, source, made_links = filebinds.folded_hooks(config, program, str(rootfs))
-    assert folded == [params, links] and source == "/b/p"
+    assert folded == [1, 3] and source == "/b/p"     # (their places among the createContainer hooks)
     assert made_links == ["../card1::/dev/dri/by-path/x-card", "../r::/dev/dri/by-path/x-r"]
     assert filebinds.folded_hooks(config, "/elsewhere/cdi-shim-nshook", str(rootfs)) == ([], None, [])
     assert chosen(rootfs, config["mounts"], **{k: v for k, v in config.items() if k != "mounts"}) == []
     with Root(str(rootfs)) as root:
         picked = filebinds.plan(config, root, set(), _is_library, minimum=1)
-    new, made = filebinds.hook(config, picked, str(rootfs), program, ["PATH=/bin"], folded, source, made_links)
-    assert new["hooks"]["createContainer"] == [made, other, elsewhere] and new["mounts"] == []
+    new, made = filebinds.hook(config, picked, str(rootfs), program, ["PATH=/bin"], source, made_links)
+    assert new["mounts"] == []
+    # (the step puts it first and takes the folded ones out: shim/linker/stepresult.py)
+    new = StepResult(None, config).put_first(new, "createContainer", made, folded)
+    assert new["hooks"]["createContainer"] == [made, other, elsewhere]
     assert made["args"] == ["cdi-shim-nshook", "binds", "--rootfs", str(rootfs),
                             "--bind", config["mounts"][0]["source"], config["mounts"][0]["destination"],
                             ",".join(OPTIONS), "--params", "/b/p",

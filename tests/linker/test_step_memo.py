@@ -353,10 +353,8 @@ def test_what_the_key_reader_takes_is_json_python_reads_alike():
 
 def test_the_worker_s_key_takes_each_mount_whole_and_the_namespaces():
     """stepmemo.key (the worker's memo): the same fields as the front end's key above."""
-    from shim.linker.container import _is_library
-
     def worker_key(config):
-        return stepmemo.key(config, [], _is_library, lambda: None, lambda: None)
+        return stepmemo.key(json.dumps(config).encode(), [], lambda: None, lambda: None)
 
     base = worker_key(CONFIG)
     same = json.loads(json.dumps(CONFIG))
@@ -383,12 +381,10 @@ def test_both_keys_read_of_a_namespace_its_type_and_only_a_user_or_mount_one_s_p
     """A pod's container joins its sandbox's network, IPC and UTS namespaces by path: those paths
     differ pod to pod and the step reads none of them, so they must not keep the next pod's
     create from a kept step; the types, and the user and mount namespaces' paths, do count."""
-    from shim.linker.container import _is_library
-
     def both(namespaces):
         config = json.loads(json.dumps(CONFIG))
         config["linux"]["namespaces"] = namespaces
-        return key_of(config), stepmemo.key(config, [], _is_library, lambda: None, lambda: None)
+        return key_of(config), stepmemo.key(json.dumps(config).encode(), [], lambda: None, lambda: None)
 
     base = both(POD_NAMESPACES)
     assert base[0] is not None
@@ -402,3 +398,59 @@ def test_both_keys_read_of_a_namespace_its_type_and_only_a_user_or_mount_one_s_p
         assert changed[0] not in (None, base[0]) and changed[1] != base[1], change
     assert both([*POD_NAMESPACES, {"type": "user", "path": "/proc/1/ns/user"}]) != \
         both([*POD_NAMESPACES, {"type": "user", "path": "/proc/2/ns/user"}])
+
+
+def test_the_step_returns_all_it_did_and_leaves_its_config_alone(world, steps):
+    """Recording is explicit (issue 28): the step returns what it did (stepresult.StepResult) --
+    the links, the bundle and root files, the binds, the hooks by position -- and that is all
+    the memo keeps; the config it was given is not changed in place."""
+    import copy
+
+    from shim.linker.stepresult import StepResult
+
+    rootfs = roots.copy_tree(world["lower"], os.path.join(world["scratch"], "root"))
+    bundle = os.path.join(world["scratch"], "bundle")
+    os.makedirs(bundle)
+    config = config_for(world, rootfs)
+    given = copy.deepcopy(config)
+    calls = [call for _, call in container._hook_calls(config)]
+    mounts = config["mounts"]
+    libraries = {m["destination"]: m["source"] for m in mounts if container._is_library(m["destination"])}
+    image_files = linker_files(rootfs)
+    with StepResult(Log(), config, observe=True) as out:
+        container._step(out, bundle, rootfs, calls, mounts, libraries, time.monotonic())
+    assert config == given, "the step changed the config it was given"
+    assert not out.warnings and not out.refused
+    assert ("libcuda.so.1", f"{LIBDIR}/libcuda.so") in out.links
+    assert all(os.path.islink(rootfs + link) and os.readlink(rootfs + link) == target for target, link in out.links)
+    assert sorted(out.files) == sorted(os.path.join(os.path.abspath(bundle), name) for name in os.listdir(bundle))
+    now = linker_files(rootfs)
+    assert {path for path, value in now.items() if image_files.get(path) != value} <= {p for p, _, _ in out.root_files}
+    assert all(now[path][0] == data for path, data, _ in out.root_files) and out.root_files
+    assert [destination for destination, _ in out.binds] == \
+        [m["destination"] for m in out.config["mounts"] if m.get("source", "").startswith(os.path.abspath(bundle))]
+    # the hooks by position: the prestart hook kept as it was, each toolkit hook dropped or replaced
+    assert out.hooks["prestart"] == [0]
+    hooks = out.config["hooks"]
+    assert [hooks[stage] for stage in hooks] == [[config["hooks"][stage][e] if isinstance(e, int) else e
+                                                  for e in entries] for stage, entries in out.hooks.items()]
+    assert not any("nvidia-cdi-hook" in json.dumps(hook) for hook in hooks.get("createContainer", ()))
+    assert stepmemo.keep(("key",), out, rootfs, bundle, {}) == ""
+
+
+def test_one_key_for_the_worker_and_the_front_end():
+    """The worker keeps a step under the front end's key of the config's bytes (cds_step_key,
+    computed once), whether it was given the bytes or only the parsed config (written out):
+    the two cannot drift. And which mount's source the key holds (a library destination) is
+    the step's own rule of what a library is (container._is_library, ociconf.c library_named)."""
+    text = json.dumps(CONFIG).encode()
+    assert stepmemo.key(text, [], lambda: None, lambda: None)[0] == stepmemo.step_key_of(text)
+    from shim import fastjson
+
+    assert stepmemo.step_key_of(fastjson.dumpb(CONFIG)) is not None
+    for name in ("libcuda.so", "libcuda.so.1", "libnvidia-ml.so.550.54.15", "libGLX_indirect.so.0", "lib.so",
+                 "libx.so.", "libso", "libcuda.sox", "cuda.so.1", "libcuda.so1", "libc.so.6.bak", "ld-linux.so.2",
+                 "nvidia_icd.json", "libcuda.so.1/", "libx.soso.1", "libnvidia-egl-gbm.so.1.1.2"):
+        config = {"hooks": {}, "mounts": [{"destination": f"{LIBDIR}/{name}", "source": "/host/marker"}]}
+        held = b"/host/marker" in stepmemo.step_key_of(json.dumps(config).encode())
+        assert held == container._is_library(f"{LIBDIR}/{name}"), name

@@ -25,7 +25,8 @@ from test_runtime_toolkit_hooks import LIBDIR, PARAMS, _image, preinject, toolki
 class Image:
     """A world with a one-worker resident server, the toolkit's spec and an image layer."""
 
-    def __init__(self, world, driver, tmp_path, params=None, more_libraries=()):
+    def __init__(self, world, driver, tmp_path, params=None, more_libraries=(), extra_hooks="", spec=None,
+                 layer_dirs=()):
         self.world, self.tmp_path, self.mounts = world, tmp_path, []
         self.socket = os.path.join(world.base, "run", "runtime.sock")
         self.steps = os.path.join(world.base, "run", "steps")
@@ -33,12 +34,16 @@ class Image:
         self.server = start_server(world, self.socket, workers=1, settle=0)    # files trusted however new
         world.resident_socket = self.socket
         self.log = debug_world(world)
-        world.write_spec("nvidia-gpu.yaml", toolkit_spec(world, driver) + "".join(
+        # (EXTRA_HOOKS first, where the toolkit writes its create-symlinks hooks)
+        spec = spec or toolkit_spec(world, driver).replace("  hooks:\n", "  hooks:\n" + extra_hooks, 1)
+        world.write_spec("nvidia-gpu.yaml", spec + "".join(
             f"    - hostPath: {path}\n      containerPath: {LIBDIR}/{os.path.basename(path)}\n"
             "      options: [ro, nosuid, nodev, rbind, rprivate]\n" for path in more_libraries))
         image = world.bundle(tag="image")
         _image(image, driver, str(tmp_path), compat=False)
         self.layer = image.rootfs
+        for path in layer_dirs:
+            os.makedirs(self.layer + path, exist_ok=True)
 
     def env(self):
         return self.world.env(CDI_SHIM_NVIDIA_PARAMS=self.params or str(self.tmp_path / "no-such-params"))
@@ -566,7 +571,7 @@ def test_a_compat_drop_in_no_cache_reads_is_replayed_alike(world, driver, tmp_pa
     all the same (issue 32; test_hook_fidelity), by the worker, the front end's replay, the
     worker's memo and the Python step alone, with the same config and files."""
     from test_hook_fidelity import COMPAT_MARK
-    from test_runtime_toolkit_hooks import COMPAT, _hook, _library
+    from test_runtime_toolkit_hooks import COMPAT, _hook
 
     made = Image(world, driver, tmp_path)
     try:
@@ -575,10 +580,9 @@ def test_a_compat_drop_in_no_cache_reads_is_replayed_alike(world, driver, tmp_pa
         assert "update-ldcache" not in spec
         world.write_spec("nvidia-gpu.yaml", spec)
         os.makedirs(made.layer + COMPAT)
-        _library(made.layer + f"{COMPAT}/libcuda.so.570.86.10", "libcuda.so.1",
+        rh.library(made.layer + f"{COMPAT}/libcuda.so.570.86.10", "libcuda.so.1",
                  f"int fake_cuda_major(void) {{ return {COMPAT_MARK}; }}\n")
         os.symlink("libcuda.so.570.86.10", made.layer + f"{COMPAT}/libcuda.so.1")
-        time.sleep(1.2)     # (older than the memos' settle time)
         results = each_way(world, made)
         assert all(later == results[0] for later in results[1:])
         assert results[0][3]["ld.so.conf.d/00-compat-cdi-shim.conf"] == (f"{COMPAT}\n".encode(), 0o100644)

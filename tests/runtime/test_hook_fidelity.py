@@ -500,7 +500,7 @@ def test_the_compat_drop_in_is_written_where_no_cache_reads_it(world, driver, tm
     bundle = world.bundle(args=["sh", "-c", ALONE], edit=lambda config: config["root"].update(readonly=readonly))
     rootfs = _image(bundle, driver, tmp_path, compat=False)
     os.makedirs(rootfs + COMPAT)
-    _library(rootfs + f"{COMPAT}/libcuda.so.570.86.10", "libcuda.so.1",
+    rh.library(rootfs + f"{COMPAT}/libcuda.so.570.86.10", "libcuda.so.1",
              f"int fake_cuda_major(void) {{ return {COMPAT_MARK}; }}\n")
     os.symlink("libcuda.so.570.86.10", rootfs + f"{COMPAT}/libcuda.so.1")
     os.makedirs(rootfs + "/sbin", exist_ok=True)
