@@ -1,5 +1,5 @@
 """`docker run --rm IMAGE true` through cdi-shim as a ratio to runc on the same daemon, for each of
-Debian's dockerd 20.10, 26.1 and 28.5 (shim/cri/dockerlab.py: a private dockerd and containerd,
+Debian's dockerd 20.10, 26.1 and 28.5 (cdi_shim_lab/dockerlab.py: a private dockerd and containerd,
 vfs storage, no network). Sides, in interleaved rounds whose order rotates:
 
 - runc:        docker run (the default runtime, runc), no device;
@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from shim.cri.dockerlab import IMAGE, DockerLab  # noqa: E402
+from cdi_shim_lab.dockerlab import IMAGE, DockerLab  # noqa: E402
 
 SIDES = {
     "runc": [],

@@ -67,7 +67,7 @@ def main():
                                "--ulimit", "nproc=32768:32768", "--entrypoint", "du", image, "-sm",
                                "/opt/cdi-shim/current"], capture_output=True, text=True).stdout.split()[:1]
         rows.append(("its /opt/cdi-shim/current", f"{tree[0] if tree else '?'} MB"))
-        from shim.cri import releases
+        from cdi_shim_lab import releases
 
         containerd_dir = os.path.dirname(releases.binaries(releases.fetch("2.1"))["containerd"])
         node = os.path.join(work, "node")

@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python benchmarks/pod_startup.py -n 30 --plot pods.png
 
-The same as `cdi-shim bench pods` (shim/bench/pods.py holds the harness; this file is its command
+The same as `cdi-shim bench pods` (cdi_shim_lab/pods.py holds the harness; this file is its command
 line for people who run benchmarks/). Needs root, containerd 1.6+ (ctr), runc, busybox-static,
 gcc, and grpcio + grpcio-tools (`pip install -e '.[bench]'`); matplotlib only for --plot.
 """

@@ -1,6 +1,6 @@
 """`podman run --rm --rootfs ROOTFS:O true` with a GPU by --device, podman running the spec's hooks
 through runc, against podman with cdi-shim as its runtime, for each of Debian's podman 4.3 and 5.8
-(shim/cri/podmanlab.py: a private podman, vfs storage, no network; the GPU is the tests' fake
+(cdi_shim_lab/podmanlab.py: a private podman, vfs storage, no network; the GPU is the tests' fake
 driver and its spec the one `cdi-shim cdi generate` writes). Sides, in interleaved rounds whose
 order rotates:
 
@@ -28,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from shim.cri.podmanlab import PodmanLab  # noqa: E402
+from cdi_shim_lab.podmanlab import PodmanLab  # noqa: E402
 from tests.generate.fakedriver import FakeDriver  # noqa: E402
 
 SIDES = {

@@ -41,7 +41,7 @@ import time
 
 from common import library_image, start_resident, timed
 
-from shim.cri.lab import build_driver_libraries, toolkit_hooks as lab_toolkit_hooks
+from cdi_shim_lab.images import build_driver_libraries, toolkit_hooks as lab_toolkit_hooks
 
 
 BIN = os.path.dirname(sys.executable)

@@ -26,7 +26,7 @@ from runtime_overhead import BIN, make_bundle
 from toolkit import toolkit_programs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from shim.cri.lab import DRIVER_FOLDER, build_driver_libraries, toolkit_hooks  # noqa: E402
+from cdi_shim_lab.images import DRIVER_FOLDER, build_driver_libraries, toolkit_hooks  # noqa: E402
 
 
 CHECK = (f"test -c /dev/nvidia0 && test -L {DRIVER_FOLDER}/libnvidia-bench0.so && "

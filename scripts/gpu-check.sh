@@ -30,7 +30,7 @@ done
 runc=$(command -v runc) || die "runc not found: apt-get install runc"
 . scripts/apt.sh             # the container's rootfs: not a node's need, so not setup.sh's
 apt_install "the check's container rootfs" busybox-static
-busybox=$("$bin/python" -c 'from shim.cri.hosttools import static_busybox as s; print(s() or "")')
+busybox=$("$bin/python" -c 'from cdi_shim_lab.hosttools import static_busybox as s; print(s() or "")')
 [ -n "$busybox" ] || die "no statically linked busybox: apt-get install busybox-static"
 
 say "NVML and the kernel module"

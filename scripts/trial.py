@@ -60,7 +60,7 @@ def run(argv, env):
 
 
 def run_pods(base, driver, containerd):
-    from shim.cri.lab import Lab, LabError
+    from cdi_shim_lab.lab import Lab, LabError
 
     step(f"containerd {containerd} from Debian's archive, unpacked privately (the system's stays), "
          "with native CDI on and cdi-shim registered as the `cdi-shim` handler")

@@ -67,8 +67,11 @@ def pods(pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, residen
         .venv/bin/pip install --config-settings editable_mode=compat -e '.[bench]'
     """
     try:
-        from ..bench import pods as podbench
-    except ImportError as err:  # grpcio missing
+        from cdi_shim_lab import pods as podbench   # the lab: a checkout's, never in the node's wheel
+    except ImportError as err:
+        if getattr(err, "name", None) == "cdi_shim_lab":
+            _fail("cdi-shim bench pods needs the lab (the cdi_shim_lab package of a cdi-shim checkout), which the "
+                  f"wheel does not ship: install the checkout with the bench extras, in it: {INSTALL_EXTRAS}")
         _fail(f"{err}: install the bench extras; in the cdi-shim checkout: {INSTALL_EXTRAS}")
     scenarios = list(scenarios)
     if native_cdi:

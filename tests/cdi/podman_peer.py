@@ -38,7 +38,7 @@ from collections import OrderedDict
 
 import yaml
 
-from shim.cri.hosttools import static_busybox
+from cdi_shim_lab.hosttools import static_busybox
 
 INSTALL_HINT = "apt-get install podman busybox-static runc"
 # podman 4.3.1 (CDI v0.5.2) only reads these, in rising priority.

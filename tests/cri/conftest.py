@@ -44,7 +44,7 @@ def lab(tmp_path_factory, cri_build_dir):
         need(name, package)
     if os.geteuid() != 0:
         pytest.fail("the CRI tests run a private containerd and pods with runc: run them as root", pytrace=False)
-    from shim.cri.lab import Lab, LabError
+    from cdi_shim_lab.lab import Lab, LabError
 
     base = tmp_path_factory.mktemp("lab")
     the_lab = Lab(base, runtime_log=True, log_level="debug", resident=True)
@@ -62,7 +62,7 @@ def _release_lab(tmp_path_factory, version, native_cdi):
         need(name, package)
     if os.geteuid() != 0:
         pytest.fail("the CRI tests run a private containerd and pods with runc: run them as root", pytrace=False)
-    from shim.cri.lab import Lab, LabError
+    from cdi_shim_lab.lab import Lab, LabError
 
     base = tmp_path_factory.mktemp(f"lab-{version}-cdi-{'on' if native_cdi else 'off'}")
     the_lab = Lab(base, runtime_log=True, log_level="debug", containerd=version, native_cdi=native_cdi)

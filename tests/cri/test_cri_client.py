@@ -29,7 +29,7 @@ UPSTREAM = {
 
 @pytest.fixture(scope="module")
 def pb(cri_build_dir):
-    from shim import cri
+    from cdi_shim_lab import cri
 
     return cri.messages()
 
@@ -37,7 +37,7 @@ def pb(cri_build_dir):
 def test_compiled_into_the_build_dir(pb, cri_build_dir):
     assert pb.__file__.startswith(cri_build_dir)
     assert os.path.basename(pb.__file__) == "cdi_shim_cri_pb2.py"
-    from shim import cri
+    from cdi_shim_lab import cri
 
     assert cri.compile_proto() == pb.__file__  # cached: not compiled twice
 
@@ -58,7 +58,7 @@ def test_service_and_enums(pb):
 
 
 def test_container_log_parsing(tmp_path):
-    from shim.cri.client import read_container_log
+    from cdi_shim_lab.cri.client import read_container_log
 
     log = tmp_path / "c.log"
     log.write_text("2024-01-01T00:00:00.000000000Z stdout F hello world\n"

@@ -1,6 +1,6 @@
 """docker run with cdi-shim, through real dockerd 20.10, 26.1 and 28.5 (Debian's docker.io of
-bookworm, trixie and forky, fetched once into $CDI_SHIM_TEST_CACHE: shim/cri/releases.py), each
-with its own containerd, data-root, exec-root, socket, no iptables and no bridge (shim/cri/dockerlab.py).
+bookworm, trixie and forky, fetched once into $CDI_SHIM_TEST_CACHE: cdi_shim_lab/releases.py), each
+with its own containerd, data-root, exec-root, socket, no iptables and no bridge (cdi_shim_lab/dockerlab.py).
 daemon.json is written by the real `cdi-shim runtime configure --runtime=docker` (with --cdi on 26
 and 28); cdi-shim's nvidia-container-runtime-hook is on each dockerd's PATH (what offers --gpus).
 
@@ -27,8 +27,8 @@ REPORT = ("ls -l /dev/nvidia0 2>&1; cat /usr/local/fake-driver/version.txt 2>&1;
 def docker(request, tmp_path_factory):
     if os.geteuid() != 0:
         pytest.fail("the Docker tests run private dockerd and containerd with runc: run them as root", pytrace=False)
-    from shim.cri.dockerlab import DockerLab
-    from shim.cri.lab import LabError
+    from cdi_shim_lab.dockerlab import DockerLab
+    from cdi_shim_lab.lab import LabError
 
     version = request.param
     lab = None
@@ -157,8 +157,8 @@ def test_cdi_device_hooks_done_natively_by_cdi_shim(docker):
 def test_gpus_and_cdi_device_through_the_resident_process(tmp_path):
     """As on a node: `cdi-shim runtime serve` runs (in containerd's mount namespace, where the shims
     call the runtime), and the creates that need Python go to its workers."""
-    from shim.cri.dockerlab import DockerLab
-    from shim.cri.lab import LabError
+    from cdi_shim_lab.dockerlab import DockerLab
+    from cdi_shim_lab.lab import LabError
 
     lab = DockerLab(tmp_path, "28.5", cdi=True, resident=True)
     try:
@@ -183,8 +183,8 @@ def test_without_the_cdi_feature_only_28_injects(tmp_path, version, injects):
     features.cdi, 28.2 and later unless it is false."""
     import json
 
-    from shim.cri.dockerlab import DockerLab
-    from shim.cri.lab import LabError
+    from cdi_shim_lab.dockerlab import DockerLab
+    from cdi_shim_lab.lab import LabError
 
     lab = DockerLab(tmp_path, version, cdi=False)
     try:

@@ -1,4 +1,4 @@
-"""Pods through real containerd 1.7 and 2.1 (Debian trixie / forky: shim/cri/releases.py) with the
+"""Pods through real containerd 1.7 and 2.1 (Debian trixie / forky: cdi_shim_lab/releases.py) with the
 cdi-shim runtime handler, containerd's own CDI on and off.
 
 With enable_cdi on (`runtime configure --enable-cdi true`, cdi_spec_dirs = the lab's spec dir),
@@ -106,7 +106,7 @@ def test_toolkit_hook_spec_fails_under_plain_runc_handler(native_lab):
     """A toolkit-shaped spec (an nvidia-cdi-hook update-ldcache hook, the binary absent here),
     injected by containerd: plain runc runs the hook and the pod fails. (That cdi-shim-runtime
     does such hooks natively is tested with that change, not here.)"""
-    from shim.cri import CRIError
+    from cdi_shim_lab.cri import CRIError
 
     assert not os.path.exists("/usr/bin/nvidia-cdi-hook")
     native_lab.write_spec("toolkit-gpu.yaml", TOOLKIT_SPEC.format(dev=native_lab.dev_dir))
@@ -137,7 +137,7 @@ def test_pod_benchmark_native_cdi_scenario(cri_build_dir, tmp_path):
     is split into runc's create and start (timed by the lab's runc stand-in) and the rest."""
     import json
 
-    from shim.bench.pods import NATIVE_SCENARIOS, STEPS
+    from cdi_shim_lab.pods import NATIVE_SCENARIOS, STEPS
     from tests.helpers import run_cli
 
     data = tmp_path / "bench.json"
@@ -196,7 +196,8 @@ def test_pod_benchmark_native_cdi_own_hook_program(cri_build_dir, tmp_path):
     each of its runs and the name runc gave it."""
     import json
 
-    from shim.cri.lab import HOOK_SCRIPT, find_tool
+    from cdi_shim_lab.hosttools import find_tool
+    from cdi_shim_lab.images import HOOK_SCRIPT
     from tests.helpers import run_cli
 
     own_log = tmp_path / "own.log"

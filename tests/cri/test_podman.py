@@ -1,7 +1,7 @@
 """podman run with cdi-shim as its runtime, through real podman 4.3 (bookworm's own) and 5.8
-(forky's, unpacked with its own glibc into $CDI_SHIM_TEST_CACHE: shim/cri/releases.py), each with
+(forky's, unpacked with its own glibc into $CDI_SHIM_TEST_CACHE: cdi_shim_lab/releases.py), each with
 its own storage, run root, tmp dir and containers.conf, no network, in a private mount namespace
-whose /var/run/cdi is the lab's spec folder (shim/cri/podmanlab.py). containers.conf is written by
+whose /var/run/cdi is the lab's spec folder (cdi_shim_lab/podmanlab.py). containers.conf is written by
 the real `cdi-shim runtime configure --runtime=podman`.
 
 The GPU is the tests' fake driver (tests/generate/fakedriver.py: gcc-built libraries, mknod'd
@@ -36,8 +36,8 @@ def _generate(lab, driver, output, hook_program, kind=()):
 def podman(request, tmp_path_factory):
     if os.geteuid() != 0:
         pytest.fail("the podman tests run root podman with runc: run them as root", pytrace=False)
-    from shim.cri.lab import LabError
-    from shim.cri.podmanlab import PodmanLab
+    from cdi_shim_lab.lab import LabError
+    from cdi_shim_lab.podmanlab import PodmanLab
     from tests.generate.fakedriver import FakeDriver
 
     version = request.param
@@ -143,8 +143,8 @@ def test_gpus_flag(podman):
 def test_device_through_the_resident_process(tmp_path):
     """As on a node: `cdi-shim runtime serve` runs (in the mount namespace podman's runtime runs
     in), and a create that needs Python goes to its workers."""
-    from shim.cri.lab import LabError
-    from shim.cri.podmanlab import PodmanLab
+    from cdi_shim_lab.lab import LabError
+    from cdi_shim_lab.podmanlab import PodmanLab
     from tests.generate.fakedriver import FakeDriver
 
     driver = FakeDriver(tmp_path / "fake-driver", gpus=1)

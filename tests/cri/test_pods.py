@@ -1,7 +1,7 @@
 """Real pods through a private containerd 1.6's CRI plugin (RunPodSandbox ... RemovePodSandbox).
 
 containerd 1.6 has no CDI support of its own, so a device seen in these containers is cdi-shim's.
-The lab (shim/cri/lab.py) configures runtimes with the real `cdi-shim runtime configure`:
+The lab (cdi_shim_lab/lab.py) configures runtimes with the real `cdi-shim runtime configure`:
 ``nvidia`` (cdi-shim-runtime, container_annotations ["cdi.k8s.io/*"]), ``nvidia-noallow`` (the
 same entry without the allow-list) and the stock ``runc``.
 """
@@ -63,7 +63,7 @@ def test_runc_handler_gives_nothing(lab):
 
 
 def test_runtimeclass_handler_mismatch_fails_like_the_pod_would(lab):
-    from shim.cri import CRIError
+    from cdi_shim_lab.cri import CRIError
 
     with pytest.raises(CRIError) as err:
         lab.run_pod("nvidia-gpu", ["true"])

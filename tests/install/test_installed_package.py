@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -107,8 +108,28 @@ def test_sdist_carries_what_the_wheel_is_built_from(built):
     listing = run(["tar", "tzf", built["sdist"]]).stdout.splitlines()
     names = {line.split("/", 1)[1] for line in listing if "/" in line}
     for needed in ("setup.py", "pyproject.toml", "csrc/programs.py", "csrc/launcher/pylaunch.c",
-                   "csrc/frontend/runtime_main.c", "csrc/engine/build_native.py", "shim/cri/api.proto"):
+                   "csrc/frontend/runtime_main.c", "csrc/engine/build_native.py"):
         assert needed in names, f"{needed} is missing from {built['sdist']}"
+
+
+def test_the_wheel_ships_the_runtime_and_no_test_bench(built):
+    """The node's wheel: cdi and shim, none of the lab (cdi_shim_lab: the labs, the releases they
+    fetch, the CRI client, the pod benchmark), nor tests or benchmarks."""
+    with zipfile.ZipFile(built["wheel"]) as wheel:
+        names = wheel.namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert {top for top in tops if not top.startswith("cdi_shim-")} == {"cdi", "shim"}, sorted(tops)
+    bench = [name for name in names if name.startswith(("shim/cri/", "shim/bench/")) or "lab" in
+             os.path.basename(name) or name.endswith((".proto", "releases.py", "hosttools.py", "pods.py"))]
+    assert not bench, bench
+    assert "shim/runtime/main.py" in names and "cdi/registry.py" in names    # (the listing is the real one)
+
+
+def test_bench_pods_without_the_lab_says_what_to_install(venv, built):
+    done = installed(venv, "cdi-shim", "bench", "pods", "-n", "1", cwd=built["outside"])
+    assert done.returncode != 0, done.stdout
+    assert "cdi_shim_lab" in done.stderr and "pip install" in done.stderr and "Traceback" not in done.stderr, \
+        done.stderr
 
 
 def test_no_installed_file_names_the_source_tree_or_another_venv(venv, built):

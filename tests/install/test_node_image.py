@@ -106,7 +106,7 @@ def test_two_installers_at_once_give_one_release(image, tmp_path):
 
 @pytest.fixture
 def lab21(tmp_path):
-    from shim.cri.lab import Lab
+    from cdi_shim_lab.lab import Lab
 
     lab = Lab(tmp_path / "lab", containerd="2.1")
     yield lab

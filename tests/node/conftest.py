@@ -39,7 +39,7 @@ def runtime_binary(tmp_path):
 def containerd_release():
     """containerd_release("1.7" | "2.1") -> path of that real containerd, fetched once from Debian's
     trixie / forky with apt-get download and kept under $CDI_SHIM_TEST_CACHE (never installed)."""
-    from shim.cri.releases import ReleaseError, binaries, fetch
+    from cdi_shim_lab.releases import ReleaseError, binaries, fetch
 
     def get(version):
         try:

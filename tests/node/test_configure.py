@@ -4,7 +4,7 @@ Golden inputs: tests/node/data/containerd-1.6-default.toml is the output of this
 `containerd config default` (Debian's 1.6.20); containerd-2.x-default.toml is a version-3 sample
 written from containerd 2.x's documented defaults. The version-2 results are loaded by the
 installed containerd 1.6 (`containerd --config F config dump`); at the end, real containerd 1.7 and
-2.1 (Debian trixie / forky, fetched once into $CDI_SHIM_TEST_CACHE: shim/cri/releases.py) load
+2.1 (Debian trixie / forky, fetched once into $CDI_SHIM_TEST_CACHE: cdi_shim_lab/releases.py) load
 version 2 and 3 results, and a version-4 sample (containerd 2.3, which no Debian suite serves)
 is checked by reading only.
 """

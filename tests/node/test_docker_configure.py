@@ -1,6 +1,6 @@
 """`cdi-shim runtime configure --runtime=docker` on daemon.json files, with real dockerd binaries:
 Debian's docker.io 20.10 (bookworm), 26.1 (trixie) and 28.5 (forky), fetched once into
-$CDI_SHIM_TEST_CACHE (shim/cri/releases.py). They tell the version (CDI from 25) and, from 23,
+$CDI_SHIM_TEST_CACHE (cdi_shim_lab/releases.py). They tell the version (CDI from 25) and, from 23,
 check the written file (`dockerd --validate`). The daemons themselves run in tests/cri/test_docker.py.
 """
 import json
@@ -18,7 +18,7 @@ VERSIONS = ("20.10", "26.1", "28.5")
 @pytest.fixture(scope="module")
 def dockerd():
     """{version: path of its dockerd}; fails (never skips) when they cannot be fetched."""
-    from shim.cri import releases
+    from cdi_shim_lab import releases
 
     found = {}
     for version in VERSIONS:

@@ -11,7 +11,7 @@ containerd: every containerd rule runs against a real containerd of each major v
 the way doctor asks a node's own: `containerd --version` and `containerd --config F config dump`.
 The version-2 (1.6) roots name this machine's containerd 1.6 (Debian bookworm's) with
 `--containerd-binary`; the 1.7 (version 2) and 2.1 (version 3) roots carry the real containerd
-1.7.24 / 2.1.9 of Debian's trixie / forky (shim/cri/releases.py: fetched once with apt-get
+1.7.24 / 2.1.9 of Debian's trixie / forky (cdi_shim_lab/releases.py: fetched once with apt-get
 download into $CDI_SHIM_TEST_CACHE) hard-linked as ROOT/usr/bin/containerd, found on ROOT's
 PATH like a node's own. What the rules say is measured on those binaries: 1.6 reads a version-3
 file as version 2, 1.7 refuses it, 2.1 refuses version 4 and warns of each old CRI table it

@@ -1,9 +1,9 @@
 """`cdi-shim install --node` on prepared node roots (--root): idempotent (a second run leaves every
 file byte-identical and says nothing changed), its containerd result loaded by a real containerd
 (`containerd --config ROOT/etc/containerd/config.toml config dump`): the system's 1.6 (version 2)
-and Debian forky's 2.1.9 (version 3; shim/cri/releases.py fetches it once into
+and Debian forky's 2.1.9 (version 3; cdi_shim_lab/releases.py fetches it once into
 $CDI_SHIM_TEST_CACHE), each starting from its own `containerd config default`; a pod through the
-installed handler on both (the CRI lab of shim/cri/lab.py), k3s/rke2 templates, the CDI spec from
+installed handler on both (the CRI lab of cdi_shim_lab/lab.py), k3s/rke2 templates, the CDI spec from
 the fake driver of tests/generate (real gcc-built libraries, the fake NVML through the real
 pynvml, mknod device nodes), systemctl through --systemctl (PID 1 is not systemd here).
 """
@@ -434,7 +434,7 @@ def test_the_one_mount_layout_is_kept_by_install(tmp_path, shim_env, fake_binary
 
 @pytest.mark.parametrize("version", ["1.6", "2.1"])
 def test_pod_through_the_installed_handler_gets_its_device(tmp_path, monkeypatch, version):
-    """The CRI lab (shim/cri/lab.py: a private containerd, real pods; 2.1 in a private mount
+    """The CRI lab (cdi_shim_lab/lab.py: a private containerd, real pods; 2.1 in a private mount
     namespace with its own /run) with its runtime registered by `install --node --drop-in` on a
     node root holding the lab's containerd config and cdi-shim config, instead of `runtime
     configure`: a pod of RuntimeClass handler "nvidia" asking for nvidia.com/gpu=0 through the
@@ -449,7 +449,7 @@ def test_pod_through_the_installed_handler_gets_its_device(tmp_path, monkeypatch
     if os.geteuid() != 0:
         pytest.fail("a private containerd runs pods with runc: run as root", pytrace=False)
     monkeypatch.setenv("CDI_SHIM_CRI_BUILD_DIR", str(tmp_path / "cri-build"))
-    from shim.cri.lab import Lab, LabError
+    from cdi_shim_lab.lab import Lab, LabError
 
     node = tmp_path / "node"
 

@@ -1,6 +1,6 @@
 """`cdi-shim runtime configure --runtime=podman` on containers.conf files, with real podman binaries:
 Debian's 4.3 (bookworm's own) and 5.8 (forky's, fetched once into $CDI_SHIM_TEST_CACHE:
-shim/cri/releases.py). They tell the version and load the written file (`CONTAINERS_CONF=NEW
+cdi_shim_lab/releases.py). They tell the version and load the written file (`CONTAINERS_CONF=NEW
 podman version`); that check runs here in a mount namespace with a tmpfs at /run and storage of
 the test's own, so the host's podman state is never touched. The containers themselves run in
 tests/cri/test_podman.py.
@@ -40,7 +40,7 @@ default_subnet = "10.88.0.0/16"
 def commented(podman):
     """COMMENTED, its helper_binaries_dir podman 5.8's (where its netavark is: podman 5 loads no
     config without one)."""
-    from shim.cri import releases
+    from cdi_shim_lab import releases
 
     netavark = releases.podman_binaries(releases.podman_prefix_path("5.8"))["netavark"]
     return COMMENTED.replace("{helpers}", os.path.dirname(netavark))
@@ -51,7 +51,7 @@ def podman():
     """{version: path of its podman}; fails (never skips) when they cannot be had."""
     import shutil
 
-    from shim.cri import releases
+    from cdi_shim_lab import releases
 
     system = shutil.which("podman")
     if not system:

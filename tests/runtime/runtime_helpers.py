@@ -33,7 +33,7 @@ import time
 
 import pytest
 
-from shim.cri import hosttools
+from cdi_shim_lab import hosttools
 
 VENV_BIN = os.path.dirname(sys.executable)
 RUNTIME_NAME = "cdi-shim-runtime"

@@ -20,7 +20,7 @@ import subprocess
 import pytest
 
 import runtime_helpers as rh
-from shim.cri.lab import build_driver_libraries
+from cdi_shim_lab.images import build_driver_libraries
 from test_runtime_toolkit_hooks import sanitized_nshook
 
 RESIDENT_TOO = True

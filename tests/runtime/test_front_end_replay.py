@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 import runtime_helpers as rh
-from shim.cri.lab import build_driver_libraries
+from cdi_shim_lab.images import build_driver_libraries
 from tests.helpers import native_programs, python_prefix
 from test_runtime_resident import debug_world, served_lines, start_server
 from test_runtime_toolkit_hooks import LIBDIR, PARAMS, _image, preinject, toolkit_spec

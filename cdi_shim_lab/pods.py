@@ -1,7 +1,7 @@
 """Pod start-up through a real containerd: the cdi-shim handler against plain runc (`cdi-shim bench pods`).
 
 Each pod is RunPodSandbox -> CreateContainer -> StartContainer -> (container `/bin/true` exits) ->
-StopPodSandbox -> RemovePodSandbox through a private containerd (shim/cri/lab.py), a host-network
+StopPodSandbox -> RemovePodSandbox through a private containerd (cdi_shim_lab/lab.py), a host-network
 pod with one container. "start-up" is RunPodSandbox's call until StartContainer returns (the
 container runs); "lifecycle" is the whole sequence. Pairs alternate the handlers, and which of the
 two goes first, so drift on these shared machines hits both alike; ratios are reported per pair
@@ -41,7 +41,7 @@ runtime writes there) and runc's root are tmpfs mounts of their own, as /run/con
 node; ``--state-on-disk`` leaves them on the work directory's filesystem (before 12-03, session 6,
 every figure was taken that way). The image snapshots stay on disk, as /var/lib/containerd is.
 
-With ``time_runc`` (``--time-runc``) runc runs behind a small timer on every side (shim/cri/lab.py,
+With ``time_runc`` (``--time-runc``) runc runs behind a small timer on every side (cdi_shim_lab/lab.py,
 RUNC_TIMER_C) and each pod's StartContainer splits into runc create, runc start and the rest
 (containerd, its shim, the runtime in front of runc); each ratio then says where the extra
 milliseconds went, paired per round.
@@ -52,7 +52,7 @@ The runtime's own per-phase times come from its debug log (``log-level = "debug"
 an interpreter per create instead.
 
 ``containerd`` picks the lab's containerd: "1.6" (the system's), "1.7" or "2.1" (real releases
-from Debian trixie / forky, fetched once into a cache: shim/cri/releases.py), each with its own
+from Debian trixie / forky, fetched once into a cache: cdi_shim_lab/releases.py), each with its own
 default for enable_cdi (1.7 off, 2.1 on, with cdi_spec_dirs = the lab's spec dir): on 2.1,
 containerd itself injects the annotated device before the runtime runs.
 """
@@ -68,7 +68,8 @@ import sys
 import tempfile
 import time
 
-from ..cri.lab import DRIVER_FOLDER, LIB_IMAGE, Lab, LabError
+from .images import DRIVER_FOLDER
+from .lab import LIB_IMAGE, Lab, LabError
 
 COMMAND = ["/bin/true"]
 SCENARIOS = {
@@ -317,7 +318,9 @@ def _check_side(lab, name, key, devices, side):
 def python_path_cost(runs=15):
     """Median ms of what the runtime's Python create path costs outside its logged phases:
     interpreter start (`python -I -S`, as the native front end execs it) and the imports."""
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import shim
+
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(shim.__file__)))   # the runtime's own
     boot = f"import sys; sys.path[:0] = [{package_root!r}]; import shim.runtime.main, cdi.registry, cdi.container_edits"
 
     def timed(argv):

@@ -25,8 +25,8 @@ import tempfile
 import time
 
 from . import releases
-from .lab import (CMD_TIMEOUT, LabError, _layer, _oci_arch, find_tool, kill_processes_naming, make_char_device,
-                  static_busybox, stop_process)
+from .hosttools import CMD_TIMEOUT, LabError, find_tool, kill_processes_naming, need_static_busybox, stop_process
+from .images import _layer, _oci_arch, make_char_device
 
 IMAGE = "localhost/busybox:local"
 RUNTIME_NAME = "cdi-shim"
@@ -89,7 +89,7 @@ class DockerLab:
         self.runc = find_tool("runc", "runc")
         self.unshare = find_tool("unshare", "util-linux")
         self.nsenter = find_tool("nsenter", "util-linux")
-        self.busybox = static_busybox()
+        self.busybox = need_static_busybox()
         venv_bin = os.path.dirname(os.path.abspath(sys.executable))
         self.runtime_binary = runtime_binary or os.path.join(venv_bin, "cdi-shim-runtime")
         self.cli = os.path.join(venv_bin, "cdi-shim")

@@ -28,7 +28,7 @@ import tempfile
 import time
 
 from . import releases
-from .lab import CMD_TIMEOUT, LabError, find_tool, static_busybox, stop_process
+from .hosttools import CMD_TIMEOUT, LabError, find_tool, need_static_busybox, stop_process
 
 RUNTIME_NAME = "cdi-shim"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -72,7 +72,7 @@ class PodmanLab:
         self.nsenter = find_tool("nsenter", "util-linux")
         self.gcc = find_tool("gcc", "gcc")
         self.ldconfig = find_tool("ldconfig", "libc-bin")
-        self.busybox = static_busybox()
+        self.busybox = need_static_busybox()
         venv_bin = os.path.dirname(os.path.abspath(sys.executable))
         self.runtime_binary = runtime_binary or os.path.join(venv_bin, "cdi-shim-runtime")
         self.cli = os.path.join(venv_bin, "cdi-shim")

@@ -1,1 +1,0 @@
-"""Benchmarks run from the command line: GPU pod start-up through a real containerd (`pods`)."""
