@@ -11,7 +11,7 @@ import time
 import pytest
 
 import runtime_helpers as rh
-from shim.cri.lab import build_driver_libraries
+from cdi_shim_lab.images import build_driver_libraries
 
 from test_front_end_replay import Image, each_way, result
 from test_runtime_toolkit_hooks import LIBDIR, VERSION, _hook
