@@ -2,11 +2,14 @@
 folder on the host, bound whole at /usr/local/nvidia/lib64 and /usr/local/nvidia/bin (the GKE
 and CUDA-image convention) instead of one bind a file.
 
-    BASE/<driver version>-<digest>/lib64   the driver's lib*.so.<version> (not the VDPAU
-                                           driver: libvdpau looks in its own folder), the EGL
-                                           platform libraries, their SONAME links and the
-                                           links applications dlopen (libcuda.so,
-                                           libGLX_indirect.so.0, ...)
+    BASE/<driver version>-<digest>/lib64   the driver's lib*.so.<version>, the EGL platform
+                                           libraries, their SONAME links and the links
+                                           applications dlopen (libcuda.so,
+                                           libGLX_indirect.so.0, ...); in subfolders (not
+                                           scanned by ldconfig) the files other loaders find
+                                           through a variable the spec sets (SEARCH): the
+                                           VDPAU driver, the GBM backend link, the Vulkan ICD
+                                           and layer files, the EGL vendor and platform files
     BASE/<driver version>-<digest>/bin     the driver's tools (nvidia-smi, ...)
 
 The digest covers every entry: its name and, for a file, the source's device, inode, size,
@@ -43,7 +46,32 @@ from ..driver_version import ONE_MOUNT_LIB as LIB_DIR   # (one definition: the c
 BASE = "/var/lib/cdi-shim/driver"
 BIN_DIR = "/usr/local/nvidia/bin"
 LAYOUTS = ("files", "one-mount")    # (the first the default; the CLI's --layout choices)
-_FORMAT = "cdi-shim one-mount 1"      # in the digest: a change of this module's layout renames
+_FORMAT = "cdi-shim one-mount 2"      # in the digest: a change of this module's layout renames
+
+# The subfolders of lib64 whose loader reads a search path from the environment: (subfolder,
+# variable, what follows ours in it). Ours comes first, then the loader's own default, so the
+# image's files are still found (the variable replaces the default list; docs/one-mount.md).
+# The Vulkan loader reads $XDG_CONFIG_DIRS/vulkan/{icd.d,implicit_layer.d} in every version
+# (VK_ADD_DRIVER_FILES needs 1.3.207, and implicit layers have no adding variable before
+# 1.3.2xx); glvnd, NVIDIA's EGL and libvdpau read theirs only when not set-id, as Mesa's GBM.
+SEARCH = (
+    ("xdg", "XDG_CONFIG_DIRS", ("/etc/xdg",)),
+    ("glvnd/egl_vendor.d", "__EGL_VENDOR_LIBRARY_DIRS", ("/etc/glvnd/egl_vendor.d", "/usr/share/glvnd/egl_vendor.d")),
+    ("egl/egl_external_platform.d", "__EGL_EXTERNAL_PLATFORM_CONFIG_DIRS",
+     ("/etc/egl/egl_external_platform.d", "/usr/share/egl/egl_external_platform.d")),
+    ("gbm", "GBM_BACKENDS_PATH", ("/usr/lib/{machine}-linux-gnu/gbm", "/usr/lib64/gbm", "/usr/lib/gbm")),
+    ("vdpau", "VDPAU_DRIVER_PATH", ()),     # (libvdpau falls back to its own module folder)
+)
+# Configuration files moved into lib64: (container folder, subfolder). The others (OpenCL's
+# vendors, read from one folder only by ocl-icd; nvoptix.bin and the Xorg configuration, read
+# at fixed paths) keep their binds.
+MOVED_CONFIGS = (
+    ("/etc/vulkan/icd.d", "xdg/vulkan/icd.d"),
+    ("/etc/vulkan/implicit_layer.d", "xdg/vulkan/implicit_layer.d"),
+    ("*/glvnd/egl_vendor.d", "glvnd/egl_vendor.d"),
+    ("*/egl/egl_external_platform.d", "egl/egl_external_platform.d"),
+)
+LIB_SUBFOLDERS = ("vdpau", "gbm")   # a driver library folder's subfolders held in lib64's
 _NAME = re.compile(r"^(?P<version>[0-9][0-9A-Za-z.]*)-(?P<digest>[0-9a-f]{12})$")
 
 
@@ -54,8 +82,8 @@ def version_of(name):
 
 
 class Entry:
-    """One name in the directory (SUB: lib64 or bin): a file (FD, open in the driver root) or a
-    link (TARGET, a name in the same folder)."""
+    """One name in the directory (SUB: lib64, bin or a folder under lib64): a file (FD, open in
+    the driver root) or a link (TARGET, a name in the same folder, or ../NAME from a subfolder)."""
 
     __slots__ = ("sub", "name", "fd", "target")
 
@@ -67,13 +95,14 @@ class Plan:
     """The host directory of one generation: its entries (files opened in the driver root, so
     what is linked or copied is what was looked at), its name, the libraries it does not hold."""
 
-    def __init__(self, base, version):
+    def __init__(self, base, version, machine="x86_64"):
         self.base = os.path.abspath(base)
         self.version = version
+        self.machine = machine
         self.entries = []
-        self.left = []          # [discover.Library] that keep their own mount (VDPAU)
+        self.left = []          # [discover.Library] that keep their own mount
         self.left_links = []    # create-symlinks links of those
-        self.moved = set()      # container paths of graphics files in the directory (EGL platform libraries)
+        self.moved = set()      # container paths of graphics and config files in the directory
         self.name = None
 
     @property
@@ -88,6 +117,15 @@ class Plan:
 
     def has_bin(self):
         return any(e.sub == "bin" for e in self.entries)
+
+    def env(self):
+        """The spec's variables that point loaders at lib64's subfolders that hold something."""
+        out = []
+        for sub, variable, defaults in SEARCH:
+            if any(e.sub == f"lib64/{sub}" or e.sub.startswith(f"lib64/{sub}/") for e in self.entries):
+                dirs = [f"{LIB_DIR}/{sub}"] + [d.format(machine=self.machine) for d in defaults]
+                out.append(f"{variable}={':'.join(dict.fromkeys(dirs))}")
+        return out
 
     def close(self):
         for entry in self.entries:
@@ -131,7 +169,12 @@ class Plan:
         os.mkdir(new, 0o755)
         try:
             same_fs = os.stat(self.base).st_dev
-            for sub in ("lib64", "bin"):
+            folders = ["", "lib64", "bin"]
+            for entry in self.entries:
+                parts = entry.sub.split("/")
+                folders += ["/".join(parts[:i]) for i in range(2, len(parts) + 1)]
+            folders = list(dict.fromkeys(folders))
+            for sub in folders[1:]:
                 os.mkdir(os.path.join(new, sub), 0o755)
             for entry in self.entries:
                 dest = os.path.join(new, entry.sub, entry.name)
@@ -139,7 +182,7 @@ class Plan:
                     os.symlink(entry.target, dest)
                 else:
                     _place(entry.fd, dest, same_fs)
-            for sub in ("lib64", "bin", ""):
+            for sub in folders:
                 os.chmod(os.path.join(new, sub), 0o755)
             try:
                 os.rename(new, self.path)
@@ -209,52 +252,67 @@ def base_problem(base):
 def plan(root, files, version, base=BASE):
     """The Plan of the driver files FILES (discover.DriverFiles) found in ROOT (a DriverRoot,
     still open). Every file is opened now, inside the root; the caller closes the plan."""
-    made = Plan(base, version)
+    made = Plan(base, version, getattr(root, "machine", None) or "x86_64")
     digest = hashlib.sha256(_FORMAT.encode())
-    names = set()
+    taken = set()       # (sub, name)
+
+    def add(sub, name, fd=None, target=None):
+        taken.add((sub, name))
+        made.entries.append(Entry(sub, name, fd=fd, target=target))
+
     try:
         lib_dirs = set(files.lib_dirs)
         for lib in files.libraries:
-            directory, name = posixpath.split(lib.path)
-            if directory not in lib_dirs or name in names:   # (VDPAU's subfolder; a name twice: the first)
+            sub = _lib_sub(posixpath.dirname(lib.path), lib_dirs)
+            name = posixpath.basename(lib.path)
+            if sub is None or (sub, name) in taken:     # (a name twice: the first)
                 made.left.append(lib)
                 continue
-            names.add(name)
-            made.entries.append(Entry("lib64", name, fd=_open(root, lib.host)))
-        for link in files.links:
-            target, _, path = link.partition("::")
-            directory, name = posixpath.split(path)
-            if directory in lib_dirs and "/" not in target and name not in names:
-                names.add(name)
-                made.entries.append(Entry("lib64", name, target=target))
-            elif directory not in lib_dirs or "/" in target:
-                made.left_links.append(link)
+            add(sub, name, fd=_open(root, lib.host))
         for host, path in files.graphics:    # the EGL platform libraries: the ICD files name their SONAME
             directory, name = posixpath.split(path)
-            if directory not in lib_dirs or name in names:
+            if directory not in lib_dirs or ("lib64", name) in taken:
                 continue
             soname = root.soname(path if root.path == "/" else host[len(root.path):])
             if soname is None:
                 continue
-            names.add(name)
             made.moved.add(path)
-            made.entries.append(Entry("lib64", name, fd=_open(root, host)))
-            if soname and soname != name and soname not in names:
-                names.add(soname)
-                made.entries.append(Entry("lib64", soname, target=name))
+            add("lib64", name, fd=_open(root, host))
+            if soname and soname != name and ("lib64", soname) not in taken:
+                add("lib64", soname, target=name)
+        # Links: those in a library folder first (a subfolder's link may lead to one of them).
+        links = [link.partition("::")[::2] for link in files.links]
+        for target, path in sorted(links, key=lambda link: posixpath.dirname(link[1]) not in lib_dirs):
+            directory, name = posixpath.split(path)
+            sub = _lib_sub(directory, lib_dirs)
+            if sub is not None and (sub, name) in taken:
+                continue
+            if sub == "lib64" and "/" not in target:
+                add(sub, name, target=target)
+                continue
+            if sub is not None and not target.startswith("/") and target.count("/") <= sub.count("/") \
+                    and tuple(posixpath.normpath(posixpath.join(sub, target)).rsplit("/", 1)) in taken:
+                add(sub, name, target=target)     # (in a subfolder: to a file of it, or ../NAME of lib64)
+                continue
+            link = f"{target}::{path}"
+            # A link left to the hook whose target was in a library folder now leads into lib64.
+            at_dir, at_name = posixpath.split(posixpath.normpath(posixpath.join(directory, target)))
+            if at_dir in lib_dirs and ("lib64", at_name) in taken:
+                link = f"{LIB_DIR}/{at_name}::{path}"
+            made.left_links.append(link)
+        for host, path in files.configs:
+            directory, name = posixpath.split(path)
+            sub = _config_sub(directory)
+            if sub is None or (sub, name) in taken:     # (found twice: the second keeps its bind)
+                continue
+            made.moved.add(path)
+            add(sub, name, fd=_open(root, host))
         tools = set()
         for host, path in files.binaries:
             name = posixpath.basename(path)
             if name not in tools:
                 tools.add(name)
-                made.entries.append(Entry("bin", name, fd=_open(root, host)))
-        # A link left to the hook whose target was in a library folder (gbm/nvidia-drm_gbm.so ->
-        # ../libnvidia-allocator.so.1) now leads into the directory's folder.
-        for i, link in enumerate(made.left_links):
-            target, _, path = link.partition("::")
-            directory, name = posixpath.split(posixpath.normpath(posixpath.join(posixpath.dirname(path), target)))
-            if directory in lib_dirs and name in names:
-                made.left_links[i] = f"{LIB_DIR}/{name}::{path}"
+                add("bin", name, fd=_open(root, host))
         for entry in sorted(made.entries, key=lambda e: (e.sub, e.name)):
             if entry.target is not None:
                 line = f"{entry.sub}/{entry.name} -> {entry.target}\n"
@@ -271,6 +329,24 @@ def plan(root, files, version, base=BASE):
         made.close()
         raise GenerateError(f"driver version {version!r} cannot name a host directory (digits, letters, dots)")
     return made
+
+
+def _lib_sub(directory, lib_dirs):
+    """Where the directory holds what is in the driver's library folder DIRECTORY: lib64, a
+    subfolder of it (LIB_SUBFOLDERS), or None (it keeps its own mount)."""
+    if directory in lib_dirs:
+        return "lib64"
+    parent, name = posixpath.split(directory)
+    return f"lib64/{name}" if parent in lib_dirs and name in LIB_SUBFOLDERS else None
+
+
+def _config_sub(directory):
+    """The lib64 subfolder that holds the configuration files of the container folder
+    DIRECTORY (MOVED_CONFIGS), or None."""
+    for pattern, sub in MOVED_CONFIGS:
+        if directory == pattern or pattern.startswith("*/") and directory.endswith(pattern[1:]):
+            return f"lib64/{sub}"
+    return None
 
 
 def _open(root, host):
@@ -413,7 +489,7 @@ def problems(path):
                 continue
             if stat.S_ISLNK(info.st_mode):
                 target = os.readlink(full)
-                if "/" in target:
+                if not _link_inside(os.path.relpath(full, path), target):
                     found.append(f"{full} is a link out of its folder ({target})")
                 continue
             if info.st_uid != 0:
@@ -425,3 +501,12 @@ def problems(path):
         if len(found) > 20:
             break
     return found
+
+
+def _link_inside(rel, target):
+    """A link at REL (lib64/..., bin/...) leads to a name in its folder, or (from a subfolder
+    of lib64) up to a name in a folder above it, never out of the bound folder."""
+    ups = target.split("/")
+    depth = rel.count("/") - 1      # folders below lib64 or bin
+    return (not target.startswith("/") and len(ups) - 1 <= depth and all(p == ".." for p in ups[:-1])
+            and ups[-1] not in ("", ".", ".."))

@@ -250,7 +250,8 @@ def build_doc(options, info, files, control, entries, hook_program, made=None):
     mounts += [_mount(h, p, MOUNT_OPTIONS) for h, p in files.firmware + (files.binaries if made is None else [])]
     lib_dirs = files.lib_dirs if made is None else [hostdir.LIB_DIR]
     edits = {
-        "env": ["NVIDIA_CTK_LIBCUDA_DIR=" + ":".join(lib_dirs), "NVIDIA_VISIBLE_DEVICES=void"],
+        "env": ["NVIDIA_CTK_LIBCUDA_DIR=" + ":".join(lib_dirs), "NVIDIA_VISIBLE_DEVICES=void"]
+               + (made.env() if made is not None else []),
         **_node_edits(control, [], hook_program),
         "hooks": _hooks(hook_program, files, info.driver_version, made),
         "mounts": mounts,

@@ -15,10 +15,15 @@ import runtime_helpers as rh  # noqa: E402
 import fakedriver  # noqa: E402
 from shim.driver_version import recorded_driver_version  # noqa: E402
 from fakedriver import LIBDIR, VERSION, FakeDriver, Runner  # noqa: E402
+from shim.generate import hostdir  # noqa: E402
 
 LIB = "/usr/local/nvidia/lib64"
 BIN = "/usr/local/nvidia/bin"
 NEW_VERSION = "580.82.07"
+# The driver's files the one-mount layout moves into lib64's subfolders (hostdir.SEARCH).
+MOVED = {"/etc/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+         "/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+         "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json"}
 
 # Linked to libnvidia-ml.so.1 by SONAME (the loader resolves it at start), dlopens libcuda.so.1
 # and libcuda.so (the dev link), and says where each came from.
@@ -116,19 +121,25 @@ def test_the_spec_binds_one_folder_and_keeps_the_rest(driver, run, tmp_path):
     assert mounts[LIB]["hostPath"] == host + "/lib64"
     assert mounts[BIN]["hostPath"] == host + "/bin"
     assert not [p for p in mounts if p.startswith(LIBDIR + "/lib") or p.startswith("/usr/bin/")], sorted(mounts)
-    assert f"{LIBDIR}/vdpau/libvdpau_nvidia.so.{VERSION}" in mounts       # libvdpau's own folder
     kept = {m["containerPath"] for m in default["containerEdits"]["mounts"]
-            if not m["containerPath"].startswith((LIBDIR + "/lib", "/usr/bin/"))}
-    assert kept <= set(mounts), kept - set(mounts)                       # ICD, config, firmware, IPC: as before
+            if not m["containerPath"].startswith((LIBDIR + "/", "/usr/bin/")) and m["containerPath"] not in MOVED}
+    assert kept <= set(mounts), kept - set(mounts)          # OpenCL, nvoptix, Xorg, firmware, IPC: as before
+    assert not MOVED & set(mounts) and not [p for p in mounts if p.startswith(LIBDIR)], sorted(mounts)
     assert spec["devices"] == default["devices"]
     hooks = spec["containerEdits"]["hooks"]
     ldcache = [h for h in hooks if "update-ldcache" in h["args"]]
-    assert ldcache[0]["args"][-4:] == ["--folder", LIB, "--folder", f"{LIBDIR}/vdpau"]
+    assert ldcache[0]["args"][-2:] == ["--folder", LIB] and ldcache[0]["args"].count("--folder") == 1
     links = [h for h in hooks if "create-symlinks" in h["args"]]
     left = [a for h in links for a in h["args"] if "::" in a]
-    assert f"{LIB}/libnvidia-allocator.so.1::{LIBDIR}/gbm/nvidia-drm_gbm.so" in left, left   # into the folder
-    assert not [a for a in left if a.partition("::")[2].startswith(LIBDIR + "/lib")], left
-    assert f"NVIDIA_CTK_LIBCUDA_DIR={LIB}" in spec["containerEdits"]["env"]
+    assert not [a for a in left if a.partition("::")[2].startswith(LIBDIR + "/")], left   # none in its folders
+    env = spec["containerEdits"]["env"]
+    assert f"NVIDIA_CTK_LIBCUDA_DIR={LIB}" in env
+    assert f"GBM_BACKENDS_PATH={LIB}/gbm:{LIBDIR}/gbm:/usr/lib64/gbm:/usr/lib/gbm" in env, env
+    assert f"XDG_CONFIG_DIRS={LIB}/xdg:/etc/xdg" in env, env
+    assert os.readlink(host + "/lib64/gbm/nvidia-drm_gbm.so") == "../libnvidia-allocator.so.1"
+    assert os.readlink(host + "/lib64/vdpau/libvdpau_nvidia.so.1") == f"libvdpau_nvidia.so.{VERSION}"
+    assert os.path.isfile(host + "/lib64/xdg/vulkan/icd.d/nvidia_icd.json")
+    assert hostdir.problems(host) == []
     assert recorded_driver_version(spec) == VERSION      # (stale-spec checks read it from the directory's name)
     lib = os.listdir(host + "/lib64")
     for want in (f"libcuda.so.{VERSION}", "libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libGLX_indirect.so.0"):
@@ -320,3 +331,44 @@ def test_the_layout_choices_are_hostdir_s():
     for command in (generate, install):
         (option,) = [p for p in command.params if p.name == "layout"]
         assert tuple(option.type.choices) == hostdir.LAYOUTS and option.default == hostdir.LAYOUTS[0]
+
+
+# For each variable the spec sets, the file its loader looks for in the folders it names
+# (the first folder that has it): what each loader (Vulkan, glvnd, NVIDIA's EGL, Mesa's GBM,
+# libvdpau) opens there, read in the container from the container's environment.
+LOOKUPS = (
+    ("XDG_CONFIG_DIRS", "vulkan/icd.d/nvidia_icd.json"),
+    ("XDG_CONFIG_DIRS", "vulkan/implicit_layer.d/nvidia_layers.json"),
+    ("__EGL_VENDOR_LIBRARY_DIRS", "10_nvidia.json"),
+    ("__EGL_EXTERNAL_PLATFORM_CONFIG_DIRS", "15_nvidia_gbm.json"),
+    ("GBM_BACKENDS_PATH", "nvidia-drm_gbm.so"),
+    ("VDPAU_DRIVER_PATH", "libvdpau_nvidia.so.1"),
+)
+FIND = ("for pair in " + " ".join(f"{v}:{f}" for v, f in LOOKUPS) + "; do "
+        "var=${pair%%:*}; file=${pair#*:}; eval dirs=\\$$var; found=-; "
+        "for d in $(echo $dirs | tr : ' '); do if [ -e $d/$file ]; then found=$d/$file; break; fi; done; "
+        "echo \"$var $found\"; done; "
+        "/lib64/ld-linux-x86-64.so.2 --list /usr/local/nvidia/lib64/gbm/nvidia-drm_gbm.so >/dev/null && echo gbm-loads")
+
+
+@pytest.mark.runtime_e2e
+def test_each_moved_file_is_where_its_loader_looks(driver, run, world, tmp_path):
+    """In the container (real runc, the spec's env): each variable's first folder that has the
+    loader's file is in /usr/local/nvidia/lib64; the GBM backend link resolves to a loadable
+    library; the image's own Mesa GBM backend folder is still in the list; the program still
+    finds the driver through the cache."""
+    _generate(run, world, str(tmp_path / "driver-dirs"))
+    bundle = _image(world, run, tmp_path, args=("sh", "-c", "/prog; echo '== find'; " + FIND))
+    _ldconfig(bundle.rootfs)
+    report = _sections(_run(world, bundle, driver.uuids(2)[0]))
+    assert report["prog"] == [f"nvml=0 version={VERSION} cuda=42 from={LIB}/libcuda.so.1 dev=yes"], report
+    found = dict(line.split(" ", 1) for line in report["find"][:-1])
+    assert found == {
+        "XDG_CONFIG_DIRS": f"{LIB}/xdg/vulkan/implicit_layer.d/nvidia_layers.json",
+        "__EGL_VENDOR_LIBRARY_DIRS": f"{LIB}/glvnd/egl_vendor.d/10_nvidia.json",
+        "__EGL_EXTERNAL_PLATFORM_CONFIG_DIRS": f"{LIB}/egl/egl_external_platform.d/15_nvidia_gbm.json",
+        "GBM_BACKENDS_PATH": f"{LIB}/gbm/nvidia-drm_gbm.so",
+        "VDPAU_DRIVER_PATH": f"{LIB}/vdpau/libvdpau_nvidia.so.1",
+    }, report["find"]
+    assert f"XDG_CONFIG_DIRS {LIB}/xdg/vulkan/icd.d/nvidia_icd.json" in report["find"], report["find"]
+    assert report["find"][-1] == "gbm-loads", report
