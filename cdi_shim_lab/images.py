@@ -106,8 +106,7 @@ def library_layer(work, ldconfig):
     (tests/linker/libtree.py, cached as a tarball under CDI_SHIM_TEST_CACHE: 480 gcc-built library
     files, 417 links, its own /etc/ld.so.conf(.d)) with the image's own ld.so.cache, made by the
     host's `ldconfig -r`, as an image ships one."""
-    linker_tests = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "tests", "linker")
+    linker_tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "linker")
     if not os.path.exists(os.path.join(linker_tests, "libtree.py")):
         raise LabError(f"the library tree needs the cdi-shim checkout's {linker_tests}/libtree.py")
     sys.path.insert(0, linker_tests)

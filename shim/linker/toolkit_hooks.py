@@ -83,8 +83,6 @@ def _root(rootfs):
 def cuda_compat_folder(rootfs, call):
     """The folder enable-cuda-compat's drop-in would name, or None (the hook does nothing):
     decided as the hook decides (cudacompat.py)."""
-    from . import cudacompat
-
     host = (call.options.get("host-driver-version") or [""])[-1]
     cuda = (call.options.get("host-cuda-version") or [""])[-1]
     if not host and not cuda:
@@ -103,6 +101,8 @@ def cuda_compat_folder(rootfs, call):
             if fd < 0:
                 raise OSError(root.errno, os.strerror(root.errno), libs[0])
             try:
+                from . import cudacompat    # (json: only for an image with compat libraries)
+
                 used = cudacompat.use_compat(libs[0], fd, host, cuda)
             finally:
                 os.close(fd)
