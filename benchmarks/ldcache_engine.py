@@ -59,6 +59,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from cdi.safeio import RACY_WINDOW_NS  # noqa: E402
 from shim.linker import ldcache  # noqa: E402
 
 sys.path.insert(0, HERE)
@@ -216,9 +217,9 @@ def measure(runs, driver_libs, tmpfs="/dev/shm"):
             "hook_cli": hook(os.path.join(BIN, "cdi-shim"), "hook"),
         }
         before = {"hook": restore_hook_root, "hook_cli": restore_hook_root}
-        # The memo keeps only files whose ctime is over a second old (ldcache.remember_files);
+        # The memo keeps only files older than the settle window (ldcache.remember_files);
         # an image's are hours old on a node, ours were just made (and linked: a new ctime).
-        time.sleep(1.2)
+        time.sleep(RACY_WINDOW_NS / 1e9 + 0.1)
         for name, fn in sides.items():     # warm the page cache, the imports and the memo
             if name in before:
                 before[name]()

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 
+from cdi.safeio import RACY_WINDOW_NS
 from common import library_image, start_resident, timed
 
 from cdi_shim_lab.images import build_driver_libraries, toolkit_hooks as lab_toolkit_hooks
@@ -210,9 +211,9 @@ def interval(values, rounds=2000):
 
 
 def settle():
-    """Let the files just made age past the resident memos' settle time (1 s: a file changed
-    within it is read again every time), as a node's driver and images have."""
-    time.sleep(1.1)
+    """Let the files just made age past the memos' settle window (a file changed within it is
+    read again every time), as a node's driver and images have."""
+    time.sleep(RACY_WINDOW_NS / 1e9 + 0.1)
 
 
 def bundle_dir(root):

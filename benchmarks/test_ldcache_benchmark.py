@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ldcache_engine as bench  # noqa: E402
 from common import library_tree  # noqa: E402
+from cdi.safeio import RACY_WINDOW_NS  # noqa: E402
 from shim.linker import ldcache  # noqa: E402
 
 
@@ -56,8 +57,8 @@ def roots(tmp_path_factory):
     assert entries == library_tree()[1]["entries"] + 30
     extras = bench.host_driver(base)
     out_dir = tempfile.mkdtemp(prefix="cdi-shim-ldcache-out.", dir="/dev/shm")
-    # The memo keeps only files whose ctime is over a second old; these were just made.
-    time.sleep(1.2)
+    # The memo keeps only files older than the settle window; these were just made.
+    time.sleep(RACY_WINDOW_NS / 1e9 + 0.1)
     yield image, theirs, extras, os.path.join(out_dir, "out.cache")
     shutil.rmtree(out_dir, ignore_errors=True)
 

@@ -5,7 +5,10 @@ import stat
 
 
 # A file changed within this many ns of now may change again without its mtime or ctime
-# ticking: its identity (file_identity) is trusted only once it is older.
+# ticking: its identity (file_identity) is trusted only once it is older. The one settle
+# window: the spec cache, the settings memo and (through csrc/engine/memo_rules.h, made by
+# shim/native_headers.py) the engine's file, plan and step memos. Two seconds covers the
+# coarsest timestamps a node's filesystems keep (FAT's), with the kernel's coarse clock to spare.
 RACY_WINDOW_NS = 2_000_000_000
 
 

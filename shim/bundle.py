@@ -94,7 +94,7 @@ def write_config(bundle, config, mode):
     A writer killed mid-way leaves config.json whole (old or new) and at most its temp file,
     which the next writer in that bundle removes. No fsync: a bundle is the engine's state for
     one container start, rebuilt after a crash (containerd's and CRI-O's are on tmpfs, where
-    fsync does nothing); on a disk it cost each create 0.6-5 ms here, for nothing.
+    fsync does nothing); on a disk it would slow each create, for nothing.
     """
     data = fastjson.dumpb(config)
     _remove_stale_temps(bundle)

@@ -45,7 +45,7 @@ KEYS = (
 
 
 class Config:
-    """The settings; a plain class (dataclasses costs the runtime ~10 ms of imports)."""
+    """The settings; a plain class (importing dataclasses would cost every create)."""
 
     DEFAULTS = {key.replace("-", "_"): default for key, _, default, *_ in KEYS}
     __slots__ = tuple(DEFAULTS) + ("source",)
@@ -99,7 +99,7 @@ def config_path():
 
 
 def _parse_simple_toml(text):
-    """The subset of TOML our config uses, without importing tomllib (and `re`, ~8 ms):
+    """The subset of TOML our config uses, without importing tomllib (and `re`, a cost on every create):
     ``key = "string"``, ``key = ["a", "b"]`` on one line, ``key = true|false``, comments.
     Returns None for anything else, which then goes to the full parser."""
     values = {}

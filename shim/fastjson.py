@@ -1,7 +1,6 @@
 """JSON for the create path without importing the json package.
 
-`import json` pulls in `re` and `enum`, about 8 ms on these machines, more than all the other
-work of a create. The C scanner and string encoder of CPython's `_json` module do the real
+`import json` pulls in `re` and `enum`, which cost more than all the other work of a create. The C scanner and string encoder of CPython's `_json` module do the real
 work here, exactly as json.loads/json.dumps would; anything unusual falls back to `json`.
 """
 try:
@@ -14,7 +13,7 @@ _MAX_INT_DIGITS = 4000  # below CPython's int/str conversion limit (4300 digits)
 
 # How many of the numbers below (made only by `loads`) are alive in this process. While none
 # is, no value can hold one, and `dumps` hands the whole value to the C encoder, which would
-# write them as plain floats and ints (~10x faster than the Python walk for a config.json).
+# write them as plain floats and ints (far faster than the Python walk for a config.json).
 _live = [0]
 
 

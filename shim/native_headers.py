@@ -1,10 +1,13 @@
 """The C headers made from Python's rules, so that the native programs and the Python half
-cannot disagree: the config keys (shim/config.py), and runc's argv, the request patterns and
-the hook programs the front end matches (shim/runtime, shim/linker). The headers are committed;
+cannot disagree: the config keys (shim/config.py), runc's argv, the request patterns and
+the hook programs the front end matches (shim/runtime, shim/linker), and the memos' settle
+window (cdi/safeio.py). The headers are committed;
 `python -m shim.native_headers` rewrites them and tests/runtime/test_native_headers.py fails
 when one differs from what its rules make."""
 import os
 import sys
+
+from cdi.safeio import RACY_WINDOW_NS
 
 from . import config
 from .linker.container import HOOK_PROGRAMS, OVERLAY_UNSAFE
@@ -90,7 +93,15 @@ def runtime_rules_header():
     return _guard("runtime_rules.h", "shim/runtime and shim/linker", out)
 
 
-HEADERS = {"csrc/frontend/config_keys.h": config_keys_header, "csrc/frontend/runtime_rules.h": runtime_rules_header}
+def memo_rules_header():
+    """csrc/engine/memo_rules.h: the settle window the engine's memos share with Python's."""
+    out = ["/* a file whose ctime is within this of the scan is not kept (cdi/safeio.py RACY_WINDOW_NS) */",
+           f"#define CDS_SETTLE_NS {RACY_WINDOW_NS}LL"]
+    return _guard("memo_rules.h", "cdi/safeio.py", out)
+
+
+HEADERS = {"csrc/frontend/config_keys.h": config_keys_header, "csrc/frontend/runtime_rules.h": runtime_rules_header,
+           "csrc/engine/memo_rules.h": memo_rules_header}
 
 
 def main():

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from cdi.safeio import RACY_WINDOW_NS
+
 try:
     from tomllib import loads as toml_loads
 except ImportError:  # Python < 3.11
@@ -102,8 +104,8 @@ def put_node_file(root, path, text="", mode=0o644):
     os.chmod(full, mode)
 
 
-# The engine's settle window, seconds (csrc/engine/filememo.c's default), put back after a test.
-ENGINE_SETTLE = 1
+# The engine's settle window, seconds (the one window, cdi/safeio.py's), put back after a test.
+ENGINE_SETTLE = RACY_WINDOW_NS / 1e9
 
 
 @contextlib.contextmanager

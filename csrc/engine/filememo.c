@@ -12,6 +12,7 @@
 #include "cleanup.h"
 #include "filememo.h"
 #include "inroot.h"
+#include "memo_rules.h"
 #include "scan.h"
 
 #define BUCKETS 4096u
@@ -32,7 +33,7 @@ static struct entry *buckets[BUCKETS];
 static uint32_t entries;
 static size_t listing_bytes;
 static int enabled;
-static int64_t settle_ns = 1000000000;
+static int64_t settle_ns = CDS_SETTLE_NS;
 static uint64_t hits, misses;
 
 int filememo_enabled(void) { return __atomic_load_n(&enabled, __ATOMIC_RELAXED); }

@@ -18,7 +18,8 @@
  *   chain), so the identity stands for the merged listing too.
  *
  * A file changed in place within one tick of the clock the kernel stamps ctime with would
- * keep its key; so only files whose ctime is older than SETTLE seconds before the scan
+ * keep its key; so only files whose ctime is older than the settle window (CDS_SETTLE_NS,
+ * memo_rules.h, Python's RACY_WINDOW_NS) before the scan
  * began are kept (an image's or a driver's files are hours old; a file being written is
  * read every time).
  *

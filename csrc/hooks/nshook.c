@@ -19,7 +19,7 @@
  *       the file itself (0755) made, OPTIONS a comma list of bind or rbind, any of ro,
  *       nosuid, nodev, noexec, and one of private, rprivate, slave, rslave. The runtime moves
  *       a device's library mounts and its own files here (shim/linker/filebinds.py): runc
- *       spends ~0.25 ms of its own on each file mount, this a few syscalls. With --params and --link, then what bind-params FILE and symlinks
+ *       spends several resolutions of its own on each file mount, this a few syscalls. With --params and --link, then what bind-params FILE and symlinks
  *       do (one hook start, not two or three, on a GPU node);
  *   cdi-shim-nshook chmod [--rootfs DIR] --mode OCTAL --path PATH...
  *       the toolkit's chmod hook for paths under a mount runc makes (`chmod --mode 755 --path
@@ -28,8 +28,8 @@
  *       nvidia-cdi-hook chmod does; the mode's sticky, setuid and setgid bits are kept (the
  *       toolkit's Go FileMode drops them).
  *
- * They run for every container start on a GPU node, so this is C: an exec and a few syscalls
- * (~1 ms; the Python hook it replaces took ~40). DIR is the rootfs (root.path), where it still
+ * They run for every container start on a GPU node, so this is C: an exec and a few syscalls,
+ * no interpreter start. DIR is the rootfs (root.path), where it still
  * is at that point: the runtime writes it into the args when it prepares config.json; without
  * it (a generated spec's hook, run by podman or plain runc) it comes from the OCI state on stdin
  * (its bundle's config.json: ocistate.c).
@@ -439,7 +439,7 @@ int main(int argc, char **argv)
         close(rootfd);
     }
     /* The state runc writes, read after the work: runc's writer is a goroutine of its own,
-     * and waiting for it first cost up to 5 ms (benchmarks/file_binds.py). */
+     * and waiting for it first would add its scheduling delay to every start. */
     if (from_state == NULL)
         drain_stdin();
     free(from_state);

@@ -9,7 +9,7 @@
 #include "pylaunch.h"
 
 /* Runs under `python -I -S` (no environment, no site: the hook and runtime paths must not be
- * steered by the caller, and site costs ~2.5 ms): the prefix comes as argv[1], the program's name
+ * steered by the caller, and site's start-up is a cost on every call): the prefix comes as argv[1], the program's name
  * as argv[2]. An editable install has no package in site-packages, only a .pth naming the
  * source tree, so site's reading of that folder happens only when the import fails. */
 static const char boot[] = "import sys\n"

@@ -3,7 +3,7 @@ container start.
 
 runc runs a createContainer hook for every container, so its start is part of the
 container's. `cdi-shim hook` goes through the console script (site processing, click and
-the whole command line: ~25-45 ms); `cdi-shim-hook` is a script the build writes with
+the whole command line: longer than the work); `cdi-shim-hook` is a script the build writes with
 `python -IS` in its first line and the import paths compiled in (no environment read,
 no site), and parses its few options itself:
 

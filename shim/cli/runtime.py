@@ -277,9 +277,9 @@ def serve(socket_path, workers):
     """Run the resident process that prepares containers for cdi-shim-runtime.
 
     With it running, `create`/`run` of a container that requests devices is prepared by one of
-    its long-lived, warm workers instead of a new interpreter (measured: +2-3 ms over plain runc
-    per create instead of +17-23 ms). Without it,
-    cdi-shim-runtime starts the interpreter itself: same result, only slower. Each request runs
+    its long-lived, warm workers instead of a new interpreter, so a create pays no interpreter
+    start (the figures are in docs/fast.md). Without it, cdi-shim-runtime starts the interpreter
+    itself: same result, only slower. Each request runs
     with the caller's environment, working directory, umask and stderr. Runs in the foreground
     until SIGTERM; meant for a systemd unit (contrib/cdi-shim-resident.service).
     """

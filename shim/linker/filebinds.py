@@ -1,11 +1,9 @@
 """A device's library mounts and our own bundle files, bound by one C hook instead of runc.
 
-runc spends ~0.25 ms of its own on each file bind of config.json (the destination resolved
-four times over, each through /proc/self/fd and a readlink check, the propagation and the
-remount on top); the kernel's part is ~0.05 ms. A toolkit-shaped spec binds 30 or more driver
-libraries: runc pays +10 ms for 30 of them on tmpfs, +15 ms on this VM's disk, where our hook
-pays +6.8 / +9.7 ms, of which ~2.5 ms is any hook's start under runc (benchmarks/file_binds.py).
-Here such mounts leave config.json for `cdi-shim-nshook binds` (csrc/hooks/nshook.c), the first
+runc spends several times the kernel's own cost on each file bind of config.json (the
+destination resolved four times over, each through /proc/self/fd and a readlink check, the
+propagation and the remount on top), and a toolkit-shaped spec binds 30 or more driver
+libraries (the figures: benchmarks/file_binds.py, benchmarks/RESULTS.md). Here such mounts leave config.json for `cdi-shim-nshook binds` (csrc/hooks/nshook.c), the first
 createContainer hook: runc runs it in the container's mount namespace after its own mounts
 and before pivot_root, where it makes the same binds, resolved inside the rootfs, with the
 same flags.
@@ -23,8 +21,8 @@ Only mounts whose result cannot tell the difference move:
 - in a container without a user namespace (runc then opens the sources itself, before it
   enters it) and without prestart or createRuntime hooks (they run before createContainer
   hooks and may expect the files in place);
-- and only when at least MIN_BINDS qualify: the hook's start must be paid back (each bind
-  saves ~0.2 ms, the start costs ~2.5) -- unless our own hooks run anyway (`cdi-shim-nshook
+- and only when at least MIN_BINDS qualify: the hook's start must be paid back by the binds
+  it saves -- unless our own hooks run anyway (`cdi-shim-nshook
   bind-params`, a GPU node's disable-device-node-modification; `cdi-shim-nshook symlinks`, the
   /dev/dri/by-path links of a node with DRM devices): their work is then folded into this hook
   (`--params`, `--link`), and one start serves all.

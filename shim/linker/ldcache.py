@@ -109,8 +109,9 @@ def remember_files(enabled=True, forget=None, settle=None):
     long-lived processes (the resident worker): every GPU container mounts the same driver
     files, and a node starts the same images again and again.
 
-    Only files whose ctime is SETTLE seconds older than the plan are kept (default 1: a
-    change within one tick of the kernel's clock would not change the key). Off by
+    Only files whose ctime is SETTLE seconds older than the plan are kept (default the one
+    settle window, cdi.safeio.RACY_WINDOW_NS: a change within one tick of a filesystem's
+    clock would not change the key). Off by
     default; turning it off forgets everything unless FORGET is False. Returns the previous
     setting."""
     forget = not enabled if forget is None else forget

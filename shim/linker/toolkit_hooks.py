@@ -28,7 +28,7 @@ rest of what `nvidia-ctk cdi generate` puts in a spec, from the hooks' documente
   fileMode; a path of the image is changed in place, resolved inside the rootfs; a missing path
   is skipped (as the hook does); EPERM is ignored (as the hook does). A path under a mount (the
   toolkit's `chmod --mode 755 --path /dev/dri`, in the /dev runc makes) can only be changed
-  after runc's mounts: those paths go to our hook program, `cdi-shim-nshook chmod` (C, ~1 ms),
+  after runc's mounts: those paths go to our hook program, `cdi-shim-nshook chmod` (C),
   which does the same there; the directory runc makes (0755) for device nodes under it needs no
   hook for mode 755. Unlike the hook (a Go FileMode quirk), the sticky, setuid and setgid bits
   of --mode are kept.
@@ -92,7 +92,7 @@ def cuda_compat_folder(rootfs, call):
             if root.stat(COMPAT_FOLDER) is None:
                 return None
             listing = root.listdir(COMPAT_FOLDER) or ()
-            # libcuda.so.*.*, regular files only (no `re` on the create path: importing it costs ~12 ms)
+            # libcuda.so.*.*, regular files only (no `re` on the create path: importing it costs more than the step)
             libs = [name for name, kind in listing if name.startswith("libcuda.so.")
                     and "." in name[len("libcuda.so."):] and _regular(root, f"{COMPAT_FOLDER}/{name}", kind)]
             if len(libs) != 1:

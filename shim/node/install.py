@@ -78,7 +78,7 @@ KUBERNETES_WHY = """\
 UNIT_TEXT = """\
 # The resident process of cdi-shim-runtime: a create that requests devices is prepared by one of
 # its long-lived worker processes (2, pre-forked and already warm; --workers N), not by a fresh
-# interpreter: measured, +2-3 ms over plain runc per create instead of +17-23 ms.
+# interpreter: a create pays no interpreter start (the figures are in docs/fast.md).
 # Optional: without it cdi-shim-runtime does the same work itself, only slower.
 # Install: `cdi-shim install --node` (or adjust ExecStart to where cdi-shim is installed, copy to
 # /etc/systemd/system/, then systemctl daemon-reload && systemctl enable --now cdi-shim-resident)

@@ -73,7 +73,7 @@ def _our_files(bundle):
 def find_runtime(name):
     """The low-level runtime: an absolute path, or a name looked up on PATH.
 
-    (shutil.which would do, but importing shutil costs this path ~10 ms.)
+    (shutil.which would do, but importing shutil is a cost this path avoids.)
     """
     if "/" in name:
         if not os.access(name, os.X_OK):

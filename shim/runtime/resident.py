@@ -1,6 +1,6 @@
 """The resident process: `create`/`run` preparation without an interpreter start per container.
 
-Starting Python costs ~8-12 ms on every GPU container create; the work itself is ~1-2 ms. The
+Starting Python costs a GPU container's create several times the work itself. The
 resident process (`cdi-shim runtime serve`, run by systemd) imports everything once and forks
 a few long-lived workers; a worker serves one request at a time with the caller's
 environment, working directory and umask in place (its own cwd and umask restored afterwards;
@@ -190,7 +190,7 @@ def _peer(conn):
 
 def _take_environment(env):
     """Make os.environ exactly ENV, touching only what differs: containerd's shims send the
-    same environment every time, and clearing and refilling it cost each request ~0.6 ms.
+    same environment every time, and clearing and refilling it would cost each request more.
     Whatever an earlier caller set and this one did not is removed, so nothing leaks."""
     current = os.environ
     for key in [key for key in current if key not in env]:
@@ -552,8 +552,8 @@ def serve(path=DEFAULT_SOCKET, ready=None, workers=2, max_requests=10000):
     WORKERS forked processes accept connections and read them without blocking, and serve
     whole requests one at a time each; a worker that
     exits (after MAX_REQUESTS, or crashed) is replaced. Workers are long-lived because a
-    fresh fork pays a copy-on-write fault for every page it touches (~500 faults, ~2.5 ms on
-    these VMs); a warm worker prepares a container in ~1 ms.
+    fresh fork pays a copy-on-write fault for every page it touches, more than a warm worker
+    spends preparing a container (docs/fast.md).
     """
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SERVER_SIGNALS)
     try:
