@@ -3,10 +3,10 @@
 runc spends several times the kernel's own cost on each file bind of config.json (the
 destination resolved four times over, each through /proc/self/fd and a readlink check, the
 propagation and the remount on top), and a toolkit-shaped spec binds 30 or more driver
-libraries (the figures: benchmarks/file_binds.py, benchmarks/RESULTS.md). Here such mounts leave config.json for `cdi-shim-nshook binds` (csrc/hooks/nshook.c), the first
-createContainer hook: runc runs it in the container's mount namespace after its own mounts
-and before pivot_root, where it makes the same binds, resolved inside the rootfs, with the
-same flags.
+libraries (the figures: benchmarks/file_binds.py, benchmarks/RESULTS.md). Here such mounts
+leave config.json for `cdi-shim-nshook binds` (csrc/hooks/nshook.c), the first createContainer
+hook: runc runs it in the container's mount namespace after its own mounts and before
+pivot_root, where it makes the same binds, resolved inside the rootfs, with the same flags.
 
 Only mounts whose result cannot tell the difference move:
 - a bind of a host regular file (options: bind or rbind, any of ro, nosuid, nodev, noexec,
