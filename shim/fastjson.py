@@ -1,7 +1,8 @@
 """JSON for the create path without importing the json package.
 
 `import json` pulls in `re` and `enum`, which cost more than all the other work of a create.
-The C scanner and string encoder of CPython's `_json` module do the real work here, exactly as json.loads/json.dumps would; anything unusual falls back to `json`.
+The C scanner and string encoder of CPython's `_json` module do the real work here, exactly as
+json.loads/json.dumps would; anything unusual falls back to `json`.
 """
 try:
     import _json
