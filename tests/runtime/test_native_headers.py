@@ -64,7 +64,8 @@ def test_the_headers_are_made_from_the_python_rules(path):
 
 def test_every_header_is_included_by_a_program():
     sources = "".join(read(os.path.join(TOP, name)) for name in
-                      glob.glob("csrc/frontend/*.c", root_dir=TOP) + ["csrc/hooks/nshook.c"])
+                      glob.glob("csrc/frontend/*.c", root_dir=TOP) + glob.glob("csrc/engine/*.c", root_dir=TOP)
+                      + ["csrc/hooks/nshook.c"])
     for path in native_headers.HEADERS:
         assert f'{os.path.basename(path)}"' in sources, path
 
