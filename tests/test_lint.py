@@ -1,11 +1,15 @@
-"""The house style, checked as CI runs the tests: ruff for the Python (pyproject's [tool.ruff])
-and clang-format for the C (.clang-format), over every tracked source file."""
+"""The house style, checked as CI runs the tests: ruff for the Python (pyproject's [tool.ruff]),
+clang-format for the C (.clang-format), over every tracked source file, and a bound on a
+module's length."""
 import os
 import subprocess
 
 from tests.helpers import VENV_BIN, need
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A source module longer than this holds more than one concept: split it by concern.
+MAX_MODULE_LINES = 700
+SOURCE_TREES = ("shim", "cdi", "csrc", "cdi_shim_lab")     # (not tests/ or benchmarks/)
 
 
 def tracked(*patterns):
@@ -30,3 +34,15 @@ def test_c_is_formatted_by_clang_format():
     done = subprocess.run([clang_format, "--dry-run", "-Werror", *sources], cwd=TOP, capture_output=True, text=True)
     assert done.returncode == 0, "run clang-format-14 -i on: " + " ".join(
         sorted({line.split(":")[0] for line in done.stderr.splitlines() if ": error:" in line}))
+
+
+def test_no_source_module_over_the_line_bound():
+    sources = [path for path in tracked(*SOURCE_TREES) if path.endswith((".py", ".c", ".h"))]
+    assert len(sources) > 100
+    over = []
+    for path in sources:
+        with open(os.path.join(TOP, path), "rb") as stream:
+            lines = stream.read().count(b"\n")
+        if lines > MAX_MODULE_LINES:
+            over.append(f"{path} ({lines} lines)")
+    assert not over, f"over {MAX_MODULE_LINES} lines, split by concern: " + ", ".join(sorted(over))

@@ -49,7 +49,7 @@ struct recipe {
         sources;
 };
 
-/* A read-only root's /etc overlay (shim/linker/container.py, etc_overlay): its folders and
+/* A read-only root's /etc overlay (shim/linker/etcfiles.py, etc_overlay): its folders and
  * files in the bundle, the filesystems it was made on, its mount; mount.len 0: none. */
 struct etc_overlay {
     struct block dirs, files, fs, mount;
@@ -201,7 +201,7 @@ static int write_files(int bundlefd, const struct block *files)
 
 /* ROOTS: path NUL, mode (u32), length (u32), bytes; each written inside the root (its
  * directory resolved there, missing ones made; renamed over the name: a link there replaced,
- * never followed), as the step writes them (shim/linker/container.py, write_in_root). */
+ * never followed), as the step writes them (shim/linker/etcfiles.py, write_in_root). */
 static int write_root_files(int rootfd, const struct block *roots)
 {
     const char *at = roots->data, *end = roots->data + roots->len;

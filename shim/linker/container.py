@@ -5,12 +5,12 @@ container (`update-ldcache`) and make soname links (`create-symlinks`). Here the
 computed natively from the image's own cache plus the libraries the edits mount (read on the
 host) and written, with ld.so.conf where missing and the drop-ins, where the hook's ldconfig
 leaves them, in the root (a later ldconfig in the container works and keeps the folders); a
-read-only root gets them in an overlay of its /etc from the bundle instead (_overlay_etc), and
+read-only root gets them in an overlay of its /etc from the bundle instead (etcfiles.py), and
 where neither can be done the cache alone is written into the bundle and bind-mounted read-only
 over /etc/ld.so.cache. The update-ldcache hook is then dropped, so its process (ldconfig on the
-image) never runs. A create-symlinks hook is dropped when every link already
-exists by other means (a mount at the link's path) or after its links were made here, inside
-the rootfs and without following anything out of it; when that cannot be done safely (the link
+image) never runs. A create-symlinks hook is dropped when every link already exists by other
+means (a mount at the link's path) or after its links were made here, inside the rootfs and
+without following anything out of it (links.py); when that cannot be done safely (the link
 lies under a directory a mount will cover, as the toolkit's /dev/dri/by-path links under runc's
 /dev) the hook becomes our own `cdi-shim-nshook symlinks` (C, csrc/hooks/nshook.c), which makes
 them in the container's mount namespace, resolved inside the rootfs. Last, the library mounts
@@ -36,6 +36,11 @@ import sys
 import time
 
 from ..bundle import rootfs_path
+from .etcfiles import OVERLAY_UNSAFE  # noqa: F401 (shim.native_headers reads it from here)
+from .etcfiles import compat_alone, compat_files, etc_overlay, overlay_etc, readonly_root, write_etc_in_root, \
+    write_in_root
+from .links import call_links, dangling_later, made_links, make_links, make_soname_links, soname_links_to_make, \
+    under_a_mount
 
 CACHE_FILE = "cdi-shim.ld.so.cache"
 UNDER_A_MOUNT = "a link lies under a mounted directory"
@@ -96,52 +101,6 @@ def _hook_calls(config):
 def has_known_hooks(config):
     """True when config.json holds a hook of one of HOOK_PROGRAMS."""
     return any(True for _ in _hook_calls(config))
-
-
-def _links(call):
-    for spec in call.options.get("link", ()):
-        target, sep, link = spec.partition("::")
-        if sep and target and link.startswith("/"):
-            yield target, link
-
-
-def _under_a_mount(path, destinations):
-    return any(path != dest and path.startswith(dest.rstrip("/") + "/") for dest in destinations)
-
-
-def make_links(rootfs, links):
-    """Create LINK -> TARGET inside the rootfs (parents made as needed), never leaving it, as the
-    toolkit's create-symlinks does: what is at LINK is replaced (a temporary link renamed over
-    it), an identical link left; a directory there raises IsADirectoryError (cds_link_at)."""
-    from .._native import ffi, lib
-
-    rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    parents = {}
-    try:
-        for target, link in links:
-            parent, name = posixpath.split(posixpath.normpath(link))
-            fd = parents.get(parent)
-            if fd is None:
-                fd = parents[parent] = _open_dir_in_root(rootfd, parent, ffi, lib)
-            if lib.cds_link_at(fd, os.fsencode(name), os.fsencode(target)) < 0:
-                error = ffi.errno
-                raise OSError(error, os.strerror(error), link)
-    finally:
-        for fd in parents.values():
-            os.close(fd)
-        os.close(rootfd)
-
-
-def _open_dir_in_root(rootfd, path, ffi, lib):
-    """An O_PATH descriptor of PATH inside the root, making missing directories (0755):
-    cds_inroot_open_dirs, the front end's own (csrc/frontend/replay.c)."""
-    failed_at = ffi.new("size_t *")
-    encoded = os.fsencode(path)
-    fd = lib.cds_inroot_open_dirs(rootfd, encoded, failed_at)
-    if fd < 0:
-        error = ffi.errno
-        raise OSError(error, os.strerror(error), os.fsdecode(encoded[:failed_at[0]]))
-    return fd
 
 
 def _bind(config, destination, source, out=None):
@@ -280,7 +239,7 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
     config, compat, compat_calls, alone = _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, out)
 
     def alone_dropin(config):   # enable-cuda-compat's drop-in that no cache of ours reads
-        return _compat_alone(config, bundle, rootfs, [f for _, f in alone], out) if alone else config
+        return compat_alone(config, bundle, rootfs, [f for _, f in alone], out) if alone else config
 
     def give_up(config, why):
         # The cache's hooks run as written, and an enable-cuda-compat after them (so its
@@ -294,12 +253,12 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
     # Links that lead nowhere yet (their target neither in the image nor mounted) are made
     # once the cache is planned: the cache would not list them either way, and a directory
     # changed now would be scanned again in full rather than taken from the image's cache.
-    deferred, links_made = [], {link for call in symlinks for _, link in _links(call)}
+    deferred, links_made = [], {link for call in symlinks for _, link in call_links(call)}
     reasons = {}  # (stage, index) of a hook -> why its work was left to it
     for call in symlinks:
-        links = list(_links(call))
+        links = list(call_links(call))
         pending = [(target, link) for target, link in links if link not in destinations]
-        if any(_under_a_mount(link, destinations) for _, link in pending):
+        if any(under_a_mount(link, destinations) for _, link in pending):
             # (the toolkit's /dev/dri/by-path links: /dev is runc's mount) made in the
             # container's mount namespace by the hook: expected, so not a warning
             out.log.debug("keeping a create-symlinks hook: a link lies under a mounted directory")
@@ -307,8 +266,8 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
             continue
         later = []
         if updates or libraries or compat:
-            pending, later = _dangling_later(rootfs, pending, libraries, links_made)
-        if not _made_links(rootfs, call, pending, out, reasons):
+            pending, later = dangling_later(rootfs, pending, libraries, links_made)
+        if not made_links(rootfs, call, pending, out, reasons):
             continue
         if later:
             deferred.append((call, later))
@@ -337,8 +296,8 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
         # The soname links the hook's ldconfig makes beside the mounted libraries, after its
         # scan: planned as the mounted file at that name (the cache names the link, as
         # ldconfig's does), made once the cache is planned (a create-symlinks link to one of
-        # them dangled during ldconfig's scan, and is not listed: _dangling_later)
-        sonames = _soname_links(rootfs, folders, updates, libraries, compat, out.log, start)
+        # them dangled during ldconfig's scan, and is not listed: dangling_later)
+        sonames = soname_links_to_make(rootfs, folders, updates, libraries, compat, out.log, start)
         counting = getattr(out.log, "debug_enabled", True)  # the memo's counts are for the debug line only
         hits, misses, _ = memo_stats() if counting else (0, 0, 0)
         from .mounted import directory_mounts
@@ -371,10 +330,11 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
         if updates:
             # As the hook's ldconfig leaves it: a later ldconfig in the container works, and the
             # drop-ins keep the folders (a bind over /etc/ld.so.cache could not be renamed over).
-            # A read-only root gets them in an overlay of its /etc instead (_overlay_etc).
-            after = _compat_files([f for _, f in alone])
-            overlaid = _overlay_etc(config, bundle, rootfs, result, sonames, out, after) if _readonly(config) else None
-            if overlaid is not None or not _readonly(config) and _write_in_root(rootfs, result, sonames, out, after):
+            # A read-only root gets them in an overlay of its /etc instead (etcfiles.overlay_etc).
+            after = compat_files([f for _, f in alone])
+            readonly = readonly_root(config)
+            overlaid = overlay_etc(config, bundle, rootfs, result, sonames, out, after) if readonly else None
+            if overlaid is not None or not readonly and write_etc_in_root(rootfs, result, sonames, out, after):
                 config = overlaid or config
                 drop.update(call.at for call in updates + compat_calls)
                 _memo_line(out.log, counting, result, hits, misses, compat, memo_stats)
@@ -408,7 +368,7 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
         for destination, source in written:
             config = _bind(config, destination, source, out)
         if sonames:
-            _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
+            make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
         drop.update(call.at for call in updates + compat_calls)
         _memo_line(out.log, counting, result, hits, misses, compat, memo_stats)
     return _finish(alone_dropin(config), drop, rootfs, deferred, out, calls, reasons)
@@ -425,354 +385,12 @@ def _memo_line(log, counting, result, hits, misses, compat, memo_stats):
                   f"scanned{': ' + result.reason if result.reason else ''}{kept}){memo}")
 
 
-def _readonly(config):
-    root = config.get("root")
-    return isinstance(root, dict) and root.get("readonly") is True
-
-
-def _etc_files(root, result, after=()):
-    """[(path, bytes)]: what the hook leaves under /etc, in the order written: ld.so.conf
-    where nothing is at that name (the hook creates it O_EXCL), the drop-ins, the musl path
-    file, the cache (newer than all it was made from); then AFTER (files of hooks run after
-    update-ldcache) where not written already. RESULT None: AFTER alone."""
-    files = []
-    for path, data in result.conf_files if result is not None else ():
-        if path == "/etc/ld.so.conf" and (root.stat(path, follow=False) is not None or root.errno != errno.ENOENT):
-            continue
-        files.append((path, data))
-    if result is not None:
-        files += sorted(result.musl.items()) + [("/etc/ld.so.cache", result.cache)]
-    return files + [(path, data) for path, data in after if path not in dict(files)]
-
-
-def _compat_files(folders):
-    """enable-cuda-compat's drop-in naming FOLDERS, where no update-ldcache hook after it reads
-    it: the hook writes it all the same (createLdsoconfdFile), so a later ldconfig in the
-    container puts the compat folder first. [] without FOLDERS."""
-    from .ldconf import CONF_DIR, DROPIN_COMPAT
-
-    lines = "".join(folder + "\n" for folder in dict.fromkeys(folders))
-    return [(f"{CONF_DIR}/{DROPIN_COMPAT}", lines.encode())] if lines else []
-
-
-def _compat_alone(config, bundle, rootfs, folders, out):
-    """CONFIG with _compat_files(FOLDERS) written where the hook leaves them: in the root, or a
-    read-only root's /etc overlay (its /etc otherwise left as it is: logged)."""
-    files = _compat_files(folders)
-    if _readonly(config):
-        return _overlay_etc(config, bundle, rootfs, None, (), out, files) or config
-    _write_in_root(rootfs, None, (), out, files)
-    return config
-
-
-def _write_in_root(rootfs, result, sonames, out, after=()):
-    """Write what the spec's update-ldcache (and enable-cuda-compat) leave in the root: the
-    soname links, then _etc_files, each resolved inside the root and renamed into place. True,
-    or False when the root cannot be written (an image on a read-only filesystem: the caller
-    binds the cache from the bundle instead)."""
-    from .engine import LdcacheError, Root
-
-    if sonames:
-        _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
-    try:
-        with Root(rootfs) as root:
-            files = _etc_files(root, result, after)
-    except LdcacheError as err:
-        out.log.debug(f"the root cannot be read for its linker configuration ({err})")
-        return False
-    try:
-        out.linking(rootfs, [(None, path) for path, _ in files])     # (what the writes change, before)
-        for path, data in files:
-            write_in_root(rootfs, path, data, 0o644)
-            out.root_files.append((path, data, 0o644))
-    except OSError as err:
-        out.log.debug(f"linker cache not written into {rootfs} ({err}): bound from the bundle")
-        out.refuse("the root could not be written")
-        return False
-    return True
-
-
-def write_in_root(rootfs, path, data, mode):
-    """PATH in the rootfs (absolute, normalized) made DATA with MODE: its directory resolved
-    inside the root (missing ones made, 0755), a temporary file renamed over the name (a link
-    there is replaced, never followed). OSError on failure."""
-    from .._native import ffi, lib
-
-    parent, name = posixpath.split(path)
-    rootfd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fd = _open_dir_in_root(rootfd, parent, ffi, lib)
-        try:
-            if lib.cds_write_at(fd, os.fsencode(name), data, len(data), mode, 0) != 0:
-                error = ffi.errno
-                raise OSError(error, os.strerror(error), path)
-        finally:
-            os.close(fd)
-    finally:
-        os.close(rootfd)
-
-
-ETC_DIR = "cdi-shim.etc"    # the bundle folder of a read-only root's /etc overlay: upper/, work/
-# Filesystems (statfs f_type) an overlay of /etc is made on: its upper and work folders in the
-# bundle, its lower folder the image's /etc (one overlay deep at most: the kernel stacks two).
-_UPPER_FS = {0x01021994, 0xEF53, 0x58465342, 0x9123683E}   # tmpfs, ext2/3/4, xfs, btrfs
-_LOWER_FS = _UPPER_FS | {0x794C7630}                        # and overlayfs (a containerd snapshot)
-OVERLAY_UNSAFE = ",:\\\n"   # characters overlay's options cannot carry (the front end's too)
-
-
-def _fs_type(path):
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    buf = ctypes.create_string_buffer(256)     # struct statfs: f_type first
-    if libc.statfs(os.fsencode(path), buf) != 0:
-        return None
-    return ctypes.c_long.from_buffer(buf).value
-
-
-def _no_overlay(config, bundle, rootfs):
-    """Why /etc cannot be overlaid for this container, or ""."""
-    mounts = [m.get("destination") for m in config.get("mounts") or () if isinstance(m, dict)]
-    if any(isinstance(d, str) and posixpath.normpath(d) in ("/", "/etc") for d in mounts):
-        return "config.json mounts something at /etc"
-    namespaces = ((config.get("linux") or {}).get("namespaces") or ())
-    if any(isinstance(ns, dict) and ns.get("type") == "user" for ns in namespaces):
-        return "a user namespace"
-    for path in (rootfs, bundle):
-        if any(c in path for c in OVERLAY_UNSAFE):
-            return f"{path} has a character overlay's options cannot carry"
-    if _fs_type(bundle) not in _UPPER_FS:
-        return f"the bundle's filesystem ({bundle}) is not one an overlay's upper folder is made on here"
-    if _fs_type(rootfs) not in _LOWER_FS:
-        return f"the rootfs's filesystem ({rootfs}) is not one an overlay's lower folder is taken from here"
-    return ""
-
-
-def _overlay_etc(config, bundle, rootfs, result, sonames, out, after=()):
-    """A read-only root: CONFIG with the image's /etc overlaid by the bundle's ETC_DIR/upper
-    holding _etc_files, or None (why logged; the caller binds the cache from the bundle). The
-    container's /etc shows the files as the hook leaves them and takes a later ldconfig's
-    writes (into the bundle: nothing is written into the image's /etc); the rest of the root
-    stays read-only. The soname links are made in the root, as the hook makes them."""
-    from .engine import LdcacheError, Root
-
-    why = _no_overlay(config, bundle, rootfs)
-    owners = {}
-    try:
-        with Root(rootfs) as root:
-            for path in ("/etc", "/etc/ld.so.conf.d"):
-                # (the kernel takes the lower folder by its host path: /etc must be no link)
-                fd = root.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-                if fd < 0:
-                    if path == "/etc" or root.errno != errno.ENOENT:
-                        why = why or f"the image's {path}: {os.strerror(root.errno)}"
-                    continue
-                try:
-                    owners[path] = os.fstat(fd)
-                finally:
-                    os.close(fd)
-            files = _etc_files(root, result, after)
-    except LdcacheError as err:
-        why = why or str(err)
-    if why:
-        out.log.debug(f"linker cache bound from the bundle, /etc not overlaid: {why}")
-        return None
-    # (the merged folder shows its upper folder's owner and mode: the image's)
-    upper = f"{ETC_DIR}/upper"
-    dirs = [(ETC_DIR, os.geteuid(), os.getegid(), 0o700), (f"{ETC_DIR}/work", os.geteuid(), os.getegid(), 0o700)]
-    for path in ("/etc", "/etc/ld.so.conf.d"):
-        if path == "/etc" or any(name.startswith("/etc/ld.so.conf.d/") for name, _ in files):
-            st = owners.get(path)
-            dirs.append((upper + path[len("/etc"):], st.st_uid if st else 0, st.st_gid if st else 0,
-                         stat.S_IMODE(st.st_mode) if st else 0o755))
-    overlay = (dirs, [(upper + path[len("/etc"):], data, 0o644) for path, data in files],
-               _fs_type(bundle), _fs_type(rootfs))
-    try:
-        config = etc_overlay(config, bundle, rootfs, overlay)
-    except OSError as err:
-        out.log.debug(f"linker cache bound from the bundle, /etc not overlaid: {err}")
-        return None
-    out.overlay = overlay
-    if sonames:
-        _make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
-    out.log.debug(f"read-only root: /etc overlaid, the linker files in {os.path.join(bundle, upper)}")
-    return config
-
-
-def etc_overlay(config, bundle, rootfs, overlay):
-    """Make OVERLAY (DIRS, FILES, bundle and rootfs filesystem types: _overlay_etc) in the
-    bundle: each folder (path in the bundle, owner, group, mode) made afresh, in order (the
-    first removed with all in it before), then
-    each file (path in the bundle, bytes, mode); return CONFIG with the overlay mount of /etc
-    before any mount under /etc (runc mounts in order). OSError, nothing left, on failure (a
-    folder of ours already there, a filesystem other than the step's). The step memo's replay
-    and the front end's (replay.c, make_etc) do the same."""
-    from .ldcache import LdcacheError, write_cache
-
-    dirs, files, bundle_fs, rootfs_fs = overlay
-    bundle = os.path.abspath(bundle)
-    if _fs_type(bundle) != bundle_fs or _fs_type(rootfs) != rootfs_fs \
-            or any(c in path for c in OVERLAY_UNSAFE for path in (rootfs, bundle)):
-        raise OSError(errno.EINVAL, "not the filesystems or paths the overlay was made for", bundle)
-    made = []
-    _remove_tree(os.path.join(bundle, dirs[0][0]))     # (one a replay left half made)
-    try:
-        for path, uid, gid, mode in dirs:
-            folder = os.path.join(bundle, path)
-            os.mkdir(folder, 0o700)
-            made.append(folder)
-            os.chown(folder, uid, gid, follow_symlinks=False)
-            os.chmod(folder, mode)
-        for path, data, mode in files:
-            write_cache(os.path.join(bundle, path), data)    # temp file + rename, 0644
-    except (LdcacheError, OSError) as err:
-        if made:
-            _remove_tree(made[0])
-        raise err if isinstance(err, OSError) else OSError(errno.EIO, str(err)) from None
-    base = os.path.join(bundle, ETC_DIR)
-    mount = {"destination": "/etc", "type": "overlay", "source": "overlay",
-             "options": [f"lowerdir={os.path.abspath(rootfs)}/etc", f"upperdir={base}/upper", f"workdir={base}/work"]}
-    mounts = list(config.get("mounts") or ())
-    # (the destination as written, as the front end compares it)
-    at = next((i for i, m in enumerate(mounts) if isinstance(m, dict) and isinstance(m.get("destination"), str)
-               and m["destination"].startswith("/etc/")), len(mounts))
-    return dict(config, mounts=mounts[:at] + [mount] + mounts[at:])
-
-
-def _remove_tree(path):
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _update_folders(updates, libraries):
     """The folders of update-ldcache's 00-nvcr drop-in: its --folder options (none given, none:
     the hook adds no folder). Without such a hook, the mounted libraries' folders (our cache)."""
     if updates:
         return list(dict.fromkeys(folder for call in updates for folder in call.options.get("folder", ())))
     return list(dict.fromkeys(posixpath.dirname(dest) for dest in libraries))
-
-
-def _soname_links(rootfs, folders, updates, libraries, compat, log, start):
-    """[(target, link, host file)]: the soname links ldconfig would make beside the mounted
-    LIBRARIES (plan.soname_links), where its create_links would: a missing name, or a link
-    that leads elsewhere (replaced); anything else there (the image's own file) is left ("is
-    not a symbolic link"). None without an update-ldcache hook (no ldconfig, no links)."""
-    if not updates or not libraries:
-        return []
-    from .engine import LdcacheError, Root
-    from .ldcache import LINKER_TIME_LIMIT, Deadline
-    from .plan import soname_links
-
-    try:
-        wanted = soname_links(rootfs, folders, extra=libraries, deadline=Deadline(LINKER_TIME_LIMIT, start),
-                              compat=compat)
-        root = Root(rootfs)
-    except (LdcacheError, OSError) as err:
-        log.debug(f"soname links not worked out ({err}): the planner says why")
-        return []
-    todo = []
-    with root:
-        for directory, soname, name in wanted:
-            link, file = posixpath.join(directory, soname), posixpath.join(directory, name)
-            if file not in libraries:
-                continue    # (the image's own file: its link is the image's)
-            found = root.stat(directory)
-            if found is None or not stat.S_ISDIR(found[0]):
-                continue    # (a directory only runc's mount will make: the cache names the file)
-            there = root.stat(link, follow=False)
-            if there is None and root.errno == errno.ENOENT or there is not None and stat.S_ISLNK(there[0]) \
-                    and _link_text(root, link) != name:
-                todo.append((name, link, libraries[file]))
-    return todo
-
-
-def _link_text(root, link):
-    """The text of the link LINK in ROOT (engine.Root), or None."""
-    parent, name = posixpath.split(link)
-    fd = root.open(parent, os.O_PATH | os.O_DIRECTORY)
-    if fd < 0:
-        return None
-    try:
-        return os.readlink(name, dir_fd=fd)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _make_noted_links(rootfs, links, out):
-    """make_links, noted in OUT (what the links change, then the links)."""
-    out.linking(rootfs, links)
-    make_links(rootfs, links)
-    out.linked(links)
-
-
-def _make_soname_links(rootfs, links, out):
-    """Make the soname LINKS (_soname_links) once the cache is planned. A failure is
-    ldconfig's warning, not an error (the cache still names the file's soname path)."""
-    try:
-        _make_noted_links(rootfs, links, out)
-    except OSError as err:
-        out.warn(f"soname links not all made in {rootfs}: {err}")
-
-
-PENDING_LINK = ".cdi-shim-pending-link"     # the text of a link made again after planning: leads nowhere
-
-
-def _dangling_later(rootfs, pending, libraries, links_made):
-    """(links to make now, links to make after planning): the latter lead nowhere in the root
-    (not to an image file, a mounted library or another link being made)."""
-    from .engine import LdcacheError, Root
-
-    now, later = [], []
-    try:
-        root = Root(rootfs)
-    except LdcacheError:
-        return pending, []
-    with root:
-        for target, link in pending:
-            path = posixpath.normpath(target if target.startswith("/") else
-                                      posixpath.join(posixpath.dirname(link), target))
-            reached = root.stat(path)
-            missing = reached is None and root.errno in (errno.ENOENT, errno.ENOTDIR)
-            there = root.stat(link, follow=False)
-            # (a target that leads to what is at the link path now -- the image's soname link
-            # to its own stub there -- loops once the link replaces it: it leads nowhere too)
-            loops = reached is not None and there is not None and reached[1:3] == there[1:3]
-            if path in libraries or path in links_made or reached is not None and not loops \
-                    or reached is None and not missing:
-                now.append((target, link))
-            elif there is None or _link_text(root, link) == target:
-                later.append((target, link))
-            else:
-                # Something of the image is there: replaced before planning, so the cache drops
-                # its entry, by a link that dangles as the hook's does during its ldconfig's scan
-                # (its target a soname link ldconfig makes after the scan); the link itself
-                # after planning.
-                now.append((PENDING_LINK, link))
-                later.append((target, link))
-    return now, later
-
-
-def _made_links(rootfs, call, links, out, reasons):
-    """Make a create-symlinks hook's LINKS in the rootfs: True, or False (the hook is kept, its
-    reason in REASONS) when they cannot be made."""
-    if not links:
-        return True
-    try:
-        _make_noted_links(rootfs, links, out)
-    except IsADirectoryError as err:
-        # the toolkit's hook fails the create here too (its rename over a directory)
-        from .toolkit_hooks import HookFailure
-
-        raise HookFailure("create-symlinks", f"cannot create the link {err.filename}: is a directory") from None
-    except OSError as err:
-        out.warn(f"keeping a create-symlinks hook: cannot create its links in {rootfs}: {err}")
-        reasons[call.at] = f"cannot create its links in {rootfs}: {err}"
-        return False
-    out.log.debug(f"created {len(links)} library link(s) in {rootfs}")
-    return True
 
 
 def _become_nshook(call, out, program, *args):
@@ -787,7 +405,7 @@ def _finish(config, drop, rootfs, deferred, out, calls, reasons):
     from .toolkit_hooks import HookFailure
 
     for call, links in deferred:
-        if _made_links(rootfs, call, links, out, reasons):
+        if made_links(rootfs, call, links, out, reasons):
             drop.add(call.at)
     nshook = None
     for call in calls:
@@ -800,7 +418,7 @@ def _finish(config, drop, rootfs, deferred, out, calls, reasons):
                 # Links under a mount (the toolkit's /dev/dri/by-path ones, in runc's /dev) can only
                 # be made in the container's mount namespace: our C program does it, in ~1 ms,
                 # whatever program the spec named (its own start would cost more).
-                links = [arg for target, link in _links(call) for arg in ("--link", f"{target}::{link}")]
+                links = [arg for target, link in call_links(call) for arg in ("--link", f"{target}::{link}")]
                 _become_nshook(call, out, nshook, "symlinks", "--rootfs", rootfs, *links)
                 out.log.debug(f"create-symlinks: links under a mount made by {nshook} in the container's mount "
                               "namespace")

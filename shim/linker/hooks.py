@@ -46,7 +46,7 @@ def update_ldcache(rootfs, folders):
 
 def create_symlinks(rootfs, links):
     """Create each LINK -> TARGET ("TARGET::LINK") inside the rootfs; existing links stay."""
-    from .container import make_links
+    from .links import make_links
 
     pairs = []
     for spec in links:

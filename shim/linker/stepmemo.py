@@ -15,7 +15,7 @@ the root: those of the Roots opened during the step (engine.Root.observers) and 
 identity from before the change (stepresult.StepResult.linking). What the step did is kept as a
 recipe: the links it made, in order, the bundle files it wrote, the files it wrote into the
 root (the linker cache and configuration, as the toolkit's hooks leave them) or a read-only
-root's /etc overlay (container.etc_overlay), the mounts it bound, and the hooks it dropped or
+root's /etc overlay (etcfiles.etc_overlay), the mounts it bound, and the hooks it dropped or
 changed (with the rootfs and bundle paths left as blanks). A later step with the same key
 whose paths all have the same identities in its own root (one C call) replays the recipe into
 its own rootfs and bundle; the result is what the step itself would have given
@@ -67,7 +67,7 @@ class _Recipe:
         self.paths, self.count, self.identities = paths, count, identities
         self.links, self.files, self.binds, self.moved, self.hooks = links, files, binds, moved, hooks
         self.root_files = list(root_files)     # [(path in the root, data, mode)] in the order written
-        self.overlay = overlay      # a read-only root's /etc overlay (container.etc_overlay), or None
+        self.overlay = overlay      # a read-only root's /etc overlay (etcfiles.etc_overlay), or None
         self.sources = list(sources)    # [(mount index, host source)]: StepResult.sources
         self.params = b"0"      # the host's params file as the last step of it read it (export_recipe)
         self.exported = self.exported_path = None   # where it was last exported to

@@ -22,7 +22,7 @@ class StepResult:
         self.links = []         # [(target, link)] made in the root, in order
         self.files = {}         # bundle path -> (data, mode), written
         self.root_files = []    # [(path in the root, data, mode)] written into the root, in order
-        self.overlay = None     # a read-only root's /etc overlay, as container.etc_overlay takes it
+        self.overlay = None     # a read-only root's /etc overlay, as etcfiles.etc_overlay takes it
         self.binds = []         # [(destination, bundle path)] bound, in order
         self.moved = []         # the destinations of the mounts our binds hook makes (filebinds.py)
         # The hooks of the result by position: {stage: [index into the original's stage | a new

@@ -55,7 +55,7 @@ class _Writes:
             path = os.path.join(self.bundle, name)
             try:
                 os.unlink(path)
-            except IsADirectoryError:      # a read-only root's /etc overlay (shim/linker/container.py)
+            except IsADirectoryError:      # a read-only root's /etc overlay (shim/linker/etcfiles.py)
                 import shutil
 
                 shutil.rmtree(path, ignore_errors=True)     # (links in it are removed, not followed)

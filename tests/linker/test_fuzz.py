@@ -23,7 +23,8 @@ CACHE_DIR = os.environ.get("CDI_SHIM_TEST_CACHE", "/var/cache/cdi-shim-tests")
 SECONDS = int(os.environ.get("CDI_SHIM_FUZZ_SECONDS", "30"))
 REPORT = os.environ.get("CDI_SHIM_FUZZ_REPORT", os.path.join(CACHE_DIR, "fuzz-report.json"))
 HARNESSES = {
-    "ldcache": ("fuzz_ldcache.c", ["ldcache.c", "elf.c", "inroot.c"], "cache"),
+    "ldcache": ("fuzz_ldcache.c", ["ldcache.c", "ldcache_write.c", "ldcache_strtab.c", "elf.c", "inroot.c"],
+                "cache"),
     "elf": ("fuzz_elf.c", ["elf.c"], "elf"),
 }
 _totals = {}
