@@ -10,7 +10,8 @@ import sys
 from cdi.safeio import RACY_WINDOW_NS
 
 from . import config
-from .linker.container import HOOK_PROGRAMS, OVERLAY_UNSAFE
+from .linker.container import HOOK_PROGRAMS
+from .linker.etcfiles import OVERLAY_UNSAFE
 from .linker.toolkit_hooks import PARAMS_PATH
 from .runtime import requests, runc_args
 
@@ -88,7 +89,7 @@ def runtime_rules_header():
            c_strings("cds_hook_programs", HOOK_PROGRAMS), "",
            "/* the host file disable-device-node-modification reads (shim/linker/toolkit_hooks.py) */",
            f"#define CDS_PARAMS_PATH {c_string(PARAMS_PATH)}", "",
-           "/* characters an overlay mount's options cannot carry (shim/linker/container.py) */",
+           "/* characters an overlay mount's options cannot carry (shim/linker/etcfiles.py) */",
            f"#define CDS_OVERLAY_UNSAFE {c_string(OVERLAY_UNSAFE)}"]
     return _guard("runtime_rules.h", "shim/runtime and shim/linker", out)
 

@@ -21,7 +21,7 @@ static const char *const cds_hook_programs[] __attribute__((unused)) = {"nvidia-
 /* the host file disable-device-node-modification reads (shim/linker/toolkit_hooks.py) */
 #define CDS_PARAMS_PATH "/proc/driver/nvidia/params"
 
-/* characters an overlay mount's options cannot carry (shim/linker/container.py) */
+/* characters an overlay mount's options cannot carry (shim/linker/etcfiles.py) */
 #define CDS_OVERLAY_UNSAFE ",:\\\n"
 
 #endif

@@ -15,7 +15,7 @@ lies under a directory a mount will cover, as the toolkit's /dev/dri/by-path lin
 /dev) the hook becomes our own `cdi-shim-nshook symlinks` (C, csrc/hooks/nshook.c), which makes
 them in the container's mount namespace, resolved inside the rootfs. Last, the library mounts
 (and the files we bound from the bundle) may leave config.json for our binds hook, which makes
-them in a few syscalls where runc spends ~0.3 ms on each (filebinds.py).
+them in a few syscalls where runc resolves each several times over (filebinds.py).
 
 `prepare_linker(config, bundle, log, file_binds=True)` returns the new config (file_binds=False,
 the config key `file-binds = "runc"`: every mount stays in config.json for runc). A cache that cannot be
@@ -36,7 +36,6 @@ import sys
 import time
 
 from ..bundle import rootfs_path
-from .etcfiles import OVERLAY_UNSAFE  # noqa: F401 (shim.native_headers reads it from here)
 from .etcfiles import compat_alone, compat_files, etc_overlay, overlay_etc, readonly_root, write_etc_in_root, \
     write_in_root
 from .links import call_links, dangling_later, made_links, make_links, make_soname_links, soname_links_to_make, \
@@ -416,7 +415,7 @@ def _finish(config, drop, rootfs, deferred, out, calls, reasons):
             nshook = nshook or our_program("cdi-shim-nshook")
             if os.access(nshook, os.X_OK):
                 # Links under a mount (the toolkit's /dev/dri/by-path ones, in runc's /dev) can only
-                # be made in the container's mount namespace: our C program does it, in ~1 ms,
+                # be made in the container's mount namespace: our C program does it,
                 # whatever program the spec named (its own start would cost more).
                 links = [arg for target, link in call_links(call) for arg in ("--link", f"{target}::{link}")]
                 _become_nshook(call, out, nshook, "symlinks", "--rootfs", rootfs, *links)
@@ -483,7 +482,7 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, out):
             if not os.access(program, os.X_OK):
                 raise toolkit.HookFailure(call.command, f"our hook program {program} is missing (runc refuses "
                                           "mounts under /proc from config.json, so a hook makes this one)")
-            # runc refuses config.json mounts under /proc: our own hook (C, ~1 ms) binds the
+            # runc refuses config.json mounts under /proc: our own hook (C) binds the
             # file in the container's mount namespace, in place of the spec's.
             _become_nshook(call, out, program, "bind-params", "--rootfs", rootfs, "--source", source)
             out.log.debug(f"disable-device-node-modification: {source} bound over {toolkit.PARAMS_PATH} by {program}")
