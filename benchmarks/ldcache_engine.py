@@ -60,7 +60,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from cdi.safeio import RACY_WINDOW_NS  # noqa: E402
-from shim.linker import ldcache  # noqa: E402
+from shim.ldconfig import ldcache  # noqa: E402
 
 sys.path.insert(0, HERE)
 from common import LIBDIR, library_image  # noqa: E402
@@ -195,7 +195,7 @@ def measure(runs, driver_libs, tmpfs="/dev/shm"):
             return lambda: subprocess.run([*command, "update-ldcache", "--folder", FOLDER], input=state,
                                           check=True)
         bare = [sys.executable, "-c",
-                "import sys; from shim.linker import ldcache; "
+                "import sys; from shim.ldconfig import ldcache; "
                 "ldcache.update(sys.argv[1], [sys.argv[2]], output=sys.argv[3])",
                 image, FOLDER, out]
         sides = {

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ldcache_engine as bench  # noqa: E402
 from common import library_tree  # noqa: E402
 from cdi.safeio import RACY_WINDOW_NS  # noqa: E402
-from shim.linker import ldcache  # noqa: E402
+from shim.ldconfig import ldcache  # noqa: E402
 
 
 # About a second of samples per case, as ldconfig's 100 rounds take: a machine's slow

@@ -2,7 +2,7 @@
 resolved inside it: the one place `cdi generate` and `install --node` turn a path in such a
 tree into the host path they hand on.
 
-Resolution is the C engine's (shim.linker.engine.Root: openat2 RESOLVE_IN_ROOT, or its
+Resolution is the C engine's (shim.ldconfig.engine.Root: openat2 RESOLVE_IN_ROOT, or its
 O_NOFOLLOW walk): the tree is read as a chroot would read it, so an absolute link leads to the
 tree's own file of that name, never the host's. What comes back is the path of the file the
 walk reached (read from the kernel, /proc/self/fd), so the host path we write names that file
@@ -45,7 +45,7 @@ class Tree:
     """The directory ROOT opened once (WHAT names it in messages: "driver root", ...)."""
 
     def __init__(self, root, what="root"):
-        from .linker.engine import LdcacheError, Root
+        from .ldconfig.engine import LdcacheError, Root
 
         self.path = os.path.abspath(root)
         self.what = what
@@ -80,7 +80,7 @@ class Tree:
         """(tree path of what PATH resolves to, its os.stat_result), or None when it is not
         there, is refused (see the module's doc; a warning says why) or, with KIND, is not
         that stat.S_IF* type. No host link is followed, no file opened but O_PATH."""
-        from .linker.engine import O_NOFOLLOW, O_PATH
+        from .ldconfig.engine import O_NOFOLLOW, O_PATH
 
         if not _utf8(path):
             self.warn(f"{printable(self.host(path))}: the name is not valid UTF-8, left out")
@@ -141,7 +141,7 @@ class Tree:
         """(link, its text) of the first link on PATH's chain of final links whose ".." climbs
         above the tree's top; None when there is none. A check of link texts only: where PATH
         leads is the C walk's answer, always."""
-        from .linker.engine import O_NOFOLLOW, O_PATH
+        from .ldconfig.engine import O_NOFOLLOW, O_PATH
 
         for _ in range(MAX_LINKS):
             parent, name = posixpath.split(posixpath.normpath("/" + path))
@@ -175,7 +175,7 @@ class Tree:
     def resolve_dir(self, path):
         """The tree path of directory PATH, links resolved by the walk (no checks of its own).
         Found ones are remembered: a generation or an install looks into a few folders often."""
-        from .linker.engine import O_DIRECTORY, O_PATH
+        from .ldconfig.engine import O_DIRECTORY, O_PATH
 
         found = self._dirs.get(path)
         if found is not None:
@@ -193,7 +193,7 @@ class Tree:
 
     def readlink(self, path):
         """The text of the link at PATH (its directory resolved in the tree), or None."""
-        from .linker.engine import O_NOFOLLOW, O_PATH
+        from .ldconfig.engine import O_NOFOLLOW, O_PATH
 
         fd = self.tree.open(path, O_PATH | O_NOFOLLOW)
         if fd < 0:
@@ -257,7 +257,7 @@ class Tree:
         return self.host(posixpath.join(self.make_dirs(parent), name))
 
     def _final(self, path):
-        from .linker.engine import O_NOFOLLOW, O_PATH
+        from .ldconfig.engine import O_NOFOLLOW, O_PATH
 
         fd = self.tree.open(path, O_PATH | O_NOFOLLOW)
         if fd < 0:
@@ -277,7 +277,7 @@ class Tree:
 
     def make_dirs(self, path):
         """Tree path of directory PATH, made (0755) where missing, inside the tree."""
-        from .linker.engine import ffi, lib
+        from .ldconfig.engine import ffi, lib
 
         failed_at = ffi.new("size_t *")
         encoded = os.fsencode(path)

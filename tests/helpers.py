@@ -113,7 +113,7 @@ def file_memo(enabled, forget=None, settle=0):
     """The engine's file memo on or off (ldcache.remember_files) for the block, trusting files
     SETTLE seconds old (0: however new, so no test waits for files to age); its previous state
     and ENGINE_SETTLE come back after. The one place tests set the settle window."""
-    from shim.linker import ldcache
+    from shim.ldconfig import ldcache
 
     previous = ldcache.remember_files(enabled, forget=forget, settle=settle)
     try:
@@ -126,7 +126,7 @@ def cli_with_settle(argv, settle=0):
     """The command line running `cdi-shim ARGV` in this interpreter with the engine's settle window
     set to SETTLE first: a resident server (`runtime serve`) started so keeps it in its workers,
     whose memos then trust files however new, and no test waits for files to age."""
-    code = ("import sys; from shim.linker import ldcache; "
+    code = ("import sys; from shim.ldconfig import ldcache; "
             f"ldcache.remember_files(False, settle={settle!r}); "
             "from shim.cli.main import main; main(prog_name='cdi-shim')")
     return [sys.executable, "-c", code, *argv]

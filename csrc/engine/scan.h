@@ -90,7 +90,7 @@ struct cds_memo_stats {
  * counters. Returns the previous setting. */
 int cds_scan_memo(int enable, int forget, int64_t settle_ns, struct cds_memo_stats *stats);
 
-/* The identity of one file for a memo of whole plans (shim/linker/plan.py): what stat said,
+/* The identity of one file for a memo of whole plans (shim/ldconfig/plan.py): what stat said,
  * or the errno it failed with (all other fields 0). Fixed fields, no padding: compared
  * bytewise. */
 struct cds_identity {

@@ -6,7 +6,7 @@ import click
 
 
 def _engine():
-    from ..linker import ldcache
+    from ..ldconfig import ldcache
     return ldcache
 
 

@@ -134,7 +134,7 @@ class DriverRoot(Tree):
         """DT_SONAME of the library at container path PATH ("" if none), or None when it is
         not a library of this machine."""
         from .._native import ffi, lib
-        from ..linker.engine import MACHINES
+        from ..ldconfig.engine import MACHINES
 
         target = MACHINES.get(self.machine)
         fd = self.tree.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -154,7 +154,7 @@ class DriverRoot(Tree):
     def cache_entries(self):
         """[(soname, path)] of the root's ld.so.cache, this machine's libraries only."""
         if self._cache is None:
-            from ..linker.ldcache import LdcacheError, read_root_cache
+            from ..ldconfig.ldcache import LdcacheError, read_root_cache
 
             try:
                 cache = read_root_cache(self.path)

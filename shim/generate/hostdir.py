@@ -351,7 +351,7 @@ def _config_sub(directory):
 
 def _open(root, host):
     """An O_RDONLY descriptor of the regular file at HOST (a host path in ROOT, resolved)."""
-    from ..linker.engine import O_NOFOLLOW
+    from ..ldconfig.engine import O_NOFOLLOW
 
     path = host if root.path == "/" else host[len(root.path):]
     fd = root.tree.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | O_NOFOLLOW)

@@ -115,7 +115,7 @@ def _no_place_for(rootfs, destination):
     """Why runc could not bind a file at DESTINATION in the rootfs (a parent that is not a
     directory, or DESTINATION itself a directory), or "" when it can."""
 
-    from .engine import LdcacheError, Root
+    from ..ldconfig.engine import LdcacheError, Root
 
     try:
         root = Root(rootfs)
@@ -203,7 +203,7 @@ def _bind_files(config, bundle, rootfs, out):
     """CONFIG with the library mounts and our bundle files bound by our C hook rather than by
     runc, where that cannot be told apart and pays (filebinds.py)."""
     from . import filebinds, stepmemo
-    from .engine import LdcacheError, Root
+    from ..ldconfig.engine import LdcacheError, Root
 
     program = our_program("cdi-shim-nshook")
     if not os.access(program, os.X_OK):
@@ -274,7 +274,7 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
             drop.add(call.at)
 
     if updates or libraries or compat:
-        from .ldcache import LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats, plan, write_cache
+        from ..ldconfig.ldcache import LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats, plan, write_cache
 
         unfit = _no_place_for(rootfs, "/etc/ld.so.cache")
         if unfit and updates:
@@ -299,7 +299,7 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
         sonames = soname_links_to_make(rootfs, folders, updates, libraries, compat, out.log, start)
         counting = getattr(out.log, "debug_enabled", True)  # the memo's counts are for the debug line only
         hits, misses, _ = memo_stats() if counting else (0, 0, 0)
-        from .mounted import directory_mounts
+        from ..ldconfig.mounted import directory_mounts
 
         # (a folder a directory mount provides is read through its source: mounted.py)
         others = directory_mounts(m for m in mounts if m.get("destination") not in libraries)
@@ -516,7 +516,7 @@ def _write_bundle_file(bundle, name, data, mode, command, out):
 
 def _write_file(path, data, mode):
     """A bundle file, written whole (temp file + rename) with MODE; OSError on failure."""
-    from .ldcache import LdcacheError, write_cache
+    from ..ldconfig.ldcache import LdcacheError, write_cache
 
     try:
         write_cache(path, data, mode=mode)

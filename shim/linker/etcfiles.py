@@ -42,7 +42,7 @@ def compat_files(folders):
     """enable-cuda-compat's drop-in naming FOLDERS, where no update-ldcache hook after it reads
     it: the hook writes it all the same (createLdsoconfdFile), so a later ldconfig in the
     container puts the compat folder first. [] without FOLDERS."""
-    from .ldconf import CONF_DIR, DROPIN_COMPAT
+    from ..ldconfig.ldconf import CONF_DIR, DROPIN_COMPAT
 
     lines = "".join(folder + "\n" for folder in dict.fromkeys(folders))
     return [(f"{CONF_DIR}/{DROPIN_COMPAT}", lines.encode())] if lines else []
@@ -63,7 +63,7 @@ def write_etc_in_root(rootfs, result, sonames, out, after=()):
     soname links, then _etc_files, each resolved inside the root and renamed into place. True,
     or False when the root cannot be written (an image on a read-only filesystem: the caller
     binds the cache from the bundle instead)."""
-    from .engine import LdcacheError, Root
+    from ..ldconfig.engine import LdcacheError, Root
 
     if sonames:
         make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
@@ -139,7 +139,7 @@ def overlay_etc(config, bundle, rootfs, result, sonames, out, after=()):
     container's /etc shows the files as the hook leaves them and takes a later ldconfig's
     writes (into the bundle: nothing is written into the image's /etc); the rest of the root
     stays read-only. The soname links are made in the root, as the hook makes them."""
-    from .engine import LdcacheError, Root
+    from ..ldconfig.engine import LdcacheError, Root
 
     why = _no_overlay(config, bundle, rootfs)
     owners = {}
@@ -192,7 +192,7 @@ def etc_overlay(config, bundle, rootfs, overlay):
     before any mount under /etc (runc mounts in order). OSError, nothing left, on failure (a
     folder of ours already there, a filesystem other than the step's). The step memo's replay
     and the front end's (replay.c, make_etc) do the same."""
-    from .ldcache import LdcacheError, write_cache
+    from ..ldconfig.ldcache import LdcacheError, write_cache
 
     dirs, files, bundle_fs, rootfs_fs = overlay
     bundle = os.path.abspath(bundle)

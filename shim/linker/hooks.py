@@ -39,7 +39,7 @@ def container_rootfs(state_text):
 
 def update_ldcache(rootfs, folders):
     """Write the cache the rootfs needs with FOLDERS (already mounted) into its /etc/ld.so.cache."""
-    from .ldcache import LINKER_TIME_LIMIT, Deadline, update
+    from ..ldconfig.ldcache import LINKER_TIME_LIMIT, Deadline, update
 
     return update(rootfs, list(dict.fromkeys(folders)), deadline=Deadline(LINKER_TIME_LIMIT))
 
@@ -65,7 +65,7 @@ def run(command, values, state_text):
     """Run hook COMMAND ("update-ldcache" with values["folders"], "create-symlinks" with
     values["links"]) on the container whose OCI state document (read from the hook's stdin,
     at most MAX_STATE bytes) is STATE_TEXT: None, or what went wrong."""
-    from .ldcache import LdcacheError
+    from ..ldconfig.ldcache import LdcacheError
 
     try:
         rootfs = container_rootfs(state_text)

@@ -65,9 +65,9 @@ def soname_links_to_make(rootfs, folders, updates, libraries, compat, log, start
     not a symbolic link"). None without an update-ldcache hook (no ldconfig, no links)."""
     if not updates or not libraries:
         return []
-    from .engine import LdcacheError, Root
-    from .ldcache import LINKER_TIME_LIMIT, Deadline
-    from .plan import soname_links
+    from ..ldconfig.engine import LdcacheError, Root
+    from ..ldconfig.ldcache import LINKER_TIME_LIMIT, Deadline
+    from ..ldconfig.plan import soname_links
 
     try:
         wanted = soname_links(rootfs, folders, extra=libraries, deadline=Deadline(LINKER_TIME_LIMIT, start),
@@ -125,7 +125,7 @@ def make_soname_links(rootfs, links, out):
 def dangling_later(rootfs, pending, libraries, links_made):
     """(links to make now, links to make after planning): the latter lead nowhere in the root
     (not to an image file, a mounted library or another link being made)."""
-    from .engine import LdcacheError, Root
+    from ..ldconfig.engine import LdcacheError, Root
 
     now, later = [], []
     try:

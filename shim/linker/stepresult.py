@@ -40,14 +40,14 @@ class StepResult:
         self.before, self.directories = {}, {}
 
     def __enter__(self):
-        from .engine import Root
+        from ..ldconfig.engine import Root
 
         if self.observe:
             Root.observers = self.roots
         return self
 
     def __exit__(self, *exc):
-        from .engine import Root
+        from ..ldconfig.engine import Root
 
         if self.observe:
             Root.observers = None

@@ -72,7 +72,7 @@ def understood(call):
 
 
 def _root(rootfs):
-    from .engine import LdcacheError, Root
+    from ..ldconfig.engine import LdcacheError, Root
 
     try:
         return Root(rootfs)

@@ -69,7 +69,7 @@ PROBE_VERSION = "doctor-probe"
 DEFAULT_SOCKET = "/run/cdi-shim/runtime.sock"
 # The modules a create can need, imported once in the server so its workers start warm.
 _WARM_MODULES = ("shim.runtime.main", "cdi.registry", "cdi.container_edits", "shim.linker.container",
-                 "shim.linker.ldcache", "shim.linker.stepmemo", "shim.linker.toolkit_hooks", "cdi.spec", "yaml")
+                 "shim.ldconfig.ldcache", "shim.linker.stepmemo", "shim.linker.toolkit_hooks", "cdi.spec", "yaml")
 
 
 class ResidentError(Exception):
@@ -474,8 +474,8 @@ def warm_up():
     # Workers live long: let them stat the host's driver libraries and the files of images
     # seen before instead of reading them again for every container, and take a whole plan
     # of an image seen before with the same driver files once its paths are found unchanged
-    # (shim.linker.ldcache.remember_files, remember_plans).
-    ldcache = importlib.import_module("shim.linker.ldcache")
+    # (shim.ldconfig.ldcache.remember_files, remember_plans).
+    ldcache = importlib.import_module("shim.ldconfig.ldcache")
     ldcache.remember_files(True)
     ldcache.remember_plans(True)
     # ... and replay a whole linker step of an image and spec seen before (stepmemo.py)

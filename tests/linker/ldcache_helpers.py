@@ -23,7 +23,7 @@ sys.path.insert(0, HERE)
 import elfgen  # noqa: E402,F401  (re-exported: test_elf, test_equivalence import it from here)
 import roots  # noqa: E402
 
-from shim.linker import ldcache  # noqa: E402
+from shim.ldconfig import ldcache  # noqa: E402
 
 LDCONFIG = shutil.which("ldconfig") or "/usr/sbin/ldconfig"
 GCC = shutil.which("gcc")

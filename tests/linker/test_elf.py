@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from ldcache_helpers import LDCONFIG, elfgen
-from shim.linker import ldcache
+from shim.ldconfig import ldcache
 from shim._native import ffi, lib
 
 LIB = "/usr/lib/x86_64-linux-gnu"

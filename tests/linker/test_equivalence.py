@@ -15,7 +15,7 @@ import pytest
 import libtree
 from ldcache_helpers import (elfgen, fake_driver, build_library, generator_of, listing, roots,
                       strip_generator, toolkit_ldconfig)
-from shim.linker import ldcache
+from shim.ldconfig import ldcache
 from tests.helpers import file_memo
 
 FOLDER = "/usr/local/nvidia/lib"

@@ -1,4 +1,4 @@
-"""The memo of library files read before (shim.linker.ldcache.remember_files), which the runtime's
+"""The memo of library files read before (shim.ldconfig.ldcache.remember_files), which the runtime's
 resident workers turn on: a plan with it equals glibc's ldconfig exactly as one without it,
 later plans stat the files instead of reading them -- the host's driver files, and an
 image's own files in every container of that image (a new overlay mount, so a new device
@@ -13,7 +13,7 @@ import pytest
 
 import ldcache_helpers
 from ldcache_helpers import build_library, fake_driver, generator_of, roots, toolkit_ldconfig
-from shim.linker import ldcache
+from shim.ldconfig import ldcache
 from tests.helpers import file_memo
 from test_equivalence import assert_equivalent
 

@@ -8,7 +8,7 @@ import pytest
 from shim.linker import filebinds
 from shim.linker.stepresult import StepResult
 from shim.linker.container import _is_library
-from shim.linker.engine import Root
+from shim.ldconfig.engine import Root
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]

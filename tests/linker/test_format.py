@@ -4,8 +4,8 @@ import struct
 import pytest
 
 from ldcache_helpers import listing
-from shim.linker import ldcache
-from shim.linker.cachefile import ParsedCache
+from shim.ldconfig import ldcache
+from shim.ldconfig.cachefile import ParsedCache
 from shim._native import ffi, lib
 
 X86 = lib.CDS_TARGET_X86_64

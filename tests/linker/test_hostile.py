@@ -11,7 +11,7 @@ import time
 import pytest
 
 from ldcache_helpers import Untouched, build_library, elfgen, listing
-from shim.linker import ldcache
+from shim.ldconfig import ldcache
 
 LIB = "usr/lib/x86_64-linux-gnu"
 
@@ -177,7 +177,7 @@ def test_fifos_never_block(world, resolver):
     os.symlink("libfifo.so.1", os.path.join(root, LIB, "libfifo2.so.1"))
     os.symlink("/etc/ld.so.cache", os.path.join(root, LIB, "libfifo3.so.1"))
     out, took = _in_subprocess(f"""
-        from shim.linker import ldcache
+        from shim.ldconfig import ldcache
         from shim._native import lib
         lib.cds_inroot_set_mode(lib.CDS_RESOLVE_WALK if {resolver!r} == "walk" else lib.CDS_RESOLVE_OPENAT2)
         plan = ldcache.plan({root!r}, [])
@@ -328,7 +328,7 @@ def test_include_glob_over_self_links_is_linear(world, resolver):
         import os, resource
         if "libasan" not in os.environ.get("LD_PRELOAD", ""):   # ASan reserves terabytes of
             resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))   # shadow: maxrss bounds it there
-        from shim.linker import ldcache
+        from shim.ldconfig import ldcache
         from shim._native import lib
         lib.cds_inroot_set_mode(lib.CDS_RESOLVE_WALK if {resolver!r} == "walk" else lib.CDS_RESOLVE_OPENAT2)
         plan = ldcache.plan({root!r}, [])

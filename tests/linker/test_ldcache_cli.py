@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from ldcache_helpers import LDCONFIG, fake_driver, listing, roots, strip_generator, toolkit_ldconfig
-from shim.linker import ldcache
+from shim.ldconfig import ldcache
 
 CDI_SHIM = os.path.join(os.path.dirname(sys.executable), "cdi-shim")
 FOLDER = "/usr/local/nvidia/lib"

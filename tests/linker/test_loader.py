@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from ldcache_helpers import GCC, build_library, fake_driver, require
-from shim.linker import ldcache
+from shim.ldconfig import ldcache
 
 FOLDER = "/usr/local/nvidia/lib"
 VERSION = "550.54.15"

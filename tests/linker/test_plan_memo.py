@@ -1,4 +1,4 @@
-"""The memo of whole plans (shim.linker.ldcache.remember_plans), which the runtime's resident
+"""The memo of whole plans (shim.ldconfig.ldcache.remember_plans), which the runtime's resident
 workers turn on: a container of an image planned before with the same driver files gets a copy
 of that plan once every path the plan looked at -- in its own root, and the host files it added
 -- has the same identity; any change to one of them (a configuration file, a directory's
@@ -15,7 +15,7 @@ import pytest
 
 import ldcache_helpers
 from ldcache_helpers import build_library, fake_driver, roots
-from shim.linker import ldcache
+from shim.ldconfig import ldcache
 from tests.helpers import file_memo
 from test_file_memo import overlay_mounts, rebuild_with_soname
 

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from ldcache_helpers import build_library, fake_driver, roots
-from shim.linker import container, ldcache, stepmemo
+from shim.ldconfig import ldcache
+from shim.linker import container, stepmemo
 from tests.helpers import file_memo
 from shim.linker.toolkit_hooks import PARAMS_ENV
 from test_file_memo import overlay_mounts

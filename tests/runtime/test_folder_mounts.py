@@ -1,7 +1,7 @@
 """A folder of driver libraries mounted whole (the GKE layout, /usr/local/nvidia/lib64) and
 asked of update-ldcache: under runc with nvidia-cdi-hook, ldconfig runs after runc's mounts and
 finds the folder's libraries; the native step reads them through the mount's host source
-(shim/linker/mounted.py). Real runc, the real loader, a gcc-built library with a real SONAME."""
+(shim/ldconfig/mounted.py). Real runc, the real loader, a gcc-built library with a real SONAME."""
 import os
 import subprocess
 

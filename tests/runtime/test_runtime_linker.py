@@ -476,7 +476,7 @@ def test_include_glob_past_its_bound_fails_the_create(world, nvml_library, tmp_p
 def test_linker_step_past_its_time_bound_is_refused(nvml_library, tmp_path, monkeypatch):
     """The wall-clock bound on the whole linker step (LINKER_TIME_LIMIT, here 0 s): the step
     raises LinkerLimitError, which fails the create, saying which bound and where."""
-    from shim.linker import ldcache
+    from shim.ldconfig import ldcache
     from shim.linker.container import LinkerLimitError, prepare_linker
 
     rootfs = tmp_path / "rootfs"

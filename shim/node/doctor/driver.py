@@ -65,7 +65,7 @@ def _version_of(name):
 
 
 def check_libraries(ctx):
-    from ...linker.ldcache import LdcacheError, read_root_cache
+    from ...ldconfig.ldcache import LdcacheError, read_root_cache
 
     node = ctx.node
     try:
