@@ -274,7 +274,8 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
             drop.add(call.at)
 
     if updates or libraries or compat:
-        from ..ldconfig.ldcache import LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats, plan, write_cache
+        from ..ldconfig.ldcache import (LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats,
+                                        plan, write_cache)
 
         unfit = _no_place_for(rootfs, "/etc/ld.so.cache")
         if unfit and updates:
