@@ -8,8 +8,6 @@ The layers (docs/fast.md, "The caches, in one table"):
 - plan: the memo of whole ldconfig plans (shim/linker/plan.py); off: it never gives a kept plan
   (the paths each plan looked at are still recorded, for the step memo);
 - file: the engine's file memo (csrc/engine/filememo.c); off: remember_files(False);
-- settings: the worker's memo of the parsed config file (shim/config.py); off:
-  remember_settings(False);
 - registry: the spec registry's cache file (cdi/registry.py); off: $CDI_SHIM_CACHE_DIR "".
 
 Each side is one `create` (through real runc, or /bin/true: --bin-true), with its own resident process (one worker, so
@@ -62,7 +60,6 @@ SIDES = {
     "pre -file": ("pre", ("file",)),
     "pre -replay": ("pre", ("replay",)),
     "pre -replay -step": ("pre", ("replay", "step")),
-    "pre -replay -settings": ("pre", ("replay", "settings")),
     "pre -replay -step -plan": ("pre", ("replay", "step", "plan")),
     "pre -replay -step -file": ("pre", ("replay", "step", "file")),
     "pre -replay -step -plan -file": ("pre", ("replay", "step", "plan", "file")),
@@ -70,7 +67,6 @@ SIDES = {
     "ann -step": ("ann", ("step",)),
     "ann -plan": ("ann", ("plan",)),
     "ann -file": ("ann", ("file",)),
-    "ann -settings": ("ann", ("settings",)),
     "ann -registry": ("ann", ("registry",)),
     "ann -step -plan": ("ann", ("step", "plan")),
     "ann -step -file": ("ann", ("step", "file")),
@@ -85,14 +81,12 @@ WORTH = {
             ("plan, replay on", "pre -plan", "pre all"),
             ("file, replay on", "pre -file", "pre all"),
             ("step, replay off", "pre -replay -step", "pre -replay"),
-            ("settings, replay off", "pre -replay -settings", "pre -replay"),
             ("plan, replay and step off", "pre -replay -step -plan", "pre -replay -step"),
             ("file, replay and step off", "pre -replay -step -file", "pre -replay -step"),
             ("file, replay, step and plan off", "pre -replay -step -plan -file", "pre -replay -step -plan")],
     "ann": [("step", "ann -step", "ann all"),
             ("plan, step on", "ann -plan", "ann all"),
             ("file, step on", "ann -file", "ann all"),
-            ("settings", "ann -settings", "ann all"),
             ("registry", "ann -registry", "ann all"),
             ("plan, step off", "ann -step -plan", "ann -step"),
             ("file, step off", "ann -step -file", "ann -step"),
@@ -131,10 +125,6 @@ def serve(socket_path, off):
                 if kept is None or not os.path.exists(os.path.join(directory, stepmemo.recipe_name(kept))):
                     export(final, rootfs, bundle, directory)
             stepmemo.export_recipe = export_once
-        if "settings" in off:
-            from shim import config
-
-            config.remember_settings(False)
     resident.warm_up = warm_up_with_layers_off
     resident.serve(socket_path, workers=1)
 
@@ -265,8 +255,7 @@ def main():
             with open(os.path.join(side["bundle"], "config.json"), "rb") as f:
                 assert b"nvidia-cdi-hook" not in f.read()
         result = report(sides, args)
-        result["settings_load_config_us"] = load_config_us(os.path.join(root, "config-1.toml"))
-        print(json.dumps(result, indent=2))
+        print("{\n" + ",\n".join(f"{json.dumps(key)}: {json.dumps(value)}" for key, value in result.items()) + "\n}")
     finally:
         for server in servers:
             server.terminate()
@@ -275,25 +264,6 @@ def main():
         for number in range(len(SIDES)):
             subprocess.run(["umount", os.path.join(root, f"rootfs-{number}")], stderr=subprocess.DEVNULL)
         bench.cleanup(root)
-
-
-def load_config_us(path, count=2000):
-    """shim.config.load_config(PATH) in this process, the median of COUNT calls in us: with the
-    settings memo (a stat) and without it (a read and a parse): the settings layer alone."""
-    from shim import config
-
-    took = {}
-    for memo in (True, False):
-        config.remember_settings(memo)
-        config.load_config(path)
-        times = []
-        for _ in range(count):
-            start = time.perf_counter()
-            config.load_config(path)
-            times.append((time.perf_counter() - start) * 1e6)
-        took["kept" if memo else "parsed"] = round(statistics.median(times), 1)
-    config.remember_settings(False)
-    return took
 
 
 def report(sides, args):
