@@ -5,9 +5,8 @@ $CDI_SHIM_CONFIG names and that does not exist, a malformed file, an unknown key
 the wrong type is an error naming the file (and the key), never a silent default.
 """
 import os
-import time
 
-from cdi.safeio import RACY_WINDOW_NS, UnsafeFile, file_identity, read_config_file
+from cdi.safeio import UnsafeFile, read_config_file
 
 DEFAULT_CONFIG_PATH = "/etc/cdi-shim/config.toml"
 CONFIG_ENV = "CDI_SHIM_CONFIG"
@@ -152,45 +151,12 @@ def _parse_toml(text):
     return tomllib.loads(text)
 
 
-# {path: (stat identity, Config)} while a long-lived process (the resident worker) keeps the
-# settings it parsed: one stat instead of reading and parsing the file for every container.
-_kept = None
-_SETTLE_NS = RACY_WINDOW_NS  # a file changed within this may change again unseen by its stat
-
-
-def remember_settings(enabled=True):
-    """Keep parsed settings by the file's identity (cdi.safeio.file_identity) and give
-    them out again while the file is unchanged. Off by default; off forgets. Returns the
-    previous setting."""
-    global _kept
-    previous = _kept is not None
-    _kept = ({} if _kept is None else _kept) if enabled else None
-    return previous
-
-
 def load_config(path=None):
     """Load the configuration from PATH, else from $CDI_SHIM_CONFIG's file, else from the default
     one; raises ConfigError on any problem except a missing file that the environment did not
     name (the user who names a file means that file)."""
     named = os.environ.get(CONFIG_ENV) if path is None else None
-    path = path or named or DEFAULT_CONFIG_PATH
-    identity = None
-    if _kept is not None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            pass  # reported below, as without the memo
-        else:
-            identity = file_identity(st)
-            kept = _kept.get(path)
-            if kept is not None and kept[0] == identity:
-                return kept[1]
-            if st.st_ctime_ns > time.time_ns() - _SETTLE_NS:
-                identity = None
-    config = _load(path, named)
-    if identity is not None:
-        _kept[path] = (identity, config)
-    return config
+    return _load(path or named or DEFAULT_CONFIG_PATH, named)
 
 
 def _suggestion(key):

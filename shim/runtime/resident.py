@@ -480,7 +480,6 @@ def warm_up():
     ldcache.remember_plans(True)
     # ... and replay a whole linker step of an image and spec seen before (stepmemo.py)
     importlib.import_module("shim.linker.stepmemo").remember_steps(True)
-    importlib.import_module("shim.config").remember_settings(True)   # and the settings, by identity
 
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}

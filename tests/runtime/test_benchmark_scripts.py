@@ -68,3 +68,29 @@ def test_one_mount_benchmark():
     for name in ("runc+folders", "runc+edits", "one-mount", "one-mount-injected", "files"):
         low, high = result["median_paired_ratio"][f"{name}/runc 95pct"]
         assert low <= result["median_paired_ratio"][f"{name}/runc"] <= high
+
+
+def test_memo_layers_benchmark_turns_each_layer_off(tmp_path):
+    """Each side of memo_layers.py does what its name says: its last create's debug log shows
+    the layers it keeps acting and the ones it turned off not."""
+    rh.static_busybox()
+    logs = tmp_path / "logs"
+    result = _run("memo_layers.py", "--runs", "1", "--bin-true", "--dir", "/dev/shm", "--debug-log", str(logs))
+    assert result["runtime"] == "/bin/true" and set(result["worth_pre_ms"]) >= {"replay", "step, replay off"}
+
+    def log(side):      # (the last create's lines: the first of each side keeps what the others use)
+        lines = (logs / (side.replace(" ", "_") + ".log")).read_text().splitlines()
+        ends = [at for at, line in enumerate(lines) if "phase=total" in line or "phase=replay" in line]
+        return "\n".join(lines[ends[-2] + 1:])
+
+    front_end, step = "phase=replay", "replayed in"
+    plan, files = "the plan of an earlier container", "remembered, 0 read"
+    assert front_end in log("pre all") and front_end in log("pre -step")
+    assert front_end not in log("pre -replay") and step in log("pre -replay")
+    for side in ("pre -replay -step", "ann -step"):
+        assert step not in log(side) and plan in log(side) and files not in log(side)
+    for side in ("pre -replay -step -plan", "ann -step -plan"):
+        assert plan not in log(side) and files in log(side)
+    for side in ("pre -replay -step -plan -file", "ann -step -plan -file"):
+        assert plan not in log(side) and "remembered" not in log(side)
+    assert step in log("ann all") and step in log("ann -plan") and step in log("ann -file")

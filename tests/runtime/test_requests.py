@@ -1,10 +1,6 @@
 """Request collection and runc argv handling of the runtime (no runc needed here)."""
-import os
-import time
-
 import pytest
 
-import shim.config
 from shim.config import Config, load_config, ConfigError
 from shim.runtime.requests import RequestError, collect_requests, env_devices
 from shim.runtime.runc_args import ArgvError, parse_runc_argv
@@ -145,33 +141,19 @@ def test_config_file_errors_name_file_and_key(tmp_path):
     assert loaded.spec_dirs == ("/a", "/b") and loaded.annotation_prefixes == ("x/",)
 
 
-def test_remembered_settings_follow_the_file(tmp_path, monkeypatch):
-    """The resident worker keeps parsed settings by the file's identity: the same object while
-    the file is unchanged (once older than the settle time), a fresh parse once it changes,
-    its errors as without the memo."""
+def test_settings_follow_the_file(tmp_path):
+    """Every load reads the file (a resident worker's too): a change, an error or the file's
+    removal is seen by the next create."""
     path = tmp_path / "config.toml"
     path.write_text('runtime = "runc"\n')
-    old = time.time() - 10
-    os.utime(path, (old, old))
-    monkeypatch.setattr(shim.config, "_SETTLE_NS", 0)
-    assert shim.config.remember_settings(True) is False
-    try:
-        first = load_config(str(path))
-        assert load_config(str(path)) is first
-        path.write_text('runtime = "crun"\n')
-        assert load_config(str(path)).runtime == "crun"
-        path.write_text("runtime = [\n")
-        with pytest.raises(ConfigError, match=f"malformed cdi-shim config {path}"):
-            load_config(str(path))
-        path.unlink()
-        assert load_config(str(path)) == Config()
-        monkeypatch.setattr(shim.config, "_SETTLE_NS", 60 * 10**9)     # a file just written
-        path.write_text('runtime = "runc"\n')
-        assert load_config(str(path)) is not load_config(str(path))
-    finally:
-        shim.config.remember_settings(False)
-    path.write_text('runtime = "runc"\n')
-    assert load_config(str(path)) is not load_config(str(path))      # off: parsed every time
+    assert load_config(str(path)).runtime == "runc"
+    path.write_text('runtime = "crun"\n')
+    assert load_config(str(path)).runtime == "crun"
+    path.write_text("runtime = [\n")
+    with pytest.raises(ConfigError, match=f"malformed cdi-shim config {path}"):
+        load_config(str(path))
+    path.unlink()
+    assert load_config(str(path)) == Config()
 
 
 # --- issue 14, finding 1: the device env var's size is bounded and costs linear work ----------
