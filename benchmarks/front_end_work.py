@@ -51,19 +51,7 @@ def main():
     root = tempfile.mkdtemp(prefix="cdi-shim-front-end.", dir=args.dir)
     server = None
     try:
-        rootfs = os.path.join(root, "rootfs")
-        bench.make_image(rootfs)
-        libraries = bench.make_driver(os.path.join(root, "driver"), 30)
-        node = os.path.join(root, "nvidia0")
-        os.mknod(node, 0o666 | 0o020000, os.makedev(195, 0))
-        spec_dir = os.path.join(root, "specs")
-        os.makedirs(spec_dir)
-        bench.write_spec(spec_dir, libraries, node)
-        path = os.path.join(spec_dir, "nvidia.yaml")
-        text = open(path).read()
-        with open(path, "w") as out:
-            out.write(text[:text.index("  hooks:\n")] + "  hooks:\n" + bench.toolkit_hooks()
-                      + text[text.index("devices:\n"):])
+        rootfs, spec_dir = bench.toolkit_world(root)
         sock = os.path.join(root, "run", "runtime.sock")
         settings = os.path.join(root, "cdi-shim.toml")
         with open(settings, "w") as out:

@@ -171,19 +171,7 @@ def main():
     root = tempfile.mkdtemp(prefix="cdi-shim-memo-layers.", dir=args.dir)
     servers = []
     try:
-        rootfs = os.path.join(root, "rootfs")
-        bench.make_image(rootfs)
-        libraries = bench.make_driver(os.path.join(root, "driver"), 30)
-        node = os.path.join(root, "nvidia0")
-        os.mknod(node, 0o666 | 0o020000, os.makedev(195, 0))
-        spec_dir = os.path.join(root, "specs")
-        os.makedirs(spec_dir)
-        bench.write_spec(spec_dir, libraries, node)
-        path = os.path.join(spec_dir, "nvidia.yaml")
-        text = open(path).read()
-        with open(path, "w") as out:
-            out.write(text[:text.index("  hooks:\n")] + "  hooks:\n" + bench.toolkit_hooks()
-                      + text[text.index("devices:\n"):])
+        rootfs, spec_dir = bench.toolkit_world(root)
         bundles = bench.bundle_dir(root)
         state = os.path.join(root, "state")
         base_env = dict(os.environ, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))

@@ -20,8 +20,12 @@ mounts either way). A third side, runc `create` of the config as cdi-shim wrote 
 mount; on a GPU host also the params hook it keeps; the library mounts moved to its binds
 hook, shim/linker/filebinds.py), splits the difference into the work before runc and what runc
 then pays for the result. A fourth, the same config with the binds hook's mounts put back into
-config.json, measures what that hook saves over runc making them. The four sides take turns
-at going first (the first create after the rootfs set-up is the slowest).
+config.json, measures what that hook saves over runc making them. A fifth asks for the same
+device by annotation (`cdi.k8s.io/gpu`, the legacy request path: the worker resolves and injects
+it, then the same step): its ratio to the first side is issue 29's "annotation path vs runc given
+the same edits", and its difference to the second what the request costs over the pre-injected
+replay. The five sides take turns at going first (the first create after the rootfs set-up is
+the slowest).
 
 Each container's rootfs is what containerd's overlayfs snapshotter gives: an overlay mount
 with the image as its lower layer and a fresh, empty upper directory (on disk, under --dir).
@@ -83,17 +87,34 @@ def toolkit_hooks():
     return lab_toolkit_hooks("/usr/bin/nvidia-cdi-hook", FOLDER, VERSION)
 
 
+def write_toolkit_spec(spec_dir, libraries, node):
+    """write_spec's device, with the six hooks of a toolkit-generated spec for its one hook."""
+    write_spec(spec_dir, libraries, node)
+    path = os.path.join(spec_dir, "nvidia.yaml")
+    text = open(path).read()
+    with open(path, "w") as out:
+        out.write(text[:text.index("  hooks:\n")] + "  hooks:\n" + toolkit_hooks() + text[text.index("devices:\n"):])
+
+
+def toolkit_world(root, count=30):
+    """Under ROOT: the image (ROOT/rootfs), COUNT driver libraries, a device node and the
+    toolkit-shaped spec of them (ROOT/specs); (rootfs, spec directory)."""
+    rootfs = os.path.join(root, "rootfs")
+    make_image(rootfs)
+    libraries = make_driver(os.path.join(root, "driver"), count)
+    node = os.path.join(root, "nvidia0")
+    os.mknod(node, 0o666 | 0o020000, os.makedev(195, 0))
+    spec_dir = os.path.join(root, "specs")
+    os.makedirs(spec_dir)
+    write_toolkit_spec(spec_dir, libraries, node)
+    return rootfs, spec_dir
+
+
 def preinjected(root, rootfs, libraries, node, runs, log_file=None):
     """create of a pre-injected toolkit-shaped config, resident, against runc create without its hooks."""
     spec_dir = os.path.join(root, "specs-toolkit")
     os.makedirs(spec_dir)
-    write_spec(spec_dir, libraries, node)
-    path = os.path.join(spec_dir, "nvidia.yaml")
-    text = open(path).read()
-    start = text.index("  hooks:\n")
-    end = text.index("devices:\n")
-    with open(path, "w") as out:
-        out.write(text[:start] + "  hooks:\n" + toolkit_hooks() + text[end:])
+    write_toolkit_spec(spec_dir, libraries, node)
     settings = os.path.join(root, "toolkit.toml")
     with open(settings, "w") as out:
         out.write(f'spec-dirs = ["{spec_dir}"]\nresident-socket = "{root}/run-toolkit/runtime.sock"\n')
@@ -106,6 +127,11 @@ def preinjected(root, rootfs, libraries, node, runs, log_file=None):
     bundles = bundle_dir(root)
     plain = bundle(bundles, "pre-plain", plain_rootfs)
     gpu = bundle(bundles, "pre-gpu", gpu_rootfs)
+    # The fifth side: the same device asked for by annotation (the legacy request path), so the
+    # worker resolves and injects it before the step.
+    asking_rootfs = os.path.join(root, "rootfs-asking")
+    asking = bundle(bundles, "pre-asking", asking_rootfs, {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+    asking_pristine = open(os.path.join(asking, "config.json"), "rb").read()
     injected = json.loads(subprocess.run([os.path.join(BIN, "cdi-shim"), "cdi", "inject", "--spec-dir", spec_dir,
                                           "--device", "nvidia.com/gpu=0", os.path.join(gpu, "config.json")],
                                          env=env, check=True, capture_output=True).stdout)
@@ -123,13 +149,15 @@ def preinjected(root, rootfs, libraries, node, runs, log_file=None):
     result = bundle(bundles, "pre-result", result_rootfs)
     unbatched_rootfs = os.path.join(root, "rootfs-unbatched")
     unbatched = bundle(bundles, "pre-unbatched", unbatched_rootfs)
-    base, ours, theirs, back, written = [], [], [], [], {}
+    base, ours, theirs, back, asked, written = [], [], [], [], [], {}
     try:
         for index in range(runs + 1):
-            for copy in (plain_rootfs, gpu_rootfs, result_rootfs, unbatched_rootfs):
+            for copy in (plain_rootfs, gpu_rootfs, result_rootfs, unbatched_rootfs, asking_rootfs):
                 fresh_rootfs(rootfs, copy)
             with open(os.path.join(gpu, "config.json"), "wb") as out:
                 out.write(pristine)
+            with open(os.path.join(asking, "config.json"), "wb") as out:
+                out.write(asking_pristine)
             times = {}
 
             def plain_side():
@@ -155,16 +183,24 @@ def preinjected(root, rootfs, libraries, node, runs, log_file=None):
                 times["u"] = timed(["runc", "--root", state, "create", "--bundle", unbatched, f"u{index}"], env)
                 subprocess.run(["runc", "--root", state, "delete", "--force", f"u{index}"], env=env, check=True)
 
+            def asking_side():
+                times["a"] = timed([shim, "--root", state, "create", "--bundle", asking, f"a{index}"], env)
+                subprocess.run(["runc", "--root", state, "delete", "--force", f"a{index}"], env=env, check=True)
+                with open(os.path.join(asking, "config.json")) as src:
+                    text = src.read()
+                assert "/dev/nvidia0" in text and "nvidia-cdi-hook" not in text, "the annotation was not served"
+
             # The sides take turns at going first (the first create after the rootfs set-up
             # is the slowest), so no side gains from its place.
-            sides = [plain_side, shim_side, result_side, unbatched_side]
-            for side in sides[index % 4:] + sides[:index % 4]:
+            sides = [plain_side, shim_side, result_side, unbatched_side, asking_side]
+            for side in sides[index % 5:] + sides[:index % 5]:
                 side()
             if index:
                 base.append(times["b"])
                 ours.append(times["o"])
                 theirs.append(times["r"])
                 back.append(times["u"])
+                asked.append(times["a"])
     finally:
         server.terminate()
         server.wait()
@@ -180,7 +216,11 @@ def preinjected(root, rootfs, libraries, node, runs, log_file=None):
             "of_which_runc_running_the_result_ms": round(med(r - b for r, b in zip(theirs, base)), 2),
             "that_config_with_runc_making_the_binds_hook_s_mounts_ms": round(med(back), 2),
             "binds_hook_saves_ms": round(med(u - r for u, r in zip(back, theirs)), 2),
-            "binds_hook_saves_95pct_ms": interval([u - r for u, r in zip(back, theirs)])}
+            "binds_hook_saves_95pct_ms": interval([u - r for u, r in zip(back, theirs)]),
+            "annotation_create_ms": round(med(asked), 2),
+            "annotation_median_paired_ratio": round(med(a / b for a, b in zip(asked, base)), 3),
+            "annotation_minus_preinjected_ms": round(med(a - o for a, o in zip(asked, ours)), 2),
+            "annotation_minus_preinjected_95pct_ms": interval([a - o for a, o in zip(asked, ours)])}
 
 
 def mounts_put_back(config):

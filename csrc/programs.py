@@ -9,11 +9,12 @@ import subprocess
 import sysconfig
 
 LAUNCHER = ["csrc/launcher/pylaunch.c"]
-FRONTEND = ["runtime_main", "settings", "cmdline", "request_scan", "passthrough", "resident_client", "replay"]
+FRONTEND = ["runtime_main", "settings", "cmdline", "request_scan", "passthrough", "resident_client"]
+FRONTEND_ENGINE = ["replay", "ociconf", "inroot", "filememo"]      # the engine's parts it links
 PROGRAMS = {
     # the runtime front end: runc's command line, passthrough without Python
     "cdi-shim-runtime": ([f"csrc/frontend/{name}.c" for name in FRONTEND]
-                         + ["csrc/engine/ociconf.c", "csrc/engine/inroot.c", "csrc/engine/filememo.c"] + LAUNCHER, []),
+                         + [f"csrc/engine/{name}.c" for name in FRONTEND_ENGINE] + LAUNCHER, []),
     # the Python programs, started isolated from the caller's environment
     "cdi-shim": (["csrc/launcher/launcher.c"] + LAUNCHER, ['-DCDS_MODULE="shim.cli.main"']),
     "cdi-shim-hook": (["csrc/launcher/launcher.c"] + LAUNCHER, ['-DCDS_MODULE="shim.cli.hook_main"']),

@@ -86,19 +86,20 @@ def runtime_rules_header():
            f"#define CDS_LEGACY_HOOK {c_string(requests.LEGACY_HOOK)}",
            c_strings("cds_no_request_values", requests.NO_REQUEST_VALUES), "",
            "/* the hook programs whose work the Python half does (shim/linker/container.py) */",
-           c_strings("cds_hook_programs", HOOK_PROGRAMS), "",
-           "/* the host file disable-device-node-modification reads (shim/linker/toolkit_hooks.py) */",
-           f"#define CDS_PARAMS_PATH {c_string(PARAMS_PATH)}", "",
-           "/* characters an overlay mount's options cannot carry (shim/linker/etcfiles.py) */",
-           f"#define CDS_OVERLAY_UNSAFE {c_string(OVERLAY_UNSAFE)}"]
+           c_strings("cds_hook_programs", HOOK_PROGRAMS)]
     return _guard("runtime_rules.h", "shim/runtime and shim/linker", out)
 
 
 def memo_rules_header():
-    """csrc/engine/memo_rules.h: the settle window the engine's memos share with Python's."""
+    """csrc/engine/memo_rules.h: the settle window the engine's memos share with Python's, and
+    what a kept step's replay (csrc/engine/replay.c) must know as the step does."""
     out = ["/* a file whose ctime is within this of the scan is not kept (cdi/safeio.py RACY_WINDOW_NS) */",
-           f"#define CDS_SETTLE_NS {RACY_WINDOW_NS}LL"]
-    return _guard("memo_rules.h", "cdi/safeio.py", out)
+           f"#define CDS_SETTLE_NS {RACY_WINDOW_NS}LL", "",
+           "/* the host file disable-device-node-modification reads (shim/linker/toolkit_hooks.py) */",
+           f"#define CDS_PARAMS_PATH {c_string(PARAMS_PATH)}", "",
+           "/* characters an overlay mount's options cannot carry (shim/linker/etcfiles.py) */",
+           f"#define CDS_OVERLAY_UNSAFE {c_string(OVERLAY_UNSAFE)}"]
+    return _guard("memo_rules.h", "cdi/safeio.py and shim/linker", out)
 
 
 HEADERS = {"csrc/frontend/config_keys.h": config_keys_header, "csrc/frontend/runtime_rules.h": runtime_rules_header,

@@ -17,12 +17,12 @@
  * into one and drops it.
  *
  * A config without a request but with a hook program's name in it (injected by containerd's
- * own CDI or podman) is first offered to replay.c: the linker step a resident worker kept for
- * such a config, redone here without asking the worker.
+ * own CDI or podman) is first offered to the replay (csrc/engine/replay.c): the linker step a
+ * resident worker kept for such a config, redone here without asking the worker.
  *
  * The parts: settings.c (our config file), cmdline.c (runc's command line), request_scan.c (the
  * scan of config.json), passthrough.c (the exec of runc or the interpreter, our log lines),
- * resident_client.c (the resident process), and replay.c.
+ * resident_client.c (the resident process); the replay is the engine's (replay.c).
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -33,7 +33,7 @@
 
 #include "runtime_rules.h"
 #include "frontend.h"
-#include "replay.h"
+#include "../engine/replay.h"
 #include "../engine/cleanup.h"
 
 /* A create whose config only carries hooks (injected by containerd or podman): the step a
@@ -48,7 +48,7 @@ static int replayed(const struct settings *set, const char *bundle, const char *
         return 0;
     clock_gettime(CLOCK_MONOTONIC, &start);
     snprintf(steps, sizeof(steps), "%.*s/steps", (int)(slash - set->socket), set->socket);
-    if (!replay_step(steps, bundle, json, (size_t)len, mode))
+    if (!replay_step(steps, bundle, json, (size_t)len, mode, CDS_VERSION))
         return 0;
     clock_gettime(CLOCK_MONOTONIC, &end);
     snprintf(message, sizeof(message),

@@ -18,10 +18,4 @@ static const char *const cds_no_request_values[] __attribute__((unused)) = {"voi
 /* the hook programs whose work the Python half does (shim/linker/container.py) */
 static const char *const cds_hook_programs[] __attribute__((unused)) = {"nvidia-cdi-hook", "nvidia-ctk", "cdi-shim", "cdi-shim-hook", NULL};
 
-/* the host file disable-device-node-modification reads (shim/linker/toolkit_hooks.py) */
-#define CDS_PARAMS_PATH "/proc/driver/nvidia/params"
-
-/* characters an overlay mount's options cannot carry (shim/linker/etcfiles.py) */
-#define CDS_OVERLAY_UNSAFE ",:\\\n"
-
 #endif

@@ -48,7 +48,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../frontend/runtime_rules.h"
+#include "../engine/memo_rules.h"
 #include "../engine/inroot.h"
 
 #ifndef CDS_VERSION

@@ -186,6 +186,8 @@ def _prepare(args, settings, log, writes):
     phases.done("freshness")
     from cdi.container_edits import apply_edits, merge_edits
 
+    from ..linker import stepmemo
+
     try:
         edited = apply_edits(config, merge_edits(blocks))
     except CDIError as err:
@@ -194,12 +196,21 @@ def _prepare(args, settings, log, writes):
                              f"{', '.join(devices)} (from {specs}): {err}") from None
     edited = once(config, edited)
     phases.done("apply")
-    writes.begin()
-    edited = _linker(args, edited, settings, log, f"cannot inject {', '.join(devices)}: ")
-    phases.done("linker")
     _refuse_rootless_devices(edited, args)
-    _write(args, edited, info)
-    phases.done("write")
+    writes.begin()
+    steps = _steps_dir(settings)
+    if steps and _replayed(args, edited, info, steps):
+        phases.done("replay")
+        log.debug(f"container {args.container_id or '?'}: the linker step of an earlier container of these "
+                  "files and spec, replayed from its recipe")
+    else:
+        final = _linker(args, edited, settings, log, f"cannot inject {', '.join(devices)}: ")
+        phases.done("linker")
+        _write(args, final, info)
+        phases.done("write")
+        if steps and final is not edited:
+            stepmemo.export_recipe(final, rootfs_path(edited, args.bundle), args.bundle, steps)
+            phases.done("recipe")
     phases.report()
     log.info(f"container {args.container_id or '?'}: injected {', '.join(devices)}")
     return devices
@@ -270,11 +281,32 @@ def _prepare_injected(args, config, raw, info, settings, log, phases, writes):
         _write(args, edited, info)
         phases.done("write")
         log.debug(f"container {args.container_id or '?'}: the work of the injected spec's hooks done natively")
-        # (none for the front end while runc binds the files: it replays only what the hook mode gives)
-        if stepmemo.enabled() and settings.resident_socket and settings.file_binds == "hook":
-            stepmemo.export_recipe(edited, rootfs_path(config, args.bundle), args.bundle,
-                                   os.path.join(os.path.dirname(settings.resident_socket), "steps"))
+        steps = _steps_dir(settings)
+        if steps:
+            stepmemo.export_recipe(edited, rootfs_path(config, args.bundle), args.bundle, steps)
             phases.done("recipe")
+
+
+def _steps_dir(settings):
+    """Where a resident worker keeps its steps' recipes (beside its socket), or None: not a
+    worker, or runc binds the files (a recipe replays only what the hook mode gives)."""
+    from ..linker import stepmemo
+
+    if stepmemo.enabled() and settings.resident_socket and settings.file_binds == "hook":
+        return os.path.join(os.path.dirname(settings.resident_socket), "steps")
+    return None
+
+
+def _replayed(args, config, info, steps):
+    """True when the step kept for CONFIG (as injected from a request) was replayed from its
+    recipe in STEPS by the C replay the front end runs for a pre-injected config
+    (csrc/engine/replay.c), config.json written; False: the step is to be done."""
+    from .. import fastjson
+    from .._native import lib
+
+    text = fastjson.dumpb(config)   # the bytes the step's key was made of (shim/linker/container.py)
+    return lib.replay_step(os.fsencode(steps), os.fsencode(args.bundle), text, len(text), info.st_mode & 0o7777,
+                           __version__.encode()) == 1
 
 
 def _refuse_rootless_devices(config, args):

@@ -37,6 +37,9 @@ def test_run_with_libraries_benchmark(mode):
         assert result["runc_create_of_the_config_cdi_shim_wrote_ms"] > 0
         low, high = result["median_paired_diff_95pct_ms"]
         assert low <= result["median_paired_diff_ms"] <= high
+        assert result["annotation_create_ms"] > 0       # (the script checks the device was injected)
+        low, high = result["annotation_minus_preinjected_95pct_ms"]
+        assert low <= result["annotation_minus_preinjected_ms"] <= high
     else:
         assert result["resident"]["shim_run_with_device_ms"] > 0
 

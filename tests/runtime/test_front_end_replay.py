@@ -1,4 +1,4 @@
-"""The front end replays a linker step a resident worker kept (csrc/frontend/replay.c; the
+"""The front end replays a linker step a resident worker kept (csrc/engine/replay.c; the
 recipe: shim/linker/stepmemo.py, export_recipe).
 
 Containers of one image -- overlay mounts of one layer, as containerd makes them -- each get a
@@ -48,8 +48,9 @@ class Image:
     def env(self):
         return self.world.env(CDI_SHIM_NVIDIA_PARAMS=self.params or str(self.tmp_path / "no-such-params"))
 
-    def container(self, args=("/prog",), change=None):
-        """A new container of the image: its bundle, its config pre-injected (then CHANGE(config))."""
+    def container(self, args=("/prog",), change=None, asking=False):
+        """A new container of the image: its bundle, its config pre-injected (then CHANGE(config)),
+        or ASKING for the device by annotation instead."""
         n = len(self.mounts)
         upper, work, merged = (str(self.tmp_path / f"c{n}" / d) for d in ("upper", "work", "rootfs"))
         for d in (upper, work, merged):
@@ -57,8 +58,11 @@ class Image:
         subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
                         f"lowerdir={self.layer},upperdir={upper},workdir={work}", merged], check=True)
         self.mounts.append(merged)
-        bundle = self.world.bundle(args=list(args), edit=lambda config: config["root"].update(path=merged))
+        bundle = self.world.bundle(args=list(args), edit=lambda config: config["root"].update(path=merged),
+                                   annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"} if asking else None)
         bundle.rootfs = merged
+        if asking:
+            return bundle
         config = preinject(self.world, bundle)
         if change is not None:
             change(config)

@@ -536,7 +536,7 @@ def _two_containers_of_an_image(world, nvml_library, tmp_path, spec):
             assert result.stdout == "linked=42 dlopen=ok\n"
         assert all(" in resident process " in line for line in served_lines(log))
         with open(log) as f:
-            return [line for line in f if ("linker cache:" in line and " entries (" in line) or "linker step:" in line]
+            return [line for line in f if ("linker cache:" in line and " entries (" in line) or "linker step" in line]
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -549,25 +549,26 @@ def test_a_link_made_before_planning_still_lets_the_second_container_take_the_st
     directory the plan scans is new in each container (the plan memo cannot keep that plan:
     the first container's read every file, from nothing remembered); the step memo keeps the
     whole step with the directory as it was before the link, so the second container, its
-    directory found as the first one's was, gets the step replayed (and its program runs)."""
+    directory found as the first one's was, gets the step replayed from its recipe (the
+    device is asked for by request: the worker injects it, then replays; its program runs)."""
     first, second = _two_containers_of_an_image(world, nvml_library, tmp_path, _spec(world, nvml_library))
     (_, read_first), = memo_counts(world.base + "/cdi-shim.log")
     assert "directories scanned" in first and read_first > 0, first
-    assert "linker step: the one of an earlier container of these files and spec, replayed" in second, second
+    assert "the linker step of an earlier container of these files and spec, replayed from its recipe" in second, second
 
 
 def test_a_second_container_of_an_image_takes_the_first_ones_step(world, nvml_library, tmp_path):
     """Nothing written into the image's directories before the plan (no link to make): the
     first container's plan is kept (ldcache.remember_plans) and so is its whole linker step
     (stepmemo.py); the second container, every path of both found unchanged in its own root,
-    gets the step replayed, and its program still links and runs."""
+    gets the step replayed from its recipe, and its program still links and runs."""
     spec = _spec(world, nvml_library)
     links_hook = spec.index("    - hookName: createContainer\n")
     spec = spec[:links_hook] + spec[spec.index("    - hookName: createContainer\n", links_hook + 1):]
     assert "create-symlinks" not in spec and "update-ldcache" in spec
     first, second = _two_containers_of_an_image(world, nvml_library, tmp_path, spec)
     assert "(incremental, " in first and "earlier container" not in first, first
-    assert "linker step: the one of an earlier container of these files and spec, replayed" in second, second
+    assert "the linker step of an earlier container of these files and spec, replayed from its recipe" in second, second
 
 
 def open_fds(pid):

@@ -1,6 +1,7 @@
-/* The front end's replay of a linker step a resident worker kept (shim/linker/stepmemo.py,
- * export_recipe): for a config.json someone else injected (hooks, no request), the same step
- * again without the round trip to the worker and its interpreter.
+/* The replay of a linker step a resident worker kept (shim/linker/stepmemo.py, export_recipe):
+ * the same step again, from C. The front end replays it for a config.json someone else
+ * injected (hooks, no request) without the round trip to the worker and its interpreter; a
+ * worker replays it for the config it just injected from a request (shim/runtime/main.py).
  *
  * The worker writes a recipe per step key (csrc/engine/ociconf.h) into the steps directory
  * beside its socket: what the step read of the host (the params file's bytes), the identity
@@ -26,12 +27,12 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
-#include "runtime_rules.h"
-#include "../engine/cleanup.h"
-#include "../engine/inroot.h"
-#include "../engine/ociconf.h"
-#include "../engine/scan.h"
+#include "cleanup.h"
+#include "inroot.h"
+#include "memo_rules.h"
+#include "ociconf.h"
 #include "replay.h"
+#include "scan.h"
 
 #define RECIPE_MAGIC "CDSSTEP5"
 #define MAX_RECIPE (8u << 20)
@@ -511,7 +512,8 @@ static int write_config(int bundlefd, const struct out *o, mode_t mode)
     return 0;
 }
 
-int replay_step(const char *steps_dir, const char *bundle, const char *json, size_t len, mode_t config_mode)
+int replay_step(const char *steps_dir, const char *bundle, const char *json, size_t len, unsigned config_mode,
+                const char *version)
 {
     struct cds_oci_view view;
     uint8_t *key;
@@ -532,7 +534,7 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
     struct recipe r;
     struct etc_overlay etc;
     int ours = text_len >= 0 && parse_recipe(text, (size_t)text_len, &r) == 0 && parse_etc(&r.etc, &etc) == 0
-        && r.version.len == strlen(CDS_VERSION) && memcmp(r.version.data, CDS_VERSION, r.version.len) == 0
+        && r.version.len == strlen(version) && memcmp(r.version.data, version, r.version.len) == 0
         && r.key.len == key_len && memcmp(r.key.data, key, key_len) == 0;
     cds_step_key_free(key);
     if (!ours || r.count.len != 4 || cds_oci_view(json, len, &view) < 0)
