@@ -9,9 +9,12 @@ Sides, shuffled each round, 20 ms apart (as creates come on a node: cold caches)
 - preinjected: the config of benchmarks/run_with_libraries.py --preinjected (30 driver
   libraries, the six hooks of a toolkit spec), on a fresh overlay of the image each round: the
   first through the worker, which keeps the step and writes its recipe; then replayed by the
-  front end (csrc/frontend/replay.c). `--no-replay` opens the recipes' directory to others
+  front end (csrc/engine/replay.c). `--no-replay` opens the recipes' directory to others
   after the first round, so the front end refuses them and the worker does every step (from its
-  memo of whole steps: shim/linker/stepmemo.py).
+  memo of whole steps: shim/linker/stepmemo.py);
+- annotation: the same device asked for by annotation (`cdi.k8s.io/gpu`) on a fresh overlay of
+  its own: the worker resolves the request, checks the spec's files, applies the edits, then
+  replays the step from the recipe (the C replay the front end runs for pre-injected configs).
 
     .venv/bin/python benchmarks/front_end_work.py [--runs 100] [--no-replay] [--dir DIR] [--writable-root]
 
@@ -64,6 +67,12 @@ def main():
         bundles = bench.bundle_dir(root)
         gpu_rootfs = os.path.join(root, "rootfs-gpu")
         gpu = bench.bundle(bundles, "gpu", gpu_rootfs)
+        asking_rootfs = os.path.join(root, "rootfs-asking")
+        asking = bench.bundle(bundles, "asking", asking_rootfs, {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+        with open(os.path.join(asking, "config.json")) as f:
+            config = json.load(f)
+        config["root"]["readonly"] = not args.writable_root
+        asking_pristine = json.dumps(config).encode()
         plain = bench.bundle(bundles, "plain", rootfs)
         trivial = bench.bundle(bundles, "trivial", rootfs)
         with open(os.path.join(trivial, "config.json")) as f:
@@ -82,13 +91,17 @@ def main():
         argv = {"true": ["/bin/true", "create", "--bundle", plain, "x"],
                 "passthrough": [shim, "create", "--bundle", plain, "x"],
                 "trivial": [shim, "create", "--bundle", trivial, "x"],
-                "preinjected": [shim, "create", "--bundle", gpu, "g"]}
+                "preinjected": [shim, "create", "--bundle", gpu, "g"],
+                "annotation": [shim, "create", "--bundle", asking, "a"]}
         times = {side: [] for side in argv}
         steps = os.path.join(root, "run", "steps")
         for index in range(args.runs + 1):
             bench.fresh_rootfs(rootfs, gpu_rootfs)
+            bench.fresh_rootfs(rootfs, asking_rootfs)
             with open(os.path.join(gpu, "config.json"), "wb") as out:
                 out.write(pristine)
+            with open(os.path.join(asking, "config.json"), "wb") as out:
+                out.write(asking_pristine)
             if args.no_replay and index == 1:
                 os.chmod(steps, 0o777)      # (the front end then leaves every step to the worker)
             sides = list(argv)
@@ -98,9 +111,12 @@ def main():
                 took = spawn_ms(argv[side], env)
                 if index:       # (the first round: the worker keeps the step)
                     times[side].append(took)
-            with open(os.path.join(gpu, "config.json"), "rb") as f:
-                assert b"nvidia-cdi-hook" not in f.read()
-        subprocess.run(["umount", gpu_rootfs], check=False)
+            for bundle in (gpu, asking):
+                with open(os.path.join(bundle, "config.json"), "rb") as f:
+                    text = f.read()
+                assert b"nvidia-cdi-hook" not in text and b"/dev/nvidia0" in text, bundle
+        for path in (gpu_rootfs, asking_rootfs):
+            subprocess.run(["umount", path], check=False)
         med = {side: statistics.median(values) for side, values in times.items()}
         print(json.dumps({"runs": args.runs, "replay": not args.no_replay, "dir": args.dir,
                           "readonly_root": not args.writable_root,

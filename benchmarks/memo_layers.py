@@ -1,7 +1,7 @@
 """What each cache layer of the create step saves a create, with the other layers on.
 
 The layers (docs/fast.md, "The caches, in one table"):
-- replay: the front end's replay of a recipe (csrc/frontend/replay.c); off: the recipes'
+- replay: the front end's replay of a recipe (csrc/engine/replay.c); off: the recipes'
   directory opened to others, so the front end refuses them and asks the worker;
 - step: the worker's memo of whole linker steps (shim/linker/stepmemo.py); off: it never
   replays a kept step (steps are still kept, and recipes still written, from its result);

@@ -48,7 +48,7 @@ def make_links(rootfs, links):
 
 def open_dir_in_root(rootfd, path, ffi, lib):
     """An O_PATH descriptor of PATH inside the root, making missing directories (0755):
-    cds_inroot_open_dirs, the front end's own (csrc/frontend/replay.c)."""
+    cds_inroot_open_dirs, the front end's own (csrc/engine/replay.c)."""
     failed_at = ffi.new("size_t *")
     encoded = os.fsencode(path)
     fd = lib.cds_inroot_open_dirs(rootfd, encoded, failed_at)

@@ -24,9 +24,10 @@ for a reason of the host's, or looked at a file changed within the settle time i
 recipe that cannot be replayed (a write fails) gives way to the whole step, which does
 everything again.
 
-The worker also writes the recipe of each pre-injected create's step into the steps directory
-beside its socket (export_recipe), named by the front end's key of the config (cds_step_key,
-csrc/engine/ociconf.c), for the front end to replay without asking (csrc/frontend/replay.c).
+The worker also writes the recipe of each step into the steps directory beside its socket
+(export_recipe), named by the front end's key of the config (cds_step_key,
+csrc/engine/ociconf.c), for the C replay (csrc/engine/replay.c): the front end's, without asking,
+for a pre-injected config; the worker's own, for the config it injected from a request.
 """
 import os
 import stat
@@ -309,7 +310,7 @@ def _layout(done, rootfs, in_bundle):
     return layout
 
 
-# ---- the recipes the runtime front end replays (csrc/frontend/replay.c) -------------------
+# ---- the recipes replayed in C (csrc/engine/replay.c), by the front end and the worker ----
 
 RECIPE_MAGIC = b"CDSSTEP5"
 _MAX_RECIPES = 64       # files in the steps directory; the oldest go first

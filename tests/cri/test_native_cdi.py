@@ -171,7 +171,7 @@ def test_pod_benchmark_native_cdi_scenario(cri_build_dir, tmp_path):
         assert scenario["check"][key]["profile_bytes"] > 0
     native = scenario["samples"]["native-shim"]
     # the first pod's step done by the resident worker, which keeps it and writes its recipe;
-    # each later pod's by the worker again or replayed by the front end (csrc/frontend/replay.c),
+    # each later pod's by the worker again or replayed by the front end (csrc/engine/replay.c),
     # never by an interpreter; the last one's replayed (a step is kept once the image's files are
     # a second old: the first pod may come sooner after the image's import)
     assert native[0]["phases"].get("linker", 0) > 0 and native[0]["phases"].get("resident") == 1, native
