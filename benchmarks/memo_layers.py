@@ -1,8 +1,9 @@
 """What each cache layer of the create step saves a create, with the other layers on.
 
 The layers (docs/fast.md, "The caches, in one table"):
-- replay: the front end's replay of a recipe (csrc/engine/replay.c); off: the recipes'
-  directory opened to others, so the front end refuses them and asks the worker;
+- replay: the front end's replay of a recipe (csrc/engine/replay.c: a step's; request.c: a
+  request's injection); off: the recipes' directory opened to others, so the front end refuses
+  them and asks the worker (which then refuses them too);
 - step: the worker's memo of whole linker steps (shim/linker/stepmemo.py); off: it never
   replays a kept step (steps are still kept, and recipes still written, from its result);
 - plan: the memo of whole ldconfig plans (shim/ldconfig/plan.py); off: it never gives a kept plan
@@ -23,8 +24,8 @@ Plus runc: `runc create` of the injected config without its hooks (the same edit
 
 A layer's worth is the median over rounds of (create with it off) - (create with it on, every
 other layer as in the first), with a bootstrap 95 % interval. Each worker's layer is measured where
-the layers above it are on (the "others on" figure; on the pre-injected path with replay on, no
-create reaches the worker after the first, so these are nothing by construction) and where they
+the layers above it are on (the "others on" figure; with replay on, no create reaches the worker
+after the first, so these are nothing by construction) and where they
 are off, as for a create whose step is not kept (a step that warned, ran chmod, or whose plan
 looked at more paths than a memo checks): the plan memo below the step memo, the file memo below
 the plan memo.
@@ -65,12 +66,12 @@ SIDES = {
     "pre -replay -step -plan -file": ("pre", ("replay", "step", "plan", "file")),
     "ann all": ("ann", ()),
     "ann -step": ("ann", ("step",)),
-    "ann -plan": ("ann", ("plan",)),
-    "ann -file": ("ann", ("file",)),
-    "ann -registry": ("ann", ("registry",)),
-    "ann -step -plan": ("ann", ("step", "plan")),
-    "ann -step -file": ("ann", ("step", "file")),
-    "ann -step -plan -file": ("ann", ("step", "plan", "file")),
+    "ann -replay": ("ann", ("replay",)),
+    "ann -replay -registry": ("ann", ("replay", "registry")),
+    "ann -replay -step": ("ann", ("replay", "step")),
+    "ann -replay -step -plan": ("ann", ("replay", "step", "plan")),
+    "ann -replay -step -file": ("ann", ("replay", "step", "file")),
+    "ann -replay -step -plan -file": ("ann", ("replay", "step", "plan", "file")),
     "runc": ("runc", ()),
 }
 
@@ -84,13 +85,13 @@ WORTH = {
             ("plan, replay and step off", "pre -replay -step -plan", "pre -replay -step"),
             ("file, replay and step off", "pre -replay -step -file", "pre -replay -step"),
             ("file, replay, step and plan off", "pre -replay -step -plan -file", "pre -replay -step -plan")],
-    "ann": [("step", "ann -step", "ann all"),
-            ("plan, step on", "ann -plan", "ann all"),
-            ("file, step on", "ann -file", "ann all"),
-            ("registry", "ann -registry", "ann all"),
-            ("plan, step off", "ann -step -plan", "ann -step"),
-            ("file, step off", "ann -step -file", "ann -step"),
-            ("file, step and plan off", "ann -step -plan -file", "ann -step -plan")],
+    "ann": [("replay", "ann -replay", "ann all"),
+            ("step, replay on", "ann -step", "ann all"),
+            ("registry, replay off", "ann -replay -registry", "ann -replay"),
+            ("step, replay off", "ann -replay -step", "ann -replay"),
+            ("plan, replay and step off", "ann -replay -step -plan", "ann -replay -step"),
+            ("file, replay and step off", "ann -replay -step -file", "ann -replay -step"),
+            ("file, replay, step and plan off", "ann -replay -step -plan -file", "ann -replay -step -plan")],
 }
 
 WARM_ROUNDS = 2     # not counted: the first create keeps the step, the recipe, the plan

@@ -10,7 +10,7 @@ import sysconfig
 
 LAUNCHER = ["csrc/launcher/pylaunch.c"]
 FRONTEND = ["runtime_main", "settings", "cmdline", "request_scan", "passthrough", "resident_client"]
-FRONTEND_ENGINE = ["replay", "ociconf", "inroot", "filememo"]      # the engine's parts it links
+FRONTEND_ENGINE = ["replay", "request", "ociconf", "inroot", "filememo"]      # the engine's parts it links
 PROGRAMS = {
     # the runtime front end: runc's command line, passthrough without Python
     "cdi-shim-runtime": ([f"csrc/frontend/{name}.c" for name in FRONTEND]

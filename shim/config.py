@@ -47,14 +47,15 @@ class Config:
     """The settings; a plain class (importing dataclasses would cost every create)."""
 
     DEFAULTS = {key.replace("-", "_"): default for key, _, default, *_ in KEYS}
-    __slots__ = tuple(DEFAULTS) + ("source",)
+    __slots__ = tuple(DEFAULTS) + ("source", "text")
 
-    def __init__(self, source="", **settings):
+    def __init__(self, source="", text=b"", **settings):
         for name, default in self.DEFAULTS.items():
             setattr(self, name, settings.pop(name, default))
         if settings:
             raise TypeError(f"unknown settings {sorted(settings)}")
         self.source = source  # the file it came from ("" = defaults)
+        self.text = text      # its bytes (a request's recipe is keyed by them: csrc/engine/request.c)
 
     def __eq__(self, other):
         return isinstance(other, Config) and all(
@@ -202,5 +203,5 @@ def _load(path, named):
         if name in settings and settings[name] not in choices:
             raise ConfigError(f'cdi-shim config {path}: "{name.replace("_", "-")}" must be one of '
                               f'{", ".join(chr(34) + c + chr(34) for c in choices)}, not "{settings[name]}"')
-    return Config(source=path, **settings)
+    return Config(source=path, text=raw, **settings)
 

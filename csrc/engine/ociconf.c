@@ -6,16 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_reader.h"
 #include "ociconf.h"
 
-struct reader {
-    const char *s;
-    size_t n, i;
-    int depth;
-    int decode; /* the hooks' reading: \u and \/ accepted and decoded, escaped keys too */
-};
 
-static void blanks(struct reader *r)
+static void blanks(struct cds_reader *r)
 {
     while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' || r->s[r->i] == '\r'))
         r->i++;
@@ -86,7 +81,7 @@ static size_t put_utf8(char *out, unsigned cp)
 
 /* The \u escape at r->i (past its backslash and u): its code point, a surrogate pair joined; -1
  * when malformed, a lone surrogate, or NUL (no C string can hold it: never a path or a key). */
-static int unicode_escape(struct reader *r, unsigned *cp)
+static int unicode_escape(struct cds_reader *r, unsigned *cp)
 {
     if (r->n - r->i < 4 || hex4(r->s + r->i, cp) < 0)
         return -1;
@@ -108,7 +103,7 @@ static int unicode_escape(struct reader *r, unsigned *cp)
  * an escape; -1 when malformed or holding an escape we refuse (\u, \/, unless r->decode). With
  * OUT (room for the string's length in the text and a NUL: decoding never grows it), its
  * decoded bytes, NUL-terminated. */
-static int decoded_string(struct reader *r, int *escaped, char *out)
+static int decoded_string(struct cds_reader *r, int *escaped, char *out)
 {
     size_t n = 0;
     *escaped = 0;
@@ -153,10 +148,10 @@ static int decoded_string(struct reader *r, int *escaped, char *out)
     return -1;
 }
 
-static int string(struct reader *r, int *escaped) { return decoded_string(r, escaped, NULL); }
+static int string(struct cds_reader *r, int *escaped) { return decoded_string(r, escaped, NULL); }
 
 /* The string at r->i, decoded into *OUT (malloc'd). */
-static int take_decoded(struct reader *r, char **out)
+static int take_decoded(struct cds_reader *r, char **out)
 {
     int escaped;
     size_t start = r->i;
@@ -171,7 +166,7 @@ static int take_decoded(struct reader *r, char **out)
     return 0;
 }
 
-static int digits(struct reader *r)
+static int digits(struct cds_reader *r)
 {
     size_t from = r->i;
     while (r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '9')
@@ -179,7 +174,7 @@ static int digits(struct reader *r)
     return r->i > from ? 0 : -1;
 }
 
-static int number(struct reader *r)
+static int number(struct cds_reader *r)
 {
     if (r->i < r->n && r->s[r->i] == '-')
         r->i++;
@@ -202,7 +197,7 @@ static int number(struct reader *r)
     return 0;
 }
 
-static int word(struct reader *r, const char *text)
+static int word(struct cds_reader *r, const char *text)
 {
     size_t len = strlen(text);
     if (r->n - r->i < len || memcmp(r->s + r->i, text, len) != 0)
@@ -211,17 +206,17 @@ static int word(struct reader *r, const char *text)
     return 0;
 }
 
-static int value(struct reader *r);
+static int value(struct cds_reader *r);
 
 /* The members of the object at r->i: for each, ON_MEMBER(key without quotes) is called with
  * r->i at the value, and must leave r->i past it. A key with an escape is refused (it could
  * spell a name that matters). */
-typedef int (*member_fn)(struct reader *r, const char *key, size_t key_len, void *data);
+typedef cds_member_fn member_fn;
 /* The elements of the array at r->i: ON_ELEMENT is called with r->i at each. */
-typedef int (*element_fn)(struct reader *r, void *data);
+typedef cds_element_fn element_fn;
 
 /* The items of the object or array at r->i, with the separators between them. */
-static int items(struct reader *r, member_fn on_member, element_fn on_element, void *data)
+static int items(struct cds_reader *r, member_fn on_member, element_fn on_element, void *data)
 {
     char close = on_member ? '}' : ']';
     int escaped;
@@ -273,22 +268,22 @@ static int items(struct reader *r, member_fn on_member, element_fn on_element, v
     }
 }
 
-static int members(struct reader *r, member_fn on_member, void *data) { return items(r, on_member, NULL, data); }
+static int members(struct cds_reader *r, member_fn on_member, void *data) { return items(r, on_member, NULL, data); }
 
-static int skip_member(struct reader *r, const char *key, size_t key_len, void *data)
+static int skip_member(struct cds_reader *r, const char *key, size_t key_len, void *data)
 {
     (void)key, (void)key_len, (void)data;
     return value(r);
 }
 
-static int skip_element(struct reader *r, void *data)
+static int skip_element(struct cds_reader *r, void *data)
 {
     (void)data;
     return value(r);
 }
 
 /* Any value at r->i (blanks before it skipped), checked and skipped. */
-static int value(struct reader *r)
+static int value(struct cds_reader *r)
 {
     int escaped;
     blanks(r);
@@ -311,7 +306,7 @@ static int is(const char *key, size_t len, const char *name)
 }
 
 /* The value at r->i into *SPAN; -1 when SPAN is taken already (a key given twice). */
-static int take(struct reader *r, struct cds_span *span)
+static int take(struct cds_reader *r, struct cds_span *span)
 {
     if (span->end != 0)
         return -1;
@@ -324,7 +319,7 @@ static int take(struct reader *r, struct cds_span *span)
 }
 
 /* A string without escapes into *SPAN (a key given twice, another value, an escape: -1). */
-static int take_plain_string(struct reader *r, struct cds_span *span)
+static int take_plain_string(struct cds_reader *r, struct cds_span *span)
 {
     int escaped;
     if (span->end != 0 || r->i >= r->n || r->s[r->i] != '"')
@@ -337,7 +332,7 @@ static int take_plain_string(struct reader *r, struct cds_span *span)
     return 0;
 }
 
-static int root_member(struct reader *r, const char *key, size_t len, void *data)
+static int root_member(struct cds_reader *r, const char *key, size_t len, void *data)
 {
     struct cds_oci_view *view = data;
     if (is(key, len, "path"))
@@ -347,7 +342,7 @@ static int root_member(struct reader *r, const char *key, size_t len, void *data
     return value(r);
 }
 
-static int linux_member(struct reader *r, const char *key, size_t len, void *data)
+static int linux_member(struct cds_reader *r, const char *key, size_t len, void *data)
 {
     struct cds_oci_view *view = data;
     if (is(key, len, "devices"))
@@ -361,7 +356,7 @@ static int linux_member(struct reader *r, const char *key, size_t len, void *dat
     return value(r);
 }
 
-static int mount_member(struct reader *r, const char *key, size_t len, void *data)
+static int mount_member(struct cds_reader *r, const char *key, size_t len, void *data)
 {
     struct cds_oci_mount *mount = data;
     if (is(key, len, "destination"))
@@ -377,7 +372,7 @@ struct mounts_so_far {
 };
 
 /* A mount (an object: anything else is refused), its span, destination and source. */
-static int mount_element(struct reader *r, void *data)
+static int mount_element(struct cds_reader *r, void *data)
 {
     struct mounts_so_far *so_far = data;
     struct cds_oci_view *view = so_far->view;
@@ -399,7 +394,7 @@ static int mount_element(struct reader *r, void *data)
 }
 
 /* The mounts array at r->i (once), each element's span, destination and source. */
-static int mounts(struct reader *r, struct cds_oci_view *view)
+static int mounts(struct cds_reader *r, struct cds_oci_view *view)
 {
     struct mounts_so_far so_far = {.view = view};
     size_t start = r->i;
@@ -417,7 +412,7 @@ struct seen {
     int root, linux_section;
 };
 
-static int top_member(struct reader *r, const char *key, size_t len, void *data)
+static int top_member(struct cds_reader *r, const char *key, size_t len, void *data)
 {
     struct seen *seen = data;
     if (is(key, len, "hooks")) {
@@ -442,7 +437,7 @@ static int top_member(struct reader *r, const char *key, size_t len, void *data)
 
 int cds_oci_view(const char *json, size_t len, struct cds_oci_view *view)
 {
-    struct reader r = {.s = json, .n = len};
+    struct cds_reader r = {.s = json, .n = len};
     struct seen seen = {.view = view};
     memset(view, 0, sizeof *view);
     if (members(&r, top_member, &seen) == 0) {
@@ -469,7 +464,7 @@ struct wanted {
     char *value;
 };
 
-static int wanted_inner(struct reader *r, const char *key, size_t len, void *data)
+static int wanted_inner(struct cds_reader *r, const char *key, size_t len, void *data)
 {
     struct wanted *w = data;
     char *text;
@@ -482,7 +477,7 @@ static int wanted_inner(struct reader *r, const char *key, size_t len, void *dat
     return 0;
 }
 
-static int wanted_outer(struct reader *r, const char *key, size_t len, void *data)
+static int wanted_outer(struct cds_reader *r, const char *key, size_t len, void *data)
 {
     struct wanted *w = data;
     if (!is(key, len, w->key) || r->i >= r->n || r->s[r->i] != '{')
@@ -499,7 +494,7 @@ static int wanted_outer(struct reader *r, const char *key, size_t len, void *dat
 
 int cds_json_string(const char *json, size_t len, const char *key, const char *inner, char **out)
 {
-    struct reader r = {.s = json, .n = len, .decode = 1};
+    struct cds_reader r = {.s = json, .n = len, .decode = 1};
     struct wanted w = {.key = inner ? key : NULL, .inner = inner ? inner : key};
     *out = NULL;
     blanks(&r);
@@ -557,7 +552,7 @@ struct namespace_key {
     struct cds_span type, path;
 };
 
-static int namespace_member(struct reader *r, const char *key, size_t len, void *data)
+static int namespace_member(struct cds_reader *r, const char *key, size_t len, void *data)
 {
     struct namespace_key *ns = data;
     if (is(key, len, "type"))
@@ -572,7 +567,7 @@ struct namespaces_out {
     size_t *at;
 };
 
-static int namespace_element(struct reader *r, void *data)
+static int namespace_element(struct cds_reader *r, void *data)
 {
     struct namespaces_out *to = data;
     struct namespace_key ns = {{0, 0}, {0, 0}};
@@ -593,7 +588,7 @@ static int put_namespaces(uint8_t *out, size_t *at, const char *json, const stru
 {
     put(out, at, "N", 1);
     if (span->end) {
-        struct reader r = {.s = json, .n = span->end, .i = span->start};
+        struct cds_reader r = {.s = json, .n = span->end, .i = span->start};
         struct namespaces_out to = {out, at};
         if (items(&r, NULL, namespace_element, &to) < 0)
             return -1;
@@ -645,6 +640,12 @@ int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len)
     *key_len = at;
     return 0;
 }
+
+int cds_json_members(struct cds_reader *r, member_fn on_member, void *data) { return members(r, on_member, data); }
+int cds_json_elements(struct cds_reader *r, element_fn on_element, void *data) { return items(r, NULL, on_element, data); }
+int cds_json_value(struct cds_reader *r) { return value(r); }
+int cds_json_take(struct cds_reader *r, struct cds_span *span) { return take(r, span); }
+void cds_json_blanks(struct cds_reader *r) { blanks(r); }
 
 uint64_t cds_fnv1a(const uint8_t *data, size_t len)
 {

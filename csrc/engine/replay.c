@@ -32,9 +32,12 @@
 #include "memo_rules.h"
 #include "ociconf.h"
 #include "replay.h"
+#include "request.h"
 #include "scan.h"
 
 #define RECIPE_MAGIC "CDSSTEP5"
+#define REQUEST_MAGIC "CDSREQ1"
+#define DRIVER_VERSION_BYTES 4096
 #define MAX_RECIPE (8u << 20)
 #define MAX_PARAMS (1u << 20)
 #define PARAMS_PATH CDS_PARAMS_PATH
@@ -574,5 +577,99 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
 out:
     free(o.data);
     cds_oci_view_free(&view);
+    return done;
+}
+
+/* A request's recipe (shim/runtime/requestmemo.py): the key, the host paths whose identities the
+ * resolution depended on (the spec directories and files, the files the edits need), the driver
+ * version file as it was ('0': unreadable; '1' and its first bytes), the devices (for the log),
+ * and the edits (request.c). */
+struct request_recipe {
+    struct block version, key, paths, count, identities, driver, devices, edits;
+};
+
+static int parse_request_recipe(const char *text, size_t len, struct request_recipe *r)
+{
+    size_t magic = strlen(REQUEST_MAGIC);
+    uint64_t sum;
+    if (len < magic + 8 || memcmp(text, REQUEST_MAGIC, magic) != 0)
+        return -1;
+    len -= 8;
+    memcpy(&sum, text + len, 8);
+    if (sum != cds_fnv1a((const uint8_t *)text, len))
+        return -1;
+    const char *at = text + magic, *end = text + len;
+    struct block *order[] = {&r->version, &r->key,   &r->paths,   &r->count,
+                             &r->identities, &r->driver, &r->devices, &r->edits};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (next_block(&at, end, order[i]) < 0)
+            return -1;
+    return at == end ? 0 : -1;
+}
+
+/* The driver version file as the resolution saw it (shim/driver_version.py reads 4 KiB). */
+static int driver_unchanged(const struct block *recorded)
+{
+    const char *path = getenv(CDS_DRIVER_VERSION_FILE_ENV);
+    char buf[DRIVER_VERSION_BYTES];
+    size_t got = 0;
+    if (!path || !*path)
+        path = CDS_DRIVER_VERSION_FILE;
+    cleanup_fd int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (recorded->len < 1 || fd < 0)
+        return recorded->len == 1 && recorded->data[0] == '0' && fd < 0;
+    while (got < sizeof buf) {
+        ssize_t n = read(fd, buf + got, sizeof buf - got);
+        if (n < 0)
+            return recorded->len == 1 && recorded->data[0] == '0';
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    return recorded->data[0] == '1' && got == recorded->len - 1 && memcmp(buf, recorded->data + 1, got) == 0;
+}
+
+int replay_request(const char *steps_dir, const char *bundle, const char *json, size_t len, unsigned config_mode,
+                   const char *version, const struct request_rules *rules, char *devices, size_t devices_cap)
+{
+    uint8_t *key;
+    size_t key_len;
+    char name[24];
+    if (cds_request_key(json, len, rules->prefixes, rules->prefixes_len, rules->device_env, rules->settings,
+                        rules->settings_len, &key, &key_len) < 0)
+        return 0;
+    snprintf(name, sizeof name, "q%016llx", (unsigned long long)cds_fnv1a(key, key_len));
+    cleanup_free char *text = NULL;
+    long text_len = -1;
+    {
+        cleanup_fd int dirfd = open(steps_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (dirfd >= 0 && fstat(dirfd, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 022))
+            text_len = read_private(dirfd, name, MAX_RECIPE, &text);
+    }
+    struct request_recipe r;
+    int ours = text_len >= 0 && parse_request_recipe(text, (size_t)text_len, &r) == 0
+        && r.version.len == strlen(version) && memcmp(r.version.data, version, r.version.len) == 0
+        && r.key.len == key_len && memcmp(r.key.data, key, key_len) == 0 && r.count.len == 4;
+    cds_request_free(key);
+    if (!ours || !driver_unchanged(&r.driver))
+        return 0;
+    uint32_t count;
+    memcpy(&count, r.count.data, 4);
+    cleanup_free char *ids = malloc(r.identities.len ? r.identities.len : 1);
+    cleanup_fd int hostfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (!ids || hostfd < 0 || r.identities.len != (size_t)count * sizeof(struct cds_identity))
+        return 0;
+    memcpy(ids, r.identities.data, r.identities.len);
+    if (cds_memo_same(hostfd, r.paths.data, r.paths.len, count, (const struct cds_identity *)ids) != 1)
+        return 0;
+    char *injected;
+    size_t injected_len;
+    if (cds_request_apply(json, len, (const uint8_t *)r.edits.data, r.edits.len, &injected, &injected_len) < 0)
+        return 0;
+    int done = replay_step(steps_dir, bundle, injected, injected_len, config_mode, version);
+    cds_request_free(injected);
+    if (done && devices_cap)
+        snprintf(devices, devices_cap, "%.*s", (int)r.devices.len, r.devices.data);
     return done;
 }

@@ -22,6 +22,8 @@ struct settings {
     int debug;
     int runc_binds; /* file-binds = "runc": no replay (a kept step's recipe binds them by our hook) */
     int understood; /* 0: let Python read the config file (and report its problems) */
+    char *text;     /* the file's bytes (NULL: none), which a request's recipe is keyed by */
+    size_t text_len;
 };
 
 /* settings.c: our config file, and whole small files. */
@@ -58,6 +60,8 @@ enum config_kind config_kind(const char *bundle, const struct settings *set, cha
 extern const char *log_path, *log_format;
 void report(const char *message);
 void debug_line(const struct settings *set, const char *message);
+void info_line(const struct settings *set, const char *message);
+int in_host_user_namespace(void);
 int exec_runtime(const struct settings *set, char **argv_out);
 int exec_python(int argc, char **argv);
 

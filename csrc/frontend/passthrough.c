@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "frontend.h"
+#include "runtime_rules.h"
 #include "../engine/cleanup.h"
 #include "../launcher/pylaunch.h"
 
@@ -60,16 +61,46 @@ void report(const char *message)
         append_line(log_path, log_format, "error", message);
 }
 
-/* A debug line where the Python half writes its own (log-level = "debug"): runc's --log and
- * our log-file. */
+/* A line at LEVEL where the Python half writes its own: runc's --log and our log-file (renamed
+ * to <name>.1 past its size bound first, as the Python half does). */
+static void log_line(const struct settings *set, const char *level, const char *message)
+{
+    struct stat st;
+    if (log_path)
+        append_line(log_path, log_format, level, message);
+    if (!set->log_file[0])
+        return;
+    if (stat(set->log_file, &st) == 0 && st.st_size > CDS_MAX_LOG_BYTES) {
+        char old[sizeof set->log_file + 2];
+        snprintf(old, sizeof old, "%s.1", set->log_file);
+        rename(set->log_file, old);
+    }
+    append_line(set->log_file, "json", level, message);
+}
+
+/* A debug line (log-level = "debug"). */
 void debug_line(const struct settings *set, const char *message)
 {
-    if (!set->debug)
-        return;
-    if (log_path)
-        append_line(log_path, log_format, "debug", message);
-    if (set->log_file[0])
-        append_line(set->log_file, "json", "debug", message);
+    if (set->debug)
+        log_line(set, "debug", message);
+}
+
+/* An info line: what the Python half says of a create it prepared. */
+void info_line(const struct settings *set, const char *message) { log_line(set, "info", message); }
+
+/* Whether this process runs in the host's user namespace (its uid map the identity). */
+int in_host_user_namespace(void)
+{
+    char text[256];
+    unsigned long inside, outside, count;
+    cleanup_fd int fd = open("/proc/self/uid_map", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd < 0 ? -1 : read(fd, text, sizeof text - 1);
+    if (n <= 0)
+        return 0;
+    text[n] = '\0';
+    const char *end = strchr(text, '\n');  /* one line only */
+    return sscanf(text, "%lu %lu %lu", &inside, &outside, &count) == 3 && inside == 0 && outside == 0
+        && count == 4294967295ul && (!end || end[1] == '\0');
 }
 
 /* Find `name` on PATH with access(2): a failed execve per PATH entry (what execvp does) costs

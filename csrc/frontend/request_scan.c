@@ -8,6 +8,7 @@
 #include "runtime_rules.h"
 #include "frontend.h"
 #include "../engine/cleanup.h"
+#include "../engine/memo_rules.h"
 
 #define MAX_CONFIG_JSON (64u << 20)
 #define DEVICE_MOUNT_PATTERN "\"" CDS_DEVICE_MOUNT_ROOT
@@ -34,7 +35,8 @@ static int no_request_value(const char *at, const char *end)
     return 0;
 }
 
-/* What config.json (read into *JSON, its length *LEN and mode *MODE) holds for us:
+/* What config.json (read into *JSON, its length *LEN and mode *MODE, for HOOKS_ONLY and for a
+ * MAY_REQUEST read whole) holds for us:
  * MAY_REQUEST when it may request a device (or we cannot tell), HOOKS_ONLY when it cannot but
  * carries a hook program whose work we may do, NOTHING_FOR_US when it has neither. One pass:
  * it stops only at quotes and backslashes, where every pattern begins (a request: an opening
@@ -63,32 +65,32 @@ enum config_kind config_kind(const char *bundle, const struct settings *set, cha
         p += strcspn(p, "\\\""); /* stops at a quote, a backslash or a NUL */
         if (*p == '\0') {
             if (p < end)
-                return MAY_REQUEST; /* a NUL inside the text: Python says what is wrong */
+                goto may_request; /* a NUL inside the text: Python says what is wrong */
             break;
         }
         if (*p == '\\') {
             if (p[1] == 'u' || p[1] == '/' || p[1] == '\0')
-                return MAY_REQUEST; /* an escape could spell a pattern differently */
+                goto may_request; /* an escape could spell a pattern differently */
             p++;                    /* the escaped character is no pattern's edge */
             continue;
         }
         /* a quote: a request begins here, or a hook program ends here */
         if (starts_with(p, end, DEVICE_MOUNT_PATTERN, mount_len))
-            return MAY_REQUEST;
+            goto may_request;
         for (int i = 0; i < set->n_prefixes; i++)
             if (starts_with(p + 1, end, set->prefixes[i], prefix_len[i]))
-                return MAY_REQUEST;
+                goto may_request;
         if (env_len && starts_with(p + 1, end, env_pattern, env_len)) {
             /* cds_no_request_values ("void", "none") request nothing, and beat any other value
              * of the variable: only when every one is such can none be a request. */
             const char *value = p + 1 + env_len;
             if (!no_request_value(value, end))
-                return MAY_REQUEST;
+                goto may_request;
         }
         size_t legacy_len = sizeof(CDS_LEGACY_HOOK) - 1;
         if ((size_t)(p - json) > legacy_len && memcmp(p - legacy_len, CDS_LEGACY_HOOK, legacy_len) == 0
             && (p[-(long)legacy_len - 1] == '/' || p[-(long)legacy_len - 1] == '"'))
-            return MAY_REQUEST;
+            goto may_request;
         for (size_t h = 0; !hooks && h < N_HOOK_PROGRAMS; h++) {
             const char *name = p - hook_len[h];
             if ((size_t)(p - json) > hook_len[h] && memcmp(name, cds_hook_programs[h], hook_len[h]) == 0
@@ -101,4 +103,8 @@ enum config_kind config_kind(const char *bundle, const struct settings *set, cha
     *json_out = cds_take_ptr(&json);
     *len_out = len;
     return HOOKS_ONLY;
+may_request: /* the text goes with it, for the request's replay */
+    *json_out = cds_take_ptr(&json);
+    *len_out = len;
+    return MAY_REQUEST;
 }

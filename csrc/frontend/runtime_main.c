@@ -59,6 +59,40 @@ static int replayed(const struct settings *set, const char *bundle, const char *
     return 1;
 }
 
+/* A create asking for devices that a worker injected before, for the same request, specs and host
+ * files: its injection and then its step replayed here (replay.c); 1 when done. Not in a user
+ * namespace other than the host's (there the Python half refuses device nodes). */
+static int request_replayed(const struct settings *set, const char *bundle, const char *id, const char *json,
+                            long len, mode_t mode)
+{
+    char steps[sizeof(set->socket) + 16], message[768], devices[256], prefixes[MAX_PREFIXES * 256];
+    size_t prefixes_len = 0;
+    struct timespec start, end;
+    const char *slash = strrchr(set->socket, '/');
+    if (!set->socket[0] || !slash || !in_host_user_namespace())
+        return 0;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (int i = 0; i < set->n_prefixes; i++) {
+        size_t n = strlen(set->prefixes[i]) + 1;
+        memcpy(prefixes + prefixes_len, set->prefixes[i], n);
+        prefixes_len += n;
+    }
+    struct request_rules rules = {prefixes, prefixes_len, set->device_env, (const uint8_t *)(set->text ? set->text : ""),
+                                  set->text_len};
+    snprintf(steps, sizeof(steps), "%.*s/steps", (int)(slash - set->socket), set->socket);
+    if (!replay_request(steps, bundle, json, (size_t)len, mode, CDS_VERSION, &rules, devices, sizeof devices))
+        return 0;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    snprintf(message, sizeof(message), "cdi-shim: container %.200s: injected %.250s", id ? id : "?", devices);
+    info_line(set, message);
+    snprintf(message, sizeof(message),
+             "cdi-shim: container %.200s: the injection and the linker step of an earlier container of this "
+             "request, specs and files, replayed by the front end; phase=replay took=%.2fms",
+             id ? id : "?", (double)(end.tv_sec - start.tv_sec) * 1e3 + (double)(end.tv_nsec - start.tv_nsec) / 1e6);
+    debug_line(set, message);
+    return 1;
+}
+
 /* Printed before runc's own help (`--help`, `-h`, `help`, or no command at all). */
 static const char help_text[] =
     "cdi-shim-runtime: runc with CDI devices. It takes runc's commands and options, listed below,\n"
@@ -138,9 +172,11 @@ int main(int argc, char **argv)
         mode_t mode = 0;
         enum config_kind kind =
             has_device || scan.has_device ? MAY_REQUEST : config_kind(scan.bundle, &set, &json, &len, &mode);
+        const char *id = container_id(argv, argc, command + scan.end);
         if (!help && !scan.help && kind != NOTHING_FOR_US
-            && !(kind == HOOKS_ONLY && !set.runc_binds
-                 && replayed(&set, scan.bundle, container_id(argv, argc, command + scan.end), json, len, mode))) {
+            && !(kind == HOOKS_ONLY && !set.runc_binds && replayed(&set, scan.bundle, id, json, len, mode))
+            && !(kind == MAY_REQUEST && json && !set.runc_binds
+                 && request_replayed(&set, scan.bundle, id, json, len, mode))) {
             int status = try_resident(&set, argc, argv);
             return status >= 0 ? status : exec_python(argc, argv);
         }

@@ -11,11 +11,13 @@ static const char *const cds_injecting_commands[] __attribute__((unused)) = {"cr
 #define CDS_DEVICE_OPTION "device"
 
 /* requests (shim/runtime/requests.py) */
-#define CDS_DEVICE_MOUNT_ROOT "/var/run/nvidia-container-devices/"
 #define CDS_LEGACY_HOOK "nvidia-container-runtime-hook"
 static const char *const cds_no_request_values[] __attribute__((unused)) = {"void", "none", NULL};
 
 /* the hook programs whose work the Python half does (shim/linker/container.py) */
 static const char *const cds_hook_programs[] __attribute__((unused)) = {"nvidia-cdi-hook", "nvidia-ctk", "cdi-shim", "cdi-shim-hook", NULL};
+
+/* our own log file is renamed to <name>.1 past this size (shim/runtime/runlog.py) */
+#define CDS_MAX_LOG_BYTES 4194304
 
 #endif

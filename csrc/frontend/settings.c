@@ -177,6 +177,8 @@ static int set_value(struct settings *set, enum cds_key key, char **value)
 static void load_defaults(struct settings *set)
 {
     static const char *const prefixes[] = CDS_DEFAULT_ANNOTATION_PREFIXES;
+    set->text = NULL;
+    set->text_len = 0;
     strcpy(set->runtime, CDS_DEFAULT_RUNTIME);
     strcpy(set->device_env, CDS_DEFAULT_DEVICE_ENV);
     strcpy(set->socket, CDS_DEFAULT_RESIDENT_SOCKET);
@@ -200,10 +202,16 @@ void load_settings(struct settings *set)
     int named = path && *path;
     if (!named)
         path = CDS_DEFAULT_CONFIG_PATH;
-    if (read_file(path, CDS_MAX_CONFIG_BYTES, &text) < 0) {
+    long len = read_file(path, CDS_MAX_CONFIG_BYTES, &text);
+    if (len < 0) {
         if (errno != ENOENT || named)
             set->understood = 0; /* unreadable, or a named file is missing: Python reports it */
         return;
+    }
+    set->text = malloc(len + 1);
+    if (set->text) {
+        memcpy(set->text, text, (size_t)len);
+        set->text_len = (size_t)len;
     }
     int seen[CDS_KEY_COUNT] = {0};
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {

@@ -338,10 +338,12 @@ def export_recipe(final, rootfs, bundle, directory):
     """Write the recipe of the step just replayed or kept (for config.json's bytes as given to
     prepare_linker, which it turned into FINAL) into DIRECTORY, under the key it was kept or
     replayed under, for the front end to replay without us. Nothing when there is no such step
-    or it was written before."""
+    or it was written before. True when the recipe is there."""
     recipe, key = _last, _last_key
-    if recipe is None or (recipe.exported == directory and os.path.exists(recipe.exported_path)):
-        return
+    if recipe is None:
+        return False
+    if recipe.exported == directory and os.path.exists(recipe.exported_path):
+        return True
     from .. import fastjson
 
     bundle = os.path.abspath(bundle)
@@ -405,10 +407,11 @@ def export_recipe(final, rootfs, bundle, directory):
         from cdi.safeio import write_file_atomic
 
         write_file_atomic(os.path.join(directory, name), data, 0o600, temp_name=f".{name}.{os.getpid()}")
-        _prune(directory)
+        prune(directory)
     except OSError:
-        return      # (the front end then asks us, as before)
+        return False    # (the front end then asks us, as before)
     recipe.exported, recipe.exported_path = directory, os.path.join(directory, name)
+    return True
 
 
 def _marked(option, rootfs, bundle):
@@ -425,7 +428,7 @@ def _block(data):
     return struct.pack("<I", len(data)) + data
 
 
-def _prune(directory):
+def prune(directory):
     """At most _MAX_RECIPES recipes, the newest; and no temp file of a writer that is gone."""
     names = os.listdir(directory)
     for name in names:

@@ -12,6 +12,7 @@ import time
 from cdi import __version__
 from cdi.errors import CDIError
 
+from .. import fastjson
 from ..bundle import BundleError, read_config, rootfs_path, write_config
 from ..config import ConfigError, load_config
 from .requests import collect_requests, drop_legacy_hook
@@ -174,6 +175,8 @@ def _prepare(args, settings, log, writes):
         _prepare_injected(args, config, raw, info, settings, log, phases, writes)
         phases.report()
         return []
+    steps = _steps_dir(settings)
+    started = _clock_ns() if steps else None
     registry = Registry(settings.spec_dirs).refresh()
     if registry.cache_problem:
         log.warning(registry.cache_problem)
@@ -188,8 +191,9 @@ def _prepare(args, settings, log, writes):
 
     from ..linker import stepmemo
 
+    merged = merge_edits(blocks)
     try:
-        edited = apply_edits(config, merge_edits(blocks))
+        edited = apply_edits(config, merged)
     except CDIError as err:
         specs = ", ".join(sorted({path for _, path in origins}))
         raise RuntimeFailure(f"container {args.container_id or '?'}: failed to inject devices "
@@ -198,19 +202,33 @@ def _prepare(args, settings, log, writes):
     phases.done("apply")
     _refuse_rootless_devices(edited, args)
     writes.begin()
-    steps = _steps_dir(settings)
-    if steps and _replayed(args, edited, info, steps):
+    # The injection is recorded for the front end (requestmemo.py) only when it can be replayed
+    # as it was done: no warning, no --device, no Docker hook. Its step is then keyed by the text
+    # the front end's apply gives, so that the front end finds the step's recipe too.
+    found = why = None
+    if steps and not log.warnings and not args.devices and not legacy_hook:
+        from . import requestmemo
+
+        found, why = requestmemo.injection(raw, config, edited, merged, settings)
+    text = found.text if found else fastjson.dumpb(edited)
+    if steps and _replayed(args, text, info, steps):
         phases.done("replay")
         log.debug(f"container {args.container_id or '?'}: the linker step of an earlier container of these "
                   "files and spec, replayed from its recipe")
+        kept = True
     else:
-        final = _linker(args, edited, settings, log, f"cannot inject {', '.join(devices)}: ")
+        final = _linker(args, edited, settings, log, f"cannot inject {', '.join(devices)}: ", raw=text)
         phases.done("linker")
         _write(args, final, info)
         phases.done("write")
-        if steps and final is not edited:
-            stepmemo.export_recipe(final, rootfs_path(edited, args.bundle), args.bundle, steps)
-            phases.done("recipe")
+        kept = steps and final is not edited and stepmemo.export_recipe(
+            final, rootfs_path(edited, args.bundle), args.bundle, steps)
+    if found and kept and not log.warnings:
+        why = requestmemo.export(found, settings, blocks, devices, steps, started)
+    if why:
+        log.debug(f"container {args.container_id or '?'}: the injection is not kept for the front end: {why}")
+    if steps:
+        phases.done("recipe")
     phases.report()
     log.info(f"container {args.container_id or '?'}: injected {', '.join(devices)}")
     return devices
@@ -297,16 +315,20 @@ def _steps_dir(settings):
     return None
 
 
-def _replayed(args, config, info, steps):
-    """True when the step kept for CONFIG (as injected from a request) was replayed from its
-    recipe in STEPS by the C replay the front end runs for a pre-injected config
+def _replayed(args, text, info, steps):
+    """True when the step kept for the config TEXT (as injected from a request) was replayed from
+    its recipe in STEPS by the C replay the front end runs for a pre-injected config
     (csrc/engine/replay.c), config.json written; False: the step is to be done."""
-    from .. import fastjson
     from .._native import lib
 
-    text = fastjson.dumpb(config)   # the bytes the step's key was made of (shim/linker/container.py)
-    return lib.replay_step(os.fsencode(steps), os.fsencode(args.bundle), text, len(text), info.st_mode & 0o7777,
-                           __version__.encode()) == 1
+    return lib.replay_step(os.fsencode(steps), os.fsencode(os.path.abspath(args.bundle)), text, len(text),
+                           info.st_mode & 0o7777, __version__.encode()) == 1
+
+
+def _clock_ns():
+    from .._native import lib
+
+    return lib.cds_memo_clock_ns()
 
 
 def _refuse_rootless_devices(config, args):

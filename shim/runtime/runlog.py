@@ -47,6 +47,7 @@ class RunLog:
         self.own_log = own_log
         self.debug_enabled = debug or debug_to_stderr
         self.debug_to_stderr = debug_to_stderr
+        self.warnings = 0   # how many were said (a create that warned keeps no recipe)
 
     def _write(self, level, message, to_stderr):
         text = "cdi-shim: " + message
@@ -76,6 +77,7 @@ class RunLog:
         self._write("error", message, to_stderr=True)
 
     def warning(self, message):
+        self.warnings += 1
         self._write("warning", message, to_stderr=True)
 
     def info(self, message):

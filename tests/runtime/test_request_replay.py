@@ -1,22 +1,30 @@
-"""A device asked for by request (an annotation: the legacy path, containerd 1.x or native CDI
-off) gets the linker step a worker kept, replayed from its recipe by the C replay the front end
-runs for pre-injected configs (csrc/engine/replay.c, called from shim/runtime/main.py).
+"""A device asked for by request (an annotation, the device env var: the legacy path, containerd
+1.x or native CDI off) is injected by the front end alone from the second container on
+(csrc/engine/request.c and replay.c; the recipe: shim/runtime/requestmemo.py).
 
-The worker still reads the request, resolves it, checks the spec's files and applies the edits
-in Python every time; only the step after that is replayed, for the config it injected. The
-result -- config.json, the bundle files, the links, the linker files in the root -- is the one
-the full step gives and the one the Python step alone gives; the program links and runs."""
+The first container's create goes to the worker, which resolves the request, checks the spec's
+files, applies the edits and does the step; it records the injection and the step. The next
+container with the same request, settings, spec files, host files and image is injected and
+stepped by the front end: no request reaches the worker, and the result -- config.json, the
+bundle files, the links, the linker files in the root -- is the one the worker gives and the one
+the Python step alone gives; the program links and runs. Each thing the resolution depends on,
+changed, sends the create back to the worker, which says what it says without a recipe (a
+missing file, an unprivileged env request), and whose injection is recorded anew."""
+import json
 import os
+
+import pytest
 
 from test_front_end_replay import Image, result
 from test_runtime_resident import served_lines
 
-REPLAYED = "replayed from its recipe"
+FRONT_END = "replayed by the front end"
+WORKER_STEP = "replayed from its recipe"
 
 
-def _replays(image):
+def _count(image, text):
     with open(image.log) as f:
-        return sum(REPLAYED in line for line in f)
+        return sum(text in line for line in f)
 
 
 def _run(image, bundle):
@@ -25,96 +33,156 @@ def _run(image, bundle):
     return run
 
 
-def test_a_requested_device_s_step_is_replayed_from_its_recipe(world, driver, tmp_path):
-    image = Image(world, driver, tmp_path)
+@pytest.fixture
+def image(world, driver, tmp_path):
+    made = Image(world, driver, tmp_path)
+    yield made
+    made.close()
+
+
+def _python_alone(image):
+    world = image.world
+    world.resident_socket = os.path.join(world.base, "no-resident.sock")
+    world.write_config(log_level="debug", log_file=image.log)
+
+
+def test_a_request_is_injected_by_the_front_end_from_the_second_container_on(image):
+    first = image.container(asking=True)
+    _run(image, first)
+    assert image.served() == 1
+    assert sum(name.startswith("q") for name in os.listdir(image.steps)) == 1, os.listdir(image.steps)
+
+    second = image.container(asking=True)
+    _run(image, second)
+    assert image.served() == 1, "the worker was asked: the front end did not replay the request"
+    assert _count(image, FRONT_END) == 1
+    with open(image.log) as f:
+        said = [json.loads(line) for line in f if second.id in line and "injected" in line]
+    assert [(line["level"], line["msg"]) for line in said if "replayed" not in line["msg"]] == [
+        ("info", f"cdi-shim: container {second.id}: injected nvidia.com/gpu=0")]
+
+    third = image.container(asking=True)
+    _python_alone(image)
+    _run(image, third)
+    assert result(second) == result(first) == result(third)
+    config = result(second)[0]
+    assert "/dev/nvidia0" in [node["path"] for node in config["linux"]["devices"]]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in config["process"]["env"]
+    assert not any("nvidia-cdi-hook" in str(hook) for hook in config.get("hooks", {}).values())
+
+
+def test_a_request_whose_spec_lost_a_file_fails_though_a_recipe_is_kept(image, driver):
+    """A library the spec mounts, gone from the host: the front end's check of the host files
+    fails, the worker's freshness check names the spec and the file; config.json is as it was."""
+    world = image.world
+    _run(image, image.container(asking=True))
+    victim = sorted(os.path.join(driver, name) for name in os.listdir(driver) if name.startswith("libcuda.so."))[0]
+    os.rename(victim, victim + ".away")
     try:
-        first = image.container(asking=True)
-        _run(image, first)
-        assert image.served() == 1 and _replays(image) == 0 and len(os.listdir(image.steps)) == 1
-
-        second = image.container(asking=True)
-        _run(image, second)
-        assert image.served() == 2, "a request is the worker's: the front end does not resolve it"
-        assert _replays(image) == 1, "the worker did the whole step again"
-        assert " in resident process " in served_lines(image.log)[-1]
-
-        # the same container made by the Python step alone (no resident process)
-        third = image.container(asking=True)
-        world.resident_socket = os.path.join(world.base, "no-resident.sock")
-        world.write_config(log_level="debug", log_file=image.log)
-        _run(image, third)
-        assert _replays(image) == 1
-        replayed, full, python = result(second), result(first), result(third)
-        assert replayed == full == python
-        config = replayed[0]
-        assert "/dev/nvidia0" in [node["path"] for node in config["linux"]["devices"]]
-        assert not any("nvidia-cdi-hook" in str(hook) for hook in config.get("hooks", {}).values())
-        assert replayed[2] == {"libcuda.so": "libcuda.so.1", "libnvidia-ml.so": "libnvidia-ml.so.550.54.15"}
-        assert "ld.so.conf.d/zz-nvcr-cdi-shim.conf" in replayed[3]
-    finally:
-        image.close()
-
-
-def test_a_request_whose_spec_lost_a_file_fails_though_a_recipe_is_kept(world, driver, tmp_path):
-    """The spec's freshness is checked before the step: a library the spec mounts, gone from the
-    host, fails the create naming the spec and the file; the recipe is not replayed."""
-    image = Image(world, driver, tmp_path)
-    try:
-        _run(image, image.container(asking=True))
-        victim = sorted(os.path.join(driver, name) for name in os.listdir(driver) if name.startswith("libcuda.so."))[0]
-        os.rename(victim, victim + ".away")
         bundle = image.container(asking=True)
         before = open(bundle.config_path, "rb").read()
         create = world.shim("create", "--bundle", bundle.path, bundle.id, env=image.env())
         assert create.returncode != 0
         assert os.path.basename(victim) in create.stderr and "nvidia-gpu.yaml" in create.stderr, create.stderr
-        assert _replays(image) == 0
+        assert image.served() == 2 and _count(image, FRONT_END) == 0
         assert open(bundle.config_path, "rb").read() == before, "config.json was changed by a failed create"
+    finally:
         os.rename(victim + ".away", victim)
-    finally:
-        image.close()
 
 
-def test_a_spec_change_the_step_does_not_read_keeps_the_recipe_and_shows(world, driver, tmp_path):
-    """The spec gains an env edit: the step reads no env, so its recipe still applies, and the
-    replayed config carries the new edit (the replay puts in the step's hooks and mounts, every
-    other byte is the injected config's): the same result as the Python step alone."""
-    image = Image(world, driver, tmp_path)
-    try:
-        _run(image, image.container(asking=True))
-        _edit_spec(world, "=void]", "=void, CDI_SHIM_TEST_EDIT=1]")
-        changed = image.container(asking=True)
-        _run(image, changed)
-        assert _replays(image) == 1
-        assert "CDI_SHIM_TEST_EDIT=1" in result(changed)[0]["process"]["env"]
-        world.resident_socket = os.path.join(world.base, "no-resident.sock")
-        world.write_config(log_level="debug", log_file=image.log)
-        python = image.container(asking=True)
-        _run(image, python)
-        assert result(python) == result(changed)
-    finally:
-        image.close()
+def test_a_changed_spec_is_resolved_again_and_recorded_anew(image):
+    """The spec gains an env edit: its file's identity changed, so the front end leaves the
+    create to the worker; the step reads no env, so the worker replays the step's recipe; the
+    new injection is recorded, and the next container is the front end's, with the new edit."""
+    _run(image, image.container(asking=True))
+    _edit_spec(image.world, "=void]", "=void, CDI_SHIM_TEST_EDIT=1]")
+    changed = image.container(asking=True)
+    _run(image, changed)
+    assert image.served() == 2 and _count(image, WORKER_STEP) == 1
+    assert "CDI_SHIM_TEST_EDIT=1" in result(changed)[0]["process"]["env"]
+    again = image.container(asking=True)
+    _run(image, again)
+    assert image.served() == 2 and _count(image, FRONT_END) == 1
+    assert result(again) == result(changed)
 
 
-def test_a_spec_change_the_step_reads_gets_a_step_of_its_own(world, driver, tmp_path):
+def test_a_spec_change_the_step_reads_gets_a_step_of_its_own(image):
     """A library's mount gets other options: the injected config's mounts differ, so does the
-    step's key; the kept recipe does not apply, the step is done and kept anew, and the next
-    container of the new spec is replayed from the new recipe."""
-    image = Image(world, driver, tmp_path)
-    try:
-        _run(image, image.container(asking=True))
-        _edit_spec(world, "rbind, rprivate]", "rbind, rslave]")
-        changed = image.container(asking=True)
-        _run(image, changed)
-        assert _replays(image) == 0, "a recipe of the old spec was replayed"
-        assert "rslave" in str(result(changed)[0]["mounts"]) + str(result(changed)[0].get("hooks"))
-        assert len(os.listdir(image.steps)) == 2
-        again = image.container(asking=True)
-        _run(image, again)
-        assert _replays(image) == 1
-        assert result(again) == result(changed)
-    finally:
-        image.close()
+    step's key; the worker does the step and records both anew, and the next container is the
+    front end's."""
+    _run(image, image.container(asking=True))
+    _edit_spec(image.world, "rbind, rprivate]", "rbind, rslave]")
+    changed = image.container(asking=True)
+    _run(image, changed)
+    assert image.served() == 2 and _count(image, WORKER_STEP) == 0 and _count(image, FRONT_END) == 0
+    again = image.container(asking=True)
+    _run(image, again)
+    assert image.served() == 2 and _count(image, FRONT_END) == 1
+    assert result(again) == result(changed)
+    assert "rslave" in json.dumps(result(again)[0])
+
+
+def test_a_new_spec_file_sends_the_request_to_the_worker(image):
+    """Another spec file in a spec directory could name the same device (a conflict, or a
+    higher-priority directory's override): the directory's identity changed, the worker resolves."""
+    world = image.world
+    _run(image, image.container(asking=True))
+    world.write_spec("other.yaml", 'cdiVersion: "0.5.0"\nkind: example.com/thing\ndevices:\n'
+                     '  - name: "0"\n    containerEdits:\n      env: [THING=0]\n')
+    _run(image, image.container(asking=True))
+    assert image.served() == 2 and _count(image, FRONT_END) == 0
+    _run(image, image.container(asking=True))
+    assert image.served() == 2 and _count(image, FRONT_END) == 1
+
+
+def test_the_driver_version_file_is_part_of_the_recipe(image, tmp_path):
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 2024\n")
+    image.env = lambda env=image.env: dict(env(), CDI_SHIM_DRIVER_VERSION_FILE=str(version))
+    _run(image, image.container(asking=True))
+    _run(image, image.container(asking=True))
+    assert image.served() == 1
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  555.42.06  Tue Mar  5 2024\n")
+    _run(image, image.container(asking=True))
+    assert image.served() == 2, "the front end replayed a request of another driver"
+
+
+def test_an_unprivileged_env_request_stays_the_worker_s(image):
+    """accept-env-unprivileged = false: a container without CAP_SYS_ADMIN asking by
+    NVIDIA_VISIBLE_DEVICES gets no device and a warning, each time (a warned create keeps no
+    recipe); a privileged one's recipe does not serve it (the capabilities are in the key)."""
+    world = image.world
+    world.write_config(log_level="debug", log_file=image.log, accept_env_unprivileged=False)
+
+    def asking_by_env(privileged):
+        def change(config):
+            config["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=0")
+            caps = config["process"].setdefault("capabilities", {})
+            caps["bounding"] = ["CAP_CHOWN", "CAP_SYS_ADMIN"] if privileged else ["CAP_CHOWN"]
+        bundle = image.container(asking=True)
+        with open(bundle.config_path) as f:
+            config = json.load(f)
+        config.pop("annotations")
+        change(config)
+        with open(bundle.config_path, "w") as out:
+            json.dump(config, out)
+        return bundle
+
+    for privileged in (True, True):
+        bundle = asking_by_env(privileged)
+        create = world.shim("create", "--bundle", bundle.path, bundle.id, env=image.env())
+        assert create.returncode == 0, create.stderr
+        world.runc_cmd("delete", "--force", bundle.id)
+    assert image.served() == 1 and _count(image, FRONT_END) == 1
+    for n in range(2):
+        bundle = asking_by_env(False)
+        create = world.shim("create", "--bundle", bundle.path, bundle.id, env=image.env())
+        assert create.returncode == 0, create.stderr
+        assert "lacks CAP_SYS_ADMIN" in create.stderr, create.stderr
+        assert "/dev/nvidia0" not in open(bundle.config_path).read()
+        world.runc_cmd("delete", "--force", bundle.id)
+        assert image.served() == 2 + n
+    assert " in resident process " in served_lines(image.log)[-1]
 
 
 def _edit_spec(world, old, new):
