@@ -9,7 +9,6 @@
 #include "json_reader.h"
 #include "ociconf.h"
 
-
 static void blanks(struct cds_reader *r)
 {
     while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' || r->s[r->i] == '\r'))
@@ -642,7 +641,10 @@ int cds_step_key(const char *json, size_t len, uint8_t **key, size_t *key_len)
 }
 
 int cds_json_members(struct cds_reader *r, member_fn on_member, void *data) { return members(r, on_member, data); }
-int cds_json_elements(struct cds_reader *r, element_fn on_element, void *data) { return items(r, NULL, on_element, data); }
+int cds_json_elements(struct cds_reader *r, element_fn on_element, void *data)
+{
+    return items(r, NULL, on_element, data);
+}
 int cds_json_value(struct cds_reader *r) { return value(r); }
 int cds_json_take(struct cds_reader *r, struct cds_span *span) { return take(r, span); }
 void cds_json_blanks(struct cds_reader *r) { blanks(r); }

@@ -599,7 +599,7 @@ static int parse_request_recipe(const char *text, size_t len, struct request_rec
     if (sum != cds_fnv1a((const uint8_t *)text, len))
         return -1;
     const char *at = text + magic, *end = text + len;
-    struct block *order[] = {&r->version, &r->key,   &r->paths,   &r->count,
+    struct block *order[] = {&r->version,    &r->key,    &r->paths,   &r->count,
                              &r->identities, &r->driver, &r->devices, &r->edits};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (next_block(&at, end, order[i]) < 0)
@@ -636,7 +636,8 @@ int replay_request(const char *steps_dir, const char *bundle, const char *json, 
     size_t key_len;
     char name[24];
     if (cds_request_key(json, len, rules->prefixes, rules->prefixes_len, rules->device_env, rules->settings,
-                        rules->settings_len, &key, &key_len) < 0)
+                        rules->settings_len, &key, &key_len)
+        < 0)
         return 0;
     snprintf(name, sizeof name, "q%016llx", (unsigned long long)cds_fnv1a(key, key_len));
     cleanup_free char *text = NULL;

@@ -281,12 +281,14 @@ int cds_request_key(const char *json, size_t len, const char *prefixes, size_t p
         put_span(&b, 'M', json, mount->destination);
         const char *d = json + mount->destination.start + 1;
         size_t d_len = mount->destination.end - mount->destination.start - 2;
-        if (d_len >= strlen(CDS_DEVICE_MOUNT_ROOT) - 1 && memcmp(d, CDS_DEVICE_MOUNT_ROOT, strlen(CDS_DEVICE_MOUNT_ROOT) - 1) == 0)
+        if (d_len >= strlen(CDS_DEVICE_MOUNT_ROOT) - 1
+            && memcmp(d, CDS_DEVICE_MOUNT_ROOT, strlen(CDS_DEVICE_MOUNT_ROOT) - 1) == 0)
             put_span(&b, 's', json, mount->source);
     }
     put_span(&b, 'D', json, v.devices);
     put_span(&b, 'R', json, v.rules);
-    char objects[4] = {v.process ? 'p' : '-', v.linux_section ? 'l' : '-', v.resources ? 'r' : '-', v.mounts.end ? 'm' : '-'};
+    char objects[4] = {v.process ? 'p' : '-', v.linux_section ? 'l' : '-', v.resources ? 'r' : '-',
+                       v.mounts.end ? 'm' : '-'};
     put(&b, objects, sizeof objects);
     cds_oci_view_free(&oci);
     view_free(&v);
@@ -315,9 +317,9 @@ static int u32_at(const uint8_t **at, const uint8_t *end, uint32_t *out)
 
 struct place {
     char target;
-    size_t at, end;           /* the span replaced; at == end: inserted at `at` */
-    const char *name, *wrap;  /* inserted: the member's name; wrap: inside "resources":{...} */
-    int comma;                /* inserted into an object with members: a comma after it */
+    size_t at, end;          /* the span replaced; at == end: inserted at `at` */
+    const char *name, *wrap; /* inserted: the member's name; wrap: inside "resources":{...} */
+    int comma;               /* inserted into an object with members: a comma after it */
     struct buffer value;
 };
 
@@ -425,8 +427,11 @@ int cds_request_apply(const char *json, size_t len, const uint8_t *edits, size_t
         p->target = (char)*at++;
         for (int i = 0; i < n; i++)
             failed |= places[i].target == p->target;
-        const struct elements *list = p->target == 'E' ? &v.env_at : p->target == 'M' ? &v.mounts_at
-            : p->target == 'D' ? &v.devices_at : p->target == 'R' ? &v.rules_at : NULL;
+        const struct elements *list = p->target == 'E' ? &v.env_at
+            : p->target == 'M'                         ? &v.mounts_at
+            : p->target == 'D'                         ? &v.devices_at
+            : p->target == 'R'                         ? &v.rules_at
+                                                       : NULL;
         n += !failed;
         failed = failed || place_value(json, list, &at, end, p) < 0 || locate(json, &v, p) < 0;
     }

@@ -98,7 +98,7 @@ int in_host_user_namespace(void)
     if (n <= 0)
         return 0;
     text[n] = '\0';
-    const char *end = strchr(text, '\n');  /* one line only */
+    const char *end = strchr(text, '\n'); /* one line only */
     return sscanf(text, "%lu %lu %lu", &inside, &outside, &count) == 3 && inside == 0 && outside == 0
         && count == 4294967295ul && (!end || end[1] == '\0');
 }

@@ -71,7 +71,7 @@ enum config_kind config_kind(const char *bundle, const struct settings *set, cha
         if (*p == '\\') {
             if (p[1] == 'u' || p[1] == '/' || p[1] == '\0')
                 goto may_request; /* an escape could spell a pattern differently */
-            p++;                    /* the escaped character is no pattern's edge */
+            p++;                  /* the escaped character is no pattern's edge */
             continue;
         }
         /* a quote: a request begins here, or a hook program ends here */

@@ -62,8 +62,8 @@ static int replayed(const struct settings *set, const char *bundle, const char *
 /* A create asking for devices that a worker injected before, for the same request, specs and host
  * files: its injection and then its step replayed here (replay.c); 1 when done. Not in a user
  * namespace other than the host's (there the Python half refuses device nodes). */
-static int request_replayed(const struct settings *set, const char *bundle, const char *id, const char *json,
-                            long len, mode_t mode)
+static int request_replayed(const struct settings *set, const char *bundle, const char *id, const char *json, long len,
+                            mode_t mode)
 {
     char steps[sizeof(set->socket) + 16], message[768], devices[256], prefixes[MAX_PREFIXES * 256];
     size_t prefixes_len = 0;
@@ -77,8 +77,8 @@ static int request_replayed(const struct settings *set, const char *bundle, cons
         memcpy(prefixes + prefixes_len, set->prefixes[i], n);
         prefixes_len += n;
     }
-    struct request_rules rules = {prefixes, prefixes_len, set->device_env, (const uint8_t *)(set->text ? set->text : ""),
-                                  set->text_len};
+    struct request_rules rules = {prefixes, prefixes_len, set->device_env,
+                                  (const uint8_t *)(set->text ? set->text : ""), set->text_len};
     snprintf(steps, sizeof(steps), "%.*s/steps", (int)(slash - set->socket), set->socket);
     if (!replay_request(steps, bundle, json, (size_t)len, mode, CDS_VERSION, &rules, devices, sizeof devices))
         return 0;

@@ -550,11 +550,13 @@ def test_a_link_made_before_planning_still_lets_the_second_container_take_the_st
     the first container's read every file, from nothing remembered); the step memo keeps the
     whole step with the directory as it was before the link, so the second container, its
     directory found as the first one's was, gets the step replayed from its recipe (the
-    device is asked for by request: the worker injects it, then replays; its program runs)."""
+    device is asked for by request: the front end injects it from the worker's record of the
+    first, then replays the step; its program runs)."""
     first, second = _two_containers_of_an_image(world, nvml_library, tmp_path, _spec(world, nvml_library))
     (_, read_first), = memo_counts(world.base + "/cdi-shim.log")
     assert "directories scanned" in first and read_first > 0, first
-    assert "the linker step of an earlier container of these files and spec, replayed from its recipe" in second, second
+    assert "the linker step of an earlier container of this request, specs and files, replayed by the front end" \
+        in second, second
 
 
 def test_a_second_container_of_an_image_takes_the_first_ones_step(world, nvml_library, tmp_path):
@@ -568,7 +570,8 @@ def test_a_second_container_of_an_image_takes_the_first_ones_step(world, nvml_li
     assert "create-symlinks" not in spec and "update-ldcache" in spec
     first, second = _two_containers_of_an_image(world, nvml_library, tmp_path, spec)
     assert "(incremental, " in first and "earlier container" not in first, first
-    assert "the linker step of an earlier container of these files and spec, replayed from its recipe" in second, second
+    assert "the linker step of an earlier container of this request, specs and files, replayed by the front end" \
+        in second, second
 
 
 def open_fds(pid):
