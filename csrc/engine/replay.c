@@ -583,9 +583,10 @@ out:
 /* A request's recipe (shim/runtime/requestmemo.py): the key, the host paths whose identities the
  * resolution depended on (the spec directories and files, the files the edits need), the driver
  * version file as it was ('0': unreadable; '1' and its first bytes), the devices (for the log),
- * and the edits (request.c). */
+ * whether a step follows ('S': the step's recipe for the injected text; 'N': none, the injected
+ * text is config.json), and the edits (request.c). */
 struct request_recipe {
-    struct block version, key, paths, count, identities, driver, devices, edits;
+    struct block version, key, paths, count, identities, driver, devices, step, edits;
 };
 
 static int parse_request_recipe(const char *text, size_t len, struct request_recipe *r)
@@ -599,8 +600,8 @@ static int parse_request_recipe(const char *text, size_t len, struct request_rec
     if (sum != cds_fnv1a((const uint8_t *)text, len))
         return -1;
     const char *at = text + magic, *end = text + len;
-    struct block *order[] = {&r->version,    &r->key,    &r->paths,   &r->count,
-                             &r->identities, &r->driver, &r->devices, &r->edits};
+    struct block *order[] = {&r->version, &r->key,     &r->paths, &r->count, &r->identities,
+                             &r->driver,  &r->devices, &r->step,  &r->edits};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (next_block(&at, end, order[i]) < 0)
             return -1;
@@ -668,7 +669,15 @@ int replay_request(const char *steps_dir, const char *bundle, const char *json, 
     size_t injected_len;
     if (cds_request_apply(json, len, (const uint8_t *)r.edits.data, r.edits.len, &injected, &injected_len) < 0)
         return 0;
-    int done = replay_step(steps_dir, bundle, injected, injected_len, config_mode, version);
+    int done = 0;
+    if (r.step.len == 1 && r.step.data[0] == 'S') {
+        done = replay_step(steps_dir, bundle, injected, injected_len, config_mode, version);
+    } else if (r.step.len == 1 && r.step.data[0] == 'N' && plain_path(bundle)) {
+        /* a config with no hook of ours and no library mount: no step, config.json is the result */
+        cleanup_fd int bundlefd = open(bundle, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        struct out o = {injected, injected_len, injected_len};
+        done = bundlefd >= 0 && write_config(bundlefd, &o, config_mode) == 0;
+    }
     cds_request_free(injected);
     if (done && devices_cap)
         snprintf(devices, devices_cap, "%.*s", (int)r.devices.len, r.devices.data);

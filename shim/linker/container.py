@@ -147,19 +147,7 @@ def prepare_linker(config, bundle, log, file_binds=True, raw=None):
 
     start = time.monotonic()
     stepmemo.begin()    # (whatever this step does, no recipe of an earlier one is exported for it)
-    calls = []
-    for _, call in _hook_calls(config):
-        if toolkit.understood(call):
-            calls.append(call)
-        else:
-            log.debug(f"hook left to run as written: {' '.join(call.hook.get('args') or [call.hook.get('path', '')])}"
-                      " (not one whose work this runtime does, or options it does not know)")
-    mounts = [m for m in config.get("mounts") or () if isinstance(m, dict)]
-    # (A source that is not a regular file is the plan's to skip, with its reason: it opens
-    # every one anyway, and a resident worker's kept plan checks their identities.)
-    libraries = {m["destination"]: m["source"] for m in mounts
-                 if isinstance(m.get("destination"), str) and isinstance(m.get("source"), str)
-                 and _is_library(m["destination"])}
+    calls, mounts, libraries = _step_inputs(config, log)
     if not calls and not libraries:
         return config
     rootfs = rootfs_path(config, bundle) or os.path.join(bundle, "rootfs")
@@ -189,6 +177,34 @@ def prepare_linker(config, bundle, log, file_binds=True, raw=None):
     if why:
         log.debug(f"linker step not kept for a later container: {why}")
     return out.config
+
+
+def _step_inputs(config, log=None):
+    """(the hook calls whose work the step does, the mounts, {destination: source} of the
+    library mounts) of CONFIG: the step has nothing to do, whatever the root, without a call or
+    a library."""
+    from . import toolkit_hooks as toolkit
+
+    calls = []
+    for _, call in _hook_calls(config):
+        if toolkit.understood(call):
+            calls.append(call)
+        elif log is not None:
+            log.debug(f"hook left to run as written: {' '.join(call.hook.get('args') or [call.hook.get('path', '')])}"
+                      " (not one whose work this runtime does, or options it does not know)")
+    mounts = [m for m in config.get("mounts") or () if isinstance(m, dict)]
+    # (A source that is not a regular file is the plan's to skip, with its reason: it opens
+    # every one anyway, and a resident worker's kept plan checks their identities.)
+    libraries = {m["destination"]: m["source"] for m in mounts
+                 if isinstance(m.get("destination"), str) and isinstance(m.get("source"), str)
+                 and _is_library(m["destination"])}
+    return calls, mounts, libraries
+
+
+def needs_step(config):
+    """Whether the linker step has anything to do for CONFIG (a decision of config.json alone)."""
+    calls, _, libraries = _step_inputs(config)
+    return bool(calls or libraries)
 
 
 def _step(out, bundle, rootfs, calls, mounts, libraries, start, file_binds=True):

@@ -190,6 +190,7 @@ def _prepare(args, settings, log, writes):
     from cdi.container_edits import apply_edits, merge_edits
 
     from ..linker import stepmemo
+    from ..linker.container import needs_step
 
     merged = merge_edits(blocks)
     try:
@@ -205,13 +206,16 @@ def _prepare(args, settings, log, writes):
     # The injection is recorded for the front end (requestmemo.py) only when it can be replayed
     # as it was done: no warning, no --device, no Docker hook. Its step is then keyed by the text
     # the front end's apply gives, so that the front end finds the step's recipe too.
+    # A config the step has nothing to do for is recorded as the step leaves it, with no step.
     found = why = None
-    if steps and not log.warnings and not args.devices and not legacy_hook:
+    recordable = steps and not log.warnings and not args.devices and not legacy_hook
+    stepped = needs_step(edited)
+    if recordable and stepped:
         from . import requestmemo
 
-        found, why = requestmemo.injection(raw, config, edited, merged, settings)
+        found, why = requestmemo.injection(raw, config, edited, merged, settings, stepped)
     text = found.text if found else fastjson.dumpb(edited)
-    if steps and _replayed(args, text, info, steps):
+    if steps and stepped and _replayed(args, text, info, steps):
         phases.done("replay")
         log.debug(f"container {args.container_id or '?'}: the linker step of an earlier container of these "
                   "files and spec, replayed from its recipe")
@@ -223,6 +227,11 @@ def _prepare(args, settings, log, writes):
         phases.done("write")
         kept = steps and final is not edited and stepmemo.export_recipe(
             final, rootfs_path(edited, args.bundle), args.bundle, steps)
+        if recordable and not stepped:
+            from . import requestmemo
+
+            found, why = requestmemo.injection(raw, config, final, merged, settings, stepped)
+            kept = found is not None
     if found and kept and not log.warnings:
         why = requestmemo.export(found, settings, blocks, devices, steps, started)
     if why:

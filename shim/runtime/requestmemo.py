@@ -161,20 +161,22 @@ def driver_version_bytes():
 
 
 class Injection:
-    """What a recipe of this injection would hold: the request's KEY, the RECORDED edits and the
-    injected config's TEXT as the front end makes it from them."""
-    __slots__ = ("key", "recorded", "text")
+    """What a recipe of this injection would hold: the request's KEY, the RECORDED edits, the
+    injected config's TEXT as the front end makes it from them, and whether the step follows
+    (STEPPED) or TEXT is the config.json of the create."""
+    __slots__ = ("key", "recorded", "text", "stepped")
 
-    def __init__(self, request_key, recorded, text):
-        self.key, self.recorded, self.text = request_key, recorded, text
+    def __init__(self, request_key, recorded, text, stepped):
+        self.key, self.recorded, self.text, self.stepped = request_key, recorded, text, stepped
 
 
-def injection(raw, config, edited, merged, settings):
+def injection(raw, config, edited, merged, settings, stepped=True):
     """(the Injection from config.json's bytes RAW (CONFIG parsed) to EDITED, with the spec's
     edits MERGED, None), or (None, why not): the config is not one the front end reads, the
     edits changed another part of it, or the front end's apply of the record would not give
-    EDITED exactly. The step is to be keyed by its TEXT, so that the front end finds the step's
-    recipe after its own apply."""
+    EDITED exactly. STEPPED: the step follows, and is to be keyed by the Injection's TEXT, so
+    that the front end finds the step's recipe after its own apply; else EDITED is what the
+    step (with nothing to do) left, the create's config.json."""
     request_key = key(raw, settings)
     if request_key is None:
         return None, "its config.json is not one the front end reads"
@@ -184,7 +186,7 @@ def injection(raw, config, edited, merged, settings):
     text = apply(raw, recorded)
     if text is None or fastjson.loads(text) != edited:
         return None, "the front end's apply of it gives another config"
-    return Injection(request_key, recorded, text), None
+    return Injection(request_key, recorded, text, stepped), None
 
 
 def export(found, settings, blocks, devices, directory, started):
@@ -203,7 +205,7 @@ def export(found, settings, blocks, devices, directory, started):
     parts = (__version__.encode(), found.key, b"\0".join(entries) + b"\0" if entries else b"",
              struct.pack("<I", len(entries)),
              bytes(ffi.buffer(identities, len(entries) * ffi.sizeof("struct cds_identity"))),
-             driver_version_bytes(), ", ".join(devices).encode(), found.recorded)
+             driver_version_bytes(), ", ".join(devices).encode(), b"S" if found.stepped else b"N", found.recorded)
     data = MAGIC + b"".join(struct.pack("<I", len(part)) + part for part in parts)
     data += struct.pack("<Q", lib.cds_fnv1a(data, len(data)))
     name = f"q{lib.cds_fnv1a(found.key, len(found.key)):016x}"

@@ -71,6 +71,29 @@ def test_a_request_is_injected_by_the_front_end_from_the_second_container_on(ima
     assert not any("nvidia-cdi-hook" in str(hook) for hook in config.get("hooks", {}).values())
 
 
+def test_a_request_with_no_step_is_the_front_end_s_too(world, driver, tmp_path):
+    """A device of a node and an env entry (no hook, no library): the step has nothing to do,
+    so the recipe holds the config.json the create ends with; the front end writes it."""
+    spec = ('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n  - name: "0"\n    containerEdits:\n'
+            f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n      env: [GPU_INDEX=0]\n")
+    made = Image(world, driver, tmp_path, spec=spec)
+    try:
+        bundles = [made.container(asking=True) for _ in range(3)]
+        for n, bundle in enumerate(bundles):
+            if n == 2:
+                _python_alone(made)
+            create = world.shim("create", "--bundle", bundle.path, bundle.id, env=made.env())
+            assert create.returncode == 0, create.stderr
+            world.runc_cmd("delete", "--force", bundle.id)
+            if n == 1:
+                assert made.served() == 1 and _count(made, FRONT_END) == 1
+        configs = [result(bundle)[0] for bundle in bundles]
+        assert configs[0] == configs[1] == configs[2]
+        assert "GPU_INDEX=0" in configs[1]["process"]["env"] and "/dev/nvidia0" in json.dumps(configs[1])
+    finally:
+        made.close()
+
+
 def test_a_request_whose_spec_lost_a_file_fails_though_a_recipe_is_kept(image, driver):
     """A library the spec mounts, gone from the host: the front end's check of the host files
     fails, the worker's freshness check names the spec and the file; config.json is as it was."""
