@@ -245,7 +245,7 @@ def test_debug_prints_phases_on_stderr(world, with_log):
         assert any(line.startswith(f"cdi-shim: phase={phase} took=") for line in lines), result.stderr
     if with_log:
         messages = [msg for level, msg in rh.read_log(runc_log, "text")
-                    if level == "debug" and msg.startswith("cdi-shim: ")]  # (runc's own follow)
+                    if level == "debug" and msg.startswith("cdi-shim: phase=")]  # (runc's own follow)
         assert messages == lines
     assert world.shim("delete", "--force", bundle.id).returncode == 0
     # log-level = "debug" alone keeps them in the log files (a container's stderr may be where ours goes)
