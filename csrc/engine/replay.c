@@ -471,22 +471,35 @@ static int out_mounts(struct out *o, const char *json, const struct cds_oci_view
     return out_put(o, "]", 1);
 }
 
-/* The new config.json text: the hooks and mounts replaced, every other byte as it was. */
+/* The new config.json text: the hooks and mounts replaced, every other byte as it was. A config
+ * without hooks (a request's injection that added none) gets the step's, if any, first in it. */
 static int new_config(struct out *o, const char *json, size_t len, const struct cds_oci_view *view,
                       const struct recipe *r, const struct etc_overlay *e, const char *rootfs, const char *bundle)
 {
-    const struct cds_span *first = &view->hooks, *second = &view->mounts;
+    struct cds_span hooks = view->hooks;
+    int insert = hooks.end == 0, none = r->hooks.len == 4 && memcmp(r->hooks.data, "null", 4) == 0;
+    if (insert) /* just inside the root object: it has members (mounts at least) */
+        hooks.start = hooks.end = strspn(json, " \t\r\n") + 1;
+    const struct cds_span *first = &hooks, *second = &view->mounts;
     if (second->start < first->start) {
         first = &view->mounts;
-        second = &view->hooks;
+        second = &hooks;
     }
     const struct cds_span *spans[] = {first, second};
     size_t at = 0;
     for (int i = 0; i < 2; i++) {
         if (out_put(o, json + at, spans[i]->start - at) < 0)
             return -1;
-        int failed = spans[i] == &view->hooks ? out_template(o, r->hooks.data, r->hooks.len, rootfs, bundle)
-                                              : out_mounts(o, json, view, &r->binds, &e->mount, rootfs, bundle);
+        int failed;
+        if (spans[i] != &hooks)
+            failed = out_mounts(o, json, view, &r->binds, &e->mount, rootfs, bundle);
+        else if (!insert)
+            failed = out_template(o, r->hooks.data, r->hooks.len, rootfs, bundle);
+        else if (none)
+            failed = 0; /* none before, none after */
+        else
+            failed = out_put(o, "\"hooks\":", 8) < 0 || out_template(o, r->hooks.data, r->hooks.len, rootfs, bundle) < 0
+                || out_put(o, ",", 1) < 0;
         if (failed)
             return -1;
         at = spans[i]->end;
@@ -547,7 +560,7 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
     char rootfs[4096];
     uint32_t count;
     memcpy(&count, r.count.data, 4);
-    if (view.hooks.end == 0 || view.mounts.end == 0 || view.root_path.end == 0
+    if (view.mounts.end == 0 || view.root_path.end == 0
         || r.identities.len != (size_t)count * sizeof(struct cds_identity))
         goto out;
     /* root.path (a string without escapes), relative to the bundle unless absolute */

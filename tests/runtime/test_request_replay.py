@@ -17,6 +17,7 @@ import pytest
 
 from test_front_end_replay import Image, result
 from test_runtime_resident import served_lines
+from test_runtime_toolkit_hooks import VERSION
 
 FRONT_END = "replayed by the front end"
 WORKER_STEP = "replayed from its recipe"
@@ -71,12 +72,22 @@ def test_a_request_is_injected_by_the_front_end_from_the_second_container_on(ima
     assert not any("nvidia-cdi-hook" in str(hook) for hook in config.get("hooks", {}).values())
 
 
-def test_a_request_with_no_step_is_the_front_end_s_too(world, driver, tmp_path):
-    """A device of a node and an env entry (no hook, no library): the step has nothing to do,
-    so the recipe holds the config.json the create ends with; the front end writes it."""
-    spec = ('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n  - name: "0"\n    containerEdits:\n'
-            f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n      env: [GPU_INDEX=0]\n")
-    made = Image(world, driver, tmp_path, spec=spec)
+def _hookless_spec(world, driver, libraries):
+    mounts = "".join(f"    - {{hostPath: {driver}/{name}, containerPath: /usr/lib/fake-driver/{name}, "
+                     "options: [ro, nosuid, nodev, bind]}\n" for name in libraries)
+    return ('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n  - name: "0"\n    containerEdits:\n'
+            f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n      env: [GPU_INDEX=0]\n"
+            + ("containerEdits:\n  mounts:\n" + mounts if mounts else ""))
+
+
+@pytest.mark.parametrize("libraries", [(), (f"libnvidia-ml.so.{VERSION}", f"libcuda.so.{VERSION}")],
+                         ids=["no-step", "libraries-without-hooks"])
+def test_a_request_of_a_spec_without_hooks_is_the_front_end_s_too(world, driver, tmp_path, libraries):
+    """No hook in the spec. Without libraries the step has nothing to do: the recipe holds the
+    config.json the create ends with, and the front end writes it. With libraries mounted the
+    step makes their cache (in the root) for a config that has no hooks member: the front end
+    replays it all the same."""
+    made = Image(world, driver, tmp_path, spec=_hookless_spec(world, driver, libraries))
     try:
         bundles = [made.container(asking=True) for _ in range(3)]
         for n, bundle in enumerate(bundles):
@@ -87,9 +98,12 @@ def test_a_request_with_no_step_is_the_front_end_s_too(world, driver, tmp_path):
             world.runc_cmd("delete", "--force", bundle.id)
             if n == 1:
                 assert made.served() == 1 and _count(made, FRONT_END) == 1
-        configs = [result(bundle)[0] for bundle in bundles]
-        assert configs[0] == configs[1] == configs[2]
-        assert "GPU_INDEX=0" in configs[1]["process"]["env"] and "/dev/nvidia0" in json.dumps(configs[1])
+        results = [result(bundle) for bundle in bundles]
+        assert results[0] == results[1] == results[2]
+        config = results[1][0]
+        assert "GPU_INDEX=0" in config["process"]["env"] and "/dev/nvidia0" in json.dumps(config)
+        image_cache = open(made.layer + "/etc/ld.so.cache", "rb").read()
+        assert (results[1][3]["ld.so.cache"][0] != image_cache) == bool(libraries)
     finally:
         made.close()
 
