@@ -153,8 +153,6 @@ def prepare(args, settings, log, commit=_always):
 
 
 def _prepare(args, settings, log, writes):
-    from cdi.registry import Registry
-
     phases = _Phases(log)
     try:
         config, raw, info = read_config(args.bundle)
@@ -176,7 +174,33 @@ def _prepare(args, settings, log, writes):
         phases.report()
         return []
     steps = _steps_dir(settings)
-    started = _clock_ns() if steps else None
+    started = _clock_ns() if steps else None     # (a request's recipe: the settle window's reference)
+    blocks, merged, edited = _inject(args, config, devices, settings, log, phases)
+    _refuse_rootless_devices(edited, args)
+    writes.begin()
+    # The injection is recorded for the front end (requestmemo.py) only when it can be replayed
+    # as it was done: no warning, no --device, no Docker hook.
+    recordable = steps and not log.warnings and not args.devices and not legacy_hook
+    found, why = _step(args, raw, config, edited, merged, devices, settings, log, phases, info, steps, recordable)
+    if found and not log.warnings:
+        from . import requestmemo
+
+        why = requestmemo.export(found, settings, blocks, devices, steps, started)
+    if why:
+        log.debug(f"container {args.container_id or '?'}: the injection is not kept for the front end: {why}")
+    if steps:
+        phases.done("recipe")
+    phases.report()
+    log.info(f"container {args.container_id or '?'}: injected {', '.join(devices)}")
+    return devices
+
+
+def _inject(args, config, devices, settings, log, phases):
+    """(the spec's edit blocks, merged, CONFIG with them applied) for DEVICES, each spec's host
+    files checked (check_freshness)."""
+    from cdi.container_edits import apply_edits, merge_edits
+    from cdi.registry import Registry
+
     registry = Registry(settings.spec_dirs).refresh()
     if registry.cache_problem:
         log.warning(registry.cache_problem)
@@ -187,11 +211,6 @@ def _prepare(args, settings, log, writes):
     phases.done("resolve")
     check_freshness(blocks, origins, args.container_id or "?", log)
     phases.done("freshness")
-    from cdi.container_edits import apply_edits, merge_edits
-
-    from ..linker import stepmemo
-    from ..linker.container import needs_step
-
     merged = merge_edits(blocks)
     try:
         edited = apply_edits(config, merged)
@@ -201,46 +220,40 @@ def _prepare(args, settings, log, writes):
                              f"{', '.join(devices)} (from {specs}): {err}") from None
     edited = once(config, edited)
     phases.done("apply")
-    _refuse_rootless_devices(edited, args)
-    writes.begin()
-    # The injection is recorded for the front end (requestmemo.py) only when it can be replayed
-    # as it was done: no warning, no --device, no Docker hook. Its step is then keyed by the text
-    # the front end's apply gives, so that the front end finds the step's recipe too.
-    # A config the step has nothing to do for is recorded as the step leaves it, with no step.
+    return blocks, merged, edited
+
+
+def _step(args, raw, config, edited, merged, devices, settings, log, phases, info, steps, recordable):
+    """The linker step of the injected config EDITED, and config.json written: replayed from a
+    kept step's recipe (in STEPS) when one applies, else done (and its recipe written). Returns
+    (the injection to record, None) when RECORDABLE and the front end could replay it all,
+    else (None, why not or None). The step of a recordable injection is keyed by the text the
+    front end's apply gives, so that the front end finds the step's recipe after its own apply;
+    one that has nothing to do is recorded as the config.json it leaves, with no step."""
+    from ..linker import stepmemo
+    from ..linker.container import needs_step
+
+    if recordable:
+        from . import requestmemo
     found = why = None
-    recordable = steps and not log.warnings and not args.devices and not legacy_hook
     stepped = needs_step(edited)
     if recordable and stepped:
-        from . import requestmemo
-
         found, why = requestmemo.injection(raw, config, edited, merged, settings, stepped)
     text = found.text if found else fastjson.dumpb(edited)
     if steps and stepped and _replayed(args, text, info, steps):
         phases.done("replay")
         log.debug(f"container {args.container_id or '?'}: the linker step of an earlier container of these "
                   "files and spec, replayed from its recipe")
-        kept = True
-    else:
-        final = _linker(args, edited, settings, log, f"cannot inject {', '.join(devices)}: ", raw=text)
-        phases.done("linker")
-        _write(args, final, info)
-        phases.done("write")
-        kept = steps and final is not edited and stepmemo.export_recipe(
-            final, rootfs_path(edited, args.bundle), args.bundle, steps)
-        if recordable and not stepped:
-            from . import requestmemo
-
-            found, why = requestmemo.injection(raw, config, final, merged, settings, stepped)
-            kept = found is not None
-    if found and kept and not log.warnings:
-        why = requestmemo.export(found, settings, blocks, devices, steps, started)
-    if why:
-        log.debug(f"container {args.container_id or '?'}: the injection is not kept for the front end: {why}")
-    if steps:
-        phases.done("recipe")
-    phases.report()
-    log.info(f"container {args.container_id or '?'}: injected {', '.join(devices)}")
-    return devices
+        return found, why
+    final = _linker(args, edited, settings, log, f"cannot inject {', '.join(devices)}: ", raw=text)
+    phases.done("linker")
+    _write(args, final, info)
+    phases.done("write")
+    kept = steps and final is not edited and stepmemo.export_recipe(
+        final, rootfs_path(edited, args.bundle), args.bundle, steps)
+    if recordable and not stepped:
+        return requestmemo.injection(raw, config, final, merged, settings, stepped)
+    return (found, why) if kept else (None, why)
 
 
 def once(original, edited):
