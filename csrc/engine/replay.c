@@ -76,24 +76,31 @@ static int next_block(const char **at, const char *end, struct block *b)
 
 /* The recipe's blocks, after its magic; its last 8 bytes are the FNV-1a of all before them
  * (a recipe changed or cut since it was written is refused as a whole). */
-static int parse_recipe(const char *text, size_t len, struct recipe *r)
+/* TEXT (LEN bytes): MAGIC, then the COUNT blocks into ORDER; its last 8 bytes are the FNV-1a of
+ * all before them (a recipe changed or cut since it was written is refused as a whole). */
+static int parse_blocks(const char *text, size_t len, const char *magic, struct block *const *order, size_t count)
 {
-    size_t magic = strlen(RECIPE_MAGIC);
+    size_t magic_len = strlen(magic);
     uint64_t sum;
-    if (len < magic + 8 || memcmp(text, RECIPE_MAGIC, magic) != 0)
+    if (len < magic_len + 8 || memcmp(text, magic, magic_len) != 0)
         return -1;
     len -= 8;
     memcpy(&sum, text + len, 8);
     if (sum != cds_fnv1a((const uint8_t *)text, len))
         return -1;
-    const char *at = text, *end = text + len;
-    at += magic;
-    struct block *order[] = {&r->version, &r->key,      &r->params, &r->paths, &r->count, &r->identities, &r->links,
-                             &r->files,   &r->programs, &r->hooks,  &r->binds, &r->roots, &r->etc,        &r->sources};
-    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+    const char *at = text + magic_len, *end = text + len;
+    for (size_t i = 0; i < count; i++)
         if (next_block(&at, end, order[i]) < 0)
             return -1;
     return at == end ? 0 : -1;
+}
+
+static int parse_recipe(const char *text, size_t len, struct recipe *r)
+{
+    struct block *const order[] = {&r->version,    &r->key,   &r->params, &r->paths,    &r->count,
+                                   &r->identities, &r->links, &r->files,  &r->programs, &r->hooks,
+                                   &r->binds,      &r->roots, &r->etc,    &r->sources};
+    return parse_blocks(text, len, RECIPE_MAGIC, order, sizeof order / sizeof order[0]);
 }
 
 /* A file of ours: a regular file (never a link) owned by us, not writable by others, read
@@ -110,6 +117,16 @@ static long read_private(int dirfd, const char *name, size_t limit, char **out)
         return -1;
     *out = (char *)data;
     return (long)len;
+}
+
+/* The recipe NAME in STEPS_DIR, a directory of ours no one else may write (read_private). */
+static long read_recipe(const char *steps_dir, const char *name, char **out)
+{
+    cleanup_fd int dirfd = open(steps_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (dirfd < 0 || fstat(dirfd, &st) < 0 || st.st_uid != geteuid() || (st.st_mode & 022))
+        return -1;
+    return read_private(dirfd, name, MAX_RECIPE, out);
 }
 
 /* The host's params file as the step saw it: recorded state 0 (no such hook), 1 (absent),
@@ -540,13 +557,7 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
         return 0;
     snprintf(name, sizeof name, "%016llx", (unsigned long long)cds_fnv1a(key, key_len));
     cleanup_free char *text = NULL;
-    long text_len = -1;
-    {
-        cleanup_fd int dirfd = open(steps_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        struct stat st;
-        if (dirfd >= 0 && fstat(dirfd, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 022))
-            text_len = read_private(dirfd, name, MAX_RECIPE, &text);
-    }
+    long text_len = read_recipe(steps_dir, name, &text);
     struct recipe r;
     struct etc_overlay etc;
     int ours = text_len >= 0 && parse_recipe(text, (size_t)text_len, &r) == 0 && parse_etc(&r.etc, &etc) == 0
@@ -604,21 +615,9 @@ struct request_recipe {
 
 static int parse_request_recipe(const char *text, size_t len, struct request_recipe *r)
 {
-    size_t magic = strlen(REQUEST_MAGIC);
-    uint64_t sum;
-    if (len < magic + 8 || memcmp(text, REQUEST_MAGIC, magic) != 0)
-        return -1;
-    len -= 8;
-    memcpy(&sum, text + len, 8);
-    if (sum != cds_fnv1a((const uint8_t *)text, len))
-        return -1;
-    const char *at = text + magic, *end = text + len;
-    struct block *order[] = {&r->version, &r->key,     &r->paths, &r->count, &r->identities,
-                             &r->driver,  &r->devices, &r->step,  &r->edits};
-    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
-        if (next_block(&at, end, order[i]) < 0)
-            return -1;
-    return at == end ? 0 : -1;
+    struct block *const order[] = {&r->version, &r->key,     &r->paths, &r->count, &r->identities,
+                                   &r->driver,  &r->devices, &r->step,  &r->edits};
+    return parse_blocks(text, len, REQUEST_MAGIC, order, sizeof order / sizeof order[0]);
 }
 
 /* The driver version file as the resolution saw it (shim/driver_version.py reads 4 KiB). */
@@ -655,13 +654,7 @@ int replay_request(const char *steps_dir, const char *bundle, const char *json, 
         return 0;
     snprintf(name, sizeof name, "q%016llx", (unsigned long long)cds_fnv1a(key, key_len));
     cleanup_free char *text = NULL;
-    long text_len = -1;
-    {
-        cleanup_fd int dirfd = open(steps_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        struct stat st;
-        if (dirfd >= 0 && fstat(dirfd, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 022))
-            text_len = read_private(dirfd, name, MAX_RECIPE, &text);
-    }
+    long text_len = read_recipe(steps_dir, name, &text);
     struct request_recipe r;
     int ours = text_len >= 0 && parse_request_recipe(text, (size_t)text_len, &r) == 0
         && r.version.len == strlen(version) && memcmp(r.version.data, version, r.version.len) == 0

@@ -195,6 +195,19 @@ static void put(struct buffer *b, const void *data, size_t len)
 
 static void put_text(struct buffer *b, const char *text) { put(b, text, strlen(text)); }
 
+/* B's bytes into *OUT and *LEN (0), or -1 with B freed (FAILED: EINVAL; out of memory: ENOMEM). */
+static int hand_over(struct buffer *b, int failed, uint8_t **out, size_t *len)
+{
+    if (failed || b->failed) {
+        free(b->data);
+        errno = b->failed ? ENOMEM : EINVAL;
+        return -1;
+    }
+    *out = b->data;
+    *len = b->len;
+    return 0;
+}
+
 static void put_span(struct buffer *b, char tag, const char *json, struct cds_span span)
 {
     put(b, &tag, 1);
@@ -292,14 +305,7 @@ int cds_request_key(const char *json, size_t len, const char *prefixes, size_t p
     put(&b, objects, sizeof objects);
     cds_oci_view_free(&oci);
     view_free(&v);
-    if (failed || b.failed) {
-        free(b.data);
-        errno = b.failed ? ENOMEM : EINVAL;
-        return -1;
-    }
-    *key = b.data;
-    *key_len = b.len;
-    return 0;
+    return hand_over(&b, failed, key, key_len);
 }
 
 /* The recorded edits: per place, a target byte ('E' env, 'M' mounts, 'D' linux.devices, 'R'
@@ -461,13 +467,9 @@ int cds_request_apply(const char *json, size_t len, const uint8_t *edits, size_t
     }
     free_places(places, n);
     view_free(&v);
-    if (failed || b.failed) {
-        free(b.data);
-        errno = b.failed ? ENOMEM : EINVAL;
+    if (hand_over(&b, failed, (uint8_t **)out, out_len) < 0)
         return -1;
-    }
-    *out = (char *)b.data;
-    *out_len = b.len - 1;
+    *out_len -= 1; /* (the NUL after the text) */
     return 0;
 }
 
