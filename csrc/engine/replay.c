@@ -648,8 +648,8 @@ int replay_request(const char *steps_dir, const char *bundle, const char *json, 
     uint8_t *key;
     size_t key_len;
     char name[24];
-    if (cds_request_key(json, len, rules->prefixes, rules->prefixes_len, rules->device_env, rules->settings,
-                        rules->settings_len, &key, &key_len)
+    if (cds_request_key(json, len, rules->prefixes, rules->prefixes_len, rules->device_env, rules->devices,
+                        rules->devices_len, rules->settings, rules->settings_len, &key, &key_len)
         < 0)
         return 0;
     snprintf(name, sizeof name, "q%016llx", (unsigned long long)cds_fnv1a(key, key_len));

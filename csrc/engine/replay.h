@@ -19,6 +19,8 @@ struct request_rules {
     const char *prefixes; /* NUL-terminated annotation prefixes, PREFIXES_LEN bytes in all */
     size_t prefixes_len;
     const char *device_env;
+    const char *devices; /* the runtime's --device options' values, NUL-terminated each */
+    size_t devices_len;
     const uint8_t *settings; /* the settings file's bytes */
     size_t settings_len;
 };

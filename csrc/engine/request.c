@@ -10,7 +10,8 @@
  * the same places, each element taken from its own text, every other byte left as it was.
  *
  * The key holds all the injection depends on: the settings file's hash (the prefixes, the device
- * env var and every rule of the resolution), the requesting annotations whole, every env entry's
+ * env var and every rule of the resolution), the runtime's own --device options, the requesting
+ * annotations whole, every env entry's
  * name (positions: an edit replaces an entry by name) and the device env vars' whole entries, the
  * bounding capabilities (unprivileged env requests), the hooks whole, each mount's destination
  * (edits replace by destination, then sort by depth) and, under the device-plugin folder, its
@@ -250,7 +251,8 @@ static int annotation_member(struct cds_reader *r, const char *key, size_t len, 
 }
 
 int cds_request_key(const char *json, size_t len, const char *prefixes, size_t prefixes_len, const char *device_env,
-                    const uint8_t *settings, size_t settings_len, uint8_t **key, size_t *key_len)
+                    const char *devices, size_t devices_len, const uint8_t *settings, size_t settings_len,
+                    uint8_t **key, size_t *key_len)
 {
     struct request_view v;
     struct cds_oci_view oci;
@@ -265,6 +267,9 @@ int cds_request_key(const char *json, size_t len, const char *prefixes, size_t p
     int failed = 0;
     put(&b, "S", 1);
     put(&b, &hash, sizeof hash);
+    put(&b, "V", 1); /* the runtime's own --device options, NUL-terminated each */
+    put(&b, devices, devices_len);
+    put(&b, "", 1);
     if (v.annotations.end) {
         struct cds_reader r = {.s = json, .n = v.annotations.end, .i = v.annotations.start};
         struct annotation_key a = {&b, prefixes, prefixes_len};

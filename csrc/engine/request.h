@@ -5,12 +5,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The key of the injection for the config JSON (LEN bytes): PREFIXES (PREFIXES_LEN bytes of
+/* The key of the injection for the config JSON (LEN bytes) and the runtime's --device options
+ * DEVICES (DEVICES_LEN bytes, each NUL-terminated): PREFIXES (PREFIXES_LEN bytes of
  * NUL-terminated annotation prefixes), DEVICE_ENV and the settings file's bytes are the
  * settings the resolution ran under. 0 with *KEY (free it with cds_request_free), or -1
  * (EINVAL: a config this reader is not sure of; ENOMEM). */
 int cds_request_key(const char *json, size_t len, const char *prefixes, size_t prefixes_len, const char *device_env,
-                    const uint8_t *settings, size_t settings_len, uint8_t **key, size_t *key_len);
+                    const char *devices, size_t devices_len, const uint8_t *settings, size_t settings_len,
+                    uint8_t **key, size_t *key_len);
 
 /* JSON with the recorded EDITS (EDITS_LEN bytes) applied: 0 with *OUT (NUL-terminated, *OUT_LEN
  * bytes before the NUL; free it with cds_request_free), or -1 (EINVAL: the edits do not fit this

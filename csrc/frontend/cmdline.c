@@ -84,3 +84,30 @@ const char *container_id(char **argv, int argc, int at)
         at++;
     return at < argc ? argv[at] : NULL;
 }
+
+/* The values of our --device options among runc's global options (ARGV[1 .. COMMAND)) and
+ * create's (ARGV[COMMAND + 1 .. END)), in that order (shim/runtime/runc_args.py's), each
+ * NUL-terminated into OUT (CAP bytes): their length in all, or -1 when one has no value (the
+ * Python half says so) or they do not fit. */
+long device_values(char **argv, int command, int end, char *out, size_t cap)
+{
+    size_t at = 0;
+    for (int i = 1; i < end; i++) {
+        const char *a = argv[i];
+        if (i == command || a[0] != '-')
+            continue;
+        size_t len;
+        const char *name = option_name(a, &len), *eq = strchr(a, '=');
+        if (is_device_option(name, len)) {
+            const char *value = eq ? eq + 1 : device_value_follows(argv, i, end) ? argv[++i] : NULL;
+            size_t n = value ? strlen(value) + 1 : 0;
+            if (!value || at + n > cap)
+                return -1;
+            memcpy(out + at, value, n);
+            at += n;
+        } else if (!eq && (i < command ? global_takes_value(name, len) : create_takes_value(name, len))) {
+            i++;
+        }
+    }
+    return (long)at;
+}

@@ -38,6 +38,7 @@ int global_takes_value(const char *name, size_t len);
 int create_takes_value(const char *name, size_t len);
 const char *option_name(const char *arg, size_t *len);
 int device_value_follows(char **args, int i, int n);
+long device_values(char **argv, int command, int end, char *out, size_t cap);
 
 /* What a create/run command line (argv from the command word on) says to us. */
 struct create_line {

@@ -35,8 +35,8 @@ static int no_request_value(const char *at, const char *end)
     return 0;
 }
 
-/* What config.json (read into *JSON, its length *LEN and mode *MODE, for HOOKS_ONLY and for a
- * MAY_REQUEST read whole) holds for us:
+/* What config.json (read into *JSON, its length *LEN and mode *MODE, unless it could not be read)
+ * holds for us:
  * MAY_REQUEST when it may request a device (or we cannot tell), HOOKS_ONLY when it cannot but
  * carries a hook program whose work we may do, NOTHING_FOR_US when it has neither. One pass:
  * it stops only at quotes and backslashes, where every pattern begins (a request: an opening
@@ -98,12 +98,10 @@ enum config_kind config_kind(const char *bundle, const struct settings *set, cha
                 hooks = 1;
         }
     }
-    if (!hooks)
-        return NOTHING_FOR_US;
     *json_out = cds_take_ptr(&json);
     *len_out = len;
-    return HOOKS_ONLY;
-may_request: /* the text goes with it, for the request's replay */
+    return hooks ? HOOKS_ONLY : NOTHING_FOR_US;
+may_request:
     *json_out = cds_take_ptr(&json);
     *len_out = len;
     return MAY_REQUEST;

@@ -63,7 +63,7 @@ static int replayed(const struct settings *set, const char *bundle, const char *
  * files: its injection and then its step replayed here (replay.c); 1 when done. Not in a user
  * namespace other than the host's (there the Python half refuses device nodes). */
 static int request_replayed(const struct settings *set, const char *bundle, const char *id, const char *json, long len,
-                            mode_t mode)
+                            mode_t mode, const char *options, size_t options_len)
 {
     char steps[sizeof(set->socket) + 16], message[768], devices[256], prefixes[MAX_PREFIXES * 256];
     size_t prefixes_len = 0;
@@ -77,8 +77,9 @@ static int request_replayed(const struct settings *set, const char *bundle, cons
         memcpy(prefixes + prefixes_len, set->prefixes[i], n);
         prefixes_len += n;
     }
-    struct request_rules rules = {prefixes, prefixes_len, set->device_env,
-                                  (const uint8_t *)(set->text ? set->text : ""), set->text_len};
+    struct request_rules rules = {prefixes,     prefixes_len, set->device_env,
+                                  options,      options_len,  (const uint8_t *)(set->text ? set->text : ""),
+                                  set->text_len};
     snprintf(steps, sizeof(steps), "%.*s/steps", (int)(slash - set->socket), set->socket);
     if (!replay_request(steps, bundle, json, (size_t)len, mode, CDS_VERSION, &rules, devices, sizeof devices))
         return 0;
@@ -170,13 +171,16 @@ int main(int argc, char **argv)
         cleanup_free char *json = NULL;
         long len = 0;
         mode_t mode = 0;
-        enum config_kind kind =
-            has_device || scan.has_device ? MAY_REQUEST : config_kind(scan.bundle, &set, &json, &len, &mode);
+        enum config_kind kind = config_kind(scan.bundle, &set, &json, &len, &mode);
+        char options[4096]; /* our --device options' values: a request too */
+        long options_len = device_values(argv, command, command + scan.end, options, sizeof options);
+        if (has_device || scan.has_device)
+            kind = MAY_REQUEST;
         const char *id = container_id(argv, argc, command + scan.end);
         if (!help && !scan.help && kind != NOTHING_FOR_US
             && !(kind == HOOKS_ONLY && !set.runc_binds && replayed(&set, scan.bundle, id, json, len, mode))
-            && !(kind == MAY_REQUEST && json && !set.runc_binds
-                 && request_replayed(&set, scan.bundle, id, json, len, mode))) {
+            && !(kind == MAY_REQUEST && json && options_len >= 0 && !set.runc_binds
+                 && request_replayed(&set, scan.bundle, id, json, len, mode, options, (size_t)options_len))) {
             int status = try_resident(&set, argc, argv);
             return status >= 0 ? status : exec_python(argc, argv);
         }

@@ -179,8 +179,8 @@ def _prepare(args, settings, log, writes):
     _refuse_rootless_devices(edited, args)
     writes.begin()
     # The injection is recorded for the front end (requestmemo.py) only when it can be replayed
-    # as it was done: no warning, no --device, no Docker hook.
-    recordable = steps and not log.warnings and not args.devices and not legacy_hook
+    # as it was done: no warning, no Docker hook.
+    recordable = steps and not log.warnings and not legacy_hook
     found, why = _step(args, raw, config, edited, merged, devices, settings, log, phases, info, steps, recordable)
     if found and not log.warnings:
         from . import requestmemo
@@ -238,7 +238,7 @@ def _step(args, raw, config, edited, merged, devices, settings, log, phases, inf
     found = why = None
     stepped = needs_step(edited)
     if recordable and stepped:
-        found, why = requestmemo.injection(raw, config, edited, merged, settings, stepped)
+        found, why = requestmemo.injection(raw, args.devices, config, edited, merged, settings, stepped)
     text = found.text if found else fastjson.dumpb(edited)
     if steps and stepped and _replayed(args, text, info, steps):
         phases.done("replay")
@@ -252,7 +252,7 @@ def _step(args, raw, config, edited, merged, devices, settings, log, phases, inf
     kept = steps and final is not edited and stepmemo.export_recipe(
         final, rootfs_path(edited, args.bundle), args.bundle, steps)
     if recordable and not stepped:
-        return requestmemo.injection(raw, config, final, merged, settings, stepped)
+        return requestmemo.injection(raw, args.devices, config, final, merged, settings, stepped)
     return (found, why) if kept else (None, why)
 
 

@@ -1,19 +1,19 @@
 """The recipe of a request's injection, for the front end to replay without the worker.
 
-A create that asks for devices (annotations, the device env var, device-plugin mounts) goes to a
-resident worker, which reads the request, resolves it, checks the spec's files and applies the
-edits (shim/runtime/main.py). For the next container with the same request, specs and host
-files that work gives the same edits again. So after a create whose step has a recipe
-(shim/linker/stepmemo.py), the worker writes what the injection did into the steps directory:
-each changed place of config.json (process.env, mounts, linux.devices, linux.resources.devices,
-hooks) as elements of the input config or new JSON text, under the key of what the resolution
-read (cds_request_key, csrc/engine/request.c); the identities of the spec directories and
-files and of the host files the edits need; and the driver version file's bytes. The front end
-(csrc/engine/replay.c, replay_request) checks all of them, applies the edits to its config's
-text and replays the step of the result. Nothing is written for a create whose resolution
-warned, that came with --device or Docker's --gpus hook, whose edits touched anything else, or
-that read a file changed within the settle window; and a recipe is written only when the C
-apply of it gives exactly the config the worker made.
+A create that asks for devices (annotations, the device env var, device-plugin mounts, the
+runtime's --device options) goes to a resident worker, which reads the request, resolves it,
+checks the spec's files and applies the edits (shim/runtime/main.py). For the next container
+with the same request, specs and host files that work gives the same edits again. So after a
+create whose step has a recipe (shim/linker/stepmemo.py), the worker writes what the injection
+did into the steps directory: each changed place of config.json (process.env, mounts,
+linux.devices, linux.resources.devices, hooks) as elements of the input config or new JSON text,
+under the key of what the resolution read (cds_request_key, csrc/engine/request.c); the
+identities of the spec directories and files and of the host files the edits need; and the
+driver version file's bytes. The front end (csrc/engine/replay.c, replay_request) checks all of
+them, applies the edits to its config's text and replays the step of the result. Nothing is
+written for a create whose resolution warned, that came with Docker's --gpus hook, whose edits
+touched anything else, or that read a file changed within the settle window; and a recipe is
+written only when the C apply of it gives exactly the config the worker made.
 """
 import os
 import struct
@@ -56,14 +56,16 @@ def _without_places(config):
     return config
 
 
-def key(raw, settings):
-    """The front end's key of the request in config.json's bytes RAW under SETTINGS, or None."""
+def key(raw, settings, devices=()):
+    """The front end's key of the request in config.json's bytes RAW and the runtime's --device
+    options DEVICES under SETTINGS, or None."""
     prefixes = b"".join(os.fsencode(prefix) + b"\0" for prefix in settings.annotation_prefixes)
+    options = b"".join(os.fsencode(device) + b"\0" for device in devices)
     out = ffi.new("uint8_t **")
     size = ffi.new("size_t *")
     text = settings.text or b""
-    if lib.cds_request_key(raw, len(raw), prefixes, len(prefixes), os.fsencode(settings.device_env), text,
-                           len(text), out, size) != 0:
+    if lib.cds_request_key(raw, len(raw), prefixes, len(prefixes), os.fsencode(settings.device_env), options,
+                           len(options), text, len(text), out, size) != 0:
         return None
     try:
         return bytes(ffi.buffer(out[0], size[0]))
@@ -170,14 +172,15 @@ class Injection:
         self.key, self.recorded, self.text, self.stepped = request_key, recorded, text, stepped
 
 
-def injection(raw, config, edited, merged, settings, stepped=True):
-    """(the Injection from config.json's bytes RAW (CONFIG parsed) to EDITED, with the spec's
-    edits MERGED, None), or (None, why not): the config is not one the front end reads, the
-    edits changed another part of it, or the front end's apply of the record would not give
-    EDITED exactly. STEPPED: the step follows, and is to be keyed by the Injection's TEXT, so
-    that the front end finds the step's recipe after its own apply; else EDITED is what the
-    step (with nothing to do) left, the create's config.json."""
-    request_key = key(raw, settings)
+def injection(raw, options, config, edited, merged, settings, stepped=True):
+    """(the Injection from config.json's bytes RAW (CONFIG parsed) and the runtime's --device
+    OPTIONS to EDITED, with the spec's edits MERGED, None), or (None, why not): the config
+    is not one the front end reads, the edits changed another part of it, or the front end's
+    apply of the record would not give EDITED exactly. STEPPED: the step follows, and is to
+    be keyed by the Injection's TEXT, so that the front end finds the step's recipe after
+    its own apply; else EDITED is what the step (with nothing to do) left, the create's
+    config.json."""
+    request_key = key(raw, settings, options)
     if request_key is None:
         return None, "its config.json is not one the front end reads"
     recorded = edits(config, edited, merged)

@@ -107,6 +107,36 @@ def test_a_request_of_a_spec_without_hooks_is_the_front_end_s_too(world, driver,
         made.close()
 
 
+@pytest.mark.parametrize("where", ["global", "create"])
+def test_a_device_option_request_is_the_front_end_s_from_the_second_on(image, where):
+    """`cdi-shim-runtime --device nvidia.com/gpu=0 create ...` (or after create): the option's
+    values are part of the key; runc never sees the option; another device's option is
+    another key, resolved by the worker (and failing as it says: no such device)."""
+    world = image.world
+
+    def create(device):
+        bundle = image.container(asking=True)
+        with open(bundle.config_path) as f:
+            config = json.load(f)
+        config.pop("annotations")           # (the option alone asks)
+        with open(bundle.config_path, "w") as out:
+            json.dump(config, out)
+        option = [f"--device={device}"] if where == "global" else []
+        after = [] if where == "global" else ["--device", device]
+        return bundle, world.shim(*option, "create", *after, "--bundle", bundle.path, bundle.id, env=image.env())
+
+    for n in range(2):
+        bundle, run = create("nvidia.com/gpu=0")
+        assert run.returncode == 0, run.stderr
+        assert "/dev/nvidia0" in open(bundle.config_path).read()
+        assert world.state(bundle.id)["status"] == "created"
+        world.runc_cmd("delete", "--force", bundle.id)
+    assert image.served() == 1 and _count(image, FRONT_END) == 1
+    bundle, run = create("nvidia.com/gpu=1")
+    assert run.returncode != 0 and "nvidia.com/gpu=1" in run.stderr, run.stderr
+    assert image.served() == 2
+
+
 def test_a_request_whose_spec_lost_a_file_fails_though_a_recipe_is_kept(image, driver):
     """A library the spec mounts, gone from the host: the front end's check of the host files
     fails, the worker's freshness check names the spec and the file; config.json is as it was."""
