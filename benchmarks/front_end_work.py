@@ -13,8 +13,9 @@ Sides, shuffled each round, 20 ms apart (as creates come on a node: cold caches)
   after the first round, so the front end refuses them and the worker does every step (from its
   memo of whole steps: shim/linker/stepmemo.py);
 - annotation: the same device asked for by annotation (`cdi.k8s.io/gpu`) on a fresh overlay of
-  its own: the worker resolves the request, checks the spec's files, applies the edits, then
-  replays the step from the recipe (the C replay the front end runs for pre-injected configs).
+  its own: the first through the worker, which resolves the request and records its injection;
+  then injected and stepped by the front end (csrc/engine/request.c, replay.c);
+- device-option: the same, asked for by the runtime's own `--device nvidia.com/gpu=0`.
 
     .venv/bin/python benchmarks/front_end_work.py [--runs 100] [--no-replay] [--dir DIR] [--writable-root]
 
@@ -73,6 +74,12 @@ def main():
             config = json.load(f)
         config["root"]["readonly"] = not args.writable_root
         asking_pristine = json.dumps(config).encode()
+        option_rootfs = os.path.join(root, "rootfs-option")
+        option = bench.bundle(bundles, "option", option_rootfs)
+        with open(os.path.join(option, "config.json")) as f:
+            config = json.load(f)
+        config["root"]["readonly"] = not args.writable_root
+        option_pristine = json.dumps(config).encode()
         plain = bench.bundle(bundles, "plain", rootfs)
         trivial = bench.bundle(bundles, "trivial", rootfs)
         with open(os.path.join(trivial, "config.json")) as f:
@@ -92,16 +99,17 @@ def main():
                 "passthrough": [shim, "create", "--bundle", plain, "x"],
                 "trivial": [shim, "create", "--bundle", trivial, "x"],
                 "preinjected": [shim, "create", "--bundle", gpu, "g"],
-                "annotation": [shim, "create", "--bundle", asking, "a"]}
+                "annotation": [shim, "create", "--bundle", asking, "a"],
+                "device-option": [shim, "--device", "nvidia.com/gpu=0", "create", "--bundle", option, "o"]}
         times = {side: [] for side in argv}
         steps = os.path.join(root, "run", "steps")
         for index in range(args.runs + 1):
             bench.fresh_rootfs(rootfs, gpu_rootfs)
             bench.fresh_rootfs(rootfs, asking_rootfs)
-            with open(os.path.join(gpu, "config.json"), "wb") as out:
-                out.write(pristine)
-            with open(os.path.join(asking, "config.json"), "wb") as out:
-                out.write(asking_pristine)
+            bench.fresh_rootfs(rootfs, option_rootfs)
+            for bundle, text in ((gpu, pristine), (asking, asking_pristine), (option, option_pristine)):
+                with open(os.path.join(bundle, "config.json"), "wb") as out:
+                    out.write(text)
             if args.no_replay and index == 1:
                 os.chmod(steps, 0o777)      # (the front end then leaves every step to the worker)
             sides = list(argv)
@@ -111,11 +119,11 @@ def main():
                 took = spawn_ms(argv[side], env)
                 if index:       # (the first round: the worker keeps the step)
                     times[side].append(took)
-            for bundle in (gpu, asking):
+            for bundle in (gpu, asking, option):
                 with open(os.path.join(bundle, "config.json"), "rb") as f:
                     text = f.read()
                 assert b"nvidia-cdi-hook" not in text and b"/dev/nvidia0" in text, bundle
-        for path in (gpu_rootfs, asking_rootfs):
+        for path in (gpu_rootfs, asking_rootfs, option_rootfs):
             subprocess.run(["umount", path], check=False)
         med = {side: statistics.median(values) for side, values in times.items()}
         print(json.dumps({"runs": args.runs, "replay": not args.no_replay, "dir": args.dir,

@@ -49,7 +49,7 @@ def test_front_end_work_benchmark(mode):
     rh.static_busybox()
     result = _run("front_end_work.py", "--runs", "2", *mode)
     assert result["replay"] is not bool(mode)
-    assert set(result["over_bin_true_ms"]) == {"passthrough", "trivial", "preinjected", "annotation"}
+    assert set(result["over_bin_true_ms"]) == {"passthrough", "trivial", "preinjected", "annotation", "device-option"}
 
 
 def test_file_binds_benchmark():
