@@ -106,16 +106,7 @@ class _Scanner:
         opts.in_hwcaps = 1 if d.hwcaps is not None else 0
         opts.dir_flag = d.flag
         opts.extras_only = 1 if extras_only else 0
-        out = ffi.new("struct cds_scan **")
-        try:
-            rc = lib.cds_scan_dir(self.root.fd, os.fsencode(d.path), dirfd, packed, len(packed),
-                                  count, opts, out)
-        finally:
-            if dirfd >= 0:
-                os.close(dirfd)
-        if rc != 0:
-            raise os_error(f"cannot read {d.path}")
-        scan = ffi.gc(out[0], lib.cds_scan_free)
+        scan = _scan_dir(self.root, d.path, dirfd, packed, count, opts)
         if extras_only:
             return scan
         self.add(index, scan)
@@ -157,6 +148,20 @@ class _Scanner:
                 sub = child_ident(d.ident, child)
                 if sub not in config.by_ident and self.root.stat(d.path + "/" + child) is None:
                     config.add_single(ConfDir(d.path + "/" + child, d.flag, sub, real=False))
+
+
+def _scan_dir(root, path, dirfd, packed, count, opts):
+    """The engine's scan of the directory PATH in ROOT (open at DIRFD, which is closed here; -1:
+    none) with the host files PACKED (COUNT of them) added, freed with it; raises OSError."""
+    out = ffi.new("struct cds_scan **")
+    try:
+        rc = lib.cds_scan_dir(root.fd, os.fsencode(path), dirfd, packed, len(packed), count, opts, out)
+    finally:
+        if dirfd >= 0:
+            os.close(dirfd)
+    if rc != 0:
+        raise os_error(f"cannot read {path}")
+    return ffi.gc(out[0], lib.cds_scan_free)
 
 
 def _read_image_cache(root):
@@ -312,15 +317,7 @@ def soname_links(root, folders=(), extra=None, *, machine=None, deadline=None, c
             packed, count = extras.packed(d.ident)
             dirfd = tree.open(d.path, os.O_RDONLY | O_DIRECTORY) if d.real else -1
             opts.dir_flag = d.flag
-            out = ffi.new("struct cds_scan **")
-            try:
-                rc = lib.cds_scan_dir(tree.fd, os.fsencode(d.path), dirfd, packed, len(packed), count, opts, out)
-            finally:
-                if dirfd >= 0:
-                    os.close(dirfd)
-            if rc != 0:
-                raise os_error(f"cannot read {d.path}")
-            scan = ffi.gc(out[0], lib.cds_scan_free)
+            scan = _scan_dir(tree, d.path, dirfd, packed, count, opts)
             for i in range(lib.cds_scan_count(scan)):
                 lib.cds_scan_lib(scan, i, lib_)
                 name, soname = decode_cstr(lib_.name), decode_cstr(lib_.soname)
