@@ -197,26 +197,37 @@ static int make_links(int rootfd, const struct block *links)
     return 0;
 }
 
-/* FILES: name NUL, mode (u32), length (u32), bytes; each written into the bundle. */
+/* A file of a recipe's block: name NUL, mode (u32), length (u32), bytes. */
+struct file_entry {
+    const char *name, *data;
+    uint32_t mode, len;
+};
+
+/* The file entry at *AT (before END) into F, *AT past it; -1 when the block is cut there. */
+static int next_file(const char **at, const char *end, struct file_entry *f)
+{
+    size_t n = strnlen(*at, (size_t)(end - *at));
+    if ((size_t)(end - *at) < n + 1 + 8)
+        return -1;
+    f->name = *at;
+    memcpy(&f->mode, *at + n + 1, 4);
+    memcpy(&f->len, *at + n + 5, 4);
+    f->data = *at + n + 9;
+    if ((size_t)(end - f->data) < f->len)
+        return -1;
+    *at = f->data + f->len;
+    return 0;
+}
+
+/* FILES: file entries, each written into the bundle. */
 static int write_files(int bundlefd, const struct block *files)
 {
     const char *at = files->data, *end = files->data + files->len;
-    while (at < end) {
-        const char *name = at;
-        size_t n = strnlen(name, (size_t)(end - name));
-        uint32_t mode, len;
-        at = name + n + 1;
-        if (at + 8 > end)
+    struct file_entry f;
+    while (at < end)
+        if (next_file(&at, end, &f) < 0
+            || cds_write_at(bundlefd, f.name, (const uint8_t *)f.data, f.len, f.mode, 0) < 0)
             return -1;
-        memcpy(&mode, at, 4);
-        memcpy(&len, at + 4, 4);
-        at += 8;
-        if ((size_t)(end - at) < len)
-            return -1;
-        if (cds_write_at(bundlefd, name, (const uint8_t *)at, len, mode, 0) < 0)
-            return -1;
-        at += len;
-    }
     return 0;
 }
 
@@ -226,35 +237,19 @@ static int write_files(int bundlefd, const struct block *files)
 static int write_root_files(int rootfd, const struct block *roots)
 {
     const char *at = roots->data, *end = roots->data + roots->len;
+    struct file_entry f;
     while (at < end) {
-        char *path = strndup(at, (size_t)(end - at));
-        if (!path)
+        if (next_file(&at, end, &f) < 0)
             return -1;
-        size_t n = strlen(path);
-        char *slash = strrchr(path, '/');
-        uint32_t mode, len;
-        at += n + 1;
-        if (at + 8 > end || path[0] != '/' || !slash || !slash[1]) {
-            free(path);
+        cleanup_free char *path = strdup(f.name);
+        char *slash = path ? strrchr(path, '/') : NULL;
+        if (!slash || path[0] != '/' || !slash[1])
             return -1;
-        }
-        memcpy(&mode, at, 4);
-        memcpy(&len, at + 4, 4);
-        at += 8;
-        if ((size_t)(end - at) < len) {
-            free(path);
-            return -1;
-        }
         *slash = '\0';
         size_t failed_at;
-        int dirfd = slash == path ? dup(rootfd) : cds_inroot_open_dirs(rootfd, path, &failed_at);
-        int rc = dirfd < 0 ? -1 : cds_write_at(dirfd, slash + 1, (const uint8_t *)at, len, mode, 0);
-        if (dirfd >= 0)
-            close(dirfd);
-        free(path);
-        if (rc < 0)
+        cleanup_fd int dirfd = slash == path ? dup(rootfd) : cds_inroot_open_dirs(rootfd, path, &failed_at);
+        if (dirfd < 0 || cds_write_at(dirfd, slash + 1, (const uint8_t *)f.data, f.len, f.mode, 0) < 0)
             return -1;
-        at += len;
     }
     return 0;
 }
@@ -325,25 +320,18 @@ static int make_etc(int bundlefd, const char *rootfs, const char *bundle, const 
     }
     at = e->files.data;
     end = e->files.data + e->files.len;
+    struct file_entry f;
     while (at < end) {
-        cleanup_free char *path = strndup(at, (size_t)(end - at));
-        uint32_t mode, len;
-        if (!path)
+        if (next_file(&at, end, &f) < 0)
             return -1;
-        at += strlen(path) + 1;
-        char *slash = strrchr(path, '/');
-        if (at + 8 > end || !slash || slash == path || !slash[1])
-            return -1;
-        memcpy(&mode, at, 4);
-        memcpy(&len, at + 4, 4);
-        at += 8;
-        if ((size_t)(end - at) < len)
+        cleanup_free char *path = strdup(f.name);
+        char *slash = path ? strrchr(path, '/') : NULL;
+        if (!slash || slash == path || !slash[1])
             return -1;
         *slash = '\0';
         cleanup_fd int dirfd = openat(bundlefd, path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (dirfd < 0 || cds_write_at(dirfd, slash + 1, (const uint8_t *)at, len, mode, 0) < 0)
+        if (dirfd < 0 || cds_write_at(dirfd, slash + 1, (const uint8_t *)f.data, f.len, f.mode, 0) < 0)
             return -1;
-        at += len;
     }
     return 0;
 }
