@@ -107,11 +107,24 @@ def test_a_request_of_a_spec_without_hooks_is_the_front_end_s_too(world, driver,
         made.close()
 
 
-@pytest.mark.parametrize("where", ["global", "create"])
+# (global options, create's options) for a device D; the front end's reading of the values
+# (csrc/frontend/cmdline.c device_values) must give the worker's (runc_args.py), or no replay.
+DEVICE_OPTIONS = {
+    "global": (lambda d: [f"--device={d}"], lambda d: []),
+    "global-spaced": (lambda d: ["--device", d], lambda d: []),
+    "global-single-dash": (lambda d: ["-device", d], lambda d: []),
+    "create": (lambda d: [], lambda d: ["--device", d]),
+    "create-equals": (lambda d: [], lambda d: [f"--device={d}"]),
+    "both": (lambda d: ["--device", d], lambda d: [f"--device={d}"]),
+}
+
+
+@pytest.mark.parametrize("where", sorted(DEVICE_OPTIONS))
 def test_a_device_option_request_is_the_front_end_s_from_the_second_on(image, where):
-    """`cdi-shim-runtime --device nvidia.com/gpu=0 create ...` (or after create): the option's
-    values are part of the key; runc never sees the option; another device's option is
-    another key, resolved by the worker (and failing as it says: no such device)."""
+    """`cdi-shim-runtime --device nvidia.com/gpu=0 create ...` (the option in any place and
+    spelling runc_args.py takes): the option's values are part of the key, read by the front end
+    as the worker reads them; runc never sees the option; another device's option is another
+    key, resolved by the worker (and failing as it says: no such device)."""
     world = image.world
 
     def create(device):
@@ -121,9 +134,8 @@ def test_a_device_option_request_is_the_front_end_s_from_the_second_on(image, wh
         config.pop("annotations")           # (the option alone asks)
         with open(bundle.config_path, "w") as out:
             json.dump(config, out)
-        option = [f"--device={device}"] if where == "global" else []
-        after = [] if where == "global" else ["--device", device]
-        return bundle, world.shim(*option, "create", *after, "--bundle", bundle.path, bundle.id, env=image.env())
+        before, after = (make(device) for make in DEVICE_OPTIONS[where])
+        return bundle, world.shim(*before, "create", *after, "--bundle", bundle.path, bundle.id, env=image.env())
 
     for n in range(2):
         bundle, run = create("nvidia.com/gpu=0")
