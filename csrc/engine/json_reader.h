@@ -11,7 +11,7 @@ struct cds_reader {
     const char *s;
     size_t n, i;
     int depth;
-    int decode; /* the hooks' reading: \u and \/ accepted and decoded, escaped keys too */
+    int decode; /* the hooks' reading: \/ accepted, escapes decoded, escaped keys too */
 };
 
 /* ON_MEMBER(key without quotes) is called with r->i at the value and must leave r->i past it. */

@@ -99,7 +99,10 @@ static int unicode_escape(struct cds_reader *r, unsigned *cp)
 }
 
 /* A string at r->i (its opening quote): 0 past its closing quote, *ESCAPED set when it holds
- * an escape; -1 when malformed or holding an escape we refuse (\u, \/, unless r->decode). With
+ * an escape; -1 when malformed or holding an escape we refuse (\/ unless r->decode; a \u of
+ * NUL or a lone surrogate). Go's encoder (containerd) writes <, > and & as \u escapes, so a
+ * pod's command or env holds them; where a string is read for its meaning (a key, a path),
+ * its caller refuses any escape (*ESCAPED). With
  * OUT (room for the string's length in the text and a NUL: decoding never grows it), its
  * decoded bytes, NUL-terminated. */
 static int decoded_string(struct cds_reader *r, int *escaped, char *out)
@@ -130,7 +133,7 @@ static int decoded_string(struct cds_reader *r, int *escaped, char *out)
                     out[n++] = "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"];
                 continue;
             }
-            if (e != 'u' || !r->decode || unicode_escape(r, &cp) < 0)
+            if (e != 'u' || unicode_escape(r, &cp) < 0)
                 return -1;
             if (out)
                 n += put_utf8(out + n, cp);

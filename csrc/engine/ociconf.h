@@ -4,9 +4,11 @@
  * the OCI state and config.json with the same reader (cds_json_string).
  *
  * Spans are byte offsets into the text, [start, end); a string's span includes its quotes.
- * A config this reader is not sure of -- malformed JSON, a \u or \/ escape anywhere, an escape
- * in a key or in a mount's strings, a key given twice where it matters, nesting past
- * CDS_OCI_MAX_DEPTH, invalid UTF-8 -- is refused (-1): the worker then does the step. */
+ * A config this reader is not sure of -- malformed JSON, a \/ escape anywhere, a \u escape of
+ * NUL or of a lone surrogate, an escape in a key, in a mount's strings, in root.path or in a
+ * namespace's type or path, a key given twice where it matters, nesting past
+ * CDS_OCI_MAX_DEPTH, invalid UTF-8 -- is refused (-1): the worker then does the step. Other
+ * strings count as their raw text, escapes and all (two spellings of one value: two keys). */
 #ifndef CDI_SHIM_OCICONF_H
 #define CDI_SHIM_OCICONF_H
 

@@ -283,6 +283,10 @@ int cds_request_key(const char *json, size_t len, const char *prefixes, size_t p
             break;
         }
         size_t name = env_name_length(json, s);
+        if (memchr(json + s.start + 1, '\\', name)) { /* an escaped name: which variable is it? */
+            failed = 1;
+            break;
+        }
         int whole = (name == strlen(device_env) && memcmp(json + s.start + 1, device_env, name) == 0)
             || (name == strlen(CDS_LEGACY_HOOK_ENV) && memcmp(json + s.start + 1, CDS_LEGACY_HOOK_ENV, name) == 0);
         put(&b, json + s.start, whole ? s.end - s.start : name + 1);

@@ -35,6 +35,54 @@ static int no_request_value(const char *at, const char *end)
     return 0;
 }
 
+/* Which characters the patterns hold (PATTERN_CHARS[c] for c < 128; NON_ASCII: any byte past
+ * 127), so that an escape of another character cannot spell one differently. */
+struct pattern_chars {
+    unsigned char ascii[128];
+    int non_ascii;
+};
+
+static void note_chars(struct pattern_chars *set, const char *text)
+{
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
+        if (*c < 128)
+            set->ascii[*c] = 1;
+        else
+            set->non_ascii = 1;
+    }
+}
+
+static void pattern_chars(struct pattern_chars *set, const struct settings *s, const char *env_pattern)
+{
+    memset(set, 0, sizeof(*set));
+    note_chars(set, "\"\\" DEVICE_MOUNT_PATTERN CDS_LEGACY_HOOK);
+    note_chars(set, env_pattern);
+    for (int i = 0; i < s->n_prefixes; i++)
+        note_chars(set, s->prefixes[i]);
+    for (size_t h = 0; cds_hook_programs[h]; h++)
+        note_chars(set, cds_hook_programs[h]);
+    for (const char *const *v = cds_no_request_values; *v; v++)
+        note_chars(set, *v);
+}
+
+/* Whether the \u escape at P (its backslash) spells a character no pattern holds: Go's encoder,
+ * containerd's, writes <, > and & so (a pod's `sh -c "a && b"`), and control characters. */
+static int harmless_escape(const char *p, const char *end, const struct pattern_chars *set)
+{
+    unsigned cp = 0;
+    if (end - p < 6)
+        return 0;
+    for (int i = 2; i < 6; i++) {
+        char c = p[i];
+        int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                  : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (digit < 0)
+            return 0;
+        cp = cp * 16 + (unsigned)digit;
+    }
+    return cp < 128 ? cp != 0 && !set->ascii[cp] : !set->non_ascii;
+}
+
 /* What config.json (read into *JSON, its length *LEN and mode *MODE, unless it could not be read)
  * holds for us:
  * MAY_REQUEST when it may request a device (or we cannot tell), HOOKS_ONLY when it cannot but
@@ -60,6 +108,8 @@ enum config_kind config_kind(const char *bundle, const struct settings *set, cha
         env_len = (size_t)snprintf(env_pattern, sizeof(env_pattern), "%s=", set->device_env);
     for (size_t h = 0; h < N_HOOK_PROGRAMS; h++)
         hook_len[h] = strlen(cds_hook_programs[h]);
+    struct pattern_chars chars;
+    pattern_chars(&chars, set, env_len ? env_pattern : "");
     const char *end = json + len;
     for (const char *p = json;; p++) {
         p += strcspn(p, "\\\""); /* stops at a quote, a backslash or a NUL */
@@ -69,6 +119,10 @@ enum config_kind config_kind(const char *bundle, const struct settings *set, cha
             break;
         }
         if (*p == '\\') {
+            if (p[1] == 'u' && harmless_escape(p, end, &chars)) {
+                p += 5;
+                continue;
+            }
             if (p[1] == 'u' || p[1] == '/' || p[1] == '\0')
                 goto may_request; /* an escape could spell a pattern differently */
             p++;                  /* the escaped character is no pattern's edge */

@@ -297,7 +297,12 @@ def test_the_key_holds_what_the_step_reads_and_nothing_else():
 
 
 @pytest.mark.parametrize("text", [
-    '{"hooks": {}, "mounts": [], "x": "\\u0041"}',                  # a \u escape anywhere
+    '{"hooks": {}, "mounts": [], "x": "\\u0000"}',                  # a \u escape of NUL
+    '{"hooks": {}, "mounts": [], "x": "\\ud800"}',                  # a lone surrogate
+    '{"hooks": {}, "mounts": [], "x": "\\u12"}',                    # a short one
+    '{"hooks": {}, "mounts": [], "root": {"path": "r\\u006fotfs"}}',  # a \u escape in root.path
+    '{"hooks": {}, "mounts": [], "linux": {"namespaces": [{"type": "\\u006dount"}]}}',
+    '{"hooks": {}, "mounts": [{"destination": "/a\\u0026b"}]}',      # or in a mount's strings
     '{"hooks": {}, "mounts": [], "x": "a\\/b"}',                    # a \/ escape
     '{"hooks": {}, "mounts": [], "h\\tooks": 1}',                    # an escape in a key
     '{"hooks": {}, "hooks": {}, "mounts": []}',                       # a key twice
@@ -314,6 +319,16 @@ def test_the_key_holds_what_the_step_reads_and_nothing_else():
 ])
 def test_the_key_refuses_what_it_is_not_sure_of(text):
     assert key_of(text=text) is None
+
+
+def test_the_key_takes_go_escapes_as_written():
+    """containerd's Go encoder writes <, > and & as \\u escapes: a config holding them elsewhere
+    (a pod's command, its env) is taken; where the key holds a string, it holds it as written."""
+    plain = '{"hooks": {"prestart": [{"path": "/h", "args": ["a&b"]}]}, "mounts": [], "process": {"args": ["%s"]}}'
+    assert key_of(text=plain % "x && y") == key_of(text=plain % "x \\u0026\\u0026 y") is not None
+    hooked = plain.replace("a&b", "a\\u0026b")
+    assert key_of(text=hooked % "x") not in (None, key_of(text=plain % "x"))
+    assert key_of(text='{"hooks": {}, "mounts": [], "x": "\\ud83d\\ude00 \\u2028"}')
 
 
 def test_the_key_takes_plain_json():

@@ -269,3 +269,57 @@ def _edit_spec(world, old, new):
     assert old in text
     with open(path, "w") as out:
         out.write(text.replace(old, new))
+
+
+def go_escaped(bundle):
+    """Rewrite BUNDLE's config.json as containerd's Go encoder writes it: <, > and & as \\u escapes."""
+    with open(bundle.config_path) as f:
+        text = f.read()
+    with open(bundle.config_path, "w") as out:
+        out.write(text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e"))
+
+
+def test_a_go_escaped_config_is_replayed_too(image):
+    """A pod whose env holds &, < or > reaches the runtime with them as \\u escapes (Go's JSON
+    encoder): the front end still replays its request, and the value is kept as written."""
+    value = "QUERY=https://example.com/?a=1&b=<2>"
+    bundles = []
+    for _ in range(2):
+        bundle = image.container(asking=True)
+        with open(bundle.config_path) as f:
+            config = json.load(f)
+        config["process"]["env"].append(value)
+        with open(bundle.config_path, "w") as out:
+            json.dump(config, out)
+        go_escaped(bundle)
+        bundles.append(bundle)
+    for bundle in bundles:
+        _run(image, bundle)
+    assert image.served() == 1, "the worker was asked: the front end did not replay the escaped config"
+    assert _count(image, FRONT_END) == 1
+    assert result(bundles[0]) == result(bundles[1])
+    with open(bundles[1].config_path) as f:
+        text = f.read()
+    assert "\\u0026b=\\u003c2\\u003e" in text and value in json.loads(text)["process"]["env"]
+
+
+def test_an_escaped_device_env_name_is_never_replayed(image):
+    """NVIDIA_VISIBLE_DEVICES spelled with a \\u escape in its name: the front end cannot tell which
+    variable it is, so the worker resolves every such create (and injects the device)."""
+    bundles = []
+    for _ in range(2):
+        bundle = image.container(asking=True)
+        with open(bundle.config_path) as f:
+            config = json.load(f)
+        config.pop("annotations")
+        config["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=0")
+        with open(bundle.config_path, "w") as out:
+            json.dump(config, out)
+        with open(bundle.config_path) as f:
+            text = f.read()
+        with open(bundle.config_path, "w") as out:
+            out.write(text.replace('"NVIDIA_VISIBLE_DEVICES=0"', '"NVIDIA\\u005fVISIBLE_DEVICES=0"'))
+        bundles.append(bundle)
+    for bundle in bundles:
+        _run(image, bundle)
+    assert image.served() == 2 and _count(image, FRONT_END) == 0

@@ -277,6 +277,24 @@ def test_json_escaped_requests_are_seen(world, escape):
     assert world.shim("delete", "--force", bundle.id).returncode == 0
 
 
+def test_go_escaped_commands_without_a_request_pass_straight_to_runc(world):
+    """containerd's Go encoder writes <, > and & as \\u escapes: a pod's `sh -c "a && b"` asks
+    for nothing, and the front end hands it to runc without the Python side (no phase line)."""
+    bundle = world.bundle(args=("sh", "-c", "test 1 -lt 2 && echo ran > /dev/null && echo 'a<b&c>d'"),
+                          env=["URL=https://example.com/?a=1&b=2"])
+    with open(bundle.config_path) as f:
+        text = f.read()
+    escaped = text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    assert escaped.count("\\u00") == 9
+    with open(bundle.config_path, "w") as out:
+        out.write(escaped)
+    result = world.shim("--debug", "run", "--bundle", bundle.path, bundle.id)
+    assert result.returncode == 0 and result.stdout.strip() == "a<b&c>d", (result.stdout, result.stderr)
+    assert "phase=" not in result.stderr, result.stderr
+    with open(bundle.config_path) as f:
+        assert f.read() == escaped
+
+
 def test_device_env_off(world):
     """device-env = "" turns env requests off: the variable is ignored, config.json untouched."""
     world.write_config(device_env="")
