@@ -15,7 +15,11 @@ Sides, shuffled each round, 20 ms apart (as creates come on a node: cold caches)
 - annotation: the same device asked for by annotation (`cdi.k8s.io/gpu`) on a fresh overlay of
   its own: the first through the worker, which resolves the request and records its injection;
   then injected and stepped by the front end (csrc/engine/request.c, replay.c);
-- device-option: the same, asked for by the runtime's own `--device nvidia.com/gpu=0`.
+- device-option: the same, asked for by the runtime's own `--device nvidia.com/gpu=0`;
+- go-escaped: passthrough's config with `sh -c "true && true"` as its command, written as
+  containerd's Go encoder writes it (`\u0026`): nothing for us all the same;
+- preinjected-go-escaped: preinjected's config with an env var holding a URL with a query
+  (`&`), Go-escaped, on a fresh overlay of its own.
 
     .venv/bin/python benchmarks/front_end_work.py [--runs 100] [--no-replay] [--dir DIR] [--writable-root]
 
@@ -35,6 +39,11 @@ import time
 
 import run_with_libraries as bench
 from common import start_resident
+
+
+def go_escaped(text):
+    """JSON text as containerd's Go encoder writes it: <, > and & as \\u escapes."""
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
 def spawn_ms(argv, env):
@@ -81,6 +90,12 @@ def main():
         config["root"]["readonly"] = not args.writable_root
         option_pristine = json.dumps(config).encode()
         plain = bench.bundle(bundles, "plain", rootfs)
+        escaped = bench.bundle(bundles, "escaped", rootfs)
+        with open(os.path.join(escaped, "config.json")) as f:
+            config = json.load(f)
+        config["process"]["args"] = ["sh", "-c", "true && true"]
+        with open(os.path.join(escaped, "config.json"), "w") as out:
+            out.write(go_escaped(json.dumps(config)))
         trivial = bench.bundle(bundles, "trivial", rootfs)
         with open(os.path.join(trivial, "config.json")) as f:
             config = json.load(f)
@@ -94,20 +109,29 @@ def main():
         injected = json.loads(injected)
         injected["root"]["readonly"] = not args.writable_root
         pristine = json.dumps(injected).encode()
+        gpu_escaped_rootfs = os.path.join(root, "rootfs-gpu-escaped")
+        gpu_escaped = bench.bundle(bundles, "gpu-escaped", gpu_escaped_rootfs)
+        injected["root"]["path"] = gpu_escaped_rootfs
+        injected["process"]["env"].append("URL=https://example.com/?a=1&b=2")
+        escaped_pristine = go_escaped(json.dumps(injected)).encode()
         shim = os.path.join(bench.BIN, "cdi-shim-runtime")
         argv = {"true": ["/bin/true", "create", "--bundle", plain, "x"],
                 "passthrough": [shim, "create", "--bundle", plain, "x"],
                 "trivial": [shim, "create", "--bundle", trivial, "x"],
                 "preinjected": [shim, "create", "--bundle", gpu, "g"],
                 "annotation": [shim, "create", "--bundle", asking, "a"],
-                "device-option": [shim, "--device", "nvidia.com/gpu=0", "create", "--bundle", option, "o"]}
+                "device-option": [shim, "--device", "nvidia.com/gpu=0", "create", "--bundle", option, "o"],
+                "go-escaped": [shim, "create", "--bundle", escaped, "e"],
+                "preinjected-go-escaped": [shim, "create", "--bundle", gpu_escaped, "ge"]}
         times = {side: [] for side in argv}
         steps = os.path.join(root, "run", "steps")
         for index in range(args.runs + 1):
             bench.fresh_rootfs(rootfs, gpu_rootfs)
             bench.fresh_rootfs(rootfs, asking_rootfs)
             bench.fresh_rootfs(rootfs, option_rootfs)
-            for bundle, text in ((gpu, pristine), (asking, asking_pristine), (option, option_pristine)):
+            bench.fresh_rootfs(rootfs, gpu_escaped_rootfs)
+            for bundle, text in ((gpu, pristine), (asking, asking_pristine), (option, option_pristine),
+                                 (gpu_escaped, escaped_pristine)):
                 with open(os.path.join(bundle, "config.json"), "wb") as out:
                     out.write(text)
             if args.no_replay and index == 1:
@@ -119,11 +143,11 @@ def main():
                 took = spawn_ms(argv[side], env)
                 if index:       # (the first round: the worker keeps the step)
                     times[side].append(took)
-            for bundle in (gpu, asking, option):
+            for bundle in (gpu, asking, option, gpu_escaped):
                 with open(os.path.join(bundle, "config.json"), "rb") as f:
                     text = f.read()
                 assert b"nvidia-cdi-hook" not in text and b"/dev/nvidia0" in text, bundle
-        for path in (gpu_rootfs, asking_rootfs, option_rootfs):
+        for path in (gpu_rootfs, asking_rootfs, option_rootfs, gpu_escaped_rootfs):
             subprocess.run(["umount", path], check=False)
         med = {side: statistics.median(values) for side, values in times.items()}
         print(json.dumps({"runs": args.runs, "replay": not args.no_replay, "dir": args.dir,

@@ -10,6 +10,8 @@ gives. Sides, taking turns at going first, each round:
 
 - runc: plain runc, no device;
 - runc+folders: plain runc given the layout's two directory binds alone (no device node);
+- runc+nodes: plain runc given the spec's device nodes alone (linux.devices and their device
+  cgroup rules; no mount): what any runtime that hands runc this GPU pays at least;
 - runc+edits: plain runc given the one-mount spec's edits (`cdi-shim cdi inject`, its hooks
   left out: two directory binds, the device nodes, the ICD/config/firmware/socket binds);
 - one-mount: cdi-shim-runtime with the device requested by annotation, the one-mount spec;
@@ -44,7 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "generate"))
 import fakedriver  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
-SIDES = ("runc", "runc+folders", "runc+edits", "one-mount", "one-mount-injected", "files")
+SIDES = ("runc", "runc+folders", "runc+nodes", "runc+edits", "one-mount", "one-mount-injected", "files")
 
 
 def make_small_image(rootfs):
@@ -83,15 +85,20 @@ def injected(spec_dir, config_path, env, hooks=False):
         json.dump(config, out)
 
 
-def folders_only(spec_dir, config_path, env):
-    """config.json with the one-mount spec's two directory binds added, nothing else."""
+def part_only(spec_dir, config_path, env, part):
+    """config.json with one part of the one-mount spec's edits added, nothing else: "folders"
+    (its two directory binds) or "nodes" (its device nodes and their device cgroup rules)."""
     with open(config_path) as stream:
         config = json.load(stream)
     injected(spec_dir, config_path, env)
     with open(config_path) as stream:
         edited = json.load(stream)
-    config["mounts"] += [m for m in edited["mounts"]
-                         if m["destination"] in ("/usr/local/nvidia/lib64", "/usr/local/nvidia/bin")]
+    if part == "folders":
+        config["mounts"] += [m for m in edited["mounts"]
+                             if m["destination"] in ("/usr/local/nvidia/lib64", "/usr/local/nvidia/bin")]
+    else:
+        config["linux"]["devices"] = edited["linux"]["devices"]
+        config["linux"].setdefault("resources", {})["devices"] = edited["linux"]["resources"]["devices"]
     with open(config_path, "w") as out:
         json.dump(config, out)
 
@@ -131,8 +138,8 @@ def main():
             rootfs = os.path.join(root, f"rootfs-{name.replace('+', '-')}")
             annotations = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"} if name in ("one-mount", "files") else None
             path = bundle(bundles, name.replace("+", "-"), rootfs, annotations)
-            if name == "runc+folders":
-                folders_only(specs["one-mount"], os.path.join(path, "config.json"), env)
+            if name in ("runc+folders", "runc+nodes"):
+                part_only(specs["one-mount"], os.path.join(path, "config.json"), env, name.split("+")[1])
             elif name == "runc+edits":
                 injected(specs["one-mount"], os.path.join(path, "config.json"), env)
             elif name == "one-mount-injected":

@@ -43,6 +43,7 @@ PAUSE_IMAGE = "localhost/pause:local"
 LIB_IMAGE = "localhost/busybox-libs:local"  # busybox + the ldcache tests' library tree (Lab.setup)
 NAMESPACE = "k8s.io"
 RUNTIME_NAME = "nvidia"
+ONE_MOUNT_KIND = "bench.cdi-shim.dev/onemount"   # Lab.write_one_mount_spec's device kind
 
 
 class PodRun:
@@ -122,6 +123,7 @@ class Lab:
         self.log_level = log_level
         self.process = None
         self.client = None
+        self.fake_driver = None     # write_one_mount_spec's
         self._count = 0
         # (host path, path) bound in containerd's private mount namespace (containerd 2.x), in
         # order; None for a tmpfs: a node's /opt/cdi-shim, say, over a tmpfs /opt, without
@@ -300,6 +302,62 @@ class Lab:
                             "  mounts:\n" + mounts + hooks)
             devices[key] = f"{kind}=0"
         return dict(devices, hook_log=hook_log, hook_log_counts_hooked=not hook_program, libraries=libraries)
+
+    def write_one_mount_spec(self):
+        """ONE_MOUNT_KIND=0: GPU 0 of the tests' fake driver (tests/generate/fakedriver.py: its
+        libraries, fake NVML, tools, graphics files, firmware and device nodes), its spec written by
+        the real `cdi-shim cdi generate --layout one-mount` with the host directory under BASE. The
+        spec's hook program is HOOK_SCRIPT installed as <lab>/onemount-hooks/nvidia-cdi-hook, which logs
+        a line per run: whoever runs a hook of this spec shows in the log. Returns {"device",
+        "spec", "hook_log", "host_dir"}; the driver is closed by stop()."""
+        from tests.generate.fakedriver import FakeDriver    # the lab and the tests share one fake driver
+
+        ldconfig = find_tool("ldconfig", "libc-bin")
+        self.fake_driver = FakeDriver(os.path.join(self.base, "fake-driver"), gpus=1)
+        hooks_dir = os.path.join(self.base, "onemount-hooks")
+        os.makedirs(hooks_dir, exist_ok=True)
+        hook_log = os.path.join(hooks_dir, "hook.log")
+        open(hook_log, "a").close()
+        program = os.path.join(hooks_dir, "nvidia-cdi-hook")
+        with open(program, "w") as stream:
+            stream.write(HOOK_SCRIPT.replace("@LOG@", hook_log).replace("@LDCONFIG@", ldconfig))
+        os.chmod(program, 0o755)
+        driver = self.fake_driver
+        vendor, klass = ONE_MOUNT_KIND.split("/")
+        spec = os.path.join(self.spec_dir, "bench-one-mount.yaml")
+        env = self.env()
+        env.pop("XDG_DATA_DIRS", None)   # (where the generator looks for its config files: its default here)
+        host_dirs = os.path.join(self.base, "driver-dirs")
+        out = subprocess.run([self.cli, "cdi", "generate", "--layout", "one-mount", "--driver-dir", host_dirs,
+                              "--driver-root", driver.root, "--dev-root", driver.dev_root, "--sysfs-root",
+                              driver.sysfs, "--proc-root", driver.proc, "--vendor", vendor, "--class", klass,
+                              "--hook-program", program, "--output", spec],
+                             capture_output=True, text=True, env=env, timeout=CMD_TIMEOUT)
+        if out.returncode != 0:
+            raise LabError(f"cdi-shim cdi generate --layout one-mount failed: {out.stderr.strip()}")
+        (host_dir,) = os.listdir(host_dirs)
+        return {"device": f"{ONE_MOUNT_KIND}=0", "spec": spec, "hook_log": hook_log,
+                "host_dir": os.path.join(host_dirs, host_dir)}
+
+    def cri_equivalent_of_spec(self, spec, device="0"):
+        """A spec's edits for one device, its hooks left out, as CRI fields (mounts, devices, envs):
+        what plain runc is given when the kubelet asks for the same nodes, binds and env."""
+        import yaml
+
+        with open(spec) as stream:
+            doc = yaml.safe_load(stream)
+        (edits,) = [d["containerEdits"] for d in doc["devices"] if d["name"] == device]
+        pb = self.client.pb
+        mounts, devices, envs = [], [], {}
+        for part in (edits, doc.get("containerEdits") or {}):
+            for node in part.get("deviceNodes") or ():
+                devices.append(pb.Device(container_path=node["path"], host_path=node.get("hostPath") or node["path"],
+                                         permissions=node.get("permissions") or "rwm"))
+            for mount in part.get("mounts") or ():
+                mounts.append(pb.Mount(container_path=mount["containerPath"], host_path=mount["hostPath"],
+                                       readonly="ro" in (mount.get("options") or ())))
+            envs.update(entry.split("=", 1) for entry in part.get("env") or ())
+        return mounts, devices, envs
 
     def write_spec(self, name, text):
         path = os.path.join(self.spec_dir, name)
@@ -488,6 +546,9 @@ class Lab:
         self.resident_process = None
         kill_processes_naming(self.socket)    # shims of this lab's containerd
         self._unmount_leftovers()
+        if self.fake_driver is not None:
+            self.fake_driver.close()
+            self.fake_driver = None
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def _unmount_leftovers(self):

@@ -104,7 +104,22 @@ NATIVE_SCENARIOS = {
          ("native-shim", "device-no-hooks-runc", None), ("device-no-hooks-runc", "no-device-runc", None),
          ("hooks-runc", "native-shim", None), ("hooks-runc", "no-device-runc", None))),
 }
-ALL_SCENARIOS = DEFAULT_SCENARIOS + tuple(NATIVE_SCENARIOS)
+# The one-mount layout (docs/one-mount.md), on any containerd: Lab.write_one_mount_spec's device,
+# every pod on LIB_IMAGE, the sides rotated round by round. side: (label, handler (None: ours),
+# what the pod is given: None, "cri" (the spec's edits as CRI fields) or "request" (the device)).
+ONE_MOUNT_SCENARIOS = {
+    "one-mount": (
+        "the one-mount layout (cdi generate --layout one-mount, the tests' fake driver, GPU 0): two folder "
+        "binds, the device nodes, the files that keep their own binds, an update-ldcache hook",
+        {"no-device-runc": ("no device, runc handler", "runc", None),
+         "edits-runc": ("the spec's device nodes, mounts and env as CRI fields, no hook, runc handler (what runc "
+                        "and containerd pay for the edits)", "runc", "cri"),
+         "one-mount-shim": ("the device, cdi-shim handler (resident): the update-ldcache hook done natively",
+                            None, "request")},
+        (("one-mount-shim", "no-device-runc", 1.03), ("edits-runc", "no-device-runc", None),
+         ("one-mount-shim", "edits-runc", None))),
+}
+ALL_SCENARIOS = DEFAULT_SCENARIOS + tuple(NATIVE_SCENARIOS) + tuple(ONE_MOUNT_SCENARIOS)
 STEPS = ("runp", "create", "start", "wait", "stop", "remove")
 RUNC_TIMES = ("runc_create", "runc_start", "start_less_runc")   # with time_runc (NATIVE_SCENARIOS)
 PHASES = ("config", "requests", "resolve", "apply", "linker", "write", "recipe", "total", "replay")
@@ -157,8 +172,9 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
     if unknown:
         raise BenchError(f"unknown scenario {', '.join(unknown)}: the benchmark has {', '.join(ALL_SCENARIOS)}")
     native = [name for name in scenarios if name in NATIVE_SCENARIOS]
-    if time_runc and not native:
-        raise BenchError("runc's own times (time_runc) are taken in the native-CDI scenario only (--native-cdi)")
+    one_mount = [name for name in scenarios if name in ONE_MOUNT_SCENARIOS]
+    if time_runc and not (native or one_mount):
+        raise BenchError("runc's own times (time_runc) are taken in the native-CDI and one-mount scenarios only")
     if toolkit_hook and not native:
         raise BenchError("a real hook program (toolkit_hook) is run in the native-CDI scenario only (--native-cdi)")
     if native and containerd != "2.1":
@@ -183,7 +199,7 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
         "scenarios": {},
     }
     try:
-        lab.setup(library_image=bool(native))
+        lab.setup(library_image=bool(native or one_mount))
         libraries = lab.write_libraries_spec(30) if any(n.startswith("device-30-libs") for n in scenarios) else []
         native_devices = lab.write_native_cdi_specs(30, hook_program=toolkit_hook) if native else None
         if native:
@@ -199,6 +215,9 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
         for name in scenarios:
             if name in NATIVE_SCENARIOS:
                 offset = _run_sides(lab, name, native_devices, pairs, warmup, result, offset, log)
+                continue
+            if name in ONE_MOUNT_SCENARIOS:
+                offset = _run_one_mount(lab, name, pairs, warmup, result, offset, log)
                 continue
             title, annotations, target = SCENARIOS[name]
             log(f"{name}: {warmup} warm-up + {pairs} measured pairs ({title})")
@@ -238,29 +257,24 @@ def _hook_lines(path):
         return stream.read().count(b"\n")
 
 
-def _run_sides(lab, name, devices, rounds, warmup, result, offset, log):
-    """One of NATIVE_SCENARIOS: each round runs a pod of every side, the order rotated round by
-    round. Each pod's hook processes are counted from the hook program's log; a side that shows
-    other than its expected count fails the run (no figure from pods that did not do the work)."""
-    title, sides, ratios = NATIVE_SCENARIOS[name]
-    log(f"{name}: {warmup} warm-up + {rounds} measured rounds of {len(sides)} pods ({title})")
-    keys = list(sides)
+def _rotate(lab, name, plan, hook_log, rounds, warmup, offset):
+    """Rounds of one pod a side, the order rotated round by round. plan: {key: (handler, run_pod
+    arguments, hook processes each pod must show, or None: not counted)}. A pod whose hook log
+    lines differ from its count fails the run (no figure from pods that did not do the work).
+    Returns ({key: samples}, offset)."""
+    keys = list(plan)
     samples = {key: [] for key in keys}
     for index in range(warmup + rounds):
         shift = index % len(keys)
         for key in keys[shift:] + keys[:shift]:
-            _, handler, device, expected_hooks = sides[key]
-            handler = handler or lab.runtime_name
+            handler, pod_args, expected_hooks = plan[key]
             _, offset = _phases_since(lab.runtime_log, offset)
-            hooks_before = _hook_lines(devices["hook_log"])
-            pod = lab.run_pod(handler, COMMAND, cdi_devices=[devices[device]] if device else (),
-                              name=f"bench-{key}", image=LIB_IMAGE)
+            hooks_before = _hook_lines(hook_log)
+            pod = lab.run_pod(handler, COMMAND, name=f"bench-{key}", **pod_args)
             if pod.status.exit_code != 0:
                 raise BenchError(f"{name} {key}: the container exited {pod.status.exit_code}: {pod.output}")
-            hook_processes = _hook_lines(devices["hook_log"]) - hooks_before
-            if device == "hooked" and not devices["hook_log_counts_hooked"]:
-                hook_processes = None   # a real hook program writes no log; the check pod shows its work
-            elif hook_processes != expected_hooks:
+            hook_processes = None if expected_hooks is None else _hook_lines(hook_log) - hooks_before
+            if hook_processes != expected_hooks:
                 raise BenchError(f"{name} {key}: {hook_processes} hook processes ran, not {expected_hooks}")
             phases, offset = _phases_since(lab.runtime_log, offset)
             if index >= warmup:
@@ -272,7 +286,20 @@ def _run_sides(lab, name, devices, rounds, warmup, result, offset, log):
                     sample["runc_create"], sample["runc_start"] = runc["create"], runc["start"]
                     sample["start_less_runc"] = sample["start"] - runc["create"] - runc["start"]
                 samples[key].append(sample)
-    check = {key: _check_side(lab, name, key, devices, sides[key]) for key in keys
+    return samples, offset
+
+
+def _run_sides(lab, name, devices, rounds, warmup, result, offset, log):
+    """One of NATIVE_SCENARIOS: each round runs a pod of every side (_rotate); a real hook
+    program writes no log, so its side's processes are not counted and the check pod shows its work."""
+    title, sides, ratios = NATIVE_SCENARIOS[name]
+    log(f"{name}: {warmup} warm-up + {rounds} measured rounds of {len(sides)} pods ({title})")
+    plan = {key: (handler or lab.runtime_name,
+                  dict(cdi_devices=[devices[device]] if device else (), image=LIB_IMAGE),
+                  None if device == "hooked" and not devices["hook_log_counts_hooked"] else expected_hooks)
+            for key, (_, handler, device, expected_hooks) in sides.items()}
+    samples, offset = _rotate(lab, name, plan, devices["hook_log"], rounds, warmup, offset)
+    check = {key: _check_side(lab, name, key, devices, sides[key]) for key in sides
              if sides[key][2] in ("hooked", "toolkit")}
     result["scenarios"][name] = {
         "title": title, "kind": "sides", "rounds": rounds, "check": check,
@@ -280,6 +307,36 @@ def _run_sides(lab, name, devices, rounds, warmup, result, offset, log):
                         "(a) the hooks run by runc (hook program: the real nvidia-cdi-hook, copied in as lab-cdi-hook)",
                         "handler": handler or lab.runtime_name, "device": devices[device] if device else None,
                         "image": LIB_IMAGE} for key, (label, handler, device, _) in sides.items()},
+        "samples": samples, "ratios": [list(r) for r in ratios]}
+    return offset
+
+
+def _run_one_mount(lab, name, rounds, warmup, result, offset, log):
+    """ONE_MOUNT_SCENARIOS: the fake driver's GPU 0 in the one-mount layout (Lab.write_one_mount_spec),
+    requested through CDIDevices where containerd's own CDI is on (2.1: containerd injects, the
+    runtime does the update-ldcache hook natively) and by annotation elsewhere (1.6: cdi-shim
+    injects). The spec's hook program logs each run: every side must show none."""
+    title, sides, ratios = ONE_MOUNT_SCENARIOS[name]
+    spec = lab.write_one_mount_spec()
+    mounts, devices, envs = lab.cri_equivalent_of_spec(spec["spec"])
+    native = lab.native_cdi if lab.native_cdi is not None else lab.containerd_version == "2.1"
+    request = (dict(cdi_devices=[spec["device"]]) if native else
+               dict(annotations={"cdi.k8s.io/gpu": spec["device"]}))
+    pod_args = {None: {}, "cri": dict(mounts=mounts, devices=devices, envs=envs), "request": request}
+    shown = {None: None, "cri": f"{len(devices)} devices, {len(mounts)} mounts and {len(envs)} env vars as CRI fields",
+             "request": (f"CDIDevices {spec['device']}" if native else f"annotation cdi.k8s.io/gpu={spec['device']}")}
+    log(f"{name}: {warmup} warm-up + {rounds} measured rounds of {len(sides)} pods ({title}; "
+        f"request: {shown['request']})")
+    plan = {key: (handler or lab.runtime_name, dict(pod_args[kind], image=LIB_IMAGE), 0)
+            for key, (_, handler, kind) in sides.items()}
+    samples, offset = _rotate(lab, name, plan, spec["hook_log"], rounds, warmup, offset)
+    check = {key: _check_one_mount(lab, name, key, plan[key], spec) for key, (_, _, kind) in sides.items()
+             if kind == "request"}
+    result["scenarios"][name] = {
+        "title": title, "kind": "sides", "rounds": rounds, "check": check, "native_cdi": native,
+        "sides": {key: {"label": label, "handler": handler or lab.runtime_name,
+                        "device": spec["device"] if kind else None, "request": shown[kind], "image": LIB_IMAGE}
+                  for key, (label, handler, kind) in sides.items()},
         "samples": samples, "ratios": [list(r) for r in ratios]}
     return offset
 
@@ -312,6 +369,38 @@ def _check_side(lab, name, key, devices, side):
     if pod.status.exit_code != 0 or wrong or not found["profile_bytes"]:
         raise BenchError(f"{name} {key}: the device's work is not all there (exit {pod.status.exit_code}, "
                          f"found {found}, wanted {wanted} and a profile): {pod.output}")
+    return found
+
+
+# What the one-mount device's container sees, from inside (busybox): the ld.so.cache entries in
+# the folder, libcuda's among them, the folder's libcuda, the tool, the GPU node, the spec's env.
+ONE_MOUNT_FOLDER = "/usr/local/nvidia/lib64"
+ONE_MOUNT_PROBE = (f"entries=$(tr '\\000' '\\n' < /etc/ld.so.cache | grep '^{ONE_MOUNT_FOLDER}/'); "
+                   "echo cache=$(echo \"$entries\" | grep -c .); "
+                   f"echo libcuda=$(echo \"$entries\" | grep -c '^{ONE_MOUNT_FOLDER}/libcuda[.]so[.]1$'); "
+                   f"echo file=$(ls {ONE_MOUNT_FOLDER}/libcuda.so.1); "
+                   "echo smi=$(ls /usr/local/nvidia/bin/nvidia-smi); "
+                   "echo node=$(ls /dev/nvidia0); echo libdir=$NVIDIA_CTK_LIBCUDA_DIR")
+
+
+def _check_one_mount(lab, name, key, plan_entry, spec):
+    """One more pod of the device side, not measured, running ONE_MOUNT_PROBE: the folder's
+    libraries in the container's ld.so.cache (the hook's work), the folder, the tool and the node
+    there, and no hook process."""
+    handler, pod_args, _ = plan_entry
+    hooks_before = _hook_lines(spec["hook_log"])
+    pod = lab.run_pod(handler, ["sh", "-c", ONE_MOUNT_PROBE], name=f"check-{key}", **pod_args)
+    seen = dict(line.split("=", 1) for line in pod.output if "=" in line)
+    sonames = {entry for entry in os.listdir(os.path.join(spec["host_dir"], "lib64")) if ".so." in entry}
+    found = {"folder_cache_entries": int(seen.get("cache") or 0), "libcuda": int(seen.get("libcuda") or 0),
+             "files": [seen.get(k, "") for k in ("file", "smi", "node")], "libdir": seen.get("libdir", ""),
+             "hook_processes": _hook_lines(spec["hook_log"]) - hooks_before}
+    wanted = {"libcuda": 1, "files": [f"{ONE_MOUNT_FOLDER}/libcuda.so.1", "/usr/local/nvidia/bin/nvidia-smi",
+                                      "/dev/nvidia0"], "libdir": ONE_MOUNT_FOLDER, "hook_processes": 0}
+    wrong = {k: found[k] for k, v in wanted.items() if found[k] != v}
+    if pod.status.exit_code != 0 or wrong or found["folder_cache_entries"] < len(sonames) // 2:
+        raise BenchError(f"{name} {key}: the device is not all there (exit {pod.status.exit_code}, found {found}, "
+                         f"wanted {wanted} and at least {len(sonames) // 2} cache entries in the folder): {pod.output}")
     return found
 
 
@@ -416,7 +505,8 @@ def _report_sides(name, scenario):
     lines = ["", f"{name}: {scenario['title']} ({scenario['rounds']} rounds, the sides' order rotated)"]
     for key, side in scenario["sides"].items():
         lines.append(f"  {key}: {side['label']}; handler {side['handler']}"
-                     + (f", CDIDevices {side['device']}" if side["device"] else "")
+                     + (f", {side['request']}" if side.get("request") else
+                        f", CDIDevices {side['device']}" if side["device"] else "")
                      + "; spec hook processes per pod "
                      + ("not counted" if None in s["hook_processes"][key] else str(s["hook_processes"][key])))
     width = max(len(key) for key in scenario["sides"])
@@ -445,6 +535,11 @@ def _report_sides(name, scenario):
             lines.append(f"  start-up target {entry['numerator']} / {entry['denominator']} <= {entry['target']:.2f}x: "
                          f"{verdict} it (paired median {entry['startup']['paired_ratio']:.3f}x)")
     for key, found in scenario.get("check", {}).items():
+        if "folder_cache_entries" in found:
+            lines.append(f"  checked in one more {key} pod: {found['folder_cache_entries']} entries of "
+                         f"{ONE_MOUNT_FOLDER} in its ld.so.cache (libcuda.so.1 among them), "
+                         f"{', '.join(found['files'])} there, {found['hook_processes']} spec hook processes")
+            continue
         lines.append(f"  checked in one more {key} pod: {found['cache_driver_libraries']} driver libraries in its "
                      f"ld.so.cache, link -> {found['link']}, profile {found['profile_bytes']} bytes, "
                      + ("hook processes not counted (a real hook program, no log)" if found["hook_processes"] is None

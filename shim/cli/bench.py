@@ -20,8 +20,12 @@ def bench():
 @click.option("--warmup", default=2, show_default=True, help="Unmeasured pairs per scenario first.")
 @click.option("--scenario", "scenarios", multiple=True,
               type=click.Choice(["no-device", "one-device", "device-30-libs", "device-30-libs-vs-cri",
-                                 "native-cdi-30-libs"]),
-              help="Scenarios to run (default: the first four; native-cdi-30-libs needs --containerd 2.1).")
+                                 "native-cdi-30-libs", "one-mount"]),
+              help="Scenarios to run (default: the first four; native-cdi-30-libs needs --containerd 2.1). "
+                   "one-mount: GPU 0 of the tests' fake driver in the one-mount layout (docs/one-mount.md), in "
+                   "rounds of three pods on a library-rich image: no device on runc, the spec's edits as CRI "
+                   "fields on runc, the device on cdi-shim (CDIDevices where containerd's own CDI is on, 2.1; "
+                   "else the annotation, which cdi-shim injects). -n is then the number of rounds.")
 @click.option("--native-cdi", is_flag=True,
               help="Run the native-cdi-30-libs scenario (with any --scenario given, else alone; needs "
                    "--containerd 2.1, enable_cdi on): a device with 30 driver libraries and the toolkit's six "
@@ -43,7 +47,7 @@ def bench():
                    "packages, fetched once with apt-get download into $CDI_SHIM_TEST_CACHE "
                    "(/var/cache/cdi-shim-tests), each with its default enable_cdi (2.1: on).")
 @click.option("--time-runc", is_flag=True,
-              help="With --native-cdi: run runc behind a small timer on every side and split each pod's "
+              help="With --native-cdi or the one-mount scenario: run runc behind a small timer on every side and split each pod's "
                    "StartContainer into runc create, runc start and the rest (containerd, its shim, and the "
                    "runtime in front of runc).")
 @click.option("--toolkit-hook", metavar="PATH", type=click.Path(exists=True, dir_okay=False),

@@ -222,3 +222,26 @@ def test_pod_benchmark_native_cdi_own_hook_program(cri_build_dir, tmp_path):
     assert "hook processes not counted (a real hook program, no log)" in out.stdout
     refused = run_cli("bench", "pods", "--toolkit-hook", str(program))
     assert refused.returncode != 0 and "--toolkit-hook needs --native-cdi" in refused.stderr
+
+
+def test_pod_benchmark_one_mount_scenario_on_containerd_2_1(cri_build_dir, tmp_path):
+    """`cdi-shim bench pods --containerd 2.1 --scenario one-mount`: the one-mount device comes
+    through CDIDevices, containerd injects it, hooks and all, and the cdi-shim handler does the
+    update-ldcache hook natively: the spec's hook program (it logs each run) never runs, and one
+    more pod finds the folder's libraries in its ld.so.cache."""
+    import json
+
+    from tests.helpers import run_cli
+
+    data = tmp_path / "b.json"
+    out = run_cli("bench", "pods", "--containerd", "2.1", "--scenario", "one-mount", "-n", "1", "--warmup", "0",
+                  "--time-runc", "--json", str(data), "--workdir", str(tmp_path), check=True)
+    scenario = json.loads(data.read_text())["scenarios"]["one-mount"]
+    assert scenario["native_cdi"] is True
+    assert scenario["sides"]["one-mount-shim"]["request"] == "CDIDevices bench.cdi-shim.dev/onemount=0"
+    assert all(s["hook_processes"] == 0 and s["runc_start"] > 0 for samples in scenario["samples"].values()
+               for s in samples)
+    check = scenario["check"]["one-mount-shim"]
+    assert check["libcuda"] == 1 and check["folder_cache_entries"] >= 20 and check["hook_processes"] == 0
+    assert "extra ms of one-mount-shim over no-device-runc (paired medians)" in out.stdout
+    assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []

@@ -150,3 +150,35 @@ def test_pod_benchmark_smoke(cri_build_dir, tmp_path):
     assert sample["startup"] > 0 and sample["lifecycle"] >= sample["startup"]
     assert set(sample["phases"]) >= {"config", "requests", "resolve", "apply", "write", "total"}
     assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []  # cleaned up
+
+
+def test_pod_benchmark_one_mount_scenario(cri_build_dir, tmp_path):
+    """`cdi-shim bench pods --scenario one-mount` on containerd 1.6: the fake driver's GPU 0 in the
+    one-mount layout (written by the real `cdi generate --layout one-mount`), asked for by
+    annotation (cdi-shim injects it), against a pod without it and a runc pod given the spec's
+    edits as CRI fields. The spec's hook program logs each run: no side runs it. One more pod
+    shows the folder's libraries in its ld.so.cache, the tool and the GPU node."""
+    from cdi_shim_lab.pods import ONE_MOUNT_SCENARIOS
+
+    data = tmp_path / "b.json"
+    out = run_cli("bench", "pods", "--scenario", "one-mount", "-n", "2", "--warmup", "0", "--json", str(data),
+                  "--workdir", str(tmp_path), check=True)
+    scenario = json.loads(data.read_text())["scenarios"]["one-mount"]
+    assert list(scenario["samples"]) == list(ONE_MOUNT_SCENARIOS["one-mount"][1])
+    assert scenario["native_cdi"] is False
+    sides = scenario["sides"]
+    assert sides["one-mount-shim"]["request"] == "annotation cdi.k8s.io/gpu=bench.cdi-shim.dev/onemount=0"
+    assert sides["one-mount-shim"]["handler"] == "nvidia" and sides["edits-runc"]["handler"] == "runc"
+    assert re.fullmatch(r"7 devices, \d+ mounts and \d+ env vars as CRI fields", sides["edits-runc"]["request"])
+    for key, samples in scenario["samples"].items():
+        assert len(samples) == 2 and all(s["hook_processes"] == 0 and s["startup"] > 0 for s in samples), key
+    assert all(s["phases"].get("resident") == 1 or s["phases"].get("replay", 0) > 0
+               for s in scenario["samples"]["one-mount-shim"])
+    assert not any(s["phases"] for key in ("no-device-runc", "edits-runc") for s in scenario["samples"][key])
+    check = scenario["check"]["one-mount-shim"]
+    assert check["libcuda"] == 1 and check["folder_cache_entries"] >= 20 and check["hook_processes"] == 0
+    assert check["files"] == ["/usr/local/nvidia/lib64/libcuda.so.1", "/usr/local/nvidia/bin/nvidia-smi",
+                              "/dev/nvidia0"] and check["libdir"] == "/usr/local/nvidia/lib64"
+    assert re.search(r"start-up target one-mount-shim / no-device-runc <= 1\.03x: (meets|MISSES) it", out.stdout)
+    assert "startup   edits-runc / no-device-runc: paired median" in out.stdout
+    assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []

@@ -49,7 +49,8 @@ def test_front_end_work_benchmark(mode):
     rh.static_busybox()
     result = _run("front_end_work.py", "--runs", "2", *mode)
     assert result["replay"] is not bool(mode)
-    assert set(result["over_bin_true_ms"]) == {"passthrough", "trivial", "preinjected", "annotation", "device-option"}
+    assert set(result["over_bin_true_ms"]) == {"passthrough", "trivial", "preinjected", "annotation", "device-option",
+                                               "go-escaped", "preinjected-go-escaped"}
 
 
 def test_file_binds_benchmark():
@@ -65,10 +66,10 @@ def test_file_binds_benchmark():
 def test_one_mount_benchmark():
     rh.static_busybox()
     result = _run("one_mount.py", "--runs", "1", "--dir", "/dev/shm", "--image", "small")
-    sides = {"runc", "runc+folders", "runc+edits", "one-mount", "one-mount-injected", "files"}
+    sides = {"runc", "runc+folders", "runc+nodes", "runc+edits", "one-mount", "one-mount-injected", "files"}
     assert set(result["median_ms"]) == sides
     assert result["entries_in_host_lib64"] > 30
-    for name in ("runc+folders", "runc+edits", "one-mount", "one-mount-injected", "files"):
+    for name in ("runc+folders", "runc+nodes", "runc+edits", "one-mount", "one-mount-injected", "files"):
         low, high = result["median_paired_ratio"][f"{name}/runc 95pct"]
         assert low <= result["median_paired_ratio"][f"{name}/runc"] <= high
 
