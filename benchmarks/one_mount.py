@@ -14,6 +14,9 @@ gives. Sides, taking turns at going first, each round:
   cgroup rules; no mount): what any runtime that hands runc this GPU pays at least;
 - runc+edits: plain runc given the one-mount spec's edits (`cdi-shim cdi inject`, its hooks
   left out: two directory binds, the device nodes, the ICD/config/firmware/socket binds);
+- runc+edits+hook: the same plus one createContainer hook, /bin/true: what runc pays to run
+  any hook process, the least the spec's /dev/dri/by-path links cost (they can only be made
+  after runc mounts /dev, by a process runc runs: ours is cdi-shim-nshook);
 - one-mount: cdi-shim-runtime with the device requested by annotation, the one-mount spec;
 - one-mount-injected: cdi-shim-runtime given the config with the spec's edits already in it,
   hooks and all, as containerd's own CDI (1.7+) or podman hand it over (no request: the
@@ -22,12 +25,16 @@ gives. Sides, taking turns at going first, each round:
 
 cdi-shim-runtime runs with its resident process (`cdi-shim runtime serve`), as on a node.
 Reported: each side's median, and the median of the per-round ratios to runc (and of ours to
-runc+edits: our part alone), to 2 decimals as its 95 % bootstrap interval.
+runc+edits and runc+edits+hook: our part alone), to 2 decimals as its 95 % bootstrap interval.
 
-    .venv/bin/python benchmarks/one_mount.py [--runs 40] [--dir /run] [--image rich|small]   (as root)
+    .venv/bin/python benchmarks/one_mount.py [--runs 40] [--dir /run] [--image rich|small] [--writable-root]
+    (as root)
 
 --image small: a small glibc image instead (busybox, this host's libc, libm and loader, its
-own ld.so.cache), closer to a CUDA base image's few system libraries.
+own ld.so.cache), closer to a CUDA base image's few system libraries. --writable-root:
+`root.readonly` false, as a pod's root is unless it asks otherwise (the container's ld.so.cache
+is then written into the rootfs's upper layer; with a read-only root, into an overlay of /etc
+that the bundle holds: one more mount).
 """
 import argparse
 import json
@@ -46,7 +53,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "generate"))
 import fakedriver  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
-SIDES = ("runc", "runc+folders", "runc+nodes", "runc+edits", "one-mount", "one-mount-injected", "files")
+SIDES = ("runc", "runc+folders", "runc+nodes", "runc+edits", "runc+edits+hook", "one-mount", "one-mount-injected",
+         "files")
 
 
 def make_small_image(rootfs):
@@ -73,14 +81,17 @@ def generate(driver, spec_dir, layout, driver_dir, env):
     subprocess.run(argv, check=True, env=env, capture_output=True)
 
 
-def injected(spec_dir, config_path, env, hooks=False):
+def injected(spec_dir, config_path, env, hooks=False, true_hook=False):
     """config.json with the spec's edits applied, its hooks left out (what runc is given) or
-    kept (what containerd's own CDI hands the runtime)."""
+    kept (what containerd's own CDI hands the runtime); TRUE_HOOK: one createContainer hook of
+    /bin/true in their place."""
     done = subprocess.run([os.path.join(BIN, "cdi-shim"), "cdi", "inject", "--device", "nvidia.com/gpu=0",
                            "--spec-dir", spec_dir, config_path], check=True, env=env, capture_output=True)
     config = json.loads(done.stdout)
     if not hooks:
         config.pop("hooks", None)
+    if true_hook:
+        config["hooks"] = {"createContainer": [{"path": "/bin/true", "args": ["true"]}]}
     with open(config_path, "w") as out:
         json.dump(config, out)
 
@@ -108,6 +119,7 @@ def main():
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--dir", default="/run", help="where the image, the driver and the overlays live")
     parser.add_argument("--image", choices=("rich", "small"), default="rich")
+    parser.add_argument("--writable-root", action="store_true", help="root.readonly false")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="cdi-shim-one-mount-bench.", dir=args.dir)
     driver = None
@@ -138,10 +150,17 @@ def main():
             rootfs = os.path.join(root, f"rootfs-{name.replace('+', '-')}")
             annotations = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"} if name in ("one-mount", "files") else None
             path = bundle(bundles, name.replace("+", "-"), rootfs, annotations)
+            if args.writable_root:
+                with open(os.path.join(path, "config.json")) as stream:
+                    config = json.load(stream)
+                config["root"]["readonly"] = False
+                with open(os.path.join(path, "config.json"), "w") as out:
+                    json.dump(config, out)
             if name in ("runc+folders", "runc+nodes"):
                 part_only(specs["one-mount"], os.path.join(path, "config.json"), env, name.split("+")[1])
-            elif name == "runc+edits":
-                injected(specs["one-mount"], os.path.join(path, "config.json"), env)
+            elif name in ("runc+edits", "runc+edits+hook"):
+                injected(specs["one-mount"], os.path.join(path, "config.json"), env,
+                         true_hook=name == "runc+edits+hook")
             elif name == "one-mount-injected":
                 injected(specs["one-mount"], os.path.join(path, "config.json"), env, hooks=True)
             with open(os.path.join(path, "config.json"), "rb") as stream:
@@ -170,6 +189,7 @@ def main():
         med = statistics.median
         (host_dir,) = os.listdir(os.path.join(root, "driver-dirs"))
         result = {"runs": args.runs, "dir": args.dir, "image": args.image, "gpus": 1,
+                  "readonly_root": not args.writable_root,
                   "entries_in_host_lib64": len(os.listdir(os.path.join(root, "driver-dirs", host_dir, "lib64"))),
                   "median_ms": {name: round(med(times[name]), 1) for name in SIDES}}
         ratios = {}
@@ -178,9 +198,10 @@ def main():
             ratios[f"{name}/runc"] = round(med(per_round), 2)
             ratios[f"{name}/runc 95pct"] = interval(per_round)
         for name in ("one-mount", "one-mount-injected"):
-            ours = [a / b for a, b in zip(times[name], times["runc+edits"])]
-            ratios[f"{name}/runc+edits"] = round(med(ours), 2)
-            ratios[f"{name}/runc+edits 95pct"] = interval(ours)
+            for floor in ("runc+edits", "runc+edits+hook"):
+                ours = [a / b for a, b in zip(times[name], times[floor])]
+                ratios[f"{name}/{floor}"] = round(med(ours), 2)
+                ratios[f"{name}/{floor} 95pct"] = interval(ours)
         result["median_paired_ratio"] = ratios
         print(json.dumps(result, indent=2))
     finally:
