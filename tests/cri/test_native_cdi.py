@@ -32,6 +32,8 @@ def probe(lab, handler="nvidia", **request):
 
 
 def injected_by_us(lab, container_id):
+    if not os.path.exists(lab.runtime_log):     # (no create reached the Python side: none was ours)
+        return []
     with open(lab.runtime_log) as stream:
         return [line for line in stream if f"container {container_id}: injected" in line]
 
