@@ -74,8 +74,10 @@ static int harmless_escape(const char *p, const char *end, const struct pattern_
         return 0;
     for (int i = 2; i < 6; i++) {
         char c = p[i];
-        int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                  : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int digit = c >= '0' && c <= '9' ? c - '0'
+            : c >= 'a' && c <= 'f'       ? c - 'a' + 10
+            : c >= 'A' && c <= 'F'       ? c - 'A' + 10
+                                         : -1;
         if (digit < 0)
             return 0;
         cp = cp * 16 + (unsigned)digit;

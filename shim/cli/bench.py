@@ -47,9 +47,9 @@ def bench():
                    "packages, fetched once with apt-get download into $CDI_SHIM_TEST_CACHE "
                    "(/var/cache/cdi-shim-tests), each with its default enable_cdi (2.1: on).")
 @click.option("--time-runc", is_flag=True,
-              help="With --native-cdi or the one-mount scenario: run runc behind a small timer on every side and split each pod's "
-                   "StartContainer into runc create, runc start and the rest (containerd, its shim, and the "
-                   "runtime in front of runc).")
+              help="With --native-cdi or the one-mount scenario: run runc behind a small timer on every side and "
+                   "split each pod's StartContainer into runc create, runc start and the rest (containerd, its "
+                   "shim, and the runtime in front of runc).")
 @click.option("--toolkit-hook", metavar="PATH", type=click.Path(exists=True, dir_okay=False),
               help="With --native-cdi: side (a) runs this program (the toolkit's real nvidia-cdi-hook, e.g. "
                    "from benchmarks/toolkit.py) instead of the lab's stand-in script; its hook processes are "
