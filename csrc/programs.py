@@ -9,8 +9,8 @@ import subprocess
 import sysconfig
 
 LAUNCHER = ["csrc/launcher/pylaunch.c"]
-FRONTEND = ["runtime_main", "settings", "cmdline", "request_scan", "passthrough", "resident_client"]
-FRONTEND_ENGINE = ["replay", "request", "ociconf", "inroot", "filememo"]      # the engine's parts it links
+FRONTEND = ["runtime_main", "settings", "cmdline", "request_scan", "passthrough", "resident_client", "after_create"]
+FRONTEND_ENGINE = ["replay", "request", "ociconf", "inroot", "filememo", "devlinks"]      # the engine's parts it links
 PROGRAMS = {
     # the runtime front end: runc's command line, passthrough without Python
     "cdi-shim-runtime": ([f"csrc/frontend/{name}.c" for name in FRONTEND]
@@ -20,7 +20,7 @@ PROGRAMS = {
     "cdi-shim-hook": (["csrc/launcher/launcher.c"] + LAUNCHER, ['-DCDS_MODULE="shim.cli.hook_main"']),
     # the hooks the runtime leaves to runc (work under /proc and runc's /dev, the library binds)
     "cdi-shim-nshook": (["csrc/hooks/nshook.c", "csrc/hooks/ocistate.c", "csrc/engine/ociconf.c",
-                         "csrc/engine/inroot.c"], []),
+                         "csrc/engine/inroot.c", "csrc/engine/devlinks.c"], []),
     # Docker's --gpus: dockerd offers the flag only with this name on its PATH; it fails when run,
     # saying to select the cdi-shim runtime (which drops it: shim/runtime/requests.py LEGACY_HOOK)
     "nvidia-container-runtime-hook": (["csrc/hooks/legacy_hook.c"], []),

@@ -10,6 +10,7 @@ import sys
 from cdi.safeio import RACY_WINDOW_NS
 
 from . import config, driver_version
+from .generate.spec import NS_HOOK_PROGRAM
 from .linker.container import HOOK_PROGRAMS
 from .linker.etcfiles import OVERLAY_UNSAFE
 from .linker.toolkit_hooks import PARAMS_PATH
@@ -105,8 +106,10 @@ def memo_rules_header():
            f"#define CDS_LEGACY_HOOK_ENV {c_string(requests.LEGACY_HOOK_ENV)}", "",
            "/* the file a generated spec's driver version is checked against (shim/driver_version.py) */",
            f"#define CDS_DRIVER_VERSION_FILE {c_string(driver_version.VERSION_FILE)}",
-           f"#define CDS_DRIVER_VERSION_FILE_ENV {c_string(driver_version.VERSION_FILE_ENV)}"]
-    return _guard("memo_rules.h", "cdi/safeio.py, shim/linker and shim/runtime", out)
+           f"#define CDS_DRIVER_VERSION_FILE_ENV {c_string(driver_version.VERSION_FILE_ENV)}", "",
+           "/* our createContainer hook program, whose device links the front end can make itself (shim/generate/spec.py) */",
+           f"#define CDS_NSHOOK_PROGRAM {c_string(NS_HOOK_PROGRAM)}"]
+    return _guard("memo_rules.h", "cdi/safeio.py, shim/generate, shim/linker and shim/runtime", out)
 
 
 HEADERS = {"csrc/frontend/config_keys.h": config_keys_header, "csrc/frontend/runtime_rules.h": runtime_rules_header,

@@ -45,7 +45,7 @@ int create_takes_value(const char *name, size_t len) { return among(name, len, c
 
 struct create_line scan_create(char **args, int n)
 {
-    struct create_line line = {".", 0, 0, n};
+    struct create_line line = {".", 0, 0, n, NULL};
     for (int i = 1; i < n; i++) {
         const char *a = args[i];
         if (a[0] != '-' || strcmp(a, "-") == 0 || strcmp(a, "--") == 0) {
@@ -68,8 +68,10 @@ struct create_line scan_create(char **args, int n)
         } else if (is_help_option(name, len)) {
             line.help = 1;
         } else if (create_takes_value(name, len)) {
-            if (len == 6 || len == 1) /* --bundle, -b */
+            if ((len == 6 && strncmp(name, "bundle", 6) == 0) || (len == 1 && name[0] == 'b'))
                 line.bundle = eq ? eq + 1 : (i + 1 < n ? args[i + 1] : ".");
+            else if (len == 8 && strncmp(name, "pid-file", 8) == 0)
+                line.pid_file = eq ? eq + 1 : (i + 1 < n ? args[i + 1] : NULL);
             if (!eq)
                 i++;
         }

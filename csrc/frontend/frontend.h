@@ -46,10 +46,13 @@ struct create_line {
     int has_device; /* --device among the command's options: always Python */
     int help;       /* --help/-h: runc prints the command's help; no bundle is read */
     int end;        /* where the options end (the container id, "--", or n) */
+    const char *pid_file; /* --pid-file's value, or NULL */
 };
 
 struct create_line scan_create(char **args, int n);
 const char *container_id(char **argv, int argc, int at);
+
+#define MAX_CONFIG_JSON (64u << 20)
 
 /* request_scan.c: whether a bundle's config.json holds anything for us. */
 enum config_kind { NOTHING_FOR_US = 0, HOOKS_ONLY = 1, MAY_REQUEST = 2 };
@@ -65,6 +68,11 @@ void info_line(const struct settings *set, const char *message);
 int in_host_user_namespace(void);
 int exec_runtime(const struct settings *set, char **argv_out);
 int exec_python(int argc, char **argv);
+
+/* after_create.c: exec RUNTIME with ARGV (runc's command line, ARGV[0] included), or, for a
+ * create whose config.json's device links can wait (csrc/engine/devlinks.h), run it as a child
+ * and make the links in the created container; the exit status for main, when it returns. */
+int exec_runtime_at(const struct settings *set, const char *runtime, char **argv);
 
 /* resident_client.c: create/run handed to the resident process. */
 int try_resident(const struct settings *set, int argc, char **argv);

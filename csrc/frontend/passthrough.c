@@ -140,7 +140,9 @@ int exec_runtime(const struct settings *set, char **argv_out)
             return 127;
         }
     }
-    execv(runtime, argv_out);
+    int status = exec_runtime_at(set, runtime, argv_out);
+    if (status >= 0)
+        return status;
     snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s%s", set->runtime,
              strerror(errno), errno == ENOENT ? " (install runc or set \"runtime\" in the cdi-shim config)" : "");
     report(message);

@@ -10,7 +10,6 @@
 #include "../engine/cleanup.h"
 #include "../engine/memo_rules.h"
 
-#define MAX_CONFIG_JSON (64u << 20)
 #define DEVICE_MOUNT_PATTERN "\"" CDS_DEVICE_MOUNT_ROOT
 
 /* The hook programs whose work the Python half does (cds_hook_programs): a config injected by

@@ -266,7 +266,9 @@ int try_resident(const struct settings *set, int argc, char **argv)
     int n = 0;
     for (const char *p = argv_at; p < reply.data + reply.len; p += strlen(p) + 1)
         args[n++] = (char *)p;
-    execv(args[0], args);
+    int run = exec_runtime_at(set, args[0], args);
+    if (run >= 0)
+        return run;
     snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s", args[0],
              strerror(errno));
     report(message);

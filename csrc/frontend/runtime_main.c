@@ -165,7 +165,7 @@ int main(int argc, char **argv)
         return exec_python(argc, argv);
 
     int create = command < argc && among(argv[command], strlen(argv[command]), cds_injecting_commands);
-    struct create_line scan = {".", 0, 0, 0};
+    struct create_line scan = {".", 0, 0, 0, NULL};
     if (create) {
         scan = scan_create(argv + command, argc - command);
         cleanup_free char *json = NULL;

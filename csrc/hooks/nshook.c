@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "../engine/memo_rules.h"
+#include "../engine/devlinks.h"
 #include "../engine/inroot.h"
 
 #ifndef CDS_VERSION
@@ -57,7 +58,7 @@
 #include "ocistate.h"
 
 #define PARAMS_PATH CDS_PARAMS_PATH
-#define MAX_LINKS 1024
+#define MAX_LINKS CDS_MAX_DEVICE_LINKS
 
 /* To stdout with status 0 when asked for (--help), else to stderr with status 2 (a wrong call). */
 static int usage_to(FILE *out, int status)
@@ -151,76 +152,13 @@ static int bind_params(int rootfd, const char *rootfs, const char *source)
     return 0;
 }
 
-/* A descriptor of directory PATH (absolute, no "." or ".." parts) inside the root, made
- * (0755) where missing; -1 with errno. PATH is changed while walked, and restored. */
-static int open_dir_made(int rootfd, char *path)
-{
-    int fd = dup(rootfd);
-    char *part = path;
-    while (fd >= 0 && *part) {
-        while (*part == '/')
-            part++;
-        if (!*part)
-            break;
-        char *end = strchr(part, '/');
-        if (end)
-            *end = '\0';
-        int child = openat(fd, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (child < 0 && errno == ENOENT && mkdirat(fd, part, 0755) == 0)
-            child = openat(fd, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (child < 0 && errno == ENOTDIR) {
-            /* a link in the image: follow it, inside the root only */
-            char sofar[4096];
-            snprintf(sofar, sizeof sofar, "%.*s", (int)(end ? end - path : (long)strlen(path)), path);
-            child = cds_inroot_open(rootfd, sofar, O_PATH | O_DIRECTORY);
-        }
-        int err = errno;
-        close(fd);
-        fd = child;
-        errno = err;
-        if (end)
-            *end = '/';
-        part = end ? end + 1 : part + strlen(part);
-    }
-    return fd;
-}
-
 static int make_links(int rootfd, const char *rootfs, char **links, int count)
 {
-    for (int i = 0; i < count; i++) {
-        char *sep = strstr(links[i], "::");
-        if (sep == NULL || sep == links[i] || sep[2] != '/') {
-            fprintf(stderr, "Error: symlinks: malformed --link \"%s\": expected TARGET::/ABSOLUTE/LINK\n", links[i]);
-            return 1;
-        }
-        *sep = '\0';
-        const char *target = links[i];
-        char *link = sep + 2;
-        char *slash = strrchr(link, '/');
-        const char *name = slash + 1;
-        if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || strstr(link, "/../")
-            || strstr(link, "/./")) {
-            fprintf(stderr, "Error: symlinks: malformed link path \"%s\"\n", link);
-            return 1;
-        }
-        *slash = '\0';
-        int dirfd = open_dir_made(rootfd, link);
-        int err = errno;
-        *slash = '/';
-        if (dirfd < 0) {
-            fprintf(stderr, "Error: symlinks: cannot open the directory of %s in %s: %s\n", link, rootfs,
-                    strerror(err));
-            return 1;
-        }
-        int rc = cds_link_at(dirfd, name, target);
-        err = errno;
-        close(dirfd);
-        if (rc < 0) {
-            fprintf(stderr, "Error: symlinks: cannot make %s -> %s in %s: %s\n", link, target, rootfs, strerror(err));
-            return 1;
-        }
-    }
-    return 0;
+    char why[8400];
+    if (cds_make_links(rootfd, rootfs, links, count, why, sizeof why) == 0)
+        return 0;
+    fprintf(stderr, "Error: symlinks: %s\n", why);
+    return 1;
 }
 
 /* OPTIONS (a comma list) as mount(2) flags for the three steps runc takes: the bind (MS_BIND,

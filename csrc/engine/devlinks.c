@@ -1,0 +1,442 @@
+/* The links of a create-symlinks hook under runc's /dev: see devlinks.h. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "devlinks.h"
+#include "inroot.h"
+#include "json_reader.h"
+
+/* A descriptor of directory PATH (absolute, no "." or ".." parts) inside the root, made
+ * (0755) where missing, as the hook's MkdirAll does; -1 with errno. PATH is changed while
+ * walked, and restored. */
+static int open_dir_made(int rootfd, char *path)
+{
+    int fd = dup(rootfd);
+    char *part = path;
+    while (fd >= 0 && *part) {
+        while (*part == '/')
+            part++;
+        if (!*part)
+            break;
+        char *end = strchr(part, '/');
+        if (end)
+            *end = '\0';
+        int child = openat(fd, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (child < 0 && errno == ENOENT && mkdirat(fd, part, 0755) == 0)
+            child = openat(fd, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (child < 0 && errno == ENOTDIR) {
+            /* a link in the image: follow it, inside the root only */
+            char sofar[4096];
+            snprintf(sofar, sizeof sofar, "%.*s", (int)(end ? end - path : (long)strlen(path)), path);
+            child = cds_inroot_open(rootfd, sofar, O_PATH | O_DIRECTORY);
+        }
+        int err = errno;
+        close(fd);
+        fd = child;
+        errno = err;
+        if (end)
+            *end = '/';
+        part = end ? end + 1 : part + strlen(part);
+    }
+    return fd;
+}
+
+int cds_make_links(int rootfd, const char *where, char **links, int count, char *why, size_t cap)
+{
+    for (int i = 0; i < count; i++) {
+        char *sep = strstr(links[i], "::");
+        if (sep == NULL || sep == links[i] || sep[2] != '/') {
+            snprintf(why, cap, "malformed --link \"%s\": expected TARGET::/ABSOLUTE/LINK", links[i]);
+            return -1;
+        }
+        *sep = '\0';
+        const char *target = links[i];
+        char *link = sep + 2;
+        char *slash = strrchr(link, '/');
+        const char *name = slash + 1;
+        int bad = !*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || strstr(link, "/../")
+            || strstr(link, "/./");
+        int dirfd = -1, rc = -1, err = 0;
+        if (!bad) {
+            *slash = '\0';
+            dirfd = open_dir_made(rootfd, link);
+            err = errno;
+            *slash = '/';
+        }
+        if (dirfd >= 0) {
+            rc = cds_link_at(dirfd, name, target);
+            err = errno;
+            close(dirfd);
+        }
+        if (bad)
+            snprintf(why, cap, "malformed link path \"%s\"", link);
+        else if (dirfd < 0)
+            snprintf(why, cap, "cannot open the directory of %s in %s: %s", link, where, strerror(err));
+        else if (rc < 0)
+            snprintf(why, cap, "cannot make %s -> %s in %s: %s", link, target, where, strerror(err));
+        *sep = ':';
+        if (bad || rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* What the reading of config.json gathers. A string with an escape makes the config "not for
+ * deferral" (plain = 0) rather than an error. */
+struct reading {
+    const char *s;
+    int plain;
+    struct cds_span container_hooks; /* hooks.createContainer (an array) */
+    struct cds_span last_hook, before_last;
+    struct cds_span root_path;
+    int dev_mount;    /* the last mount at /dev: 1 a read-write tmpfs, 0 anything else or none */
+    int mount_dev, mount_tmpfs, mount_ro; /* of the mount being read */
+    struct cds_span *destinations;        /* every mount's but /dev's */
+    size_t n_destinations, cap_destinations;
+    int user_namespace;
+    int dev_paths;    /* a readonlyPaths or maskedPaths entry in /dev */
+    int in_dev_paths; /* reading readonlyPaths or maskedPaths */
+};
+
+/* The string at r->i into *SPAN (quotes included); a string with an escape, or another value,
+ * clears PLAIN (an escape's spelling is not compared here). */
+static int plain_string(struct cds_reader *r, struct reading *g, struct cds_span *span)
+{
+    struct cds_span got = {0, 0};
+    if (cds_json_take(r, &got) < 0)
+        return -1;
+    if (r->s[got.start] != '"' || memchr(r->s + got.start, '\\', got.end - got.start))
+        g->plain = 0;
+    *span = got;
+    return 0;
+}
+
+static int is_text(const struct reading *g, struct cds_span span, const char *text)
+{
+    size_t n = strlen(text);
+    return span.end == span.start + n + 2 && g->s[span.start] == '"' && memcmp(g->s + span.start + 1, text, n) == 0;
+}
+
+static int is(const char *key, size_t len, const char *name) { return strlen(name) == len && memcmp(key, name, len) == 0; }
+
+static int hook_element(struct cds_reader *r, void *data)
+{
+    struct reading *g = data;
+    g->before_last = g->last_hook;
+    g->last_hook = (struct cds_span){0, 0};
+    return cds_json_take(r, &g->last_hook);
+}
+
+static int hooks_member(struct cds_reader *r, const char *key, size_t len, void *data)
+{
+    struct reading *g = data;
+    if (!is(key, len, "createContainer"))
+        return cds_json_value(r);
+    if (r->i >= r->n || r->s[r->i] != '[' || g->container_hooks.end) {
+        g->plain = 0;
+        return cds_json_value(r);
+    }
+    g->container_hooks.start = r->i;
+    g->last_hook = g->before_last = (struct cds_span){0, 0};
+    if (cds_json_elements(r, hook_element, g) < 0)
+        return -1;
+    g->container_hooks.end = r->i;
+    return 0;
+}
+
+static int option_element(struct cds_reader *r, void *data)
+{
+    struct reading *g = data;
+    struct cds_span option;
+    if (plain_string(r, g, &option) < 0)
+        return -1;
+    if (is_text(g, option, "ro"))
+        g->mount_ro = 1;
+    return 0;
+}
+
+static int mount_member(struct cds_reader *r, const char *key, size_t len, void *data)
+{
+    struct reading *g = data;
+    struct cds_span span;
+    if (is(key, len, "destination")) {
+        if (plain_string(r, g, &span) < 0)
+            return -1;
+        g->mount_dev = is_text(g, span, "/dev");
+        if (g->mount_dev)
+            return 0;
+        if (g->n_destinations == g->cap_destinations) {
+            size_t cap = g->cap_destinations ? 2 * g->cap_destinations : 32;
+            struct cds_span *more = realloc(g->destinations, cap * sizeof *more);
+            if (!more)
+                return -1;
+            g->destinations = more;
+            g->cap_destinations = cap;
+        }
+        g->destinations[g->n_destinations++] = span;
+        return 0;
+    }
+    if (is(key, len, "type")) {
+        if (plain_string(r, g, &span) < 0)
+            return -1;
+        g->mount_tmpfs = is_text(g, span, "tmpfs");
+        return 0;
+    }
+    if (is(key, len, "options")) {
+        if (r->i >= r->n || r->s[r->i] != '[')
+            g->plain = 0;
+        return r->i < r->n && r->s[r->i] == '[' ? cds_json_elements(r, option_element, g) : cds_json_value(r);
+    }
+    return cds_json_value(r);
+}
+
+static int mount_element(struct cds_reader *r, void *data)
+{
+    struct reading *g = data;
+    g->mount_dev = g->mount_tmpfs = g->mount_ro = 0;
+    if (r->i >= r->n || r->s[r->i] != '{') {
+        g->plain = 0;
+        return cds_json_value(r);
+    }
+    if (cds_json_members(r, mount_member, g) < 0)
+        return -1;
+    if (g->mount_dev)
+        g->dev_mount = g->mount_tmpfs && !g->mount_ro;
+    return 0;
+}
+
+static int namespace_member(struct cds_reader *r, const char *key, size_t len, void *data)
+{
+    struct reading *g = data;
+    struct cds_span type;
+    if (!is(key, len, "type"))
+        return cds_json_value(r);
+    if (plain_string(r, g, &type) < 0)
+        return -1;
+    if (is_text(g, type, "user"))
+        g->user_namespace = 1;
+    return 0;
+}
+
+static int namespace_element(struct cds_reader *r, void *data)
+{
+    struct reading *g = data;
+    if (r->i >= r->n || r->s[r->i] != '{') {
+        g->plain = 0;
+        return cds_json_value(r);
+    }
+    return cds_json_members(r, namespace_member, g);
+}
+
+static int path_element(struct cds_reader *r, void *data)
+{
+    struct reading *g = data;
+    struct cds_span path;
+    if (plain_string(r, g, &path) < 0)
+        return -1;
+    const char *p = g->s + path.start + 1;
+    size_t n = path.end - path.start - 2;
+    if (n >= 4 && memcmp(p, "/dev", 4) == 0 && (n == 4 || p[4] == '/'))
+        g->dev_paths = 1;
+    return 0;
+}
+
+static int linux_member(struct cds_reader *r, const char *key, size_t len, void *data)
+{
+    struct reading *g = data;
+    cds_element_fn each = is(key, len, "namespaces")                              ? namespace_element
+        : is(key, len, "readonlyPaths") || is(key, len, "maskedPaths") ? path_element
+                                                                         : NULL;
+    if (each == NULL)
+        return cds_json_value(r);
+    if (r->i >= r->n || r->s[r->i] != '[') {
+        g->plain = 0;
+        return cds_json_value(r);
+    }
+    return cds_json_elements(r, each, g);
+}
+
+static int root_member(struct cds_reader *r, const char *key, size_t len, void *data)
+{
+    struct reading *g = data;
+    return is(key, len, "path") ? plain_string(r, g, &g->root_path) : cds_json_value(r);
+}
+
+static int top_member(struct cds_reader *r, const char *key, size_t len, void *data)
+{
+    struct reading *g = data;
+    cds_member_fn inner = is(key, len, "hooks") ? hooks_member
+        : is(key, len, "root")                  ? root_member
+        : is(key, len, "linux")                 ? linux_member
+                                                : NULL;
+    if (is(key, len, "mounts")) {
+        if (r->i < r->n && r->s[r->i] == '[')
+            return cds_json_elements(r, mount_element, g);
+        g->plain = 0;
+        return cds_json_value(r);
+    }
+    if (inner == NULL)
+        return cds_json_value(r);
+    if (r->i >= r->n || r->s[r->i] != '{') {
+        g->plain = 0;
+        return cds_json_value(r);
+    }
+    return cds_json_members(r, inner, g);
+}
+
+/* The last createContainer hook, read: its path, and its args as the links they give. */
+struct hook_reading {
+    struct reading *g;
+    struct cds_span path;
+    struct cds_span arg[2 + 2 * CDS_MAX_DEVICE_LINKS + 2];
+    size_t args;
+    int other; /* a member a plain symlinks hook does not have, or args past the bound */
+};
+
+static int arg_element(struct cds_reader *r, void *data)
+{
+    struct hook_reading *h = data;
+    if (h->args == sizeof h->arg / sizeof h->arg[0]) {
+        h->other = 1;
+        return cds_json_value(r);
+    }
+    return plain_string(r, h->g, &h->arg[h->args++]);
+}
+
+static int hook_member(struct cds_reader *r, const char *key, size_t len, void *data)
+{
+    struct hook_reading *h = data;
+    if (is(key, len, "path"))
+        return plain_string(r, h->g, &h->path);
+    if (is(key, len, "args") && r->i < r->n && r->s[r->i] == '[')
+        return cds_json_elements(r, arg_element, h);
+    if (!is(key, len, "env") && !is(key, len, "timeout"))
+        h->other = 1;
+    return cds_json_value(r);
+}
+
+/* The text of a plain string span, without its quotes, copied NUL-terminated to AT. */
+static char *put(char *at, const char *s, struct cds_span span)
+{
+    size_t n = span.end - span.start - 2;
+    memcpy(at, s + span.start + 1, n);
+    at[n] = '\0';
+    return at + n + 1;
+}
+
+/* Whether the link PATH (N bytes) lies at or under a mount's destination other than /dev: runc
+ * may change that mount after its hooks (a read-only tmpfs is made read-only only then). */
+static int under_a_mount(const struct reading *g, const char *path, size_t n)
+{
+    for (size_t i = 0; i < g->n_destinations; i++) {
+        const char *d = g->s + g->destinations[i].start + 1;
+        size_t len = g->destinations[i].end - g->destinations[i].start - 2;
+        while (len > 1 && d[len - 1] == '/')
+            len--;
+        if (len <= n && memcmp(path, d, len) == 0 && (len == n || path[len] == '/' || d[len - 1] == '/'))
+            return 1;
+    }
+    return 0;
+}
+
+/* The links of the hook H read from JSON (G: the config's reading), OUT filled: 1, 0 or -1. */
+static int links_of(const char *json, size_t len, struct reading *g, struct hook_reading *h,
+                    struct cds_deferred_links *out)
+{
+    h->g = g;
+    struct cds_reader hook = {.s = json, .n = g->last_hook.end, .i = g->last_hook.start};
+    if (cds_json_members(&hook, hook_member, h) < 0)
+        return errno == ENOMEM ? -1 : 0;
+    if (!g->plain || h->other || !h->path.end || h->args < 4 || !is_text(g, h->arg[1], "symlinks"))
+        return 0;
+    /* the program: ours by name, and there (runc would fail the create on a missing one) */
+    size_t path_len = h->path.end - h->path.start - 2, name_len = strlen(CDS_NSHOOK_PROGRAM);
+    const char *path = json + h->path.start + 1;
+    char program[4096];
+    if (path_len <= name_len || path_len >= sizeof program || path[path_len - name_len - 1] != '/'
+        || memcmp(path + path_len - name_len, CDS_NSHOOK_PROGRAM, name_len) != 0)
+        return 0;
+    put(program, json, h->path);
+    if (access(program, X_OK) != 0)
+        return 0;
+    size_t text_len = 0;
+    int count = 0;
+    for (size_t i = 2; i < h->args; i += 2) {
+        if (i + 1 == h->args)
+            return 0;
+        if (is_text(g, h->arg[i], "--rootfs")) {
+            struct cds_span given = h->arg[i + 1];
+            if (!g->root_path.end || given.end - given.start != g->root_path.end - g->root_path.start
+                || memcmp(json + given.start, json + g->root_path.start, given.end - given.start) != 0)
+                return 0;
+            continue;
+        }
+        if (!is_text(g, h->arg[i], "--link") || ++count > CDS_MAX_DEVICE_LINKS)
+            return 0;
+        const char *link = json + h->arg[i + 1].start + 1;
+        size_t n = h->arg[i + 1].end - h->arg[i + 1].start - 2;
+        const char *sep = memmem(link, n, "::", 2);
+        if (!sep || (size_t)(link + n - sep) < 2 + 6 || memcmp(sep + 2, "/dev/", 5) != 0
+            || under_a_mount(g, sep + 2, (size_t)(link + n - sep) - 2))
+            return 0;
+        text_len += n + 1;
+    }
+    if (count == 0)
+        return 0;
+
+    /* the array without its last element: up to the end of the one before it, or empty */
+    size_t keep = g->before_last.end ? g->before_last.end : g->container_hooks.start + 1;
+    out->config_len = keep + 1 + (len - g->container_hooks.end);
+    out->config = malloc(out->config_len + 1);
+    out->text = malloc(text_len);
+    out->link = malloc((size_t)count * sizeof *out->link);
+    if (!out->config || !out->text || !out->link) {
+        cds_deferred_links_free(out);
+        errno = ENOMEM;
+        return -1;
+    }
+    memcpy(out->config, json, keep);
+    out->config[keep] = ']';
+    memcpy(out->config + keep + 1, json + g->container_hooks.end, len - g->container_hooks.end);
+    out->config[out->config_len] = '\0';
+    char *at = out->text;
+    for (size_t i = 2; i < h->args; i += 2)
+        if (is_text(g, h->arg[i], "--link")) {
+            out->link[out->count++] = at;
+            at = put(at, json, h->arg[i + 1]);
+        }
+    return 1;
+}
+
+int cds_deferred_links(const char *json, size_t len, struct cds_deferred_links *out)
+{
+    struct reading g = {.s = json, .plain = 1};
+    struct cds_reader r = {.s = json, .n = len};
+    memset(out, 0, sizeof *out);
+    int parsed = cds_json_members(&r, top_member, &g);
+    cds_json_blanks(&r);
+    if (parsed < 0 || r.i != r.n || !g.plain || !g.last_hook.end || !g.dev_mount || g.user_namespace || g.dev_paths
+        || json[g.last_hook.start] != '{') {
+        free(g.destinations);
+        return parsed < 0 && errno == ENOMEM ? -1 : 0;
+    }
+    struct hook_reading *h = calloc(1, sizeof *h); /* its spans are many for a stack */
+    int done = h ? links_of(json, len, &g, h, out) : -1;
+    free(h);
+    free(g.destinations);
+    return done;
+}
+
+void cds_deferred_links_free(struct cds_deferred_links *out)
+{
+    free(out->config);
+    free(out->text);
+    free(out->link);
+    memset(out, 0, sizeof *out);
+}

@@ -1,0 +1,169 @@
+/* The last step of every path to runc: exec it, or, for a create whose device links can wait
+ * (csrc/engine/devlinks.h: the /dev/dri/by-path links of a GPU with DRM nodes, which a hook
+ * would make in runc's /dev), run `runc create` as our child, config.json without that hook,
+ * and make the links ourselves in the created container's root (/proc/PID/root of its init,
+ * which waits on its exec FIFO until `runc start`: nothing of the image has run). runc then
+ * starts no hook process for them (docs/one-mount.md has what that saves).
+ *
+ * Only with --pid-file (containerd, Docker's and podman's shims give it): without it the init's
+ * PID would cost a `runc state`, and the hook stays. A failure after runc's create deletes the
+ * container (`runc delete --force`) and fails the create, naming the link, as the hook's
+ * failure would. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frontend.h"
+#include "../engine/cleanup.h"
+#include "../engine/devlinks.h"
+#include "../engine/inroot.h"
+
+/* Where the command word is in ARGV (runc's global options before it), or -1. */
+static int command_at(char **argv)
+{
+    for (int i = 1; argv[i]; i++) {
+        const char *a = argv[i];
+        if (a[0] != '-' || strcmp(a, "-") == 0)
+            return i;
+        size_t len;
+        const char *name = option_name(a, &len);
+        if (!strchr(a, '=') && global_takes_value(name, len) && argv[i + 1])
+            i++;
+    }
+    return -1;
+}
+
+static double ms_since(const struct timespec *start)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - start->tv_sec) * 1e3 + (double)(now.tv_nsec - start->tv_nsec) / 1e6;
+}
+
+/* RUNTIME with ARGV as our child; its exit status (128 + a signal's number), or -1. */
+static int run_child(const char *runtime, char **argv)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        execv(runtime, argv);
+        fprintf(stderr, "cdi-shim: cannot run the low-level runtime \"%s\": %s\n", runtime, strerror(errno));
+        _exit(127);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* The init's PID that runc wrote to PID_FILE; 0 when unreadable. */
+static pid_t init_pid(const char *pid_file)
+{
+    char text[32];
+    cleanup_fd int fd = open(pid_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    ssize_t n = fd < 0 ? -1 : read(fd, text, sizeof text - 1);
+    if (n <= 0)
+        return 0;
+    text[n] = '\0';
+    char *end;
+    long pid = strtol(text, &end, 10);
+    return pid > 0 && end != text && (*end == '\0' || *end == '\n') ? (pid_t)pid : 0;
+}
+
+/* The links made in the root of the container whose init runc wrote to PID_FILE; 0, or -1
+ * with why in WHY. */
+static int make_container_links(const char *pid_file, struct cds_deferred_links *links, char *why, size_t cap)
+{
+    char root[64];
+    pid_t pid = init_pid(pid_file);
+    if (pid == 0) {
+        snprintf(why, cap, "cannot read the container's PID from %s", pid_file);
+        return -1;
+    }
+    snprintf(root, sizeof root, "/proc/%d/root", (int)pid);
+    cleanup_fd int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (rootfd < 0) {
+        snprintf(why, cap, "cannot open %s: %s", root, strerror(errno));
+        return -1;
+    }
+    return cds_make_links(rootfd, "the container's root", links->link, links->count, why, cap);
+}
+
+/* `runc [global options] delete --force ID`, after a create that failed past runc's part. */
+static void delete_container(const char *runtime, char **argv, int command, const char *id)
+{
+    cleanup_free char **args = calloc((size_t)command + 4, sizeof(char *));
+    if (!args)
+        return;
+    for (int i = 0; i < command; i++)
+        args[i] = argv[i];
+    args[command] = "delete";
+    args[command + 1] = "--force";
+    args[command + 2] = (char *)id;
+    if (run_child(runtime, args) != 0)
+        fprintf(stderr, "cdi-shim: container %s could not be deleted after its failed create\n", id);
+}
+
+int exec_runtime_at(const struct settings *set, const char *runtime, char **argv)
+{
+    int command = command_at(argv);
+    int argc = command;
+    while (argc >= 0 && argv[argc])
+        argc++;
+    struct create_line line = {".", 0, 0, 0, NULL};
+    if (command > 0 && strcmp(argv[command], "create") == 0)
+        line = scan_create(argv + command, argc - command);
+    const char *id = command > 0 ? container_id(argv, argc, command + line.end) : NULL;
+    struct cds_deferred_links links = {0};
+    int deferred = 0;
+    if (line.pid_file && !line.help && id) {
+        char path[4096];
+        cleanup_free char *json = NULL;
+        mode_t mode = 0;
+        snprintf(path, sizeof path, "%s/config.json", line.bundle);
+        long len = read_file_mode(path, MAX_CONFIG_JSON, &json, &mode);
+        cleanup_fd int bundlefd = len > 0 ? open(line.bundle, O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
+        deferred = bundlefd >= 0 && cds_deferred_links(json, (size_t)len, &links) == 1
+            && cds_write_at(bundlefd, "config.json", (const uint8_t *)links.config, links.config_len, mode, 0) == 0;
+    }
+    if (!deferred) {
+        cds_deferred_links_free(&links);
+        execv(runtime, argv);
+        return -1;
+    }
+
+    int status = run_child(runtime, argv);
+    if (status != 0) {
+        cds_deferred_links_free(&links);
+        if (status < 0)
+            fprintf(stderr, "cdi-shim: cannot run the low-level runtime \"%s\": %s\n", runtime, strerror(errno));
+        return status < 0 ? 127 : status;
+    }
+    struct timespec start;
+    char why[8400], message[9000];
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    int made = make_container_links(line.pid_file, &links, why, sizeof why);
+    cds_deferred_links_free(&links);
+    if (made != 0) {
+        snprintf(message, sizeof message, "cdi-shim: container %.200s: the device links: %s; the container was not created",
+                 id, why);
+        report(message);
+        delete_container(runtime, argv, command, id);
+        return 1;
+    }
+    snprintf(message, sizeof message,
+             "cdi-shim: container %.200s: the device links made in the created container, no hook; "
+             "phase=links took=%.2fms",
+             id, ms_since(&start));
+    debug_line(set, message);
+    return 0;
+}

@@ -1,0 +1,259 @@
+"""The device links of a create made after `runc create`, with no hook process
+(csrc/frontend/after_create.c, the rule in csrc/engine/devlinks.c).
+
+A spec's `cdi-shim-nshook symlinks` hook (the /dev/dri/by-path links of a GPU with DRM nodes)
+makes its links in the /dev runc mounts. For a create with --pid-file, as every engine's shim
+calls it, the front end takes the hook out of config.json, lets runc create the container and
+makes the links in the created container's root before its process has run. The container
+sees what the hook gives it (real runc, busybox's stat inside); a link that cannot be made
+fails the create and leaves no container, as the hook's failure does; the rule that decides
+is read through the engine, case by case."""
+import json
+import os
+import stat
+
+import pytest
+
+import runtime_helpers as rh
+from shim._native import ffi, lib
+
+CARD_LINK = "../card1::/dev/dri/by-path/pci-0000:01:00.0-card"
+RENDER_LINK = "../renderD128::/dev/dri/by-path/pci-0000:01:00.0-render"
+PROBE = ("stat -c '%N %u %g %a %F' /dev/dri /dev/dri/card1 /dev/dri/renderD128 /dev/dri/by-path "
+         "/dev/dri/by-path/*")
+NSHOOK = os.path.join(os.path.dirname(rh.runtime()), "cdi-shim-nshook")
+
+
+def _drm_spec(world, extra_mount="", extra_node=""):
+    for minor in (1, 128):
+        node = os.path.join(world.dev_dir, f"dri-{minor}")
+        if not os.path.exists(node):
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(226, minor))
+    world.write_spec("drm.yaml", f"""cdiVersion: "0.5.0"
+kind: example.com/drm
+devices:
+  - name: card
+    containerEdits:
+      deviceNodes:
+        - path: /dev/dri/card1
+          hostPath: {world.dev_dir}/dri-1
+        - path: /dev/dri/renderD128
+          hostPath: {world.dev_dir}/dri-128
+{extra_node}      hooks:
+        - hookName: createContainer
+          path: {NSHOOK}
+          args: [cdi-shim-nshook, symlinks, --link, "{CARD_LINK}", --link, "{RENDER_LINK}"]
+          env: [PATH=/usr/bin:/bin]
+{extra_mount}""")
+
+
+@pytest.fixture(params=["exec", "resident"])
+def world(tmp_path, request):
+    server = request.getfixturevalue("resident_server") if request.param == "resident" else None
+    made = rh.World(tmp_path, resident=server)
+    made.resident = server is not None
+    yield made
+    made.cleanup()
+
+
+def _bundle(world):
+    return world.bundle(args=("sh", "-c", PROBE), annotations={"cdi.k8s.io/drm": "example.com/drm=card"})
+
+
+def _nshook_hooks(bundle):
+    hooks = bundle.config().get("hooks", {}).get("createContainer", [])
+    return [h for h in hooks if h["path"] == NSHOOK]
+
+
+def _create_and_start(world, bundle, pid_file=True):
+    """create (with --pid-file unless told), start, wait: the container's output."""
+    with open(os.path.join(world.base, bundle.id + ".out"), "w+") as out:
+        pid = ["--pid-file", os.path.join(bundle.path, "init.pid")] if pid_file else []
+        done = world.shim("create", *pid, "--bundle", bundle.path, bundle.id, stdout=out)
+        assert done.returncode == 0, done.stderr
+        hooks = _nshook_hooks(bundle)
+        assert world.runc_cmd("start", bundle.id).returncode == 0
+        world.wait_stopped(bundle.id)
+        out.seek(0)
+        return out.read(), hooks
+
+
+def test_the_container_sees_the_links_the_hook_makes(world):
+    _drm_spec(world)
+    first = _bundle(world)
+    run = world.shim("run", "--bundle", first.path, first.id)
+    assert run.returncode == 0, run.stderr
+    assert len(_nshook_hooks(first)) == 1                       # run: runc runs the hook
+    seen = run.stdout
+    assert "'/dev/dri/by-path/pci-0000:01:00.0-card' -> '../card1' 0 0 777 symbolic link" in seen, seen
+    assert "/dev/dri/by-path 0 0 755 directory" in seen, seen
+    # twice: the worker's create, then (with the resident process) the front end's replay
+    for _ in range(2):
+        output, hooks = _create_and_start(world, _bundle(world))
+        assert output == seen
+        # with the resident process the front end execs runc and makes the links; without it
+        # Python execs runc, which runs the hook
+        assert hooks == ([] if world.resident else _nshook_hooks(first))
+    output, hooks = _create_and_start(world, _bundle(world), pid_file=False)
+    assert output == seen and len(hooks) == 1                   # no --pid-file: the hook stays
+
+
+def test_a_config_with_the_hook_and_nothing_else_for_us(world):
+    """containerd's own CDI hands over the edits and the hook: the front end passes the create
+    to runc, and still makes the links itself."""
+    _drm_spec(world)
+    first = _bundle(world)
+    assert world.shim("run", "--bundle", first.path, first.id).returncode == 0
+    injected = first.config()
+    injected["process"]["args"] = ["sh", "-c", PROBE]
+
+    def as_injected(config):
+        config.update({key: injected[key] for key in ("hooks", "mounts")})
+        config["linux"]["devices"] = injected["linux"]["devices"]
+        config["linux"]["resources"] = injected["linux"]["resources"]
+        config.pop("annotations", None)
+    seen = None
+    for pid_file in (False, True):
+        bundle = world.bundle(args=("sh", "-c", PROBE), edit=as_injected)
+        output, hooks = _create_and_start(world, bundle, pid_file=pid_file)
+        assert len(hooks) == (0 if pid_file else 1)
+        assert "-> '../renderD128' 0 0 777 symbolic link" in output, output
+        seen = seen or output
+        assert output == seen
+
+
+def test_a_link_that_cannot_be_made_fails_the_create_and_leaves_no_container(world):
+    """A directory where a link goes (runc made it for a device node under it): the hook fails
+    the create under runc, and so does the front end, naming the link, with nothing left."""
+    _drm_spec(world, extra_node=f"""        - path: {CARD_LINK.partition('::')[2]}/node
+          hostPath: {world.dev_dir}/nvidia0
+""")
+    hooked = _bundle(world)
+    run = world.shim("run", "--bundle", hooked.path, hooked.id)
+    assert run.returncode != 0 and "is a directory" in run.stderr.lower(), run.stderr
+    for _ in range(2):
+        bundle = _bundle(world)
+        done = world.shim("create", "--pid-file", os.path.join(bundle.path, "init.pid"), "--bundle", bundle.path,
+                          bundle.id)
+        assert done.returncode != 0
+        assert "/dev/dri/by-path/pci-0000:01:00.0-card" in done.stderr and "Is a directory" in done.stderr, \
+            done.stderr
+        assert world.state(bundle.id) is None                       # deleted
+
+
+def test_a_read_only_tmpfs_where_the_links_go_keeps_the_hook(world):
+    """runc makes a read-only tmpfs read-only only after its hooks, so the hook's links are made
+    in it: the front end leaves such a create to the hook."""
+    _drm_spec(world, extra_mount=("      mounts:\n        - hostPath: tmpfs\n          containerPath: /dev/dri/by-path\n"
+                                  "          type: tmpfs\n          options: [ro, nosuid]\n"))
+    first = _bundle(world)
+    run = world.shim("run", "--bundle", first.path, first.id)
+    assert run.returncode == 0, run.stderr
+    output, hooks = _create_and_start(world, _bundle(world))
+    assert output == run.stdout and len(hooks) == 1
+    assert "-> '../card1' 0 0 777 symbolic link" in output, output
+
+
+# -- the rule ------------------------------------------------------------------------------------
+
+def _deferred(config):
+    text = json.dumps(config).encode() if not isinstance(config, bytes) else config
+    out = ffi.new("struct cds_deferred_links *")
+    done = lib.cds_deferred_links(text, len(text), out)
+    try:
+        if done != 1:
+            return done, None, None
+        return done, ffi.buffer(out.config, out.config_len)[:], [ffi.string(out.link[i]).decode()
+                                                                 for i in range(out.count)]
+    finally:
+        lib.cds_deferred_links_free(out)
+
+
+@pytest.fixture
+def config(tmp_path):
+    world = rh.World(tmp_path)
+    made = json.loads(json.dumps(world._template))
+    made["root"] = {"path": "/bundle/rootfs", "readonly": True}
+    made["hooks"] = {"createContainer": [{"path": NSHOOK, "args": ["cdi-shim-nshook", "symlinks", "--link",
+                                                                   CARD_LINK, "--link", RENDER_LINK]}]}
+    return made
+
+
+def _without_hook(config):
+    config = json.loads(json.dumps(config))
+    config["hooks"]["createContainer"].pop()
+    return config
+
+
+def test_the_rule_takes_the_last_hook_out(config):
+    done, text, links = _deferred(config)
+    assert done == 1 and links == [CARD_LINK, RENDER_LINK]
+    assert json.loads(text) == _without_hook(config)
+    before = {"path": "/bin/true", "args": ["true"], "timeout": 5}
+    config["hooks"]["createContainer"].insert(0, before)
+    config["hooks"]["createContainer"][-1]["args"][2:2] = ["--rootfs", "/bundle/rootfs"]
+    config["hooks"]["startContainer"] = [{"path": "/bin/true"}]
+    config["hooks"]["createContainer"][-1]["env"] = ["PATH=/bin"]
+    done, text, links = _deferred(config)
+    assert done == 1 and links == [CARD_LINK, RENDER_LINK]
+    assert json.loads(text) == _without_hook(config)             # the hook before it, as it was
+
+
+def _change(config, how):
+    hook = config["hooks"]["createContainer"][-1]
+    dev = next(m for m in config["mounts"] if m["destination"] == "/dev")
+    if how == "a hook after it":
+        config["hooks"]["createContainer"].append({"path": "/bin/true"})
+    elif how == "a user namespace":
+        config["linux"]["namespaces"].append({"type": "user"})
+    elif how == "a read-only /dev":
+        dev["options"].append("ro")
+    elif how == "/dev not a tmpfs":
+        dev["type"] = "bind"
+    elif how == "no /dev mount":
+        config["mounts"].remove(dev)
+    elif how == "a read-only path in /dev":
+        config["linux"]["readonlyPaths"].append("/dev/dri")
+    elif how == "a masked /dev":
+        config["linux"]["maskedPaths"].append("/dev")
+    elif how == "a link outside /dev":
+        hook["args"] += ["--link", "libcuda.so.1::/usr/lib/libcuda.so"]
+    elif how == "a mount above a link":
+        config["mounts"].append({"destination": "/dev/dri/by-path", "type": "tmpfs", "source": "tmpfs"})
+    elif how == "a mount at a link":
+        config["mounts"].append({"destination": CARD_LINK.partition("::")[2], "type": "bind", "source": "/x"})
+    elif how == "another rootfs":
+        hook["args"] += ["--rootfs", "/elsewhere"]
+    elif how == "another option":
+        hook["args"] += ["--mode", "755"]
+    elif how == "a value missing":
+        hook["args"].append("--link")
+    elif how == "another command":
+        hook["args"][1] = "chmod"
+    elif how == "another program":
+        hook["path"] = "/usr/bin/cdi-shim-nshook-not-there"
+    elif how == "a program of another name":
+        hook["path"] = "/bin/true"
+    elif how == "another hook member":
+        hook["annotations"] = {}
+    elif how == "an escaped link":
+        hook["args"][3] = CARD_LINK.replace("card1", "card\\u0031")
+    return config
+
+
+@pytest.mark.parametrize("how", ["a hook after it", "a user namespace", "a read-only /dev", "/dev not a tmpfs",
+                                 "no /dev mount", "a read-only path in /dev", "a masked /dev", "a link outside /dev",
+                                 "a mount above a link", "a mount at a link", "another rootfs", "another option", "a value missing", "another command",
+                                 "another program", "a program of another name", "another hook member",
+                                 "an escaped link"])
+def test_the_rule_keeps_the_hook_where_the_container_could_tell(config, how):
+    changed = _change(config, how)
+    text = json.dumps(changed).replace("\\\\u0031", "\\u0031").encode()
+    assert _deferred(text)[0] == 0
+
+
+def test_the_rule_leaves_paths_and_mounts_that_only_begin_alike(config):
+    config["linux"]["maskedPaths"].append("/devices")
+    config["linux"]["readonlyPaths"].append("/device")
+    config["mounts"].append({"destination": "/dev/dri/by-pat", "type": "tmpfs", "source": "tmpfs"})
+    assert _deferred(config)[0] == 1
