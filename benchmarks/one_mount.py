@@ -1,5 +1,5 @@
 """The one-mount layout (docs/one-mount.md) against plain runc: a container's whole life
-(create, start, wait, delete: `run` of /bin/true) with a GPU of the fake driver.
+(create, start, delete of /bin/true, or one `run`: --lifecycle) with a GPU of the fake driver.
 
 The driver is the tests' fake one (tests/generate/fakedriver.py: 30 gcc-built libraries with
 their real names and SONAMEs, the fake NVML, 5 tools, firmware, ICD and config files, device
@@ -15,8 +15,9 @@ gives. Sides, taking turns at going first, each round:
 - runc+edits: plain runc given the one-mount spec's edits (`cdi-shim cdi inject`, its hooks
   left out: two directory binds, the device nodes, the ICD/config/firmware/socket binds);
 - runc+edits+hook: the same plus one createContainer hook, /bin/true: what runc pays to run
-  any hook process, the least the spec's /dev/dri/by-path links cost (they can only be made
-  after runc mounts /dev, by a process runc runs: ours is cdi-shim-nshook);
+  any hook process, the least the spec's /dev/dri/by-path links cost when a hook makes them
+  (they can only be made after runc mounts /dev: by cdi-shim-nshook, run by runc, or, for a
+  create with --pid-file, by the front end once runc's create returns);
 - one-mount: cdi-shim-runtime with the device requested by annotation, the one-mount spec;
 - one-mount-injected: cdi-shim-runtime given the config with the spec's edits already in it,
   hooks and all, as containerd's own CDI (1.7+) or podman hand it over (no request: the
@@ -28,7 +29,14 @@ Reported: each side's median, and the median of the per-round ratios to runc (an
 runc+edits and runc+edits+hook: our part alone), to 2 decimals as its 95 % bootstrap interval.
 
     .venv/bin/python benchmarks/one_mount.py [--runs 40] [--dir /run] [--image rich|small] [--writable-root]
+                                             [--lifecycle create|run]
     (as root)
+
+--lifecycle create (the default): each container's life as containerd and Docker's shims drive
+it, `create --pid-file`, `start`, `delete --force` (the container has run /bin/true by then);
+--lifecycle run: one `run`, as measured before 2026-12-06 evening. Only with create does the
+front end make the spec's /dev/dri/by-path links itself (csrc/frontend/after_create.c); with
+run, runc runs the hook that makes them.
 
 --image small: a small glibc image instead (busybox, this host's libc, libm and loader, its
 own ld.so.cache), closer to a CUDA base image's few system libraries. --writable-root:
@@ -44,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from common import start_resident, timed
 from run_with_libraries import bundle, bundle_dir, cleanup, fresh_rootfs, interval, make_image, settle
@@ -114,12 +123,27 @@ def part_only(spec_dir, config_path, env, part):
         json.dump(config, out)
 
 
+def life(argv, state, bundle, container, env, lifecycle):
+    """One container's life in ms: `run`, or create --pid-file, start and delete --force."""
+    if lifecycle == "run":
+        return timed(argv + ["--root", state, "run", "--bundle", bundle, container], env)
+    runc = ["runc", "--root", state]
+    start = time.perf_counter()
+    for command in (argv + ["--root", state, "create", "--pid-file", os.path.join(bundle, "init.pid"), "--bundle",
+                            bundle, container], runc + ["start", container], runc + ["delete", "--force", container]):
+        subprocess.run(command, env=env, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    return (time.perf_counter() - start) * 1000
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--dir", default="/run", help="where the image, the driver and the overlays live")
     parser.add_argument("--image", choices=("rich", "small"), default="rich")
     parser.add_argument("--writable-root", action="store_true", help="root.readonly false")
+    parser.add_argument("--lifecycle", choices=("create", "run"), default="create",
+                        help="create --pid-file, start, delete (default), or one run")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="cdi-shim-one-mount-bench.", dir=args.dir)
     driver = None
@@ -182,13 +206,12 @@ def main():
                     argv, side_env = ["runc"], env
                 else:
                     argv, side_env = [shim], envs["one-mount" if name == "one-mount-injected" else name]
-                took = timed(argv + ["--root", state, "run", "--bundle", path, f"{name.replace('+', '-')}{index}"],
-                             side_env)
+                took = life(argv, state, path, f"{name.replace('+', '-')}{index}", side_env, args.lifecycle)
                 if index:   # (the first round warms the caches, as a node's first GPU pod does)
                     times[name].append(took)
         med = statistics.median
         (host_dir,) = os.listdir(os.path.join(root, "driver-dirs"))
-        result = {"runs": args.runs, "dir": args.dir, "image": args.image, "gpus": 1,
+        result = {"runs": args.runs, "dir": args.dir, "image": args.image, "gpus": 1, "lifecycle": args.lifecycle,
                   "readonly_root": not args.writable_root,
                   "entries_in_host_lib64": len(os.listdir(os.path.join(root, "driver-dirs", host_dir, "lib64"))),
                   "median_ms": {name: round(med(times[name]), 1) for name in SIDES}}

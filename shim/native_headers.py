@@ -107,7 +107,8 @@ def memo_rules_header():
            "/* the file a generated spec's driver version is checked against (shim/driver_version.py) */",
            f"#define CDS_DRIVER_VERSION_FILE {c_string(driver_version.VERSION_FILE)}",
            f"#define CDS_DRIVER_VERSION_FILE_ENV {c_string(driver_version.VERSION_FILE_ENV)}", "",
-           "/* our createContainer hook program, whose device links the front end can make itself (shim/generate/spec.py) */",
+           "/* our createContainer hook program, whose /dev links the front end can make itself"
+           " (shim/generate/spec.py) */",
            f"#define CDS_NSHOOK_PROGRAM {c_string(NS_HOOK_PROGRAM)}"]
     return _guard("memo_rules.h", "cdi/safeio.py, shim/generate, shim/linker and shim/runtime", out)
 

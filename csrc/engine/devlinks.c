@@ -60,8 +60,8 @@ int cds_make_links(int rootfd, const char *where, char **links, int count, char 
         char *link = sep + 2;
         char *slash = strrchr(link, '/');
         const char *name = slash + 1;
-        int bad = !*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || strstr(link, "/../")
-            || strstr(link, "/./");
+        int bad =
+            !*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || strstr(link, "/../") || strstr(link, "/./");
         int dirfd = -1, rc = -1, err = 0;
         if (!bad) {
             *slash = '\0';
@@ -95,7 +95,7 @@ struct reading {
     struct cds_span container_hooks; /* hooks.createContainer (an array) */
     struct cds_span last_hook, before_last;
     struct cds_span root_path;
-    int dev_mount;    /* the last mount at /dev: 1 a read-write tmpfs, 0 anything else or none */
+    int dev_mount;                        /* the last mount at /dev: 1 a read-write tmpfs, 0 anything else or none */
     int mount_dev, mount_tmpfs, mount_ro; /* of the mount being read */
     struct cds_span *destinations;        /* every mount's but /dev's */
     size_t n_destinations, cap_destinations;
@@ -123,7 +123,10 @@ static int is_text(const struct reading *g, struct cds_span span, const char *te
     return span.end == span.start + n + 2 && g->s[span.start] == '"' && memcmp(g->s + span.start + 1, text, n) == 0;
 }
 
-static int is(const char *key, size_t len, const char *name) { return strlen(name) == len && memcmp(key, name, len) == 0; }
+static int is(const char *key, size_t len, const char *name)
+{
+    return strlen(name) == len && memcmp(key, name, len) == 0;
+}
 
 static int hook_element(struct cds_reader *r, void *data)
 {
@@ -250,9 +253,9 @@ static int path_element(struct cds_reader *r, void *data)
 static int linux_member(struct cds_reader *r, const char *key, size_t len, void *data)
 {
     struct reading *g = data;
-    cds_element_fn each = is(key, len, "namespaces")                              ? namespace_element
+    cds_element_fn each = is(key, len, "namespaces")                   ? namespace_element
         : is(key, len, "readonlyPaths") || is(key, len, "maskedPaths") ? path_element
-                                                                         : NULL;
+                                                                       : NULL;
     if (each == NULL)
         return cds_json_value(r);
     if (r->i >= r->n || r->s[r->i] != '[') {

@@ -21,10 +21,10 @@ int cds_make_links(int rootfd, const char *where, char **links, int count, char 
 
 /* What a config.json's links look like once taken out of its hooks. */
 struct cds_deferred_links {
-    char *config;  /* the config's text without that hook (malloc'd) */
+    char *config; /* the config's text without that hook (malloc'd) */
     size_t config_len;
-    char *text;    /* the links, NUL-separated (malloc'd) */
-    char **link;   /* COUNT pointers into TEXT (malloc'd) */
+    char *text;  /* the links, NUL-separated (malloc'd) */
+    char **link; /* COUNT pointers into TEXT (malloc'd) */
     int count;
 };
 

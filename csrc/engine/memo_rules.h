@@ -19,7 +19,7 @@
 #define CDS_DRIVER_VERSION_FILE "/proc/driver/nvidia/version"
 #define CDS_DRIVER_VERSION_FILE_ENV "CDI_SHIM_DRIVER_VERSION_FILE"
 
-/* our createContainer hook program, whose device links the front end can make itself (shim/generate/spec.py) */
+/* our createContainer hook program, whose /dev links the front end can make itself (shim/generate/spec.py) */
 #define CDS_NSHOOK_PROGRAM "cdi-shim-nshook"
 
 #endif

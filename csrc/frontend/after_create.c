@@ -154,8 +154,8 @@ int exec_runtime_at(const struct settings *set, const char *runtime, char **argv
     int made = make_container_links(line.pid_file, &links, why, sizeof why);
     cds_deferred_links_free(&links);
     if (made != 0) {
-        snprintf(message, sizeof message, "cdi-shim: container %.200s: the device links: %s; the container was not created",
-                 id, why);
+        snprintf(message, sizeof message,
+                 "cdi-shim: container %.200s: the device links: %s; the container was not created", id, why);
         report(message);
         delete_container(runtime, argv, command, id);
         return 1;

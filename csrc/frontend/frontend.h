@@ -43,9 +43,9 @@ long device_values(char **argv, int command, int end, char *out, size_t cap);
 /* What a create/run command line (argv from the command word on) says to us. */
 struct create_line {
     const char *bundle;
-    int has_device; /* --device among the command's options: always Python */
-    int help;       /* --help/-h: runc prints the command's help; no bundle is read */
-    int end;        /* where the options end (the container id, "--", or n) */
+    int has_device;       /* --device among the command's options: always Python */
+    int help;             /* --help/-h: runc prints the command's help; no bundle is read */
+    int end;              /* where the options end (the container id, "--", or n) */
     const char *pid_file; /* --pid-file's value, or NULL */
 };
 

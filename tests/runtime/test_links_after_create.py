@@ -144,7 +144,8 @@ def test_a_link_that_cannot_be_made_fails_the_create_and_leaves_no_container(wor
 def test_a_read_only_tmpfs_where_the_links_go_keeps_the_hook(world):
     """runc makes a read-only tmpfs read-only only after its hooks, so the hook's links are made
     in it: the front end leaves such a create to the hook."""
-    _drm_spec(world, extra_mount=("      mounts:\n        - hostPath: tmpfs\n          containerPath: /dev/dri/by-path\n"
+    _drm_spec(world, extra_mount=("      mounts:\n        - hostPath: tmpfs\n"
+                                  "          containerPath: /dev/dri/by-path\n"
                                   "          type: tmpfs\n          options: [ro, nosuid]\n"))
     first = _bundle(world)
     run = world.shim("run", "--bundle", first.path, first.id)
@@ -243,7 +244,8 @@ def _change(config, how):
 
 @pytest.mark.parametrize("how", ["a hook after it", "a user namespace", "a read-only /dev", "/dev not a tmpfs",
                                  "no /dev mount", "a read-only path in /dev", "a masked /dev", "a link outside /dev",
-                                 "a mount above a link", "a mount at a link", "another rootfs", "another option", "a value missing", "another command",
+                                 "a mount above a link", "a mount at a link",
+                                 "another rootfs", "another option", "a value missing", "another command",
                                  "another program", "a program of another name", "another hook member",
                                  "an escaped link"])
 def test_the_rule_keeps_the_hook_where_the_container_could_tell(config, how):
