@@ -19,6 +19,9 @@ gives. Sides, taking turns at going first, each round:
   (they can only be made after runc mounts /dev: by cdi-shim-nshook, run by runc, or, for a
   create with --pid-file, by the front end once runc's create returns);
 - one-mount: cdi-shim-runtime with the device requested by annotation, the one-mount spec;
+- one-mount-hook: the same, its create without --pid-file (with --lifecycle create): the front
+  end leaves the /dev/dri/by-path links to the hook, which runc runs (as before 2026-12-06
+  evening, and as with --lifecycle run);
 - one-mount-injected: cdi-shim-runtime given the config with the spec's edits already in it,
   hooks and all, as containerd's own CDI (1.7+) or podman hand it over (no request: the
   update-ldcache hook done natively, replayed by the front end once its step is known);
@@ -62,8 +65,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "generate"))
 import fakedriver  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
-SIDES = ("runc", "runc+folders", "runc+nodes", "runc+edits", "runc+edits+hook", "one-mount", "one-mount-injected",
-         "files")
+SIDES = ("runc", "runc+folders", "runc+nodes", "runc+edits", "runc+edits+hook", "one-mount", "one-mount-hook",
+         "one-mount-injected", "files")
 
 
 def make_small_image(rootfs):
@@ -123,14 +126,15 @@ def part_only(spec_dir, config_path, env, part):
         json.dump(config, out)
 
 
-def life(argv, state, bundle, container, env, lifecycle):
-    """One container's life in ms: `run`, or create --pid-file, start and delete --force."""
+def life(argv, state, bundle, container, env, lifecycle, pid_file=True):
+    """One container's life in ms: `run`, or create (--pid-file unless told), start and delete --force."""
     if lifecycle == "run":
         return timed(argv + ["--root", state, "run", "--bundle", bundle, container], env)
     runc = ["runc", "--root", state]
+    pid = ["--pid-file", os.path.join(bundle, "init.pid")] if pid_file else []
     start = time.perf_counter()
-    for command in (argv + ["--root", state, "create", "--pid-file", os.path.join(bundle, "init.pid"), "--bundle",
-                            bundle, container], runc + ["start", container], runc + ["delete", "--force", container]):
+    for command in (argv + ["--root", state, "create", *pid, "--bundle", bundle, container],
+                    runc + ["start", container], runc + ["delete", "--force", container]):
         subprocess.run(command, env=env, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
     return (time.perf_counter() - start) * 1000
@@ -172,7 +176,8 @@ def main():
         sides = {}
         for name in SIDES:
             rootfs = os.path.join(root, f"rootfs-{name.replace('+', '-')}")
-            annotations = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"} if name in ("one-mount", "files") else None
+            annotations = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"} if name in ("one-mount", "one-mount-hook", "files") \
+                else None
             path = bundle(bundles, name.replace("+", "-"), rootfs, annotations)
             if args.writable_root:
                 with open(os.path.join(path, "config.json")) as stream:
@@ -205,8 +210,9 @@ def main():
                 if name.startswith("runc"):
                     argv, side_env = ["runc"], env
                 else:
-                    argv, side_env = [shim], envs["one-mount" if name == "one-mount-injected" else name]
-                took = life(argv, state, path, f"{name.replace('+', '-')}{index}", side_env, args.lifecycle)
+                    argv, side_env = [shim], envs["files" if name == "files" else "one-mount"]
+                took = life(argv, state, path, f"{name.replace('+', '-')}{index}", side_env, args.lifecycle,
+                            pid_file=name != "one-mount-hook")
                 if index:   # (the first round warms the caches, as a node's first GPU pod does)
                     times[name].append(took)
         med = statistics.median
@@ -221,7 +227,7 @@ def main():
             ratios[f"{name}/runc"] = round(med(per_round), 2)
             ratios[f"{name}/runc 95pct"] = interval(per_round)
         for name in ("one-mount", "one-mount-injected"):
-            for floor in ("runc+edits", "runc+edits+hook"):
+            for floor in ("runc+edits", "runc+edits+hook", "one-mount-hook"):
                 ours = [a / b for a, b in zip(times[name], times[floor])]
                 ratios[f"{name}/{floor}"] = round(med(ours), 2)
                 ratios[f"{name}/{floor} 95pct"] = interval(ours)
