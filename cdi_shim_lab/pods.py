@@ -122,7 +122,7 @@ ONE_MOUNT_SCENARIOS = {
 ALL_SCENARIOS = DEFAULT_SCENARIOS + tuple(NATIVE_SCENARIOS) + tuple(ONE_MOUNT_SCENARIOS)
 STEPS = ("runp", "create", "start", "wait", "stop", "remove")
 RUNC_TIMES = ("runc_create", "runc_start", "start_less_runc")   # with time_runc (NATIVE_SCENARIOS)
-PHASES = ("config", "requests", "resolve", "apply", "linker", "write", "recipe", "total", "replay")
+PHASES = ("config", "requests", "resolve", "apply", "linker", "write", "recipe", "total", "replay", "links")
 _PHASE = re.compile(r"phase=(\w+) took=([0-9.]+)ms")
 
 

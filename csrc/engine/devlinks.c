@@ -348,8 +348,30 @@ static int under_a_mount(const struct reading *g, const char *path, size_t n)
     return 0;
 }
 
+/* Whether the directory the hook's --rootfs value GIVEN names is the container's root (root.path,
+ * relative to BUNDLE unless absolute): the runtime writes it resolved, containerd's root.path
+ * is relative. */
+static int same_root(const struct reading *g, const char *bundle, struct cds_span given)
+{
+    char root[8192], rootfs[4096];
+    size_t root_len = g->root_path.end - g->root_path.start - 2;
+    if (!g->root_path.end || root_len == 0 || given.end - given.start - 2 >= sizeof rootfs
+        || root_len + (bundle ? strlen(bundle) : 0) + 2 >= sizeof root)
+        return 0;
+    put(rootfs, g->s, given);
+    if (g->s[g->root_path.start + 1] == '/')
+        put(root, g->s, g->root_path);
+    else if (bundle)
+        put(root + snprintf(root, sizeof root, "%s/", bundle), g->s, g->root_path);
+    else
+        return 0;
+    struct stat a, b;
+    return stat(root, &a) == 0 && stat(rootfs, &b) == 0 && S_ISDIR(a.st_mode) && a.st_dev == b.st_dev
+        && a.st_ino == b.st_ino;
+}
+
 /* The links of the hook H read from JSON (G: the config's reading), OUT filled: 1, 0 or -1. */
-static int links_of(const char *json, size_t len, struct reading *g, struct hook_reading *h,
+static int links_of(const char *json, size_t len, const char *bundle, struct reading *g, struct hook_reading *h,
                     struct cds_deferred_links *out)
 {
     h->g = g;
@@ -374,9 +396,7 @@ static int links_of(const char *json, size_t len, struct reading *g, struct hook
         if (i + 1 == h->args)
             return 0;
         if (is_text(g, h->arg[i], "--rootfs")) {
-            struct cds_span given = h->arg[i + 1];
-            if (!g->root_path.end || given.end - given.start != g->root_path.end - g->root_path.start
-                || memcmp(json + given.start, json + g->root_path.start, given.end - given.start) != 0)
+            if (!same_root(g, bundle, h->arg[i + 1]))
                 return 0;
             continue;
         }
@@ -417,7 +437,7 @@ static int links_of(const char *json, size_t len, struct reading *g, struct hook
     return 1;
 }
 
-int cds_deferred_links(const char *json, size_t len, struct cds_deferred_links *out)
+int cds_deferred_links(const char *json, size_t len, const char *bundle, struct cds_deferred_links *out)
 {
     struct reading g = {.s = json, .plain = 1};
     struct cds_reader r = {.s = json, .n = len};
@@ -430,7 +450,7 @@ int cds_deferred_links(const char *json, size_t len, struct cds_deferred_links *
         return parsed < 0 && errno == ENOMEM ? -1 : 0;
     }
     struct hook_reading *h = calloc(1, sizeof *h); /* its spans are many for a stack */
-    int done = h ? links_of(json, len, &g, h, out) : -1;
+    int done = h ? links_of(json, len, bundle, &g, h, out) : -1;
     free(h);
     free(g.destinations);
     return done;

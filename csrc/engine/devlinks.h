@@ -31,13 +31,14 @@ struct cds_deferred_links {
 /* Whether the config.json in JSON can do without its cdi-shim-nshook symlinks hook, the links
  * then made after `runc create` in the created container's root, with nothing the container
  * can tell apart: the hook is the last createContainer hook, names an executable program, takes
- * only --link values (and --rootfs, root.path itself), each link lies in /dev and at or under
+ * only --link values (and --rootfs, the directory root.path names, relative to BUNDLE unless
+ * absolute), each link lies in /dev and at or under
  * no other mount (runc makes a read-only tmpfs read-only after its hooks), /dev is a
  * read-write tmpfs mount, no readonlyPaths or maskedPaths entry lies in /dev, and the
  * container has no user namespace (a link made from the host would be owned by the host's
  * root there). 1 with OUT filled (free it with cds_deferred_links_free), 0 when not (or a
  * string with an escape anywhere in what is read), -1 (ENOMEM). */
-int cds_deferred_links(const char *json, size_t len, struct cds_deferred_links *out);
+int cds_deferred_links(const char *json, size_t len, const char *bundle, struct cds_deferred_links *out);
 void cds_deferred_links_free(struct cds_deferred_links *out);
 
 #endif

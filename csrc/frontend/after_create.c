@@ -132,7 +132,7 @@ int exec_runtime_at(const struct settings *set, const char *runtime, char **argv
         snprintf(path, sizeof path, "%s/config.json", line.bundle);
         long len = read_file_mode(path, MAX_CONFIG_JSON, &json, &mode);
         cleanup_fd int bundlefd = len > 0 ? open(line.bundle, O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
-        deferred = bundlefd >= 0 && cds_deferred_links(json, (size_t)len, &links) == 1
+        deferred = bundlefd >= 0 && cds_deferred_links(json, (size_t)len, line.bundle, &links) == 1
             && cds_write_at(bundlefd, "config.json", (const uint8_t *)links.config, links.config_len, mode, 0) == 0;
     }
     if (!deferred) {

@@ -234,7 +234,9 @@ def _bind_files(config, bundle, rootfs, out):
     except LdcacheError:
         return config
     with root:
-        chosen = filebinds.plan(config, root, ours, _is_library, 1 if folded else None)
+        # bind-params runs anyway; the links alone do not: for a create with --pid-file the
+        # front end makes them itself, with no hook (csrc/frontend/after_create.c)
+        chosen = filebinds.plan(config, root, ours, _is_library, 1 if params is not None else None)
     if not chosen:
         return config
     out.moved = [config["mounts"][index]["destination"] for index in chosen]

@@ -22,10 +22,12 @@ Only mounts whose result cannot tell the difference move:
   enters it) and without prestart or createRuntime hooks (they run before createContainer
   hooks and may expect the files in place);
 - and only when at least MIN_BINDS qualify: the hook's start must be paid back by the binds
-  it saves -- unless our own hooks run anyway (`cdi-shim-nshook
-  bind-params`, a GPU node's disable-device-node-modification; `cdi-shim-nshook symlinks`, the
-  /dev/dri/by-path links of a node with DRM devices): their work is then folded into this hook
-  (`--params`, `--link`), and one start serves all.
+  it saves -- unless our own hook runs anyway (`cdi-shim-nshook bind-params`, a GPU node's
+  disable-device-node-modification): its work is then folded into this hook (`--params`), and
+  one start serves both. Our `cdi-shim-nshook symlinks` (the /dev/dri/by-path links of a node
+  with DRM devices) does not count: for a create with --pid-file the front end makes those
+  links itself after runc's create, with no hook (csrc/frontend/after_create.c). Where the
+  binds hook runs, the links are folded into it too (`--link`).
 """
 import errno
 import os

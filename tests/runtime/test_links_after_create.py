@@ -22,9 +22,10 @@ RENDER_LINK = "../renderD128::/dev/dri/by-path/pci-0000:01:00.0-render"
 PROBE = ("stat -c '%N %u %g %a %F' /dev/dri /dev/dri/card1 /dev/dri/renderD128 /dev/dri/by-path "
          "/dev/dri/by-path/*")
 NSHOOK = os.path.join(os.path.dirname(rh.runtime()), "cdi-shim-nshook")
+TOOLKIT_HOOK = "/usr/bin/nvidia-cdi-hook"     # (never run: the runtime makes the hook its own)
 
 
-def _drm_spec(world, extra_mount="", extra_node=""):
+def _drm_spec(world, extra_mount="", extra_node="", program=NSHOOK):
     for minor in (1, 128):
         node = os.path.join(world.dev_dir, f"dri-{minor}")
         if not os.path.exists(node):
@@ -41,8 +42,9 @@ devices:
           hostPath: {world.dev_dir}/dri-128
 {extra_node}      hooks:
         - hookName: createContainer
-          path: {NSHOOK}
-          args: [cdi-shim-nshook, symlinks, --link, "{CARD_LINK}", --link, "{RENDER_LINK}"]
+          path: {program}
+          args: [{os.path.basename(program)}, {"symlinks" if program == NSHOOK else "create-symlinks"},
+                 --link, "{CARD_LINK}", --link, "{RENDER_LINK}"]
           env: [PATH=/usr/bin:/bin]
 {extra_mount}""")
 
@@ -56,13 +58,13 @@ def world(tmp_path, request):
     made.cleanup()
 
 
-def _bundle(world):
-    return world.bundle(args=("sh", "-c", PROBE), annotations={"cdi.k8s.io/drm": "example.com/drm=card"})
+def _bundle(world, edit=None):
+    return world.bundle(args=("sh", "-c", PROBE), annotations={"cdi.k8s.io/drm": "example.com/drm=card"}, edit=edit)
 
 
 def _nshook_hooks(bundle):
     hooks = bundle.config().get("hooks", {}).get("createContainer", [])
-    return [h for h in hooks if h["path"] == NSHOOK]
+    return [h for h in hooks if h["path"] in (NSHOOK, TOOLKIT_HOOK)]
 
 
 def _create_and_start(world, bundle, pid_file=True):
@@ -122,6 +124,24 @@ def test_a_config_with_the_hook_and_nothing_else_for_us(world):
         assert output == seen
 
 
+def test_the_toolkit_s_hook_in_a_bundle_with_a_relative_root(world):
+    """The toolkit's create-symlinks hook becomes `cdi-shim-nshook symlinks --rootfs ROOT`, ROOT
+    resolved; containerd's root.path is relative to the bundle: still the same root."""
+    _drm_spec(world, program=TOOLKIT_HOOK)
+
+    def relative(config):
+        config["root"]["path"] = "rootfs"
+    first = _bundle(world, edit=relative)
+    run = world.shim("run", "--bundle", first.path, first.id)
+    assert run.returncode == 0, run.stderr
+    (hook,) = _nshook_hooks(first)
+    assert hook["path"] == NSHOOK and "--rootfs" in hook["args"]
+    for _ in range(2):
+        output, hooks = _create_and_start(world, _bundle(world, edit=relative))
+        assert output == run.stdout
+        assert [h["path"] for h in hooks] == ([] if world.resident else [NSHOOK])
+
+
 def test_a_link_that_cannot_be_made_fails_the_create_and_leaves_no_container(world):
     """A directory where a link goes (runc made it for a device node under it): the hook fails
     the create under runc, and so does the front end, naming the link, with nothing left."""
@@ -157,10 +177,10 @@ def test_a_read_only_tmpfs_where_the_links_go_keeps_the_hook(world):
 
 # -- the rule ------------------------------------------------------------------------------------
 
-def _deferred(config):
+def _deferred(config, bundle):
     text = json.dumps(config).encode() if not isinstance(config, bytes) else config
     out = ffi.new("struct cds_deferred_links *")
-    done = lib.cds_deferred_links(text, len(text), out)
+    done = lib.cds_deferred_links(text, len(text), bundle.encode(), out)
     try:
         if done != 1:
             return done, None, None
@@ -171,10 +191,18 @@ def _deferred(config):
 
 
 @pytest.fixture
-def config(tmp_path):
-    world = rh.World(tmp_path)
+def bundle(tmp_path):
+    """A bundle folder with its rootfs, and another folder beside it."""
+    os.makedirs(tmp_path / "bundle" / "rootfs")
+    os.makedirs(tmp_path / "elsewhere")
+    return str(tmp_path / "bundle")
+
+
+@pytest.fixture
+def config(tmp_path, bundle):
+    world = rh.World(tmp_path / "world")
     made = json.loads(json.dumps(world._template))
-    made["root"] = {"path": "/bundle/rootfs", "readonly": True}
+    made["root"] = {"path": "rootfs", "readonly": True}         # relative to the bundle, as containerd writes it
     made["hooks"] = {"createContainer": [{"path": NSHOOK, "args": ["cdi-shim-nshook", "symlinks", "--link",
                                                                    CARD_LINK, "--link", RENDER_LINK]}]}
     return made
@@ -186,21 +214,24 @@ def _without_hook(config):
     return config
 
 
-def test_the_rule_takes_the_last_hook_out(config):
-    done, text, links = _deferred(config)
+def test_the_rule_takes_the_last_hook_out(config, bundle):
+    done, text, links = _deferred(config, bundle)
     assert done == 1 and links == [CARD_LINK, RENDER_LINK]
     assert json.loads(text) == _without_hook(config)
     before = {"path": "/bin/true", "args": ["true"], "timeout": 5}
     config["hooks"]["createContainer"].insert(0, before)
-    config["hooks"]["createContainer"][-1]["args"][2:2] = ["--rootfs", "/bundle/rootfs"]
+    # --rootfs as the runtime writes it: the root resolved against the bundle
+    config["hooks"]["createContainer"][-1]["args"][2:2] = ["--rootfs", bundle + "/./rootfs"]
     config["hooks"]["startContainer"] = [{"path": "/bin/true"}]
     config["hooks"]["createContainer"][-1]["env"] = ["PATH=/bin"]
-    done, text, links = _deferred(config)
+    done, text, links = _deferred(config, bundle)
     assert done == 1 and links == [CARD_LINK, RENDER_LINK]
     assert json.loads(text) == _without_hook(config)             # the hook before it, as it was
+    config["root"]["path"] = bundle + "/rootfs"
+    assert _deferred(config, bundle)[0] == 1
 
 
-def _change(config, how):
+def _change(config, how, bundle):
     hook = config["hooks"]["createContainer"][-1]
     dev = next(m for m in config["mounts"] if m["destination"] == "/dev")
     if how == "a hook after it":
@@ -224,7 +255,7 @@ def _change(config, how):
     elif how == "a mount at a link":
         config["mounts"].append({"destination": CARD_LINK.partition("::")[2], "type": "bind", "source": "/x"})
     elif how == "another rootfs":
-        hook["args"] += ["--rootfs", "/elsewhere"]
+        hook["args"] += ["--rootfs", os.path.join(os.path.dirname(bundle), "elsewhere")]
     elif how == "another option":
         hook["args"] += ["--mode", "755"]
     elif how == "a value missing":
@@ -248,14 +279,14 @@ def _change(config, how):
                                  "another rootfs", "another option", "a value missing", "another command",
                                  "another program", "a program of another name", "another hook member",
                                  "an escaped link"])
-def test_the_rule_keeps_the_hook_where_the_container_could_tell(config, how):
-    changed = _change(config, how)
+def test_the_rule_keeps_the_hook_where_the_container_could_tell(config, bundle, how):
+    changed = _change(config, how, bundle)
     text = json.dumps(changed).replace("\\\\u0031", "\\u0031").encode()
-    assert _deferred(text)[0] == 0
+    assert _deferred(text, bundle)[0] == 0
 
 
-def test_the_rule_leaves_paths_and_mounts_that_only_begin_alike(config):
+def test_the_rule_leaves_paths_and_mounts_that_only_begin_alike(config, bundle):
     config["linux"]["maskedPaths"].append("/devices")
     config["linux"]["readonlyPaths"].append("/device")
     config["mounts"].append({"destination": "/dev/dri/by-pat", "type": "tmpfs", "source": "tmpfs"})
-    assert _deferred(config)[0] == 1
+    assert _deferred(config, bundle)[0] == 1

@@ -443,8 +443,10 @@ def test_drm_by_path_links_of_a_toolkit_spec_without_the_toolkit(world, driver, 
     dgpu/by-path-hooks.go): the links lie under /dev, which runc mounts after we run, so they
     cannot be made in the rootfs beforehand; our own C program (cdi-shim-nshook symlinks) makes
     them in the container's mount namespace in its place (the toolkit's program is missing on
-    this host; it would not matter if it were there), folded into our binds hook. The library
-    links of the other create-symlinks hook are still made natively."""
+    this host; it would not matter if it were there). The three library binds stay with runc:
+    the links alone do not make our hook run (a create with --pid-file makes them without it:
+    test_links_after_create.py). The library links of the other create-symlinks hook are still
+    made natively."""
     bus = "0000:3b:00.0"
     links = ["--link", f"../card1::/dev/dri/by-path/pci-{bus}-card",
              "--link", f"../renderD128::/dev/dri/by-path/pci-{bus}-render"]
@@ -456,11 +458,11 @@ def test_drm_by_path_links_of_a_toolkit_spec_without_the_toolkit(world, driver, 
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [f"/dev/dri/by-path/pci-{bus}-card ../card1",
                                           f"/dev/dri/by-path/pci-{bus}-render ../renderD128"]
-    # one hook of ours: the library binds (shim/linker/filebinds.py), the links folded in
+    # one hook of ours, the links alone; the library binds are runc's (shim/linker/filebinds.py)
     hooks = bundle.config()["hooks"]["createContainer"]
     assert len(hooks) == 1 and hooks[0]["path"] == os.path.join(rh.VENV_BIN, "cdi-shim-nshook"), hooks
-    assert hooks[0]["args"][:4] == ["cdi-shim-nshook", "binds", "--rootfs", bundle.rootfs]
-    assert hooks[0]["args"][-4:] == links and hooks[0]["args"].count("--bind") == 3
+    assert hooks[0]["args"] == ["cdi-shim-nshook", "symlinks", "--rootfs", bundle.rootfs, *links]
+    assert [m for m in bundle.config()["mounts"] if m["destination"].startswith(LIBDIR + "/lib")]
     assert os.readlink(bundle.rootfs + f"{LIBDIR}/libcuda.so") == "libcuda.so.1"   # made natively
 
 
