@@ -63,13 +63,15 @@ def test_file_binds_benchmark():
     assert set(result["kernel_part"]) == {"create_mount_points_ms", "bind_ms", "propagation_and_remount_ms"}
 
 
-@pytest.mark.parametrize("root", [[], ["--writable-root"]], ids=["read-only-root", "writable-root"])
+@pytest.mark.parametrize("root", [[], ["--writable-root"], ["--lifecycle", "run"]],
+                         ids=["read-only-root", "writable-root", "run"])
 def test_one_mount_benchmark(root):
     rh.static_busybox()
     result = _run("one_mount.py", "--runs", "1", "--dir", "/dev/shm", "--image", "small", *root)
-    assert result["readonly_root"] is not bool(root)
-    sides = {"runc", "runc+folders", "runc+nodes", "runc+edits", "runc+edits+hook", "one-mount", "one-mount-injected",
-             "files"}
+    assert result["readonly_root"] is not ("--writable-root" in root)
+    assert result["lifecycle"] == ("run" if "run" in root else "create")
+    sides = {"runc", "runc+folders", "runc+nodes", "runc+edits", "runc+edits+hook", "one-mount", "one-mount-hook",
+             "one-mount-injected", "files"}
     assert set(result["median_ms"]) == sides
     assert result["entries_in_host_lib64"] > 30
     for name in sides - {"runc"}:
