@@ -442,6 +442,8 @@ int cds_deferred_links(const char *json, size_t len, const char *bundle, struct 
     struct reading g = {.s = json, .plain = 1};
     struct cds_reader r = {.s = json, .n = len};
     memset(out, 0, sizeof *out);
+    if (!memmem(json, len, CDS_NSHOOK_PROGRAM, strlen(CDS_NSHOOK_PROGRAM)))
+        return 0; /* most creates: no reading at all */
     int parsed = cds_json_members(&r, top_member, &g);
     cds_json_blanks(&r);
     if (parsed < 0 || r.i != r.n || !g.plain || !g.last_hook.end || !g.dev_mount || g.user_namespace || g.dev_paths
