@@ -100,8 +100,7 @@ struct reading {
     struct cds_span *destinations;        /* every mount's but /dev's */
     size_t n_destinations, cap_destinations;
     int user_namespace;
-    int dev_paths;    /* a readonlyPaths or maskedPaths entry in /dev */
-    int in_dev_paths; /* reading readonlyPaths or maskedPaths */
+    int dev_paths; /* a readonlyPaths or maskedPaths entry in /dev */
 };
 
 /* The string at r->i into *SPAN (quotes included); a string with an escape, or another value,
@@ -126,6 +125,24 @@ static int is_text(const struct reading *g, struct cds_span span, const char *te
 static int is(const char *key, size_t len, const char *name)
 {
     return strlen(name) == len && memcmp(key, name, len) == 0;
+}
+
+/* The array (EACH per element) or the object (MEMBER per member) at r->i; anything else there
+ * is skipped, and clears PLAIN. */
+static int array_at(struct cds_reader *r, struct reading *g, cds_element_fn each)
+{
+    if (r->i < r->n && r->s[r->i] == '[')
+        return cds_json_elements(r, each, g);
+    g->plain = 0;
+    return cds_json_value(r);
+}
+
+static int object_at(struct cds_reader *r, struct reading *g, cds_member_fn member)
+{
+    if (r->i < r->n && r->s[r->i] == '{')
+        return cds_json_members(r, member, g);
+    g->plain = 0;
+    return cds_json_value(r);
 }
 
 static int hook_element(struct cds_reader *r, void *data)
@@ -191,23 +208,14 @@ static int mount_member(struct cds_reader *r, const char *key, size_t len, void 
         g->mount_tmpfs = is_text(g, span, "tmpfs");
         return 0;
     }
-    if (is(key, len, "options")) {
-        if (r->i >= r->n || r->s[r->i] != '[')
-            g->plain = 0;
-        return r->i < r->n && r->s[r->i] == '[' ? cds_json_elements(r, option_element, g) : cds_json_value(r);
-    }
-    return cds_json_value(r);
+    return is(key, len, "options") ? array_at(r, g, option_element) : cds_json_value(r);
 }
 
 static int mount_element(struct cds_reader *r, void *data)
 {
     struct reading *g = data;
     g->mount_dev = g->mount_tmpfs = g->mount_ro = 0;
-    if (r->i >= r->n || r->s[r->i] != '{') {
-        g->plain = 0;
-        return cds_json_value(r);
-    }
-    if (cds_json_members(r, mount_member, g) < 0)
+    if (object_at(r, g, mount_member) < 0)
         return -1;
     if (g->mount_dev)
         g->dev_mount = g->mount_tmpfs && !g->mount_ro;
@@ -227,15 +235,7 @@ static int namespace_member(struct cds_reader *r, const char *key, size_t len, v
     return 0;
 }
 
-static int namespace_element(struct cds_reader *r, void *data)
-{
-    struct reading *g = data;
-    if (r->i >= r->n || r->s[r->i] != '{') {
-        g->plain = 0;
-        return cds_json_value(r);
-    }
-    return cds_json_members(r, namespace_member, g);
-}
+static int namespace_element(struct cds_reader *r, void *data) { return object_at(r, data, namespace_member); }
 
 static int path_element(struct cds_reader *r, void *data)
 {
@@ -256,13 +256,7 @@ static int linux_member(struct cds_reader *r, const char *key, size_t len, void 
     cds_element_fn each = is(key, len, "namespaces")                   ? namespace_element
         : is(key, len, "readonlyPaths") || is(key, len, "maskedPaths") ? path_element
                                                                        : NULL;
-    if (each == NULL)
-        return cds_json_value(r);
-    if (r->i >= r->n || r->s[r->i] != '[') {
-        g->plain = 0;
-        return cds_json_value(r);
-    }
-    return cds_json_elements(r, each, g);
+    return each ? array_at(r, g, each) : cds_json_value(r);
 }
 
 static int root_member(struct cds_reader *r, const char *key, size_t len, void *data)
@@ -278,19 +272,9 @@ static int top_member(struct cds_reader *r, const char *key, size_t len, void *d
         : is(key, len, "root")                  ? root_member
         : is(key, len, "linux")                 ? linux_member
                                                 : NULL;
-    if (is(key, len, "mounts")) {
-        if (r->i < r->n && r->s[r->i] == '[')
-            return cds_json_elements(r, mount_element, g);
-        g->plain = 0;
-        return cds_json_value(r);
-    }
-    if (inner == NULL)
-        return cds_json_value(r);
-    if (r->i >= r->n || r->s[r->i] != '{') {
-        g->plain = 0;
-        return cds_json_value(r);
-    }
-    return cds_json_members(r, inner, g);
+    if (is(key, len, "mounts"))
+        return array_at(r, g, mount_element);
+    return inner ? object_at(r, g, inner) : cds_json_value(r);
 }
 
 /* The last createContainer hook, read: its path, and its args as the links they give. */

@@ -113,7 +113,7 @@ static void delete_container(const char *runtime, char **argv, int command, cons
         fprintf(stderr, "cdi-shim: container %s could not be deleted after its failed create\n", id);
 }
 
-int exec_runtime_at(const struct settings *set, const char *runtime, char **argv)
+int exec_runtime_at(const struct settings *set, const char *runtime, char **argv, const char *config, long config_len)
 {
     int command = command_at(argv);
     int argc = command;
@@ -125,15 +125,19 @@ int exec_runtime_at(const struct settings *set, const char *runtime, char **argv
     const char *id = command > 0 ? container_id(argv, argc, command + line.end) : NULL;
     struct cds_deferred_links links = {0};
     int deferred = 0;
-    if (line.pid_file && !line.help && id) {
+    /* (the caller's text says at no cost whether our hook is named at all) */
+    if (line.pid_file && !line.help && id
+        && (!config || memmem(config, (size_t)config_len, CDS_NSHOOK_PROGRAM, strlen(CDS_NSHOOK_PROGRAM)))) {
         char path[4096];
         cleanup_free char *json = NULL;
         mode_t mode = 0;
         snprintf(path, sizeof path, "%s/config.json", line.bundle);
         long len = read_file_mode(path, MAX_CONFIG_JSON, &json, &mode);
-        cleanup_fd int bundlefd = len > 0 ? open(line.bundle, O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
-        deferred = bundlefd >= 0 && cds_deferred_links(json, (size_t)len, line.bundle, &links) == 1
-            && cds_write_at(bundlefd, "config.json", (const uint8_t *)links.config, links.config_len, mode, 0) == 0;
+        if (len > 0 && cds_deferred_links(json, (size_t)len, line.bundle, &links) == 1) {
+            cleanup_fd int bundlefd = open(line.bundle, O_PATH | O_DIRECTORY | O_CLOEXEC);
+            deferred = bundlefd >= 0
+                && cds_write_at(bundlefd, "config.json", (const uint8_t *)links.config, links.config_len, mode, 0) == 0;
+        }
     }
     if (!deferred) {
         cds_deferred_links_free(&links);

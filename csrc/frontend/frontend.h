@@ -66,13 +66,15 @@ void report(const char *message);
 void debug_line(const struct settings *set, const char *message);
 void info_line(const struct settings *set, const char *message);
 int in_host_user_namespace(void);
-int exec_runtime(const struct settings *set, char **argv_out);
+int exec_runtime(const struct settings *set, char **argv_out, const char *config, long config_len);
 int exec_python(int argc, char **argv);
 
 /* after_create.c: exec RUNTIME with ARGV (runc's command line, ARGV[0] included), or, for a
  * create whose config.json's device links can wait (csrc/engine/devlinks.h), run it as a child
- * and make the links in the created container; the exit status for main, when it returns. */
-int exec_runtime_at(const struct settings *set, const char *runtime, char **argv);
+ * and make the links in the created container; the exit status for main, when it returns.
+ * CONFIG (CONFIG_LEN bytes): config.json's text when the caller has it as it still is, else
+ * NULL (it is read here). */
+int exec_runtime_at(const struct settings *set, const char *runtime, char **argv, const char *config, long config_len);
 
 /* resident_client.c: create/run handed to the resident process. */
 int try_resident(const struct settings *set, int argc, char **argv);

@@ -124,7 +124,7 @@ static const char *search_path(const char *name, char *buf, size_t cap)
     return NULL;
 }
 
-int exec_runtime(const struct settings *set, char **argv_out)
+int exec_runtime(const struct settings *set, char **argv_out, const char *config, long config_len)
 {
     char found[4096], message[8192];
     const char *runtime = set->runtime;
@@ -140,7 +140,7 @@ int exec_runtime(const struct settings *set, char **argv_out)
             return 127;
         }
     }
-    int status = exec_runtime_at(set, runtime, argv_out);
+    int status = exec_runtime_at(set, runtime, argv_out, config, config_len);
     if (status >= 0)
         return status;
     snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s%s", set->runtime,

@@ -266,7 +266,7 @@ int try_resident(const struct settings *set, int argc, char **argv)
     int n = 0;
     for (const char *p = argv_at; p < reply.data + reply.len; p += strlen(p) + 1)
         args[n++] = (char *)p;
-    int run = exec_runtime_at(set, args[0], args);
+    int run = exec_runtime_at(set, args[0], args, NULL, 0); /* the worker wrote config.json */
     if (run >= 0)
         return run;
     snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s", args[0],

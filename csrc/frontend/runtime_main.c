@@ -166,10 +166,10 @@ int main(int argc, char **argv)
 
     int create = command < argc && among(argv[command], strlen(argv[command]), cds_injecting_commands);
     struct create_line scan = {".", 0, 0, 0, NULL};
+    cleanup_free char *json = NULL; /* config.json's text, while nothing of ours has rewritten it */
+    long len = 0;
     if (create) {
         scan = scan_create(argv + command, argc - command);
-        cleanup_free char *json = NULL;
-        long len = 0;
         mode_t mode = 0;
         enum config_kind kind = config_kind(scan.bundle, &set, &json, &len, &mode);
         char options[4096]; /* our --device options' values: a request too */
@@ -177,12 +177,16 @@ int main(int argc, char **argv)
         if (has_device || scan.has_device)
             kind = MAY_REQUEST;
         const char *id = container_id(argv, argc, command + scan.end);
-        if (!help && !scan.help && kind != NOTHING_FOR_US
-            && !(kind == HOOKS_ONLY && !set.runc_binds && replayed(&set, scan.bundle, id, json, len, mode))
-            && !(kind == MAY_REQUEST && json && options_len >= 0 && !set.runc_binds
-                 && request_replayed(&set, scan.bundle, id, json, len, mode, options, (size_t)options_len))) {
-            int status = try_resident(&set, argc, argv);
-            return status >= 0 ? status : exec_python(argc, argv);
+        if (!help && !scan.help && kind != NOTHING_FOR_US) {
+            int replayed_here =
+                (kind == HOOKS_ONLY && !set.runc_binds && replayed(&set, scan.bundle, id, json, len, mode))
+                || (kind == MAY_REQUEST && json && options_len >= 0 && !set.runc_binds
+                    && request_replayed(&set, scan.bundle, id, json, len, mode, options, (size_t)options_len));
+            if (!replayed_here) {
+                int status = try_resident(&set, argc, argv);
+                return status >= 0 ? status : exec_python(argc, argv);
+            }
+            free(cds_take_ptr(&json)); /* the replay wrote config.json anew */
         }
     } else if (command == argc && version) {
         printf("cdi-shim-runtime version %s\n", CDS_VERSION);
@@ -212,5 +216,5 @@ int main(int argc, char **argv)
         }
         out[n++] = argv[i];
     }
-    return exec_runtime(&set, out);
+    return exec_runtime(&set, out, json, len);
 }
