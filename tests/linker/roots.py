@@ -14,28 +14,30 @@ CACHE_DIR = os.environ.get("CDI_SHIM_TEST_CACHE", "/var/cache/cdi-shim-tests")
 SUITE = "bookworm"
 MIRROR = os.environ.get("CDI_SHIM_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 DEBOOTSTRAP_TAR = os.path.join(CACHE_DIR, f"debootstrap-{SUITE}-minbase.tar")
+NEXT_SUITE = "trixie"         # Debian 13: the other real layout the differential and layout tests use
 LIBDIR = "/" + libtree.MULTIARCH        # the generated tree's multiarch directory
 
 
-def debootstrap_tarball():
-    """A minimal Debian rootfs as a tarball, made with debootstrap once and kept."""
-    if os.path.exists(DEBOOTSTRAP_TAR):
-        return DEBOOTSTRAP_TAR
+def debootstrap_tarball(suite=SUITE):
+    """A minimal Debian rootfs of SUITE as a tarball, made with debootstrap once and kept."""
+    tarball = os.path.join(CACHE_DIR, f"debootstrap-{suite}-minbase.tar")
+    if os.path.exists(tarball):
+        return tarball
     if shutil.which("debootstrap") is None:
         raise RuntimeError("debootstrap not found: apt-get install debootstrap")
     os.makedirs(CACHE_DIR, exist_ok=True)
-    work = DEBOOTSTRAP_TAR + ".work"
+    work = tarball + ".work"
     shutil.rmtree(work, ignore_errors=True)
-    subprocess.run(["debootstrap", "--variant=minbase", SUITE, work, MIRROR], check=True,
+    subprocess.run(["debootstrap", "--variant=minbase", suite, work, MIRROR], check=True,
                    stdout=subprocess.DEVNULL)
     # The apt lists and archives are not part of the image we want.
     for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
         shutil.rmtree(os.path.join(work, sub), ignore_errors=True)
-    subprocess.run(["tar", "-C", work, "--numeric-owner", "-cf", DEBOOTSTRAP_TAR + ".tmp", "."],
+    subprocess.run(["tar", "-C", work, "--numeric-owner", "-cf", tarball + ".tmp", "."],
                    check=True)
-    os.rename(DEBOOTSTRAP_TAR + ".tmp", DEBOOTSTRAP_TAR)
+    os.rename(tarball + ".tmp", tarball)
     shutil.rmtree(work, ignore_errors=True)
-    return DEBOOTSTRAP_TAR
+    return tarball
 
 
 def extract(tarball, dest):
