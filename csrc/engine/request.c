@@ -10,14 +10,10 @@
  * the same places, each element taken from its own text, every other byte left as it was.
  *
  * The key holds all the injection depends on: the settings file's hash (the prefixes, the device
- * env var and every rule of the resolution), the runtime's own --device options, the requesting
- * annotations whole, every env entry's
- * name (positions: an edit replaces an entry by name) and the device env vars' whole entries, the
- * bounding capabilities (unprivileged env requests), the hooks whole, each mount's destination
- * (edits replace by destination, then sort by depth) and, under the device-plugin folder, its
- * source, linux.devices and linux.resources.devices whole, and which of the objects the places
- * live in are there. What the host and the specs add (their files' identities, the driver
- * version) is the recipe's to check (replay.c). */
+ * env var and every rule of the resolution), the runtime's own --device options, the fields of
+ * the config listed in key_fields below, and which of the objects the places live in are there.
+ * What the host and the specs add (their files' identities, the driver version) is the recipe's
+ * to check (replay.c). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdint.h>
@@ -31,6 +27,26 @@
 
 #define MAX_PLACE_ELEMENTS 65536
 
+/* The fields of config.json the key covers, one a line: a path ("[]": each element of an array,
+ * "*": each member of an object), then how the key holds it. The one list of them: a test runs
+ * the request's resolution and apply_edits on a config that records what they read, and fails
+ * on a field not listed here, or on a field listed whose change leaves the key as it was
+ * (tests/runtime/test_request_key.py). */
+static const char key_fields[] =
+    "annotations.* whole, of a name with a requesting prefix\n"
+    "process.env[] the name (an edit replaces an entry by name); the device env vars' entries whole\n"
+    "process.capabilities.bounding whole (an unprivileged env request)\n"
+    "process.user whole (a device node's owner: apply_edits gives it the user's uid and gid)\n"
+    "hooks whole\n"
+    "mounts[].destination whole (edits replace by destination, then sort by depth)\n"
+    "mounts[].source whole under the device-plugin folder (a request), else whether there is one "
+    "(the step's library mounts)\n"
+    "linux.devices whole\n"
+    "linux.resources.devices whole\n"
+    "linux.namespaces[].type whole (a user namespace: bind mounts get idmap)\n";
+
+const char *cds_request_key_fields(void) { return key_fields; }
+
 struct elements {
     struct cds_span *at;
     size_t n, cap;
@@ -40,7 +56,7 @@ struct elements {
  * absent), each place's value and its elements. */
 struct request_view {
     size_t root, process, linux_section, resources;
-    struct cds_span annotations, bounding, hooks;
+    struct cds_span annotations, bounding, hooks, user;
     struct cds_span env, mounts, devices, rules;
     struct elements env_at, mounts_at, devices_at, rules_at;
     int seen_process, seen_linux, seen_resources, seen_caps;
@@ -100,6 +116,8 @@ static int process_member(struct cds_reader *r, const char *key, size_t len, voi
     struct request_view *v = data;
     if (is(key, len, "env"))
         return array_place(r, &v->env, &v->env_at);
+    if (is(key, len, "user"))
+        return cds_json_take(r, &v->user);
     if (is(key, len, "capabilities")) {
         size_t open;
         return object_place(r, &v->seen_caps, &open, caps_member, v);
@@ -250,6 +268,29 @@ static int annotation_member(struct cds_reader *r, const char *key, size_t len, 
     return 0;
 }
 
+/* Each namespace's type (not its path: a pod's network, IPC and UTS paths differ per pod). */
+static int namespace_member(struct cds_reader *r, const char *key, size_t len, void *data)
+{
+    struct buffer *b = data;
+    if (!is(key, len, "type"))
+        return cds_json_value(r);
+    size_t start = r->i;
+    if (cds_json_value(r) < 0)
+        return -1;
+    put(b, r->s + start, r->i - start);
+    return 0;
+}
+
+static int namespace_element(struct cds_reader *r, void *data)
+{
+    struct buffer *b = data;
+    cds_json_blanks(r);
+    if (r->i >= r->n || r->s[r->i] != '{' || cds_json_members(r, namespace_member, b) < 0)
+        return -1;
+    put(b, ";", 1);
+    return 0;
+}
+
 int cds_request_key(const char *json, size_t len, const char *prefixes, size_t prefixes_len, const char *device_env,
                     const char *devices, size_t devices_len, const uint8_t *settings, size_t settings_len,
                     uint8_t **key, size_t *key_len)
@@ -306,9 +347,18 @@ int cds_request_key(const char *json, size_t len, const char *prefixes, size_t p
         if (d_len >= strlen(CDS_DEVICE_MOUNT_ROOT) - 1
             && memcmp(d, CDS_DEVICE_MOUNT_ROOT, strlen(CDS_DEVICE_MOUNT_ROOT) - 1) == 0)
             put_span(&b, 's', json, mount->source);
+        else /* (whether the step has a library mount here: needs_step) */
+            put(&b, mount->source.end ? "+" : "-", 1);
     }
     put_span(&b, 'D', json, v.devices);
     put_span(&b, 'R', json, v.rules);
+    put_span(&b, 'U', json, v.user);
+    put(&b, "N", 1);
+    if (oci.namespaces.end) {
+        struct cds_reader r = {.s = json, .n = oci.namespaces.end, .i = oci.namespaces.start};
+        failed |= cds_json_elements(&r, namespace_element, &b) < 0;
+    }
+    put(&b, "", 1);
     char objects[4] = {v.process ? 'p' : '-', v.linux_section ? 'l' : '-', v.resources ? 'r' : '-',
                        v.mounts.end ? 'm' : '-'};
     put(&b, objects, sizeof objects);

@@ -22,4 +22,7 @@ int cds_request_apply(const char *json, size_t len, const uint8_t *edits, size_t
 
 void cds_request_free(void *data);
 
+/* The fields of a config the key covers, one a line: a path, a space, how (request.c). */
+const char *cds_request_key_fields(void);
+
 #endif

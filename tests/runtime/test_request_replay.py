@@ -323,3 +323,117 @@ def test_an_escaped_device_env_name_is_never_replayed(image):
     for bundle in bundles:
         _run(image, bundle)
     assert image.served() == 2 and _count(image, FRONT_END) == 0
+
+
+# Issue 43, findings 2 and 3: the key of a request covers what apply_edits reads of the pod's
+# config (test_request_key.py checks the list of fields against the code). Each create below
+# asks for the same device, so before the key held the user and the namespaces the front end
+# replayed the first pod's injection for the second.
+
+def _asking_as(image, change):
+    bundle = image.container(asking=True)
+    with open(bundle.config_path) as f:
+        config = json.load(f)
+    change(config)
+    with open(bundle.config_path, "w") as out:
+        json.dump(config, out)
+    return bundle
+
+
+def _user(uid):
+    def change(config):
+        config["process"]["user"] = {"uid": uid, "gid": uid}
+    return change
+
+
+def _owner_spec(world, driver, libraries):
+    """A node with a mode and no owner (apply_edits gives it the container's user), with or without
+    libraries (a step, or none)."""
+    return _hookless_spec(world, driver, libraries).replace(
+        f"hostPath: {world.node(0)}}}", f"hostPath: {world.node(0)}, fileMode: 384}}")
+
+
+def _stop_resident(image):
+    """The resident process gone, the recipes left: the front end still replays them alone."""
+    image.server.terminate()
+    image.server.wait(timeout=30)
+
+
+@pytest.mark.parametrize("resident", ["resident", "no-resident"])
+@pytest.mark.parametrize("libraries", [(), (f"libnvidia-ml.so.{VERSION}", f"libcuda.so.{VERSION}")],
+                         ids=["no-step", "step"])
+def test_a_device_node_is_the_pod_s_own_user_s_not_the_first_pod_s(world, driver, tmp_path, libraries, resident):
+    """Finding 2: a pod as uid 1000 first, then a pod as uid 2000 asking for the same device. The
+    node runc makes is the second pod's user's, as Python alone gives it; the second pod's
+    request is another key, so the first's recipe is not replayed for it (with the resident process
+    running, or gone and its recipes left to the front end); a third pod as uid 2000 is replayed."""
+    made = Image(world, driver, tmp_path, spec=_owner_spec(world, driver, libraries))
+    try:
+        def create(bundle):
+            run = world.shim("create", "--bundle", bundle.path, bundle.id, env=made.env())
+            assert run.returncode == 0, run.stderr
+            node = os.stat(f"/proc/{world.state(bundle.id)['pid']}/root/dev/nvidia0")
+            world.runc_cmd("delete", "--force", bundle.id)
+            return node.st_uid, node.st_gid, node.st_mode & 0o777
+
+        assert create(_asking_as(made, _user(1000))) == (1000, 1000, 0o600)
+        assert made.served() == 1 and any(name.startswith("q") for name in os.listdir(made.steps))
+        if resident == "no-resident":
+            _stop_resident(made)
+        second = _asking_as(made, _user(2000))
+        assert create(second) == (2000, 2000, 0o600), "the first pod's user owns the second pod's device"
+        assert _count(made, FRONT_END) == 0
+        third = _asking_as(made, _user(2000))
+        assert create(third) == (2000, 2000, 0o600)
+        if resident == "resident":
+            assert made.served() == 2 and _count(made, FRONT_END) == 1, "uid 2000's own recipe was not replayed"
+        alone = _asking_as(made, _user(2000))
+        _python_alone(made)
+        assert create(alone) == (2000, 2000, 0o600)
+        assert result(second) == result(third) == result(alone)
+        assert {"path": "/dev/nvidia0", "uid": 2000, "gid": 2000, "fileMode": 384}.items() <= next(
+            node for node in result(second)[0]["linux"]["devices"] if node["path"] == "/dev/nvidia0").items()
+    finally:
+        made.close()
+
+
+def _mount_spec(world):
+    """No node, no library: a file bind-mounted and an env var (a recipe with no step)."""
+    return ('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n  - name: "0"\n    containerEdits:\n'
+            "      env: [GPU_INDEX=0]\n"
+            f"      mounts: [{{hostPath: {world.host_file}, containerPath: /mounted/file, "
+            "options: [ro, nosuid, nodev, bind]}]\n")
+
+
+def _user_namespace(config):
+    config["linux"]["namespaces"].append({"type": "user"})
+    for name in ("uidMappings", "gidMappings"):
+        config["linux"][name] = [{"containerID": 0, "hostID": 0, "size": 65536}]
+
+
+@pytest.mark.parametrize("resident", ["resident", "no-resident"])
+def test_a_user_namespaced_pod_gets_id_mapped_mounts_after_one_without(world, driver, tmp_path, resident):
+    """Finding 3: a pod without a user namespace first (its recipe has no step), then one with:
+    the second's bind mount is id-mapped as Python alone gives it, not the first pod's mount
+    replayed (with the resident process running, or gone and its recipes left)."""
+    made = Image(world, driver, tmp_path, spec=_mount_spec(world))
+    try:
+        def create(bundle):
+            run = world.shim("create", "--bundle", bundle.path, bundle.id, env=made.env())
+            assert run.returncode == 0, run.stderr
+            world.runc_cmd("delete", "--force", bundle.id)
+            return next(m for m in result(bundle)[0]["mounts"] if m["destination"] == "/mounted/file")
+
+        assert "idmap" not in create(_asking_as(made, lambda config: None))["options"]
+        assert made.served() == 1 and [name[0] for name in os.listdir(made.steps)] == ["q"]    # (no step)
+        if resident == "no-resident":
+            _stop_resident(made)
+        second = _asking_as(made, _user_namespace)
+        assert create(second)["options"][-1] == "idmap", "the pod without a user namespace's mounts were replayed"
+        assert _count(made, FRONT_END) == 0
+        alone = _asking_as(made, _user_namespace)
+        _python_alone(made)
+        create(alone)
+        assert result(second) == result(alone)
+    finally:
+        made.close()
