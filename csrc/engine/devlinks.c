@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,124 @@ int cds_make_links(int rootfd, const char *where, char **links, int count, char 
     return 0;
 }
 
+/* PATH (N bytes) cleaned into OUT (CAP bytes), as runc and the kernel read it: absolute, its
+ * empty ("//") and "." parts dropped, no trailing "/". A ".." part is dropped with the part
+ * before it when HOW is CLEAN_POP_DOTDOT (as Python's os.path.abspath does), refused when
+ * CLEAN_NO_DOTDOT; CLEAN_AS_IS refuses "." parts too. The cleaned length, or -1: refused, a
+ * relative path, or too long. */
+enum { CLEAN_NO_DOTDOT, CLEAN_POP_DOTDOT, CLEAN_AS_IS };
+
+static long clean_path(const char *path, size_t n, char *out, size_t cap, int how)
+{
+    size_t len = 0, i = 0;
+    if (n == 0 || path[0] != '/' || cap < 2)
+        return -1;
+    while (i < n) {
+        while (i < n && path[i] == '/')
+            i++;
+        size_t start = i;
+        while (i < n && path[i] != '/')
+            i++;
+        size_t part = i - start;
+        if (part == 0)
+            break;
+        if (part == 1 && path[start] == '.') {
+            if (how == CLEAN_AS_IS)
+                return -1;
+            continue;
+        }
+        if (part == 2 && path[start] == '.' && path[start + 1] == '.') {
+            if (how != CLEAN_POP_DOTDOT)
+                return -1;
+            while (len > 0 && out[--len] != '/')
+                ;
+            continue;
+        }
+        if (len + 1 + part + 1 > cap)
+            return -1;
+        out[len] = '/';
+        memcpy(out + len + 1, path + start, part);
+        len += 1 + part;
+    }
+    if (len == 0)
+        out[len++] = '/';
+    out[len] = '\0';
+    return (long)len;
+}
+
+/* The one rule of a folder we trust (cdi/safeio.py private_dir_problem, checked alike by
+ * tests/runtime/test_links_after_create.py): DIR and every folder above it owned by root or
+ * us and not writable by group or others (one above it may be when sticky, like /tmp), on the
+ * path as written and on the path its links lead to. */
+static int folder_problem(const char *current, int last, char *why, size_t cap)
+{
+    struct stat info;
+    uid_t uid = geteuid();
+    if (lstat(current, &info) != 0) {
+        if (errno == ENOENT)
+            snprintf(why, cap, "%s does not exist", current);
+        else
+            snprintf(why, cap, "cannot inspect %s: %s", current, strerror(errno));
+        return 1;
+    }
+    if (info.st_uid != 0 && info.st_uid != uid) {
+        snprintf(why, cap, "%s is owned by uid %u, not by uid %u or root", current, (unsigned)info.st_uid,
+                 (unsigned)uid);
+        return 1;
+    }
+    if (S_ISLNK(info.st_mode))
+        return 0; /* its folder is checked; where it leads is the other chain */
+    if (!S_ISDIR(info.st_mode)) {
+        snprintf(why, cap, "%s is not a directory", current);
+        return 1;
+    }
+    if ((info.st_mode & 022) && (last || !(info.st_mode & S_ISVTX))) {
+        snprintf(why, cap, "%s is writable by group or others (mode %o); it must not be", current,
+                 (unsigned)(info.st_mode & 07777));
+        return 1;
+    }
+    return 0;
+}
+
+static int chain_problem(const char *chain, char *why, size_t cap)
+{
+    char current[4096];
+    size_t n = strlen(chain);
+    if (folder_problem("/", n == 1, why, cap))
+        return 1;
+    for (size_t end = 2; end <= n; end++) {
+        if (end < n && chain[end] != '/')
+            continue;
+        snprintf(current, sizeof current, "%.*s", (int)end, chain);
+        if (folder_problem(current, end == n, why, cap))
+            return 1;
+    }
+    return 0;
+}
+
+int cds_private_dir_problem(const char *dir, char *why, size_t cap)
+{
+    char given[4096], path[4096], real[PATH_MAX];
+    if (dir[0] == '/')
+        snprintf(given, sizeof given, "%s", dir);
+    else if (!getcwd(given, sizeof given - 1 - strlen(dir))) {
+        snprintf(why, cap, "cannot tell where %s is: %s", dir, strerror(errno));
+        return 1;
+    } else
+        snprintf(given + strlen(given), sizeof given - strlen(given), "/%s", dir);
+    if (clean_path(given, strlen(given), path, sizeof path, CLEAN_POP_DOTDOT) < 0) {
+        snprintf(why, cap, "%s: too long a path", dir);
+        return 1;
+    }
+    if (chain_problem(path, why, cap))
+        return 1;
+    if (!realpath(path, real)) {
+        snprintf(why, cap, "cannot resolve %s: %s", path, strerror(errno));
+        return 1;
+    }
+    return strcmp(real, path) != 0 && chain_problem(real, why, cap);
+}
+
 /* What the reading of config.json gathers. A string with an escape makes the config "not for
  * deferral" (plain = 0) rather than an error. */
 struct reading {
@@ -97,11 +216,28 @@ struct reading {
     struct cds_span root_path;
     int dev_mount;                        /* the last mount at /dev: 1 a read-write tmpfs, 0 anything else or none */
     int mount_dev, mount_tmpfs, mount_ro; /* of the mount being read */
-    struct cds_span *destinations;        /* every mount's but /dev's */
+    char **destinations;                  /* every mount's but /dev's, cleaned (malloc'd) */
     size_t n_destinations, cap_destinations;
     int user_namespace;
-    int dev_paths; /* a readonlyPaths or maskedPaths entry in /dev */
+    int dev_paths; /* a readonlyPaths or maskedPaths entry at, in or above /dev */
+    int unclean;   /* a destination or path with a ".." part, relative, or too long */
 };
+
+/* The plain string SPAN's text cleaned (CLEAN_NO_DOTDOT) into OUT; -1 sets G->unclean. */
+static long cleaned(struct reading *g, struct cds_span span, char *out, size_t cap)
+{
+    long n = clean_path(g->s + span.start + 1, span.end - span.start - 2, out, cap, CLEAN_NO_DOTDOT);
+    if (n < 0)
+        g->unclean = 1;
+    return n;
+}
+
+static void free_destinations(struct reading *g)
+{
+    for (size_t i = 0; i < g->n_destinations; i++)
+        free(g->destinations[i]);
+    free(g->destinations);
+}
 
 /* The string at r->i into *SPAN (quotes included); a string with an escape, or another value,
  * clears PLAIN (an escape's spelling is not compared here). */
@@ -186,20 +322,26 @@ static int mount_member(struct cds_reader *r, const char *key, size_t len, void 
     struct reading *g = data;
     struct cds_span span;
     if (is(key, len, "destination")) {
+        char path[4096];
         if (plain_string(r, g, &span) < 0)
             return -1;
-        g->mount_dev = is_text(g, span, "/dev");
+        /* runc cleans it: "//dev", "/dev/./dri" and "/dev//dri" are /dev and /dev/dri */
+        if (!g->plain || cleaned(g, span, path, sizeof path) < 0)
+            return 0;
+        g->mount_dev = strcmp(path, "/dev") == 0;
         if (g->mount_dev)
             return 0;
         if (g->n_destinations == g->cap_destinations) {
             size_t cap = g->cap_destinations ? 2 * g->cap_destinations : 32;
-            struct cds_span *more = realloc(g->destinations, cap * sizeof *more);
+            char **more = realloc(g->destinations, cap * sizeof *more);
             if (!more)
                 return -1;
             g->destinations = more;
             g->cap_destinations = cap;
         }
-        g->destinations[g->n_destinations++] = span;
+        if (!(g->destinations[g->n_destinations] = strdup(path)))
+            return -1;
+        g->n_destinations++;
         return 0;
     }
     if (is(key, len, "type")) {
@@ -241,11 +383,12 @@ static int path_element(struct cds_reader *r, void *data)
 {
     struct reading *g = data;
     struct cds_span path;
+    char p[4096];
     if (plain_string(r, g, &path) < 0)
         return -1;
-    const char *p = g->s + path.start + 1;
-    size_t n = path.end - path.start - 2;
-    if (n >= 4 && memcmp(p, "/dev", 4) == 0 && (n == 4 || p[4] == '/'))
+    if (!g->plain || cleaned(g, path, p, sizeof p) < 0)
+        return 0;
+    if (strcmp(p, "/") == 0 || (strncmp(p, "/dev", 4) == 0 && (p[4] == '\0' || p[4] == '/')))
         g->dev_paths = 1;
     return 0;
 }
@@ -317,38 +460,45 @@ static char *put(char *at, const char *s, struct cds_span span)
     return at + n + 1;
 }
 
-/* Whether the link PATH (N bytes) lies at or under a mount's destination other than /dev: runc
- * may change that mount after its hooks (a read-only tmpfs is made read-only only then). */
-static int under_a_mount(const struct reading *g, const char *path, size_t n)
+/* Whether the link PATH (cleaned) lies at or under a mount's destination other than /dev (all
+ * cleaned): runc may change that mount after its hooks (a read-only tmpfs is made read-only
+ * only then). */
+static int under_a_mount(const struct reading *g, const char *path)
 {
+    size_t n = strlen(path);
     for (size_t i = 0; i < g->n_destinations; i++) {
-        const char *d = g->s + g->destinations[i].start + 1;
-        size_t len = g->destinations[i].end - g->destinations[i].start - 2;
-        while (len > 1 && d[len - 1] == '/')
-            len--;
-        if (len <= n && memcmp(path, d, len) == 0 && (len == n || path[len] == '/' || d[len - 1] == '/'))
+        const char *d = g->destinations[i];
+        size_t len = strlen(d);
+        if (len == 1 || (len <= n && memcmp(path, d, len) == 0 && (len == n || path[len] == '/')))
             return 1;
     }
     return 0;
 }
 
-/* Whether the directory the hook's --rootfs value GIVEN names is the container's root (root.path,
- * relative to BUNDLE unless absolute): the runtime writes it resolved, containerd's root.path
- * is relative. */
-static int same_root(const struct reading *g, const char *bundle, struct cds_span given)
+/* The container's root (root.path, relative to BUNDLE unless absolute) into ROOT (CAP bytes):
+ * 0, or -1 when there is none or it is too long. */
+static int root_of(const struct reading *g, const char *bundle, char *root, size_t cap)
 {
-    char root[8192], rootfs[4096];
     size_t root_len = g->root_path.end - g->root_path.start - 2;
-    if (!g->root_path.end || root_len == 0 || given.end - given.start - 2 >= sizeof rootfs
-        || root_len + (bundle ? strlen(bundle) : 0) + 2 >= sizeof root)
-        return 0;
-    put(rootfs, g->s, given);
+    if (!g->root_path.end || root_len == 0 || root_len + (bundle ? strlen(bundle) : 0) + 2 >= cap)
+        return -1;
     if (g->s[g->root_path.start + 1] == '/')
         put(root, g->s, g->root_path);
     else if (bundle)
-        put(root + snprintf(root, sizeof root, "%s/", bundle), g->s, g->root_path);
+        put(root + snprintf(root, cap, "%s/", bundle), g->s, g->root_path);
     else
+        return -1;
+    return 0;
+}
+
+/* Whether the directory the hook's --rootfs value GIVEN names is the container's root ROOT: the
+ * runtime writes it resolved, containerd's root.path is relative. */
+static int same_root(const struct reading *g, const char *root, struct cds_span given)
+{
+    char rootfs[4096];
+    if (given.end - given.start - 2 >= sizeof rootfs)
         return 0;
+    put(rootfs, g->s, given);
     struct stat a, b;
     return stat(root, &a) == 0 && stat(rootfs, &b) == 0 && S_ISDIR(a.st_mode) && a.st_dev == b.st_dev
         && a.st_ino == b.st_ino;
@@ -374,13 +524,16 @@ static int links_of(const char *json, size_t len, const char *bundle, struct rea
     put(program, json, h->path);
     if (access(program, X_OK) != 0)
         return 0;
+    char root[8192];
+    if (root_of(g, bundle, root, sizeof root) < 0)
+        return 0;
     size_t text_len = 0;
     int count = 0;
     for (size_t i = 2; i < h->args; i += 2) {
         if (i + 1 == h->args)
             return 0;
         if (is_text(g, h->arg[i], "--rootfs")) {
-            if (!same_root(g, bundle, h->arg[i + 1]))
+            if (!same_root(g, root, h->arg[i + 1]))
                 return 0;
             continue;
         }
@@ -389,8 +542,10 @@ static int links_of(const char *json, size_t len, const char *bundle, struct rea
         const char *link = json + h->arg[i + 1].start + 1;
         size_t n = h->arg[i + 1].end - h->arg[i + 1].start - 2;
         const char *sep = memmem(link, n, "::", 2);
-        if (!sep || (size_t)(link + n - sep) < 2 + 6 || memcmp(sep + 2, "/dev/", 5) != 0
-            || under_a_mount(g, sep + 2, (size_t)(link + n - sep) - 2))
+        char path[4096];
+        /* compared cleaned ("//" dropped); a "." or ".." part is left to the hook */
+        if (!sep || clean_path(sep + 2, (size_t)(link + n - sep) - 2, path, sizeof path, CLEAN_AS_IS) < 6
+            || memcmp(path, "/dev/", 5) != 0 || under_a_mount(g, path))
             return 0;
         text_len += n + 1;
     }
@@ -403,7 +558,8 @@ static int links_of(const char *json, size_t len, const char *bundle, struct rea
     out->config = malloc(out->config_len + 1);
     out->text = malloc(text_len);
     out->link = malloc((size_t)count * sizeof *out->link);
-    if (!out->config || !out->text || !out->link) {
+    out->root = strdup(root);
+    if (!out->config || !out->text || !out->link || !out->root) {
         cds_deferred_links_free(out);
         errno = ENOMEM;
         return -1;
@@ -431,14 +587,14 @@ int cds_deferred_links(const char *json, size_t len, const char *bundle, struct 
     int parsed = cds_json_members(&r, top_member, &g);
     cds_json_blanks(&r);
     if (parsed < 0 || r.i != r.n || !g.plain || !g.last_hook.end || !g.dev_mount || g.user_namespace || g.dev_paths
-        || json[g.last_hook.start] != '{') {
-        free(g.destinations);
+        || g.unclean || json[g.last_hook.start] != '{') {
+        free_destinations(&g);
         return parsed < 0 && errno == ENOMEM ? -1 : 0;
     }
     struct hook_reading *h = calloc(1, sizeof *h); /* its spans are many for a stack */
     int done = h ? links_of(json, len, bundle, &g, h, out) : -1;
     free(h);
-    free(g.destinations);
+    free_destinations(&g);
     return done;
 }
 
@@ -447,5 +603,6 @@ void cds_deferred_links_free(struct cds_deferred_links *out)
     free(out->config);
     free(out->text);
     free(out->link);
+    free(out->root);
     memset(out, 0, sizeof *out);
 }

@@ -26,6 +26,7 @@ struct cds_deferred_links {
     char *text;  /* the links, NUL-separated (malloc'd) */
     char **link; /* COUNT pointers into TEXT (malloc'd) */
     int count;
+    char *root; /* the container's root: root.path, resolved against the bundle (malloc'd) */
 };
 
 /* Whether the config.json in JSON can do without its cdi-shim-nshook symlinks hook, the links
@@ -34,11 +35,21 @@ struct cds_deferred_links {
  * only --link values (and --rootfs, the directory root.path names, relative to BUNDLE unless
  * absolute), each link lies in /dev and at or under
  * no other mount (runc makes a read-only tmpfs read-only after its hooks), /dev is a
- * read-write tmpfs mount, no readonlyPaths or maskedPaths entry lies in /dev, and the
- * container has no user namespace (a link made from the host would be owned by the host's
- * root there). 1 with OUT filled (free it with cds_deferred_links_free), 0 when not (or a
+ * read-write tmpfs mount, no readonlyPaths or maskedPaths entry lies at, in or above /dev,
+ * and the container has no user namespace (a link made from the host would be owned by the
+ * host's root there). Paths are compared as runc reads them, cleaned ("//" and "/./"
+ * collapsed: "//dev" is the /dev mount); a mount destination or a readonlyPaths or
+ * maskedPaths entry with a ".." part (or relative), or a link with a "." or ".." part, leaves
+ * the hook in place. 1 with OUT filled (free it with cds_deferred_links_free), 0 when not (or a
  * string with an escape anywhere in what is read), -1 (ENOMEM). */
 int cds_deferred_links(const char *json, size_t len, const char *bundle, struct cds_deferred_links *out);
 void cds_deferred_links_free(struct cds_deferred_links *out);
+
+/* Why the folder DIR (relative to the working directory unless absolute) cannot be trusted
+ * with what root reads from it (the pid file runc writes for the front end): 1 with why in
+ * WHY (CAP bytes), 0 when DIR and every folder above it, on the path as written and on the
+ * path its links lead to, are owned by root or us and not writable by group or others (a
+ * sticky one above DIR may be, like /tmp). The rule of cdi/safeio.py private_dir_problem. */
+int cds_private_dir_problem(const char *dir, char *why, size_t cap);
 
 #endif

@@ -6,12 +6,16 @@
  * starts no hook process for them (docs/one-mount.md has what that saves).
  *
  * Only with --pid-file (containerd, Docker's and podman's shims give it): without it the init's
- * PID would cost a `runc state`, and the hook stays. A failure after runc's create deletes the
- * container (`runc delete --force`) and fails the create, naming the link, as the hook's
- * failure would. */
+ * PID would cost a `runc state`, and the hook stays. The pid file is trusted only in a folder
+ * nobody else can write (cds_private_dir_problem: each engine's state folder is one); in any
+ * other the hook stays too, as whoever writes there could name another process. And the PID's
+ * /proc/PID/root must be the container's root (root.path: same device and inode) before any
+ * link is made. A failure after runc's create deletes the container (`runc delete --force`)
+ * and fails the create, naming the link (or the PID), as the hook's failure would. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,8 +83,8 @@ static pid_t init_pid(const char *pid_file)
     return pid > 0 && end != text && (*end == '\0' || *end == '\n') ? (pid_t)pid : 0;
 }
 
-/* The links made in the root of the container whose init runc wrote to PID_FILE; 0, or -1
- * with why in WHY. */
+/* The links made in the root of the container whose init runc wrote to PID_FILE, once that
+ * root is the container's (LINKS->root: same device and inode); 0, or -1 with why in WHY. */
 static int make_container_links(const char *pid_file, struct cds_deferred_links *links, char *why, size_t cap)
 {
     char root[64];
@@ -95,7 +99,31 @@ static int make_container_links(const char *pid_file, struct cds_deferred_links 
         snprintf(why, cap, "cannot open %s: %s", root, strerror(errno));
         return -1;
     }
+    struct stat got, want;
+    if (fstat(rootfd, &got) != 0 || stat(links->root, &want) != 0 || got.st_dev != want.st_dev
+        || got.st_ino != want.st_ino) {
+        snprintf(why, cap, "%s names PID %d, whose root is not the container's root %s: no link made", pid_file,
+                 (int)pid, links->root);
+        return -1;
+    }
     return cds_make_links(rootfd, "the container's root", links->link, links->count, why, cap);
+}
+
+/* Whether the folder of PID_FILE is one only root (or we) can write: 1, or 0 with why logged. */
+static int pid_folder_trusted(const struct settings *set, const char *pid_file)
+{
+    char copy[4096], why[4400], message[4700];
+    if (strlen(pid_file) >= sizeof copy)
+        return 0;
+    strcpy(copy, pid_file);
+    if (cds_private_dir_problem(dirname(copy), why, sizeof why) == 0)
+        return 1;
+    snprintf(message, sizeof message,
+             "cdi-shim: the pid file %s is in a folder others may write (%s): the device links are left to "
+             "their hook",
+             pid_file, why);
+    info_line(set, message);
+    return 0;
 }
 
 /* `runc [global options] delete --force ID`, after a create that failed past runc's part. */
@@ -133,7 +161,8 @@ int exec_runtime_at(const struct settings *set, const char *runtime, char **argv
         mode_t mode = 0;
         snprintf(path, sizeof path, "%s/config.json", line.bundle);
         long len = read_file_mode(path, MAX_CONFIG_JSON, &json, &mode);
-        if (len > 0 && cds_deferred_links(json, (size_t)len, line.bundle, &links) == 1) {
+        if (len > 0 && cds_deferred_links(json, (size_t)len, line.bundle, &links) == 1
+            && pid_folder_trusted(set, line.pid_file)) {
             cleanup_fd int bundlefd = open(line.bundle, O_PATH | O_DIRECTORY | O_CLOEXEC);
             deferred = bundlefd >= 0
                 && cds_write_at(bundlefd, "config.json", (const uint8_t *)links.config, links.config_len, mode, 0) == 0;

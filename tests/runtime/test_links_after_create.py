@@ -11,6 +11,7 @@ is read through the engine, case by case."""
 import json
 import os
 import stat
+import subprocess
 
 import pytest
 
@@ -161,11 +162,14 @@ def test_a_link_that_cannot_be_made_fails_the_create_and_leaves_no_container(wor
         assert world.state(bundle.id) is None                       # deleted
 
 
-def test_a_read_only_tmpfs_where_the_links_go_keeps_the_hook(world):
+@pytest.mark.parametrize("where", ["/dev/dri/by-path", "/dev//dri/by-path", "/dev/dri/./by-path",
+                                   "/dev/dri/by-path/"])
+def test_a_read_only_tmpfs_where_the_links_go_keeps_the_hook(world, where):
     """runc makes a read-only tmpfs read-only only after its hooks, so the hook's links are made
-    in it: the front end leaves such a create to the hook."""
+    in it: the front end leaves such a create to the hook, however the mount's path is spelled
+    (runc cleans it: issue 43, finding 4)."""
     _drm_spec(world, extra_mount=("      mounts:\n        - hostPath: tmpfs\n"
-                                  "          containerPath: /dev/dri/by-path\n"
+                                  f"          containerPath: {where}\n"
                                   "          type: tmpfs\n          options: [ro, nosuid]\n"))
     first = _bundle(world)
     run = world.shim("run", "--bundle", first.path, first.id)
@@ -173,6 +177,85 @@ def test_a_read_only_tmpfs_where_the_links_go_keeps_the_hook(world):
     output, hooks = _create_and_start(world, _bundle(world))
     assert output == run.stdout and len(hooks) == 1
     assert "-> '../card1' 0 0 777 symbolic link" in output, output
+
+
+def _injected_bundle(world, tag="c"):
+    """A bundle whose config.json has the spec's edits and our links hook in it already (as
+    containerd's own CDI hands it over): the front end passes the create to runc and makes the
+    links itself, with or without the resident process."""
+    _drm_spec(world)
+    first = _bundle(world)
+    assert world.shim("run", "--bundle", first.path, first.id).returncode == 0
+    injected = first.config()
+
+    def as_injected(config):
+        config.update({key: injected[key] for key in ("hooks", "mounts")})
+        config["linux"]["devices"] = injected["linux"]["devices"]
+        config["linux"]["resources"] = injected["linux"]["resources"]
+        config.pop("annotations", None)
+    return lambda: world.bundle(args=("sh", "-c", PROBE), edit=as_injected, tag=tag)
+
+
+@pytest.mark.parametrize("folder", ["writable by others", "sticky, writable by others", "another user's"])
+def test_a_pid_file_in_a_folder_others_can_write_keeps_the_hook(world, folder):
+    """Whoever can write the pid file's folder could name another process there, whose root the
+    front end would make links in: the pid file is trusted only in a folder that nobody but
+    root (or the caller) can write, as every engine's state folder is; elsewhere the hook makes
+    the links (issue 43, finding 5)."""
+    new_bundle = _injected_bundle(world)
+    bundle = new_bundle()
+    pids = os.path.join(world.base, "pids")
+    os.makedirs(pids)
+    os.chmod(pids, {"writable by others": 0o777, "sticky, writable by others": 0o1777}.get(folder, 0o755))
+    if folder == "another user's":
+        os.chown(pids, 1000, 1000)
+    with open(os.path.join(world.base, bundle.id + ".out"), "w+") as out:
+        done = world.shim("create", "--pid-file", os.path.join(pids, "init.pid"), "--bundle", bundle.path,
+                          bundle.id, stdout=out)
+        assert done.returncode == 0, done.stderr
+        assert [h["path"] for h in _nshook_hooks(bundle)] == [NSHOOK]          # runc runs the hook
+        assert world.runc_cmd("start", bundle.id).returncode == 0
+        world.wait_stopped(bundle.id)
+        out.seek(0)
+        assert "-> '../card1' 0 0 777 symbolic link" in out.read()
+    # the same bundle, its pid file in a private folder: no hook
+    output, hooks = _create_and_start(world, new_bundle())
+    assert hooks == [] and "-> '../card1' 0 0 777 symbolic link" in output, output
+
+
+def test_a_pid_that_is_not_the_container_s_fails_the_create(world, tmp_path):
+    """The pid file names another process once runc has written it (a runtime wrapper stands in
+    for whoever rewrites it): /proc/PID/root is not the container's root, so no link is made
+    there; the create fails, naming the PID, and leaves no container (issue 43, finding 5)."""
+    new_bundle = _injected_bundle(world)
+    decoy_root = rh.build_rootfs(str(tmp_path / "decoy"), world.busybox)
+    decoy = subprocess.Popen(["chroot", decoy_root, "/bin/sleep", "60"])
+    wrapper = os.path.join(world.base, "runc-wrapper")
+    with open(wrapper, "w") as f:
+        f.write(f"""#!/bin/sh
+{world.runc} "$@" || exit $?
+prev= pid_file= create=
+for arg; do
+    [ "$prev" = --pid-file ] && pid_file=$arg
+    [ "$arg" = create ] && create=1
+    prev=$arg
+done
+[ -n "$create" ] && [ -n "$pid_file" ] && echo {decoy.pid} > "$pid_file"
+exit 0
+""")
+    os.chmod(wrapper, 0o755)
+    world.write_config(runtime=wrapper)
+    try:
+        bundle = new_bundle()
+        done = world.shim("create", "--pid-file", os.path.join(bundle.path, "init.pid"), "--bundle", bundle.path,
+                          bundle.id)
+        assert done.returncode != 0
+        assert f"names PID {decoy.pid}, whose root is not the container's root" in done.stderr, done.stderr
+        assert world.state(bundle.id) is None                       # deleted
+        assert not os.path.lexists(os.path.join(decoy_root, "dev", "dri")), os.listdir(decoy_root + "/dev")
+    finally:
+        rh.kill_quietly(decoy)
+        world.write_config()
 
 
 # -- the rule ------------------------------------------------------------------------------------
@@ -270,7 +353,36 @@ def _change(config, how, bundle):
         hook["annotations"] = {}
     elif how == "an escaped link":
         hook["args"][3] = CARD_LINK.replace("card1", "card\\u0031")
+    # spelled as runc does not read them: runc cleans paths ("//" and "/./" collapsed)
+    elif how in UNCLEAN_MOUNTS:
+        config["mounts"].append({"destination": UNCLEAN_MOUNTS[how], "type": "tmpfs", "source": "tmpfs",
+                                 "options": ["ro"]})
+    elif how == "a masked //dev/dri":
+        config["linux"]["maskedPaths"].append("//dev/dri")
+    elif how == "a read-only /dev/./dri":
+        config["linux"]["readonlyPaths"].append("/dev/./dri")
+    elif how == "a read-only /":
+        config["linux"]["readonlyPaths"].append("/")
+    # a ".." is refused up front: the hook keeps the work
+    elif how == "a masked path with ..":
+        config["linux"]["maskedPaths"].append("/proc/../dev/dri")
+    elif how == "a relative masked path":
+        config["linux"]["maskedPaths"].append("dev/dri")
+    elif how == "a link with a . part":
+        hook["args"][3] = CARD_LINK.replace("/by-path/", "/./by-path/")
+    elif how == "a link with a .. part":
+        hook["args"][3] = CARD_LINK.replace("/by-path/", "/x/../by-path/")
     return config
+
+
+UNCLEAN_MOUNTS = {"a mount above a link, spelled //": "/dev//dri/by-path",
+                  "a mount above a link, spelled /./": "/dev/dri/./by-path",
+                  "a mount above a link, spelled ///": "///dev///dri//",
+                  "a read-only mount at //dev": "//dev",
+                  "a read-only mount at /dev/": "/dev/",
+                  "a mount with ..": "/dev/x/../dri/by-path",
+                  "a mount with .. that climbs": "/../dev/dri",
+                  "a relative mount": "dev/dri/by-path"}
 
 
 @pytest.mark.parametrize("how", ["a hook after it", "a user namespace", "a read-only /dev", "/dev not a tmpfs",
@@ -278,7 +390,9 @@ def _change(config, how, bundle):
                                  "a mount above a link", "a mount at a link",
                                  "another rootfs", "another option", "a value missing", "another command",
                                  "another program", "a program of another name", "another hook member",
-                                 "an escaped link"])
+                                 "an escaped link", *UNCLEAN_MOUNTS, "a masked //dev/dri", "a read-only /dev/./dri",
+                                 "a read-only /", "a masked path with ..", "a relative masked path",
+                                 "a link with a . part", "a link with a .. part"])
 def test_the_rule_keeps_the_hook_where_the_container_could_tell(config, bundle, how):
     changed = _change(config, how, bundle)
     text = json.dumps(changed).replace("\\\\u0031", "\\u0031").encode()
@@ -289,4 +403,57 @@ def test_the_rule_leaves_paths_and_mounts_that_only_begin_alike(config, bundle):
     config["linux"]["maskedPaths"].append("/devices")
     config["linux"]["readonlyPaths"].append("/device")
     config["mounts"].append({"destination": "/dev/dri/by-pat", "type": "tmpfs", "source": "tmpfs"})
+    config["mounts"].append({"destination": "//dev//dri/by-pat/", "type": "tmpfs", "source": "tmpfs"})
     assert _deferred(config, bundle)[0] == 1
+
+
+def test_the_rule_reads_paths_cleaned(config, bundle):
+    """runc's /dev spelled "//dev/" is still the read-write /dev tmpfs; a link spelled with "//"
+    is made where the hook makes it."""
+    dev = next(m for m in config["mounts"] if m["destination"] == "/dev")
+    dev["destination"] = "//dev/"
+    hook = config["hooks"]["createContainer"][-1]
+    hook["args"][3] = CARD_LINK.replace("/dri/", "//dri//")
+    done, _, links = _deferred(config, bundle)
+    assert done == 1 and links == [hook["args"][3], RENDER_LINK]
+
+
+@pytest.mark.parametrize("how", ["private", "writable by others", "sticky, writable by others", "another user's",
+                                 "sticky above", "writable above", "a link to a private one", "a link to a shared one",
+                                 "another user's link", "missing", "a file", "relative, with .."])
+def test_the_pid_file_folder_rule_is_safeio_s(tmp_path, how):
+    """The front end's rule for the pid file's folder (cds_private_dir_problem) is
+    cdi.safeio.private_dir_problem's, case by case, messages included."""
+    from cdi.safeio import private_dir_problem
+
+    base = tmp_path / "base"
+    base.mkdir()
+    folder = base / "pids"
+    folder.mkdir()
+    given = str(folder)
+    if how in ("writable by others", "sticky, writable by others"):
+        os.chmod(folder, 0o777 if how == "writable by others" else 0o1777)
+    elif how == "another user's":
+        os.chown(folder, 1000, 1000)
+    elif how in ("sticky above", "writable above"):
+        os.chmod(base, 0o1777 if how == "sticky above" else 0o777)
+    elif how.startswith("a link to"):
+        if how.endswith("shared one"):
+            os.chmod(folder, 0o777)
+        os.symlink("pids", base / "link")
+        given = str(base / "link")
+    elif how == "another user's link":
+        os.symlink("pids", base / "link")
+        os.lchown(base / "link", 1000, 1000)
+        given = str(base / "link")
+    elif how == "missing":
+        given = str(base / "gone")
+    elif how == "a file":
+        (base / "file").write_text("")
+        given = str(base / "file")
+    elif how == "relative, with ..":
+        given = os.path.relpath(str(folder) + "/../pids", os.getcwd())
+    why = ffi.new("char[]", 4400)
+    got = lib.cds_private_dir_problem(given.encode(), why, len(why))
+    expected = private_dir_problem(given)
+    assert (ffi.string(why).decode() if got else None) == expected
