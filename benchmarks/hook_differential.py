@@ -1,6 +1,11 @@
 """Differential of the toolkit's hooks: runc + the real nvidia-cdi-hook against cdi-shim-runtime.
 
-Each case (an image, a fake driver, a CDI spec with nvidia-cdi-hook hooks) runs three ways:
+Each case (an image, a fake driver, a CDI spec with nvidia-cdi-hook hooks) runs three ways, on
+an image of one of the layouts of benchmarks/hook_layouts.py, drawn per case: `busybox` (a plain
+glibc folder), `debian12` and `debian13` (debootstrap minbase, merged /usr), `rpm` (/usr/lib64,
+`/lib64 -> usr/lib64`, a relative include), `cuda` (a CUDA image on Debian 12: /usr/local/cuda
+-> cuda-12.4, its compat folder, 000_cuda.conf). Each layout is built once per run and copied
+(hard links, /etc copied) for each way; the spec's library folder is one its layout uses:
 
 - `toolkit`: the spec pre-injected into config.json (`cdi-shim cdi inject`, as containerd's
   own CDI does) and run by plain runc, which runs the real nvidia-cdi-hook v1.20.0 (built by
@@ -17,8 +22,12 @@ a documented difference (docs/hooks.md), or left.
 
     .venv/bin/python benchmarks/hook_differential.py --cases 200 --seed 1        # as root
     .venv/bin/python benchmarks/hook_differential.py --seed 1 --only 17 -v       # one case, its diff
+    .venv/bin/python benchmarks/hook_differential.py --cases 50 --layout rpm     # one layout's images only
 
-Needs root, runc, gcc with static glibc, and the toolkit (benchmarks/toolkit.py builds it).
+Counts are printed per layout and in all: identical, harmless, documented, left.
+
+Needs root, runc, gcc with static glibc, debootstrap (the Debian tarballs, made once by
+tests/linker/roots.py in /var/cache/cdi-shim-tests), and the toolkit (benchmarks/toolkit.py builds it).
 """
 import argparse
 import collections
@@ -27,7 +36,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,14 +48,16 @@ sys.path.insert(0, HERE)
 
 import ldcache_helpers as lh  # noqa: E402
 import runtime_helpers as rh  # noqa: E402
+import hook_layouts as hl  # noqa: E402
+import roots  # noqa: E402
 from test_hook_fidelity import note_source  # noqa: E402
-from test_runtime_toolkit_hooks import _library, preinject  # noqa: E402
+from test_runtime_toolkit_hooks import preinject  # noqa: E402
 from toolkit import ToolkitUnavailable, toolkit_programs  # noqa: E402
 
 WAYS = ("toolkit", "preinjected", "annotation")
 CLASSES = ("identical", "harmless", "documented", "left")
 GLIBC = rh.GLIBC_LIBDIR
-COMPAT = "/usr/local/cuda/compat"
+COMPAT = hl.COMPAT
 LIBS = ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-gpucomp")
 DRIVERS = ("550.54.15", "535.104.05", "560.35.03")
 COMPATS = ("560.28.03", "570.86.10", "550.90.07", "535.54.03", "560.35.05")
@@ -60,16 +70,22 @@ FAILED = (None, "absent", "fails")
 
 # ---- cases ---------------------------------------------------------------------------------
 
-def random_case(rng, number):
-    """One case: what the image holds, what the driver mounts, the spec's hooks in order."""
-    libdir = rng.choice([GLIBC, GLIBC, "/usr/lib64"])
+def random_case(rng, number, layouts=hl.LAYOUTS):
+    """One case: its image's layout, what the image holds, what the driver mounts, the spec's
+    hooks in order. conf: the image's ld.so.conf as the layout has it (`include`), replaced by
+    one without an include line (`plain`), or removed (`absent`)."""
+    layout = rng.choice(layouts)
+    libdir = rng.choice(hl.LIBDIRS[layout])
     driver = rng.choice(DRIVERS)
     libs = ["libcuda"] + rng.sample(LIBS[1:], rng.randint(0, 3))
-    case = {"number": number, "libdir": libdir, "driver": driver, "libs": libs,
-            "image_cache": rng.random() < 0.75, "confd": rng.random() < 0.8,
+    real = layout != "busybox"
+    case = {"number": number, "layout": layout, "libdir": libdir, "driver": driver, "libs": libs,
+            "image_cache": rng.random() < (0.85 if real else 0.75), "confd": rng.random() < 0.8,
             "conf": rng.choice(["include", "include", "include", "plain", "absent"]),
             "readonly": rng.random() < 0.2, "compat": None, "at_link": None, "hooks": []}
-    if rng.random() < 0.6:
+    if layout == "cuda":
+        case["cuda_links"] = rng.choice(["relative", "alternatives"])
+    if rng.random() < 0.6 or layout == "cuda":      # (CUDA images carry cuda-compat)
         note = None
         if rng.random() < 0.6:
             note = {"Format": 1, "CUDA Version": rng.choice(["12.2", "12.4", "12.6", "12.8"]),
@@ -123,55 +139,106 @@ class Parts:
         self.probe = os.path.join(work, "probe")
         rh.gcc("-static", "-O1", "-o", self.probe, os.path.join(HERE, "hook_probe.c"))
 
-    def library(self, name, version, note=None, ident=None):
-        key = (name, version, json.dumps(note, sort_keys=True), ident)
+    def library(self, name, version, note=None, ident=None, soname=None):
+        key = (name, version, json.dumps(note, sort_keys=True), ident, soname)
         if key not in self.built:
             path = os.path.join(self.work, f"lib{len(self.built)}", f"{name}.so.{version}")
             os.makedirs(os.path.dirname(path))
             body = 'const char *fake_id(void) { return "%s"; }\n' % (ident or f"{name}.so.{version}")
             if note is not None:
                 body += note_source(note)
-            _library(path, f"{name}.so.1", body)
+            rh.library(path, soname or f"{name}.so.1", body)
             self.built[key] = path
         return self.built[key]
 
+    def named(self, path, soname, ident):
+        """A library built at PATH (in an image being built) with SONAME; fake_id() IDENT."""
+        rh.library(path, soname, 'const char *fake_id(void) { return "%s"; }\n' % ident)
+
+
+class Layouts:
+    """Each layout built once in WORK/layouts (hook_layouts.build) when a case first needs it,
+    then copied for each way; each checked at the end to be as it was built."""
+
+    def __init__(self, work, parts):
+        self.dir = os.path.join(work, "layouts")
+        self.parts = parts
+        self.built = {}
+        os.makedirs(self.dir)
+
+    def path(self, name):
+        if name not in self.built:
+            start = time.monotonic()
+            tarball = None
+            if name in hl.SUITES or name == "cuda":
+                tarball = roots.debootstrap_tarball(hl.SUITES.get(name, roots.SUITE))
+            dest = hl.build(name, os.path.join(self.dir, name), busybox=rh.static_busybox(), tarball=tarball,
+                            library=self.parts.named, ldconfig=rh.need("ldconfig", "libc-bin"))
+            if name == "rpm":
+                hl.makedirs(dest, "/usr/lib64/image")
+                self.parts.named(os.path.join(dest, "usr/lib64/image/libimage.so.1.0"), "libimage.so.1",
+                                 "image-private")
+                os.symlink("libimage.so.1.0", os.path.join(dest, "usr/lib64/image/libimage.so.1"))
+                hl.write(dest, RPM_DROPIN, "/usr/lib64/image\n")
+                hl.image_ldconfig(dest, name, rh.need("ldconfig", "libc-bin"))
+            self.built[name] = (dest, hl.fingerprint(dest))
+            print(f"layout {name}: built in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
+        return self.built[name][0]
+
+    def check(self):
+        """The layouts that a way changed (a file written through a shared hard link)."""
+        return [name for name, (dest, before) in self.built.items() if hl.fingerprint(dest) != before]
+
+
+RPM_DROPIN = "/etc/ld.so.conf.d/image-x86_64.conf"      # the rpm image's own drop-in, its /usr/lib64/image
+
 
 def make_image(rootfs, case, parts):
-    """ROOTFS (a busybox root from World.bundle) made the case's image."""
-    for sub in (GLIBC, "/lib64", "/opt/data", "/usr/lib64"):
-        os.makedirs(rootfs + sub, exist_ok=True)
-    os.chmod(rootfs + "/opt/data", 0o755)
-    for name in ("libc.so.6", "libm.so.6"):
-        shutil.copy2(os.path.realpath(f"/lib/x86_64-linux-gnu/{name}"), rootfs + f"{GLIBC}/{name}")
-    shutil.copy2(os.path.realpath("/lib64/ld-linux-x86-64.so.2"), rootfs + "/lib64/ld-linux-x86-64.so.2")
-    shutil.copy2(parts.probe, rootfs + "/probe")
-    if case["confd"]:
-        os.makedirs(rootfs + "/etc/ld.so.conf.d")
-        with open(rootfs + "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "w") as out:
-            out.write(GLIBC + "\n")
-    if case["conf"] != "absent":
-        with open(rootfs + "/etc/ld.so.conf", "w") as out:
-            out.write("include /etc/ld.so.conf.d/*.conf\n" if case["conf"] == "include" else GLIBC + "\n")
+    """ROOTFS (a copy of the case's layout) made the case's image."""
+    layout = case["layout"]
+    hl.makedirs(rootfs, "/opt/data")
+    os.chmod(hl.in_root(rootfs, "/opt/data"), 0o755)
+    hl.copy(rootfs, parts.probe, "/probe")
+    if layout == "busybox":
+        if case["confd"]:
+            hl.write(rootfs, "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", GLIBC + "\n")
+        if case["conf"] == "include":
+            hl.write(rootfs, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+    else:
+        if layout == "cuda":
+            hl.cuda_links(rootfs, case["cuda_links"])
+        if layout == "rpm" and not case["confd"]:
+            hl.remove(rootfs, RPM_DROPIN)
+    if case["conf"] == "plain":
+        hl.write(rootfs, "/etc/ld.so.conf", hl.PLAIN_CONF.get(layout, hl.PLAIN_CONF_REAL))
+    elif case["conf"] == "absent":
+        hl.remove(rootfs, "/etc/ld.so.conf")
     if case["compat"]:
-        compat = case["compat"]
-        os.makedirs(rootfs + COMPAT)
-        shutil.copy2(parts.library("libcuda", compat["version"], compat["note"]),
-                     rootfs + f"{COMPAT}/libcuda.so.{compat['version']}")
-        os.symlink(f"libcuda.so.{compat['version']}", rootfs + f"{COMPAT}/libcuda.so.1")
+        compat, version = case["compat"], case["compat"]["version"]
+        hl.makedirs(rootfs, COMPAT)
+        hl.copy(rootfs, parts.library("libcuda", version, compat["note"]), f"{COMPAT}/libcuda.so.{version}")
+        hl.symlink(rootfs, f"libcuda.so.{version}", f"{COMPAT}/libcuda.so.1")
+        if layout == "cuda":            # cuda-compat's other files
+            hl.symlink(rootfs, "libcuda.so.1", f"{COMPAT}/libcuda.so")
+            hl.copy(rootfs, parts.library("libnvidia-ptxjitcompiler", version, ident="compat-ptxjit"),
+                    f"{COMPAT}/libnvidia-ptxjitcompiler.so.{version}")
+            hl.symlink(rootfs, f"libnvidia-ptxjitcompiler.so.{version}", f"{COMPAT}/libnvidia-ptxjitcompiler.so.1")
     at = case["at_link"]
     if at:
-        path = rootfs + at["path"]
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         if at["what"] == "file":      # the image's own library of that name (an old driver)
             soname = os.path.basename(at["path"])
             soname = soname if soname.endswith(".so.1") else soname + ".1"
-            shutil.copy2(parts.library(soname.split(".so")[0], "0", ident="image-old"), path)
+            hl.remove(rootfs, at["path"])
+            hl.copy(rootfs, parts.library(soname.split(".so")[0], "0", ident="image-old"), at["path"])
         elif at["what"] == "link":
-            os.symlink("libimage-other.so.0", path)
+            hl.symlink(rootfs, "libimage-other.so.0", at["path"])
         else:
-            os.makedirs(path + "/inside")
+            hl.remove(rootfs, at["path"])
+            hl.makedirs(rootfs, at["path"] + "/inside")
     if case["image_cache"]:
-        subprocess.run([rh.need("ldconfig", "libc-bin"), "-r", rootfs], check=True, timeout=60, capture_output=True)
+        hl.image_ldconfig(rootfs, layout, rh.need("ldconfig", "libc-bin"))
+    else:
+        hl.remove(rootfs, "/etc/ld.so.cache")
 
 
 def spec_text(world, case, parts, hook):
@@ -189,17 +256,24 @@ def spec_text(world, case, parts, hook):
             + ("  hooks:\n" + hooks if hooks else "") + "  mounts:\n" + mounts)
 
 
+IMAGE_SONAMES = {"cuda": ["libcudart.so.12"], "rpm": ["libimage.so.1", "libz.so.1"],
+                 "debian12": ["libz.so.1"], "debian13": ["libz.so.1"]}
+
+
 def probe_args(case):
     d = case["libdir"]
-    sonames = sorted({f"{name}.so.1" for name in case["libs"]} | {"libcuda.so.1"})
+    sonames = sorted({f"{name}.so.1" for name in case["libs"]} | {"libcuda.so.1"}
+                     | set(IMAGE_SONAMES.get(case["layout"], ())))
     paths = [f"{d}/libcuda.so", f"{d}/libcuda.so.1", f"{d}/libnvidia-ml.so"]
     return ["/probe", d, COMPAT, "/etc/ld.so.conf.d", "/dev/dri", "/opt/data", "--", *sonames, *paths]
 
 
 # ---- running and comparing -----------------------------------------------------------------
 
-def run_way(world, case, parts, way):
+def run_way(world, case, parts, layouts, way):
     bundle = world.bundle(args=probe_args(case), tag=way[:3])
+    shutil.rmtree(bundle.rootfs)
+    hl.clone(layouts.path(case["layout"]), bundle.rootfs)
     make_image(bundle.rootfs, case, parts)
     config = bundle.config()
     config["root"]["readonly"] = case["readonly"]
@@ -221,7 +295,7 @@ def run_way(world, case, parts, way):
 def facts(result):
     """{key: value} of what the container saw ({"create": "fails"} when it was not created)."""
     if result["rc"] != 0 and not result["out"]:
-        return {"create": "fails"}
+        return {"create": "fails", "error": (result["err"] or "").strip().splitlines()[-1:]}
     seen = {"create": "ok"}
     for line in result["out"].splitlines():
         kind, _, rest = line.partition(" ")
@@ -242,7 +316,9 @@ def facts(result):
 
 
 def differences(a, b):
-    return {key: (a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)}
+    """{key: (A's, B's)} of what differs (a failed create's error text is not compared)."""
+    return {key: (a.get(key), b.get(key)) for key in sorted(set(a) | set(b))
+            if a.get(key) != b.get(key) and key != "error"}
 
 
 def classify(case, diff, seen=None):
@@ -316,14 +392,22 @@ def _same_file(key, theirs, ours, toolkit, way):
     return None
 
 
-def run_case(world, case, parts, verbose):
-    seen = {way: facts(run_way(world, case, parts, way)) for way in WAYS}
+def run_case(world, case, parts, layouts, verbose, dump=None):
+    results = {way: run_way(world, case, parts, layouts, way) for way in WAYS}
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        with open(os.path.join(dump, f"case-{case['number']}.json"), "w") as out:
+            json.dump({"case": case, "ways": results}, out, indent=1)
+    seen = {way: facts(result) for way, result in results.items()}
     outcome = {}
     for way in WAYS[1:]:
         diff = differences(seen["toolkit"], seen[way])
         outcome[way] = classify(case, diff, (seen["toolkit"], seen[way]))
         if verbose and diff:
             print(f"  {way}: {outcome[way][0]}")
+            for side in ("toolkit", way):
+                if "error" in seen[side]:
+                    print(f"    {side}'s create fails: {seen[side]['error']}")
             for key, (theirs, ours) in diff.items():
                 print(f"    {key}\n      toolkit: {theirs!r}\n      {way}: {ours!r}")
     return outcome
@@ -334,8 +418,11 @@ def main(argv=None):
     parser.add_argument("--cases", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", type=int, action="append", help="run only case N (repeatable)")
+    parser.add_argument("--layout", action="append", choices=hl.LAYOUTS,
+                        help="draw the images from this layout only (repeatable; default: all of them)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each case and each difference")
     parser.add_argument("--json", help="write each case and its outcome to this file")
+    parser.add_argument("--dump", help="write each case's probe outputs, each way's, into this folder")
     args = parser.parse_args(argv)
     try:
         hook = toolkit_programs()["nvidia-cdi-hook"]
@@ -343,32 +430,37 @@ def main(argv=None):
         print(f"hook_differential.py: {err}", file=sys.stderr)
         return 1
     rng = random.Random(args.seed)
-    cases = [random_case(rng, n) for n in range(args.cases)]
+    cases = [random_case(rng, n, tuple(args.layout or hl.LAYOUTS)) for n in range(args.cases)]
     if args.only:
         cases = [c for c in cases if c["number"] in args.only]
     work = tempfile.mkdtemp(prefix="hookdiff.")
     counts, reasons, records, start = collections.Counter(), collections.Counter(), [], time.monotonic()
+    per_layout = collections.defaultdict(collections.Counter)
+    changed = []
     try:
         parts = Parts(work)
+        layouts = Layouts(work, parts)
         for case in cases:
             if args.verbose:
                 print(json.dumps(case))
             world = rh.World(os.path.join(work, f"w{case['number']}"))
             world.write_spec("nvidia-gpu.yaml", spec_text(world, case, parts, hook))
             try:
-                outcome = run_case(world, case, parts, args.verbose)
+                outcome = run_case(world, case, parts, layouts, args.verbose, args.dump)
             finally:
                 world.cleanup()
                 shutil.rmtree(world.base, ignore_errors=True)
             worst = max((o[0] for o in outcome.values()), key=CLASSES.index)
             counts[worst] += 1
+            per_layout[case["layout"]][worst] += 1
             for reason in {r for o in outcome.values() if o[0] != "left" for r in o[1].split("; ") if r}:
                 reasons[reason] += 1
             for key in {k for o in outcome.values() if o[0] == "left" for k in o[1].split("; ")}:
                 reasons["left: " + DROPIN_NAME.sub("N", key)] += 1
             records.append({"case": case, "outcome": outcome})
-            print(f"case {case['number']}: {worst}" + "".join(f"  [{w}: {o[0]}: {o[1]}]" for w, o in outcome.items()
-                                                            if o[0] != "identical"), flush=True)
+            print(f"case {case['number']} ({case['layout']}): {worst}"
+                  + "".join(f"  [{w}: {o[0]}: {o[1]}]" for w, o in outcome.items() if o[0] != "identical"), flush=True)
+        changed = layouts.check()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
@@ -376,8 +468,16 @@ def main(argv=None):
             json.dump(records, out, indent=1)
     for reason, n in reasons.most_common():
         print(f"  {n:4d} cases: {reason}")
+    for layout in hl.LAYOUTS:
+        if per_layout[layout]:
+            print(f"  {layout:9s} {sum(per_layout[layout].values()):4d} cases: "
+                  + ", ".join(f"{k} {per_layout[layout][k]}" for k in CLASSES))
     print(f"{len(cases)} cases, seed {args.seed}, {time.monotonic() - start:.0f} s: "
           + ", ".join(f"{k} {counts[k]}" for k in CLASSES))
+    if changed:
+        print(f"hook_differential.py: a way changed the cached layout(s) {', '.join(changed)}: the results are void",
+              file=sys.stderr)
+        return 1
     return 0
 
 
