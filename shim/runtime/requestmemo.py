@@ -7,7 +7,8 @@ with the same request, specs and host files that work gives the same edits again
 create whose step has a recipe (shim/linker/stepmemo.py), the worker writes what the injection
 did into the steps directory: each changed place of config.json (process.env, mounts,
 linux.devices, linux.resources.devices, hooks) as elements of the input config or new JSON text,
-under the key of what the resolution read (cds_request_key, csrc/engine/request.c); the
+under the key of what the resolution and the edits read (cds_request_key, csrc/engine/request.c,
+whose key_fields lists the fields of config.json it covers: tests/runtime/test_request_key.py); the
 identities of the spec directories and files and of the host files the edits need; and the
 driver version file's bytes. The front end (csrc/engine/replay.c, replay_request) checks all of
 them, applies the edits to its config's text and replays the step of the result. Nothing is

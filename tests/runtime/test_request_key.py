@@ -4,8 +4,8 @@ owner, and a user-namespaced container mounts without idmap).
 
 The fields the key covers are listed once, in csrc/engine/request.c (cds_request_key_fields).
 Here the injection's Python -- the request's resolution (shim/runtime/requests.py), apply_edits
-(cdi/container_edits.py), the trim of what was there before and the choice of a step
-(shim/runtime/main.py, shim/linker/container.py) -- runs on a config whose every object, array,
+(cdi/container_edits.py), the trim of what was there before, the choice of a step and, with
+none, the hooks' explicit env (shim/runtime/main.py, shim/linker/container.py) -- runs on a config whose every object, array,
 string and number records its use, and each field read must be one the list covers; and each
 field the list names must change the key when it changes. A new read of the config in any of
 them fails here until the key covers it."""
@@ -15,7 +15,7 @@ import pytest
 
 from cdi.container_edits import apply_edits, merge_edits
 from shim.config import Config
-from shim.linker.container import needs_step
+from shim.linker.container import isolate_hooks, needs_step
 from shim.runtime import requestmemo
 from shim.runtime.main import once
 from shim.runtime.requests import DEVICE_MOUNT_ROOT, collect_requests, drop_legacy_hook
@@ -213,12 +213,13 @@ def _settings():
 
 def inject(config, edits):
     """What a create asking for devices reads of CONFIG: the request's resolution, the edits
-    applied, the trim of what was there before and the choice of a step."""
+    applied, the trim of what was there before, the choice of a step and, with none, the hooks'
+    explicit env."""
     config, legacy_hook = drop_legacy_hook(config)
     collect_requests(config, _settings(), legacy_hook=legacy_hook)
     edited = once(config, apply_edits(config, merge_edits([edits])))
-    needs_step(edited)
-    return edited
+    # (with no step to do, the config written is this: the step's own key covers the rest)
+    return isolate_hooks(edited) if not needs_step(edited) else edited
 
 
 # Each category alone as well as all together: an object copied for an earlier edit would hide
