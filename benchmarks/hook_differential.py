@@ -351,20 +351,69 @@ def _gain(key, theirs, ours):
 
 
 def _rule(case, key, theirs, ours, loads_gain=False):
-    """The documented rule (docs/hooks.md) or harmless reason that covers one difference, or None."""
+    """The documented rule (docs/hooks.md) or harmless reason that covers one difference, or None.
+    Each rule is checked against what the case's layout makes of it, not only its text: a
+    difference the rule does not explain on this image stays left."""
     hooks = [h[0] for h in case["hooks"]]
     if key.startswith(("entry /dev/dri", "entry /opt/data")):
         chmod = next((h for h in case["hooks"] if h[0] == "chmod"), None)
         if chmod and chmod[2] == "1777" and theirs and ours and theirs.replace(" 0777", " 1777") == ours:
             return "documented: chmod keeps the sticky bit"
-    if "update-ldcache" not in hooks and (_gain(key, theirs, ours) or key == "cache" and loads_gain):
+    if "update-ldcache" not in hooks and (_gain(key, theirs, ours) or key == "cache" and loads_gain) \
+            and (key != "cache" or _keeps_sonames(theirs, ours)):
         return "documented: library mounts without update-ldcache get a cache"
-    if case["conf"] != "include" and _gain(key, theirs, ours):
+    if case["conf"] == "plain" and "update-ldcache" in hooks and _gain(key, theirs, ours) \
+            and _in_unread_folders(case, key, theirs, ours):
         return "documented: an ld.so.conf without an include line still gets the folders"
     if key.startswith("entry ") and ".so." in key.rsplit("/", 1)[-1] and theirs is None \
             and (ours or "").startswith("l ") and ours.endswith(" dangles") and "update-ldcache" in hooks:
         return "documented: a link that does not resolve, which ldconfig removes, is kept"
     return None
+
+
+def _cache_lines(text):
+    return [line.strip() for line in (text or "").splitlines() if " => " in line]
+
+
+def _keeps_sonames(theirs, ours):
+    """OURS (a cache listing) names each soname (and its flags) THEIRS names, whatever file: the
+    image's own entries are not dropped by the cache built without update-ldcache."""
+    if theirs in FAILED:
+        return True
+    names = {line.split(" => ")[0] for line in _cache_lines(ours)}
+    return all(line.split(" => ")[0] in names for line in _cache_lines(theirs))
+
+
+def _unread_folders(case):
+    """The folders of the toolkit's drop-ins (update-ldcache's folders in 00-nvcr, the image's
+    system folders in zz-nvcr), as the layout resolves them, that its ldconfig does not read on
+    the case's image with an include-less ld.so.conf: neither one of that file's folders nor one
+    of ldconfig's own (this machine's: /lib/x86_64-linux-gnu, /usr/lib/x86_64-linux-gnu, /lib,
+    /usr/lib) -- the only folders the include-less rule is about."""
+    layout = case["layout"]
+    plain = hl.PLAIN_CONF.get(layout, hl.PLAIN_CONF_REAL).split()
+    read = {hl.canonical(layout, d) for d in [*hl.LDCONFIG_TRUSTED, *plain]}
+    folders = [a.split("=", 1)[-1] for h in case["hooks"] if h[0] == "update-ldcache"
+               for i, a in enumerate(h) if i and h[i - 1] == "--folder" or a.startswith("--folder=")]
+    return {hl.canonical(layout, f) for f in [*folders, *hl.SYSTEM_FOLDERS[layout]]} - read
+
+
+def _in_unread_folders(case, key, theirs, ours):
+    """The gain is all in folders the include-less ld.so.conf keeps from the toolkit's cache."""
+    unread = _unread_folders(case)
+    layout = case["layout"]
+
+    def inside(path):
+        return hl.canonical(layout, os.path.dirname(path)) in unread
+
+    if key == "cache":
+        extra = set(_cache_lines(ours)) - set(_cache_lines(theirs))
+        return bool(extra) and all(inside(line.split(" => ")[1]) for line in extra)
+    if key.startswith("dlopen "):
+        return inside((ours or "").split(" ")[0])
+    if key.startswith("entry "):
+        return inside(key[len("entry "):])
+    return False
 
 
 def _final(facts, directory, text, hops=8):

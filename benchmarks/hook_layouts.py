@@ -52,6 +52,21 @@ LIBDIRS = {
 PLAIN_CONF = {"busybox": MULTIARCH + "\n"}
 PLAIN_CONF_REAL = "/usr/local/lib\n"
 # the host's glibc (and a few common) libraries an RPM image carries in /usr/lib64
+# the folders this machine's ldconfig (Debian's glibc 2.36, which the hook runs) reads unlisted
+LDCONFIG_TRUSTED = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib")
+# the hook's "system search paths" (its zz-nvcr drop-in): Debian's where /etc/debian_version is
+DEBIAN_LIKE = ("debian12", "debian13", "cuda")
+SYSTEM_FOLDERS = {layout: ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu") if layout in DEBIAN_LIKE
+                  else ("/lib64", "/usr/lib64") for layout in LAYOUTS}
+# each layout's links between folders, as (link, what it leads to): a folder's one spelling
+FOLDER_LINKS = {
+    "busybox": (),
+    "debian12": (("/lib", "/usr/lib"), ("/lib64", "/usr/lib64")),
+    "debian13": (("/lib", "/usr/lib"), ("/lib64", "/usr/lib64")),
+    "rpm": (("/lib", "/usr/lib"), ("/lib64", "/usr/lib64")),
+    "cuda": (("/lib", "/usr/lib"), ("/lib64", "/usr/lib64"), ("/usr/local/cuda", CUDA_HOME),
+             ("/usr/local/cuda-12", CUDA_HOME), (f"{CUDA_HOME}/lib64", CUDA_TARGET)),
+}
 RPM_LIBS = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libgcc_s.so.1")
 RPM_LINKED = ("libz.so.1", "libstdc++.so.6")     # a soname link to a versioned file, as RPMs ship them
 
@@ -79,6 +94,18 @@ def in_root(root, path, follow_last=True, hops=40):
             continue
         done.append(name)
     return os.path.join(root, *done)
+
+
+def canonical(layout, path):
+    """PATH spelled without the links between folders LAYOUT's images have (its one name there)."""
+    path = os.path.normpath(path)
+    changed = True
+    while changed:
+        changed = False
+        for link, target in FOLDER_LINKS[layout]:
+            if path == link or path.startswith(link + "/"):
+                path, changed = target + path[len(link):], True
+    return path
 
 
 def makedirs(root, path, mode=0o755):
