@@ -6,6 +6,7 @@ O_NOFOLLOW walk): nothing is followed out of it. Files are read with a size limi
 FIFOs, devices and sockets are refused before they are opened for reading.
 """
 import os
+import posixpath
 import stat
 import time
 from errno import EFBIG, EINVAL
@@ -144,6 +145,7 @@ class Root:
         self._stats = {}
         self._errnos = {}
         self._listings = {}
+        self._canonical = {}
         # {(path, follow): None}, in order, of every path looked at, when a memo of whole
         # plans or steps asks (plan.py, stepmemo.py): the files whose identities its answer
         # depends on.
@@ -198,6 +200,42 @@ class Root:
         if fd < 0:
             self.errno = ffi.errno
         return fd
+
+    def resolved(self, path):
+        """PATH with every link on the way followed inside the tree (the kernel's own
+        resolution, RESOLVE_IN_ROOT), as the tree names it; None where PATH leads nowhere."""
+        fd = self.open(path, O_PATH)
+        if fd < 0:
+            return None
+        try:
+            inside, top = os.readlink(f"/proc/self/fd/{fd}"), os.readlink(f"/proc/self/fd/{self.fd}")
+        finally:
+            os.close(fd)
+        if inside == top:
+            return "/"
+        return inside[len(top):] if inside.startswith(top.rstrip("/") + "/") else None
+
+    def canonical(self, path):
+        """PATH (absolute) spelled as the tree holds it: the links of its directories followed
+        inside the tree, the missing rest (what a mount will make) and the last name kept as
+        written. Two paths that name one place compare equal this way (merged /usr's
+        /lib/x86_64-linux-gnu and /usr/lib/x86_64-linux-gnu), which their texts never do."""
+        path = posixpath.normpath("/" + path.lstrip("/"))
+        if path == "/":
+            return path
+        parent, name = posixpath.split(path)
+        known = self._canonical.get(parent)
+        if known is None:
+            known = self.resolved(parent)
+            if known is None:
+                known = self.canonical(parent)
+            self._canonical[parent] = known
+        return posixpath.join(known, name)
+
+    def place(self, path):
+        """Where PATH leads in the tree: resolved() where it exists (runc follows a mount
+        destination's links, ldconfig a folder's), canonical() where it does not yet."""
+        return self.resolved(path) or self.canonical(path)
 
     def read(self, path, limit):
         """(bytes, mtime_ns) of a regular file inside the tree; raises OSError/LdcacheError."""

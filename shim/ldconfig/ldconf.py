@@ -72,6 +72,7 @@ class Extras:
         self.links = set()          # (directory identity, name) of the links
         self.children = {}          # directory identity -> {names of virtual subdirectories}
         self.paths = {}             # directory identity -> its path as the extras name it
+        self.spelled = {}           # (directory identity, name) -> the extra's path as given
         self._root = root
         self._located = {}          # driver files come 30 to a directory: locate it once
         for container_path, host_path in (extra or {}).items():
@@ -84,6 +85,7 @@ class Extras:
             if ident is None or name in ("", ".", ".."):
                 ident, name = self._place(container_path)
             self.by_dir.setdefault(ident, []).append((name, host_path))
+            self.spelled[(ident, name)] = container_path
             if container_path in links:
                 self.links.add((ident, name))
 

@@ -155,11 +155,12 @@ def _link_in_folder(fd, name, host, path):
     raise UnknownFolder(f"{path}: {host} holds a link loop")
 
 
-def hide(config, hidden):
+def hide(config, hidden, place):
     """The configured directories at or under a mounted folder: the image's content there is
-    hidden (only the extras, the mount's libraries, are scanned)."""
+    hidden (only the extras, the mount's libraries, are scanned). PLACE: where a configured
+    path leads (engine.Root.place), as HIDDEN's folders are spelled."""
     for d in config.dirs:
-        if any(_under(posixpath.normpath(d.path), top) for top in hidden):
+        if any(_under(place(d.path), top) for top in hidden):
             d.real = False
 
 

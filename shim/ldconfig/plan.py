@@ -1,6 +1,7 @@
 """Planning a container's ld.so.cache: the directory list scanned by the C engine, or the
 image's own cache kept as a memo per directory and only what changed scanned again."""
 import os
+import posixpath
 import stat
 from errno import ENOENT
 
@@ -225,6 +226,10 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     result = Plan()
     # (not observed by a step memo: a step takes the plan's paths from the plan memo's record)
     with Root(root, observed=False) as tree:
+        # (a mount lands where its destination leads in the tree: compared by place)
+        placed = [(tree.place(dest), source) for dest, source in mounts]
+        written = {mount: dest for mount, (dest, _) in zip(placed, mounts)}   # (as config.json says it)
+        mounts = placed
         if arguments is not None:
             kept = _recall(tree, arguments, mounts)
             if kept is not None:
@@ -235,7 +240,7 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
         hidden, hosts = {}, []
         if mounts:
-            hidden, brought, linked, sources = mounted.folders(mounts, _candidates(config), config.target)
+            hidden, brought, linked, sources = mounted.folders(mounts, _candidates(config, tree), config.target)
             # (a kept plan is checked against the host folders and what they showed: an entry
             # added, removed or renamed changes its folder's mtime, a file rewritten its own)
             hosts = sources + sorted(set(brought.values()))
@@ -246,9 +251,11 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
                 extras = Extras(tree, {**brought, **files},   # (file mounts go on top)
                                 links={p for p in linked if p not in files})
                 config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
-                mounted.hide(config, hidden)
+                mounted.hide(config, hidden, tree.place)
                 result.covered = sorted(hidden)
-                result.providers = mounted.coverage(mounts, result.covered, config.target)
+                providers = mounted.coverage(mounts, result.covered, config.target)
+                result.providers = providers and tuple((folder, written[(dest, source)], source)
+                                                       for folder, dest, source in providers)
         target = config.target
         result.warnings = config.warnings
         builder = _Builder(target)
@@ -284,7 +291,7 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
             result.musl = _plan_musl(tree, machine, folders, extras)
         if arguments is not None:
             result.looked = _looked(tree, arguments, _files_read(tree, target, scanner.listed), hosts)
-            folders_seen = _candidates(config)
+            folders_seen = _candidates(config, tree)
             _keep(arguments, started, tree, result, (target, folders_seen),
                   mounted.coverage(mounts, folders_seen, target))
     return result
@@ -292,13 +299,16 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
 
 def soname_links(root, folders=(), extra=None, *, machine=None, deadline=None, compat=()):
     """The soname links the toolkit's update-ldcache makes in the directories EXTRA files are
-    mounted into (its ldconfig runs without -N): [(directory, soname, file name)] for each
+    mounted into (its ldconfig runs without -N): [(link path, file name, file path)] for each
     library ldconfig keeps there under a soname that is not its name (glibc's search_dir: a
     file preferred to a link, then the newest version), in the directories it scans with
-    FOLDERS (not in glibc-hwcaps ones: their entries name the file). Only the mounted files are
-    read (the directory is asked about names only: reading its every library costs a full scan
-    on each create), so an image file of the same soname in that directory is not weighed
-    against them. What is at DIRECTORY/SONAME decides whether ldconfig makes it (the caller)."""
+    FOLDERS (not in glibc-hwcaps ones: their entries name the file). Both paths are spelled as
+    EXTRA spells the file: ldconfig may reach its directory by another spelling first (merged
+    /usr: /lib/x86_64-linux-gnu for the mount's /usr/lib/x86_64-linux-gnu), and directories
+    are matched by identity, never by text. Only the mounted files are read (the directory is
+    asked about names only: reading its every library costs a full scan on each create), so an
+    image file of the same soname in that directory is not weighed against them. What is at
+    the link path decides whether ldconfig makes it (the caller)."""
     machine = machine_name(machine)
     wanted = []
     with Root(root, observed=False) as tree:
@@ -322,7 +332,9 @@ def soname_links(root, folders=(), extra=None, *, machine=None, deadline=None, c
                 lib.cds_scan_lib(scan, i, lib_)
                 name, soname = decode_cstr(lib_.name), decode_cstr(lib_.soname)
                 if not lib_.is_link and name != soname and "/" not in soname and soname not in (".", ".."):
-                    wanted.append((d.path, soname, name))
+                    file = extras.spelled.get((d.ident, name))
+                    if file is not None:
+                        wanted.append((posixpath.join(posixpath.dirname(file), soname), name, file))
     return wanted
 
 
@@ -373,9 +385,10 @@ def remember_plans(enabled=True, forget=None):
     return previous
 
 
-def _candidates(config):
-    """The folders the configuration names, found in the tree or not (mounted.folders)."""
-    return [d.path for d in config.dirs] + config.absent
+def _candidates(config, tree):
+    """Where the folders the configuration names lead in TREE, found there or not
+    (mounted.folders: compared with the mounts' places)."""
+    return [tree.place(path) for path in [d.path for d in config.dirs] + config.absent]
 
 
 def _recall(tree, arguments, mounts):
@@ -524,7 +537,7 @@ def _incremental(tree, config, builder, scanner, folders, extras, hidden):
             counts[at] = count
             continue
         parent, rest = _legacy_parent(config, path)
-        if parent is not None and not mounted.is_hidden(path, hidden):
+        if parent is not None and not mounted.is_hidden(tree.place(path), hidden):
             legacy.append((len(rest), config.by_ident[parent.ident], path, count, parent))
     for _depth, _rank, path, count, parent in sorted(legacy, key=lambda item: item[:3]):
         st = tree.stat(path)

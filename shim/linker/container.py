@@ -38,8 +38,8 @@ import time
 from ..bundle import rootfs_path
 from .etcfiles import compat_alone, compat_files, etc_overlay, overlay_etc, readonly_root, write_etc_in_root, \
     write_in_root
-from .links import call_links, dangling_later, made_links, make_links, make_soname_links, soname_links_to_make, \
-    under_a_mount
+from .links import MountPlaces, call_links, dangling_later, made_links, make_links, make_soname_links, \
+    soname_links_to_make
 
 CACHE_FILE = "cdi-shim.ld.so.cache"
 UNDER_A_MOUNT = "a link lies under a mounted directory"
@@ -272,24 +272,25 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
     # changed now would be scanned again in full rather than taken from the image's cache.
     deferred, links_made = [], {link for call in symlinks for _, link in call_links(call)}
     reasons = {}  # (stage, index) of a hook -> why its work was left to it
-    for call in symlinks:
-        links = list(call_links(call))
-        pending = [(target, link) for target, link in links if link not in destinations]
-        if any(under_a_mount(link, destinations) for _, link in pending):
-            # (the toolkit's /dev/dri/by-path links: /dev is runc's mount) made in the
-            # container's mount namespace by the hook: expected, so not a warning
-            out.log.debug("keeping a create-symlinks hook: a link lies under a mounted directory")
-            reasons[call.at] = UNDER_A_MOUNT
-            continue
-        later = []
-        if updates or libraries or compat:
-            pending, later = dangling_later(rootfs, pending, libraries, links_made)
-        if not made_links(rootfs, call, pending, out, reasons):
-            continue
-        if later:
-            deferred.append((call, later))
-        else:
-            drop.add(call.at)
+    with MountPlaces(rootfs, destinations) as places:
+        for call in symlinks:
+            links = list(call_links(call))
+            pending = [(target, link) for target, link in links if not places.at_a_mount(link)]
+            if any(places.under_a_mount(link) for _, link in pending):
+                # (the toolkit's /dev/dri/by-path links: /dev is runc's mount) made in the
+                # container's mount namespace by the hook: expected, so not a warning
+                out.log.debug("keeping a create-symlinks hook: a link lies under a mounted directory")
+                reasons[call.at] = UNDER_A_MOUNT
+                continue
+            later = []
+            if updates or libraries or compat:
+                pending, later = dangling_later(rootfs, pending, libraries, links_made, places)
+            if not made_links(rootfs, call, pending, out, reasons):
+                continue
+            if later:
+                deferred.append((call, later))
+            else:
+                drop.add(call.at)
 
     if updates or libraries or compat:
         from ..ldconfig.ldcache import (LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats,
@@ -473,7 +474,8 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, out):
                           + ("" if later else " (no update-ldcache hook after it)"))
         elif call.command == "chmod":
             out.refuse("chmod")     # (rare: its modes and device fields are not replayed)
-            config, mode, later = toolkit.chmod(config, rootfs, call, destinations)
+            with MountPlaces(rootfs, destinations) as places:
+                config, mode, later = toolkit.chmod(config, rootfs, call, places)
             if not later:
                 drop.add(call.at)
                 continue

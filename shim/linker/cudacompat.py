@@ -21,7 +21,6 @@ import json
 import os
 import struct
 
-COMPAT_FOLDER = "/usr/local/cuda/compat"
 NOTE_SECTION = b".note.cuda.fwd_compatibility"
 NOTE_OWNER = b"NVIDIA Corporation"
 MAX_SECTIONS = 1 << 16

@@ -18,9 +18,54 @@ def call_links(call):
             yield target, link
 
 
-def under_a_mount(path, destinations):
-    """Whether PATH lies under (not at) one of the mount DESTINATIONS."""
-    return any(path != dest and path.startswith(dest.rstrip("/") + "/") for dest in destinations)
+class MountPlaces:
+    """Where config.json's mounts land in the root, for the paths the step compares with them:
+    by place, not by text (merged /usr reaches one folder as /lib/x86_64-linux-gnu and
+    /usr/lib/x86_64-linux-gnu; runc resolves a destination inside the root, links and all)."""
+
+    def __init__(self, rootfs, destinations):
+        self._rootfs = rootfs
+        self._destinations = [d for d in destinations if isinstance(d, str) and d.startswith("/")]
+        self._root, self._at, self._tops = None, None, None
+
+    def canonical(self, path):
+        """PATH as the root holds it (engine.Root.canonical), or merely cleaned where the root
+        cannot be opened (the planner says why)."""
+        if self._root is None:
+            from ..ldconfig.engine import LdcacheError, Root
+            try:
+                self._root = Root(self._rootfs)
+            except LdcacheError:
+                self._root = False
+        if self._root is False:
+            return posixpath.normpath("/" + path.lstrip("/"))
+        return self._root.canonical(path)
+
+    def _places(self):
+        if self._at is None:
+            self._at = {self.canonical(d) for d in self._destinations}
+            # (a mount lands where its destination leads: a link there is followed by runc)
+            self._tops = set(self._at)
+            if self._root:
+                self._tops.update(self._root.place(d) for d in self._destinations)
+        return self._at, self._tops
+
+    def at_a_mount(self, path):
+        """Whether a mount lands at PATH itself."""
+        return self.canonical(path) in self._places()[0]
+
+    def under_a_mount(self, path):
+        """Whether PATH lies under (not at) a mount's place."""
+        place, tops = self.canonical(path), self._places()[1]
+        return any(place != top and place.startswith(top.rstrip("/") + "/") for top in tops)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._root:
+            self._root.close()
+        self._root = None
 
 
 def make_links(rootfs, links):
@@ -78,10 +123,10 @@ def soname_links_to_make(rootfs, folders, updates, libraries, compat, log, start
         return []
     todo = []
     with root:
-        for directory, soname, name in wanted:
-            link, file = posixpath.join(directory, soname), posixpath.join(directory, name)
+        for link, name, file in wanted:
             if file not in libraries:
                 continue    # (the image's own file: its link is the image's)
+            directory = posixpath.dirname(link)
             found = root.stat(directory)
             if found is None or not stat.S_ISDIR(found[0]):
                 continue    # (a directory only runc's mount will make: the cache names the file)
@@ -122,9 +167,10 @@ def make_soname_links(rootfs, links, out):
         out.warn(f"soname links not all made in {rootfs}: {err}")
 
 
-def dangling_later(rootfs, pending, libraries, links_made):
+def dangling_later(rootfs, pending, libraries, links_made, places):
     """(links to make now, links to make after planning): the latter lead nowhere in the root
-    (not to an image file, a mounted library or another link being made)."""
+    (not to an image file, a mounted library or another link being made: compared by place,
+    PLACES a MountPlaces of the root)."""
     from ..ldconfig.engine import LdcacheError, Root
 
     now, later = [], []
@@ -132,6 +178,7 @@ def dangling_later(rootfs, pending, libraries, links_made):
         root = Root(rootfs)
     except LdcacheError:
         return pending, []
+    coming = {places.canonical(path) for path in (*libraries, *links_made)}
     with root:
         for target, link in pending:
             path = posixpath.normpath(target if target.startswith("/") else
@@ -142,7 +189,7 @@ def dangling_later(rootfs, pending, libraries, links_made):
             # (a target that leads to what is at the link path now -- the image's soname link
             # to its own stub there -- loops once the link replaces it: it leads nowhere too)
             loops = reached is not None and there is not None and reached[1:3] == there[1:3]
-            if path in libraries or path in links_made or reached is not None and not loops \
+            if places.canonical(path) in coming or reached is not None and not loops \
                     or reached is None and not missing:
                 now.append((target, link))
             elif there is None or _link_text(root, link) == target:

@@ -106,9 +106,12 @@ def cuda_compat_folder(rootfs, call):
                 used = cudacompat.use_compat(libs[0], fd, host, cuda)
             finally:
                 os.close(fd)
+            # the hook's drop-in names the folder its libcuda was found in, links resolved
+            # (/usr/local/cuda -> cuda-12.4: /usr/local/cuda-12.4/compat)
+            folder = root.resolved(COMPAT_FOLDER) if used else None
     except OSError as err:
         raise HookFailure("enable-cuda-compat", f"cannot read {COMPAT_FOLDER} in {rootfs}: {err}") from None
-    return COMPAT_FOLDER if used else None
+    return folder
 
 
 def _regular(root, path, kind):
@@ -175,9 +178,10 @@ def application_profile(config):
             '"rules":[{"pattern":[],"profile":"_container_"}]}' % mask).encode()
 
 
-def chmod(config, rootfs, call, mount_destinations):
+def chmod(config, rootfs, call, places):
     """Do chmod --mode M --path P...; returns (the config with device fileModes set, the mode's
-    text and the paths under a mount, left for a hook after runc's mounts)."""
+    text and the paths under a mount, left for a hook after runc's mounts). PLACES: where the
+    mounts land (links.MountPlaces)."""
     modes = call.options.get("mode") or [""]
     try:
         mode = int(modes[-1].strip(), 8)
@@ -187,7 +191,8 @@ def chmod(config, rootfs, call, mount_destinations):
         raise HookFailure("chmod", f"--mode {modes[-1]!r} is not a file mode")
     paths = call.options.get("path") or []
     devices = (config.get("linux") or {}).get("devices") or []
-    by_path = {d.get("path"): i for i, d in enumerate(devices) if isinstance(d, dict)}
+    by_path = {posixpath.normpath(d["path"]): i for i, d in enumerate(devices)
+               if isinstance(d, dict) and isinstance(d.get("path"), str) and d["path"].startswith("/")}
     from .._native import ffi, lib
 
     new_devices = None
@@ -202,8 +207,7 @@ def chmod(config, rootfs, call, mount_destinations):
                 new_devices = new_devices or [dict(d) if isinstance(d, dict) else d for d in devices]
                 new_devices[by_path[norm]]["fileMode"] = mode
                 continue
-            under = [d for d in mount_destinations if norm == d or norm.startswith(d.rstrip("/") + "/")]
-            if under:
+            if places.at_a_mount(norm) or places.under_a_mount(norm):
                 if norm.startswith("/dev/") and mode == 0o755 and any(
                         p.startswith(norm + "/") for p in by_path if isinstance(p, str)):
                     continue  # a directory runc makes (0755) for the device nodes under it
