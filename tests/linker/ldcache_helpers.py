@@ -93,6 +93,8 @@ def configured_dirs(root):
                     continue
                 if line.startswith("include "):
                     pattern = line[len("include "):].strip()
+                    if not pattern.startswith("/"):     # (relative to the including file: Fedora's)
+                        pattern = os.path.join(os.path.dirname(path)[len(root):] or "/", pattern)
                     todo.extend(glob.glob(os.path.join(root, pattern.lstrip("/"))))
                 else:
                     dirs.add(line.split("=", 1)[0].rstrip("/"))
