@@ -157,3 +157,100 @@ def private_dir_problem(path, must_exist=True):
                 return (f"{current} is writable by group or others (mode {info.st_mode & 0o7777:o}); "
                         "it must not be")
     return None
+
+
+# --- links root follows -------------------------------------------------------------------------
+
+MAX_LINKS = 40   # as the kernel's walk
+
+
+class UnsafePath(Exception):
+    """A link on a path that root must not follow (planted by, or replaceable by, another user)."""
+
+
+def _who(uid):
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _trusted_owners(uid):
+    return "root" if uid == 0 else f"root or {_who(uid)}"
+
+
+def _folders_problem(folder, uid):
+    """Why the folders from / to FOLDER (a path with no links on it) are not ones only root and
+    UID can write: each owned by one of them and not writable by group or others (one above
+    FOLDER may be when sticky, like /tmp: others cannot rename what is ours there)."""
+    parts = folder.split("/")
+    for depth in range(1, len(parts) + 1):
+        current = "/".join(parts[:depth]) or "/"
+        if depth > 1 and not parts[depth - 1]:
+            continue
+        try:
+            info = os.lstat(current)
+        except OSError as err:
+            return f"cannot inspect {current}: {err.strerror}"
+        if info.st_uid not in (0, uid):
+            return f"{current} is owned by {_who(info.st_uid)}, not by {_trusted_owners(uid)}"
+        if info.st_mode & 0o022 and (depth == len(parts) or not info.st_mode & stat.S_ISVTX):
+            return f"{current} is writable by group or others (mode {info.st_mode & 0o7777:o})"
+    return None
+
+
+def resolve_trusted(path, root="/", follow_last=True):
+    """PATH with its links resolved, inside ROOT (a chroot's reading: an absolute link leads to
+    ROOT's own file, ".." stops at ROOT), each followed only when it is trusted; the host path.
+
+    The one rule of what root follows when it writes (runtime configure, cdi generate --output,
+    install): a link is followed only when it is owned by root or the caller, and every folder
+    on the way to it is owned by root or the caller and not writable by group or others (a
+    sticky one above the link's own folder may be, like /tmp). Otherwise whoever owns it, or can
+    replace it, chooses which file root rewrites. The folders on the way being ours, nobody can
+    change the answer between this check and the write. A missing part ends the walk (what
+    follows is appended as written: a file or folders to be made). With FOLLOW_LAST false, a
+    link at the end is not followed (it is replaced, not written through). Raises UnsafePath
+    naming the link and its owner, or the folder and why.
+    """
+    uid = os.geteuid()
+    top = "/" if root in ("/", "") else resolve_trusted(os.path.abspath(root))
+    path = os.fsdecode(path)
+    if top == "/":
+        path = os.path.join(os.getcwd(), path)    # (not normalized: "link/.." is the kernel's to read)
+    pending = path.split("/")[::-1]
+    current, links = top, 0
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if current != top:
+                current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, part)
+        last = not any(p not in ("", ".") for p in pending)
+        try:
+            info = os.lstat(candidate)
+        except OSError:
+            rest = [p for p in reversed(pending) if p]
+            return os.path.normpath(os.path.join(candidate, *rest))
+        if not stat.S_ISLNK(info.st_mode) or (last and not follow_last):
+            current = candidate
+            continue
+        if info.st_uid not in (0, uid):
+            raise UnsafePath(f"will not follow the link {candidate}: it is owned by {_who(info.st_uid)}, not by "
+                             f"{_trusted_owners(uid)}")
+        problem = _folders_problem(current, uid)
+        if problem:
+            raise UnsafePath(f"will not follow the link {candidate}: {problem}")
+        links += 1
+        if links > MAX_LINKS:    # each one trusted: the kernel's walk stops here too (ELOOP), for
+            return os.path.join(top, path.lstrip("/"))     # the caller's open to say so
+        target = os.readlink(candidate)
+        if target.startswith("/"):
+            current = top
+        pending.extend(reversed(target.split("/")))
+    return current

@@ -130,8 +130,8 @@ def _config_lock(config_path):
     runs lose nothing); a failure to take it ends the command."""
     from ..node import containerd_config as cc
 
-    lock = cc.configure_lock(config_path, wait_note=lambda note: click.echo(f"cdi-shim: {note}", err=True))
     try:
+        lock = cc.configure_lock(config_path, wait_note=lambda note: click.echo(f"cdi-shim: {note}", err=True))
         lock.__enter__()
     except cc.ContainerdConfigError as err:
         _fail(str(err))

@@ -367,12 +367,18 @@ def generate(options):
 
 
 def write(result):
-    """Write RESULT's text atomically at its path (0644)."""
-    from cdi.safeio import write_file_atomic
+    """Write RESULT's text atomically at its path (0644). A link on the way is followed only where
+    cdi.safeio.resolve_trusted allows (one another user owns or can replace would choose the
+    folder root writes in): GenerateError otherwise; a link at the path itself is replaced."""
+    from cdi.safeio import UnsafePath, resolve_trusted, write_file_atomic
 
-    directory = os.path.dirname(os.path.abspath(result.path))
+    try:
+        path = resolve_trusted(result.path, follow_last=False)
+    except UnsafePath as err:
+        raise GenerateError(f"will not write {result.path}: {err}") from None
+    directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    write_file_atomic(result.path, result.text.encode(), 0o644, prefix="spec.", sync=True)
+    write_file_atomic(path, result.text.encode(), 0o644, prefix="spec.", sync=True)
     if result.host_dir:
         collect_host_dirs(result.host_dir, directory)
     return result.path

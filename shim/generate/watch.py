@@ -198,6 +198,8 @@ class Watcher:
             write(Result(got["doc"], got["text"], self.options.output, got["warnings"], None, {}))
         except OSError as err:   # ENOSPC, EROFS, EACCES...: retried with back-off, never fatal
             raise Failure(f"cannot write {self.options.output}: {err.strerror or err}") from None
+        except GenerateError as err:     # a link on the way that root must not follow
+            raise Failure(str(err), transient=False) from None
         for warning in got["warnings"]:
             self.say(f"warning: {warning}")
         self.collect(got)

@@ -141,7 +141,8 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
     than the installed containerd 2.x writes is first rewritten by its `config migrate`; without
     it such a file is refused, with that fix."""
     check_runtime_name(runtime_name)
-    path = os.path.realpath(path)  # a linked config stays linked: the file it names is edited
+    # a linked config stays linked: the file it names is edited (a link others control is refused)
+    path = trusted_path(path, ContainerdConfigError)
     binary = runtime_binary(binary, root=binary_root)
     patterns = []
     for prefix in annotation_prefixes:
@@ -218,7 +219,7 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
         doc["version"] = version  # before the first table
     edit = Edit()
     if drop_in:
-        directory = os.path.abspath(drop_in)
+        directory = trusted_path(drop_in, ContainerdConfigError)
         dropin_path = os.path.join(directory, DROP_IN_NAME)
         plan.drop_in = dropin_path
         dropin_old = read_text(dropin_path)
@@ -328,7 +329,7 @@ class configure_lock:
     that waited on a file since removed (or replaced) takes the lock again on the current one."""
 
     def __init__(self, path, wait_note=None):
-        self.path = os.path.realpath(path)
+        self.path = trusted_path(path, ContainerdConfigError)
         directory = os.path.dirname(self.path)
         self.lock_path = os.path.join(directory, f".{os.path.basename(self.path)}.cdi-shim.lock")
         self.wait_note, self.fd = wait_note, -1
@@ -367,6 +368,18 @@ class configure_lock:
             pass
         os.close(self.fd)
         self.fd = -1
+
+
+def trusted_path(path, error):
+    """PATH with its links resolved, each followed only where cdi.safeio.resolve_trusted's rule
+    allows (a link another user owns or can replace is not: it would choose which root-owned
+    file we rewrite); ERROR (an exception class) says why not."""
+    from cdi.safeio import UnsafePath, resolve_trusted
+
+    try:
+        return resolve_trusted(path)
+    except UnsafePath as err:
+        raise error(f"{path}: {err}") from None
 
 
 def config_mode(mode):

@@ -22,7 +22,6 @@ Policy:
   ``cdi-spec-dirs`` only when it restarts. The plan says which.
 """
 import json
-import os
 import re
 import subprocess
 
@@ -140,10 +139,11 @@ def plan_configure(path=DEFAULT_DOCKER_CONFIG, runtime_name=DEFAULT_RUNTIME_NAME
     front end, installation.stable_program). `binary_root`: a node tree an explicit `binary` may be
     executable in instead of here."""
     from .containerd import ContainerdConfigError
-    from .containerd_config import runtime_binary
+    from .containerd_config import runtime_binary, trusted_path
 
     check_runtime_name(runtime_name)
-    path = os.path.realpath(path)  # a linked daemon.json stays linked: the file it names is edited
+    # a linked daemon.json stays linked: the file it names is edited (a link others control is refused)
+    path = trusted_path(path, DockerConfigError)
     try:
         binary = runtime_binary(binary, root=binary_root)
     except ContainerdConfigError as err:

@@ -161,14 +161,27 @@ class Installer:
                 raise InstallError(str(err)) from None
         return self._tree
 
+    def trusted(self, node_path, follow_last=True):
+        """NODE_PATH checked before anything is read or written there: each link on it (in ROOT)
+        one root may follow (cdi.safeio.resolve_trusted: owned by root or us, in folders nobody
+        else can write); InstallError naming the link and its owner otherwise."""
+        from cdi.safeio import UnsafePath, resolve_trusted
+
+        try:
+            resolve_trusted(node_path, root=self.root, follow_last=follow_last)
+        except UnsafePath as err:
+            raise InstallError(f"{node_path}: {err}") from None
+
     def path(self, node_path):
         """The host path to read NODE_PATH at: resolved inside ROOT (nothing made)."""
+        self.trusted(node_path)
         if self.root == "/":
             return node_path
         return self.tree().locate(node_path)
 
     def target(self, node_path):
         """The host path to write NODE_PATH at: its folders resolved, and made, inside ROOT."""
+        self.trusted(node_path)
         if self.root == "/":
             os.makedirs(os.path.dirname(node_path), mode=0o755, exist_ok=True)
             return node_path
@@ -177,6 +190,7 @@ class Installer:
     def entry(self, node_path):
         """The host path of the entry NODE_PATH itself (a link there stays a link), its folders
         made inside ROOT."""
+        self.trusted(node_path, follow_last=False)
         if self.root == "/":
             os.makedirs(os.path.dirname(node_path), mode=0o755, exist_ok=True)
             return node_path

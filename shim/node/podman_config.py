@@ -138,10 +138,11 @@ def plan_configure(path=None, runtime_name=DEFAULT_RUNTIME_NAME, binary=None, se
     """Decide the new containers.conf; reads only. `binary`: the runtime's path (default: the
     installed front end). `binary_root`: a node tree an explicit `binary` may be executable in."""
     from .containerd import ContainerdConfigError
-    from .containerd_config import runtime_binary
+    from .containerd_config import runtime_binary, trusted_path
 
     check_runtime_name(runtime_name)
-    path = os.path.realpath(path or default_path())  # a linked file stays linked: the file it names is edited
+    # a linked file stays linked: the file it names is edited (a link others control is refused)
+    path = trusted_path(path or default_path(), PodmanConfigError)
     try:
         binary = runtime_binary(binary, root=binary_root)
     except ContainerdConfigError as err:

@@ -364,6 +364,38 @@ def test_replaces_the_old_spec_atomically_with_mode_0644(run):
     assert os.listdir(os.path.dirname(run.output)) == ["nvidia.yaml"]
 
 
+@pytest.mark.parametrize("planted", ["by another user", "by root"])
+def test_output_through_a_folder_link_planted_in_a_shared_sticky_folder(run, tmp_path, planted):
+    """--output /shared/cdi/nvidia.yaml, where another user planted /shared/cdi (a sticky folder
+    everyone writes, like /tmp) as a link to a folder of theirs: root wrote its spec into that
+    user's folder. Refused, naming the link and its owner, and nothing written there; a link
+    root owns in the same folder is refused too (its folder is one others write in: issue 43,
+    finding 7)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 1000, 1000)
+    os.symlink(theirs, shared / "cdi")
+    if planted == "by another user":
+        os.lchown(shared / "cdi", 1000, 1000)
+    run.output = str(shared / "cdi" / "nvidia.yaml")
+    done = run.generate(check=1)
+    said = ("it is owned by uid 1000" if planted == "by another user" else
+            "shared is writable by group or others (mode 1777)")
+    assert f"will not write {run.output}: will not follow the link {shared}/cdi: " in done.stderr, done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert os.listdir(theirs) == []
+    # the same link in a folder only root writes: followed, as before
+    private = tmp_path / "private"
+    private.mkdir()
+    os.symlink(theirs, private / "cdi")
+    run.output = str(private / "cdi" / "nvidia.yaml")
+    run.generate()
+    assert os.listdir(theirs) == ["nvidia.yaml"]
+
+
 def test_toolkit_hook_program(run):
     done = run.generate("--hook-program", "/usr/bin/nvidia-cdi-hook")
     if not os.access("/usr/bin/nvidia-cdi-hook", os.X_OK):

@@ -819,3 +819,65 @@ def test_configure_on_a_config_path_that_is_no_regular_file(tmp_path, shim_env, 
     assert out.stderr.splitlines()[-1].startswith("Error: cannot read ") and out.stderr.strip().endswith(why), \
         out.stderr
     assert "Traceback" not in out.stderr
+
+
+# --- links root follows (issue 43, finding 7) -----------------------------------------------------
+
+def _planted(tmp_path, how):
+    """A root-owned containerd config at etc/config.toml and a link to it at the path given to
+    --config, planted as HOW says; (the link, the target)."""
+    target = copy(V2_DEFAULT, tmp_path, "target.toml")
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    link = folder / "config.toml"
+    os.symlink(target, link)
+    if how == "a link another user owns":
+        os.lchown(link, 1000, 1000)
+    elif how == "a link in a folder others can write":
+        os.chmod(folder, 0o777)
+    elif how == "a link in a sticky folder others can write":
+        os.chmod(folder, 0o1777)
+    elif how == "a link under another user's folder":
+        os.chown(folder, 1000, 1000)
+    elif how == "a folder link another user owns":
+        os.unlink(link)
+        os.rmdir(folder)
+        os.symlink(tmp_path, folder)
+        os.lchown(folder, 1000, 1000)
+        link = folder / "target.toml"
+    return link, target
+
+
+@pytest.mark.parametrize("how, said", [
+    ("a link another user owns", "config.toml: it is owned by uid 1000"),
+    ("a link in a folder others can write", "theirs is writable by group or others (mode 777)"),
+    ("a link in a sticky folder others can write", "theirs is writable by group or others (mode 1777)"),
+    ("a link under another user's folder", "theirs is owned by uid 1000"),
+    ("a folder link another user owns", "theirs: it is owned by uid 1000")])
+def test_configure_follows_no_link_another_user_controls(tmp_path, shim_env, fake_binary, how, said):
+    """--config naming a link another user owns, or one in a folder another user can write:
+    root would rewrite the root-owned file it leads to (a link that user chose). Refused,
+    naming the link and its owner; nothing is written."""
+    link, target = _planted(tmp_path, how)
+    out = configure(link, fake_binary, env=shim_env, check=False)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.startswith("Error: ") and said in out.stderr and "will not follow" in out.stderr, out.stderr
+    assert read(target) == read(V2_DEFAULT) and not backups(target)
+    assert sorted(os.listdir(tmp_path / "theirs")) == sorted(os.listdir(link.parent))
+
+
+def test_configure_follows_a_link_root_owns_in_a_private_folder(tmp_path, shim_env, fake_binary):
+    link, target = _planted(tmp_path, "root's own link")
+    configure(link, fake_binary, env=shim_env)
+    assert os.path.islink(link) and "cdi-shim-runtime" in read(target)       # a linked config stays linked
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_docker_and_podman_configure_take_the_same_rule(tmp_path, engine, runtime_binary):
+    from shim.node import docker_config, podman_config
+
+    link, _ = _planted(tmp_path, "a link another user owns")
+    module, error = (docker_config, docker_config.DockerConfigError) if engine == "docker" else \
+        (podman_config, podman_config.PodmanConfigError)
+    with pytest.raises(error, match="will not follow the link .*config.toml: it is owned by uid 1000"):
+        module.plan_configure(str(link), binary=runtime_binary)

@@ -636,6 +636,40 @@ def test_absolute_links_in_the_node_tree_never_lead_out_of_it(tmp_path, shim_env
     assert out.stderr.strip().splitlines()[-1].startswith("Error: 1 step(s) failed: containerd: ")
 
 
+@pytest.mark.parametrize("root_kind", ["a node tree", "this host"])
+def test_links_another_user_planted_are_not_followed(tmp_path, shim_env, fake_binary, root_kind):
+    """The node's containerd config a link another user owns, and /etc/cdi-shim a folder link of
+    theirs: install rewrote the root-owned file the first leads to and wrote root's config into
+    their folder. Each step fails on one line naming the link and its owner; neither target is
+    touched (issue 43, finding 7: cdi.safeio.resolve_trusted)."""
+    from shim.node.install import Installer, InstallError
+
+    root = node_root(tmp_path, config=None)
+    target = root / "etc" / "containerd" / "root-owned.toml"
+    shutil.copy(V2_DEFAULT, target)
+    os.symlink("root-owned.toml", root / "etc" / "containerd" / "config.toml")
+    os.lchown(root / "etc" / "containerd" / "config.toml", 1000, 1000)
+    theirs = root / "home" / "eve"
+    theirs.mkdir(parents=True)
+    os.chown(theirs, 1000, 1000)
+    os.symlink("/home/eve" if root_kind == "a node tree" else theirs, root / "etc" / "cdi-shim")
+    os.lchown(root / "etc" / "cdi-shim", 1000, 1000)
+    if root_kind == "this host":     # the rule as `install` on the node itself meets it
+        installer = Installer(root="/")
+        for node_path in (str(root / "etc" / "containerd" / "config.toml"), str(root / "etc" / "cdi-shim" / "x")):
+            with pytest.raises(InstallError, match=r"will not follow the link .* it is owned by uid 1000"):
+                installer.target(node_path)
+        assert os.listdir(theirs) == []
+        return
+    out = install(root, env=shim_env, binary=fake_binary, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert (f"containerd: failed: /etc/containerd/config.toml: will not follow the link "
+            f"{root}/etc/containerd/config.toml: it is owned by uid 1000") in out.stderr, out.stderr
+    assert (f"config: failed: /etc/cdi-shim/config.toml: will not follow the link {root}/etc/cdi-shim: it is owned "
+            "by uid 1000") in out.stderr, out.stderr
+    assert read(target) == read(V2_DEFAULT) and os.listdir(theirs) == []
+
+
 def test_a_world_writable_containerd_config_is_rewritten_0644_and_so_is_its_backup(tmp_path, shim_env, fake_binary):
     root = node_root(tmp_path)
     main = root / "etc" / "containerd" / "config.toml"
