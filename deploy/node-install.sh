@@ -14,6 +14,13 @@
 # Two installers at once (a restarted pod, the bootstrap unit): the second waits for the first
 # (flock on /opt/cdi-shim/.install.lock, at most CDI_SHIM_LOCK_WAIT seconds, then refuses). Each
 # copy goes to a private temporary folder, is flushed to disk, then renamed into place.
+#
+# What every container start runs as root comes from the host's /opt/cdi-shim, so nobody but
+# root may be able to change it: HOST_OPT, releases/ and every folder above HOST_OPT (on the
+# path as written and on the path its links lead to) must be owned by root and not writable by
+# group or others (one above HOST_OPT may be when sticky, like /tmp: others cannot rename root's
+# entries there), or nothing is installed. The copy is owned by root and writable by root only
+# (no set-user-ID or set-group-ID bit either), whatever owners and modes the image's tree had.
 set -eu
 
 HOST_OPT=${HOST_OPT:-/host/opt/cdi-shim}        # the host's /opt/cdi-shim, as mounted here
@@ -32,11 +39,35 @@ copy_only=false
 
 mkdir -p "$HOST_OPT/releases" || fail "cannot make $HOST_OPT/releases (is the host's /opt/cdi-shim mounted read-write?)"
 # What every container start runs as root comes from here: nobody but root may be able to swap it.
-for dir in "$HOST_OPT" "$HOST_OPT/releases"; do
-    owner=$(stat -c %u "$dir") mode=$(stat -c %a "$dir")
-    [ "$owner" = 0 ] || fail "$dir is owned by uid $owner, not root: chown root:root $dir (or remove it), then rerun"
-    case $mode in *[2367]? | *[2367]) fail "$dir has mode $mode, writable by group or others: chmod go-w $dir, then rerun" ;; esac
-done
+# check_folder DIR ABOVE: DIR (a link: the link itself) owned by root and, unless a link, not
+# writable by group or others; ABOVE=above (a folder above HOST_OPT) lets a sticky one be.
+check_folder() {
+    info=$(stat -c '%u %a %A' "$1") || fail "cannot inspect $1"
+    owner=${info%% *} mode=${info#* } perms=${info##* }
+    mode=${mode%% *}
+    [ "$owner" = 0 ] || fail "$1 is owned by uid $owner, not root: chown root:root $1 (or remove it), then rerun"
+    case $perms in l*) return 0 ;; ?????w???? | ????????w?) ;; *) return 0 ;; esac
+    case $2$perms in above?????????[tT]) return 0 ;; esac
+    fail "$1 has mode $mode, writable by group or others: chmod go-w $1, then rerun"
+}
+# check_chain PATH: each folder from / down to PATH (absolute), PATH itself strictly.
+check_chain() {
+    rest=${1#/} sofar=
+    check_folder / above
+    while [ -n "$rest" ]; do
+        part=${rest%%/*}
+        case $rest in */*) rest=${rest#*/} ;; *) rest= ;; esac
+        [ -n "$part" ] && [ "$part" != . ] || continue
+        sofar=$sofar/$part
+        case $rest in "" | *[!/]*) ;; *) rest= ;; esac   # only slashes left: the end
+        if [ -n "$rest" ]; then check_folder "$sofar" above; else check_folder "$sofar" last; fi
+    done
+}
+case $HOST_OPT in /*) ;; *) HOST_OPT=$PWD/$HOST_OPT ;; esac
+check_chain "$HOST_OPT"
+real_opt=$(readlink -f "$HOST_OPT") || fail "cannot resolve $HOST_OPT"
+[ "$real_opt" = "$HOST_OPT" ] || check_chain "$real_opt"
+check_folder "$HOST_OPT/releases" last
 [ -w "$HOST_OPT/releases" ] || fail "$HOST_OPT/releases is not writable (mount the host's /opt/cdi-shim read-write)"
 exec 9>"$HOST_OPT/.install.lock"
 flock -w "$LOCK_WAIT" 9 || fail "another installer holds $HOST_OPT/.install.lock for over $LOCK_WAIT s: not installing"
@@ -45,6 +76,9 @@ if [ ! -e "$HOST_OPT/releases/$RELEASE/RELEASE" ]; then
     incoming=$(mktemp -d "$HOST_OPT/releases/.incoming.XXXXXX")
     trap 'rm -rf "$incoming"' EXIT
     cp -a "$TREE/." "$incoming/" || fail "copying release $RELEASE to $incoming failed"
+    # root's, writable by root only, whatever the image's tree had (links keep their targets)
+    chown -R -h 0:0 "$incoming" && chmod -R go-w,ug-s "$incoming" \
+        || fail "cannot make the copy in $incoming root's own"
     sync "$incoming"/bin/* "$incoming/RELEASE" && sync -f "$incoming"
     rm -rf "$HOST_OPT/releases/$RELEASE"             # a folder left without RELEASE: an old broken copy
     mv -T "$incoming" "$HOST_OPT/releases/$RELEASE"

@@ -200,3 +200,88 @@ def test_node_install_script_copies_switches_and_installs(tmp_path):
     assert calls[-1] == "systemctl try-restart cdi-shim-resident.service"
     out, calls = _node_install(tmp_path, _tree(tmp_path, "cccc"), "--copy-only")
     assert calls == []
+
+
+# --- whose the host's /opt/cdi-shim is (issue 43, finding 8) -------------------------------------
+
+def _run_node_install(tmp_path, tree, host_opt):
+    env = dict(os.environ, HOST_OPT=str(host_opt), CDI_SHIM_TREE=str(tree), NSENTER="true")
+    return subprocess.run(["sh", os.path.join(DEPLOY, "node-install.sh"), "--copy-only"], capture_output=True,
+                          text=True, env=env, timeout=60)
+
+
+@pytest.mark.parametrize("above, said", [
+    ("a folder others can write", "has mode 777, writable by group or others"),
+    ("a folder another user owns", "is owned by uid 1000, not root"),
+    ("a link another user owns", "is owned by uid 1000, not root"),
+    ("a link into a folder others can write", "has mode 777, writable by group or others")])
+def test_node_install_checks_every_folder_above_the_host_s_opt(tmp_path, above, said):
+    """HOST_OPT itself root's, but a folder above it one another user can change: that user can
+    swap HOST_OPT (and what every container start runs as root) for a tree of theirs. Refused,
+    naming the folder; nothing is copied."""
+    up = tmp_path / "up"
+    up.mkdir()
+    host_opt = up / "opt" / "cdi-shim"
+    if above == "a folder others can write":
+        up.chmod(0o777)
+    elif above == "a folder another user owns":
+        os.chown(up, 1000, 1000)
+    else:
+        shared = tmp_path / "shared"
+        (shared / "opt").mkdir(parents=True)
+        os.symlink(shared / "opt", up / "opt")
+        if above == "a link another user owns":
+            os.lchown(up / "opt", 1000, 1000)
+        else:
+            shared.chmod(0o777)
+    done = _run_node_install(tmp_path, _tree(tmp_path, "aaaa"), host_opt)
+    assert done.returncode == 1 and said in done.stderr, done.stderr
+    where = done.stderr.strip().split("cdi-shim: ", 1)[1].split(" ")[0]
+    assert where in (str(up), str(up / "opt"), str(tmp_path / "shared")), done.stderr
+    assert not os.listdir(host_opt / "releases")
+
+
+def test_node_install_takes_a_sticky_folder_above(tmp_path):
+    """A sticky folder above (/tmp's mode): others cannot rename root's entries in it."""
+    up = tmp_path / "up"
+    up.mkdir()
+    up.chmod(0o1777)
+    done = _run_node_install(tmp_path, _tree(tmp_path, "aaaa"), up / "cdi-shim")
+    assert done.returncode == 0, done.stderr
+    up.chmod(0o755)
+    host = up / "cdi-shim"
+    host.chmod(0o1777)           # HOST_OPT itself: never
+    done = _run_node_install(tmp_path, _tree(tmp_path, "bbbb"), host)
+    assert done.returncode == 1 and f"{host} has mode 1777, writable by group or others" in done.stderr, done.stderr
+
+
+def test_node_install_copies_a_tree_root_owns_and_only_root_writes(tmp_path):
+    """The image's tree with a 0777 file, a uid-1000 file and folder, a set-user-ID program and a
+    link: the copy on the host is root's, writable by root only, whatever the tree had."""
+    import stat
+
+    tree = _tree(tmp_path, "aaaa")
+    (tree / "bin" / "cdi-shim").chmod(0o777)
+    (tree / "lib").mkdir()
+    (tree / "lib" / "theirs.py").write_text("x = 1\n")
+    os.chown(tree / "lib" / "theirs.py", 1000, 1000)
+    os.chown(tree / "lib", 1000, 1000)
+    (tree / "lib").chmod(0o775)
+    (tree / "bin" / "setuid").write_text("#!/bin/sh\n")
+    (tree / "bin" / "setuid").chmod(0o4755)
+    os.symlink("cdi-shim", tree / "bin" / "link")
+    host = tmp_path / "host-opt"
+    done = _run_node_install(tmp_path, tree, host)
+    assert done.returncode == 0, done.stderr
+    release = host / "releases" / "aaaa"
+    found = {}
+    for directory, dirs, files in os.walk(release):
+        for name in dirs + files:
+            info = os.lstat(os.path.join(directory, name))
+            found[os.path.relpath(os.path.join(directory, name), release)] = (info.st_uid, info.st_gid,
+                                                                                stat.S_IMODE(info.st_mode))
+    assert {path for path, (uid, gid, mode) in found.items() if uid or gid} == set()
+    links = {"bin/link"}
+    assert {path for path, (_, _, mode) in found.items() if mode & 0o6022 and path not in links} == set(), found
+    assert found["bin/cdi-shim"][2] == 0o755 and found["lib/theirs.py"][2] == 0o644
+    assert found["bin/setuid"][2] == 0o755 and os.readlink(release / "bin" / "link") == "cdi-shim"
