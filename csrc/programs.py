@@ -10,7 +10,8 @@ import sysconfig
 
 LAUNCHER = ["csrc/launcher/pylaunch.c"]
 FRONTEND = ["runtime_main", "settings", "cmdline", "request_scan", "passthrough", "resident_client", "after_create"]
-FRONTEND_ENGINE = ["replay", "request", "ociconf", "inroot", "filememo", "devlinks"]      # the engine's parts it links
+# the engine's parts it links
+FRONTEND_ENGINE = ["replay", "replay_etc", "request", "ociconf", "inroot", "filememo", "devlinks"]
 PROGRAMS = {
     # the runtime front end: runc's command line, passthrough without Python
     "cdi-shim-runtime": ([f"csrc/frontend/{name}.c" for name in FRONTEND]

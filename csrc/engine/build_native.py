@@ -14,7 +14,7 @@ HEADERS = ["native.h", "inroot.h", "elf.h", "ldcache.h", "scan.h", "ociconf.h", 
            "devlinks.h"]
 SOURCES = ["native.c", "inroot.c", "elf.c", "ldcache.c", "ldcache_write.c", "ldcache_strtab.c", "scan.c",
            "scan_listing.c", "scan_resolve.c", "scan_prefetch.c", "hwcaps.c", "filememo.c", "ociconf.c",
-           "replay.c", "request.c", "devlinks.c"]
+           "replay.c", "replay_etc.c", "request.c", "devlinks.c"]
 
 
 def _cdef_text():

@@ -16,7 +16,6 @@
  * leaves the work to the worker, which makes the same links and files again (both idempotent)
  * and says what is wrong. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -24,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <unistd.h>
 
 #include "cleanup.h"
@@ -32,10 +30,11 @@
 #include "memo_rules.h"
 #include "ociconf.h"
 #include "replay.h"
+#include "replay_etc.h"
 #include "request.h"
 #include "scan.h"
 
-#define RECIPE_MAGIC "CDSSTEP5"
+#define RECIPE_MAGIC "CDSSTEP6"
 #define REQUEST_MAGIC "CDSREQ1"
 #define DRIVER_VERSION_BYTES 4096
 #define MAX_RECIPE (8u << 20)
@@ -43,39 +42,11 @@
 #define PARAMS_PATH CDS_PARAMS_PATH
 #define PARAMS_ENV "CDI_SHIM_NVIDIA_PARAMS" /* testing only, as in shim/linker/toolkit_hooks.py */
 
-struct block {
-    const char *data;
-    size_t len;
-};
-
 struct recipe {
     struct block version, key, params, paths, count, identities, links, files, programs, hooks, binds, roots, etc,
         sources;
 };
 
-/* A read-only root's /etc overlay (shim/linker/etcfiles.py, etc_overlay): its folders and
- * files in the bundle, the filesystems it was made on, its mount; mount.len 0: none. */
-struct etc_overlay {
-    struct block dirs, files, fs, mount;
-};
-
-static int next_block(const char **at, const char *end, struct block *b)
-{
-    uint32_t len;
-    if ((size_t)(end - *at) < 4)
-        return -1;
-    memcpy(&len, *at, 4);
-    *at += 4;
-    if ((size_t)(end - *at) < len)
-        return -1;
-    b->data = *at;
-    b->len = len;
-    *at += len;
-    return 0;
-}
-
-/* The recipe's blocks, after its magic; its last 8 bytes are the FNV-1a of all before them
- * (a recipe changed or cut since it was written is refused as a whole). */
 /* TEXT (LEN bytes): MAGIC, then the COUNT blocks into ORDER; its last 8 bytes are the FNV-1a of
  * all before them (a recipe changed or cut since it was written is refused as a whole). */
 static int parse_blocks(const char *text, size_t len, const char *magic, struct block *const *order, size_t count)
@@ -197,28 +168,6 @@ static int make_links(int rootfd, const struct block *links)
     return 0;
 }
 
-/* A file of a recipe's block: name NUL, mode (u32), length (u32), bytes. */
-struct file_entry {
-    const char *name, *data;
-    uint32_t mode, len;
-};
-
-/* The file entry at *AT (before END) into F, *AT past it; -1 when the block is cut there. */
-static int next_file(const char **at, const char *end, struct file_entry *f)
-{
-    size_t n = strnlen(*at, (size_t)(end - *at));
-    if ((size_t)(end - *at) < n + 1 + 8)
-        return -1;
-    f->name = *at;
-    memcpy(&f->mode, *at + n + 1, 4);
-    memcpy(&f->len, *at + n + 5, 4);
-    f->data = *at + n + 9;
-    if ((size_t)(end - f->data) < f->len)
-        return -1;
-    *at = f->data + f->len;
-    return 0;
-}
-
 /* FILES: file entries, each written into the bundle. */
 static int write_files(int bundlefd, const struct block *files)
 {
@@ -252,97 +201,6 @@ static int write_root_files(int rootfd, const struct block *roots)
             return -1;
     }
     return 0;
-}
-
-static int parse_etc(const struct block *etc, struct etc_overlay *e)
-{
-    memset(e, 0, sizeof *e);
-    if (etc->len == 0)
-        return 0;
-    const char *at = etc->data, *end = etc->data + etc->len;
-    struct block *order[] = {&e->dirs, &e->files, &e->fs, &e->mount};
-    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
-        if (next_block(&at, end, order[i]) < 0)
-            return -1;
-    return at == end && e->fs.len == 8 && e->mount.len > 0 ? 0 : -1;
-}
-
-/* NAME in DIRFD removed with all in it, nothing followed (an earlier container's overlay
- * folder: its upper and work folders as it left them); -1 past DEPTH levels. */
-static int remove_tree(int dirfd, const char *name, int depth)
-{
-    if (unlinkat(dirfd, name, 0) == 0 || errno == ENOENT)
-        return 0;
-    if (errno != EISDIR || depth == 0)
-        return -1;
-    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    DIR *dir = fd < 0 ? NULL : fdopendir(fd);
-    if (!dir) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    int failed = 0;
-    for (struct dirent *entry; !failed && (entry = readdir(dir));)
-        if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0)
-            failed = remove_tree(fd, entry->d_name, depth - 1);
-    closedir(dir);
-    return failed || unlinkat(dirfd, name, AT_REMOVEDIR) < 0 ? -1 : 0;
-}
-
-/* The overlay's folders and files made in the bundle as etc_overlay makes them: DIRS (path in
- * the bundle NUL, uid, gid, mode: u32 each) made afresh in order (the first removed with all
- * in it before), then FILES (path NUL, mode, length, bytes) written into their folder;
- * only on the filesystems the step made it on, and for paths the mount's options can carry. */
-static int make_etc(int bundlefd, const char *rootfs, const char *bundle, const struct etc_overlay *e)
-{
-    if (e->mount.len == 0)
-        return 0;
-    uint32_t fs[2];
-    struct statfs bundle_fs, rootfs_fs;
-    memcpy(fs, e->fs.data, sizeof fs);
-    if (strpbrk(rootfs, CDS_OVERLAY_UNSAFE) || strpbrk(bundle, CDS_OVERLAY_UNSAFE) || statfs(bundle, &bundle_fs) < 0
-        || statfs(rootfs, &rootfs_fs) < 0 || (uint32_t)bundle_fs.f_type != fs[0] || (uint32_t)rootfs_fs.f_type != fs[1])
-        return -1;
-    const char *at = e->dirs.data, *end = e->dirs.data + e->dirs.len;
-    if (at == end || remove_tree(bundlefd, at, 16) < 0)
-        return -1;
-    while (at < end) {
-        size_t n = strnlen(at, (size_t)(end - at));
-        uint32_t owner[3];
-        if (at + n + 1 + sizeof owner > end)
-            return -1;
-        memcpy(owner, at + n + 1, sizeof owner);
-        if (mkdirat(bundlefd, at, 0700) < 0 || fchownat(bundlefd, at, owner[0], owner[1], AT_SYMLINK_NOFOLLOW) < 0
-            || fchmodat(bundlefd, at, owner[2], 0) < 0)
-            return -1;
-        at += n + 1 + sizeof owner;
-    }
-    at = e->files.data;
-    end = e->files.data + e->files.len;
-    struct file_entry f;
-    while (at < end) {
-        if (next_file(&at, end, &f) < 0)
-            return -1;
-        cleanup_free char *path = strdup(f.name);
-        char *slash = path ? strrchr(path, '/') : NULL;
-        if (!slash || slash == path || !slash[1])
-            return -1;
-        *slash = '\0';
-        cleanup_fd int dirfd = openat(bundlefd, path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (dirfd < 0 || cds_write_at(dirfd, slash + 1, (const uint8_t *)f.data, f.len, f.mode, 0) < 0)
-            return -1;
-    }
-    return 0;
-}
-
-/* Whether the JSON string DEST (with its quotes) names a path under /etc as written; -1 for
- * one with an escape (the worker compares it decoded). */
-static int under_etc(const char *dest, size_t len)
-{
-    if (memchr(dest, '\\', len))
-        return -1;
-    return len > 6 && memcmp(dest, "\"/etc/", 6) == 0;
 }
 
 /* SOURCES: the directory mounts whose host folders the step's cache read (u32 index, then a
@@ -420,7 +278,7 @@ static int out_overlay(struct out *o, const struct block *overlay, int *placed, 
 {
     if (*placed || overlay->len == 0)
         return 0;
-    int under = dest ? under_etc(dest, len) : 1;
+    int under = dest ? cds_etc_under(dest, len) : 1;
     if (under <= 0)
         return under;
     *placed = 1;
@@ -548,7 +406,7 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
     long text_len = read_recipe(steps_dir, name, &text);
     struct recipe r;
     struct etc_overlay etc;
-    int ours = text_len >= 0 && parse_recipe(text, (size_t)text_len, &r) == 0 && parse_etc(&r.etc, &etc) == 0
+    int ours = text_len >= 0 && parse_recipe(text, (size_t)text_len, &r) == 0 && cds_etc_parse(&r.etc, &etc) == 0
         && r.version.len == strlen(version) && memcmp(r.version.data, version, r.version.len) == 0
         && r.key.len == key_len && memcmp(r.key.data, key, key_len) == 0;
     cds_step_key_free(key);
@@ -568,7 +426,8 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
     int made = root_len > 0 && root[0] == '/' ? snprintf(rootfs, sizeof rootfs, "%.*s", root_len, root)
                                               : snprintf(rootfs, sizeof rootfs, "%s/%.*s", bundle, root_len, root);
     if (made < 0 || made >= (int)sizeof rootfs || !plain_path(rootfs) || !params_unchanged(&r.params)
-        || !programs_there(&r.programs) || !same_sources(&r.sources, json, &view))
+        || !programs_there(&r.programs) || !same_sources(&r.sources, json, &view)
+        || !cds_etc_same_points(&etc, json, &view, bundle))
         goto out;
     {
         cleanup_fd int rootfd = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -580,7 +439,7 @@ int replay_step(const char *steps_dir, const char *bundle, const char *json, siz
         memcpy(ids, r.identities.data, r.identities.len);
         if (cds_memo_same(rootfd, r.paths.data, r.paths.len, count, (const struct cds_identity *)ids) != 1
             || make_links(rootfd, &r.links) < 0 || write_root_files(rootfd, &r.roots) < 0
-            || write_files(bundlefd, &r.files) < 0 || make_etc(bundlefd, rootfs, bundle, &etc) < 0
+            || write_files(bundlefd, &r.files) < 0 || cds_etc_make(bundlefd, rootfs, bundle, &etc) < 0
             || new_config(&o, json, len, &view, &r, &etc, rootfs, bundle) < 0
             || write_config(bundlefd, &o, config_mode) < 0)
             goto out;

@@ -1,7 +1,7 @@
 """The files the update-ldcache (and enable-cuda-compat) hooks leave under the container's /etc,
-written as they leave them: in the root, each resolved inside it, or for a read-only root in an
-overlay of its /etc whose upper folder lies in the bundle. The step that decides is
-container.py; the step memo's replay and the front end's (replay.c) make the same files."""
+written as they leave them: in the root, each resolved inside it, or for a read-only root in a
+read-only overlay of its /etc whose top layer is a folder in the bundle. The step that decides
+is container.py; the step memo's replay and the front end's (replay.c) make the same files."""
 import errno
 import os
 import posixpath
@@ -9,11 +9,12 @@ import stat
 
 from .links import make_soname_links, open_dir_in_root
 
-ETC_DIR = "cdi-shim.etc"    # the bundle folder of a read-only root's /etc overlay: upper/, work/
-# Filesystems (statfs f_type) an overlay of /etc is made on: its upper and work folders in the
-# bundle, its lower folder the image's /etc (one overlay deep at most: the kernel stacks two).
-_UPPER_FS = {0x01021994, 0xEF53, 0x58465342, 0x9123683E}   # tmpfs, ext2/3/4, xfs, btrfs
-_LOWER_FS = _UPPER_FS | {0x794C7630}                        # and overlayfs (a containerd snapshot)
+ETC_DIR = "cdi-shim.etc"    # the bundle folder of a read-only root's /etc overlay: files/
+LAYER = f"{ETC_DIR}/files"  # its top (lower) layer: our files over the image's /etc
+# Filesystems (statfs f_type) an overlay of /etc is made on: our layer in the bundle, the
+# image's /etc below it (one overlay deep at most: the kernel stacks two).
+_BUNDLE_FS = {0x01021994, 0xEF53, 0x58465342, 0x9123683E}  # tmpfs, ext2/3/4, xfs, btrfs
+_LOWER_FS = _BUNDLE_FS | {0x794C7630}                       # and overlayfs (a containerd snapshot)
 OVERLAY_UNSAFE = ",:\\\n"   # characters overlay's options cannot carry (the front end's too)
 
 
@@ -115,10 +116,15 @@ def _fs_type(path):
     return ctypes.c_long.from_buffer(buf).value
 
 
+def _clean(destination):
+    """A mount's DESTINATION as runc takes it: under /, with // and . collapsed and .. clamped at /."""
+    return posixpath.normpath("/" + destination.lstrip("/"))
+
+
 def _no_overlay(config, bundle, rootfs):
     """Why /etc cannot be overlaid for this container, or ""."""
     mounts = [m.get("destination") for m in config.get("mounts") or () if isinstance(m, dict)]
-    if any(isinstance(d, str) and posixpath.normpath(d) in ("/", "/etc") for d in mounts):
+    if any(isinstance(d, str) and _clean(d) in ("/", "/etc") for d in mounts):
         return "config.json mounts something at /etc"
     namespaces = ((config.get("linux") or {}).get("namespaces") or ())
     if any(isinstance(ns, dict) and ns.get("type") == "user" for ns in namespaces):
@@ -126,52 +132,146 @@ def _no_overlay(config, bundle, rootfs):
     for path in (rootfs, bundle):
         if any(c in path for c in OVERLAY_UNSAFE):
             return f"{path} has a character overlay's options cannot carry"
-    if _fs_type(bundle) not in _UPPER_FS:
-        return f"the bundle's filesystem ({bundle}) is not one an overlay's upper folder is made on here"
+    if _fs_type(bundle) not in _BUNDLE_FS:
+        return f"the bundle's filesystem ({bundle}) is not one an overlay's layer is taken from here"
     if _fs_type(rootfs) not in _LOWER_FS:
         return f"the rootfs's filesystem ({rootfs}) is not one an overlay's lower folder is taken from here"
     return ""
 
 
+class _NoOverlay(Exception):
+    pass
+
+
+class _Layer:
+    """Our layer over the image's /etc, as it is planned: {path under /etc: ("dir", uid, gid, mode)
+    or ("file", bytes)}, in order (a folder before what is in it). A folder the image has is
+    ours with its owner and mode (the merged folder shows the top layer's)."""
+
+    def __init__(self, root):
+        self.root, self.entries = root, {}
+
+    def folder(self, path):
+        missing = []
+        while path not in self.entries:
+            missing.append(path)
+            if path == "/etc":
+                break
+            path = posixpath.dirname(path)
+        for path in reversed(missing):
+            # (the kernel takes the lower folder by its host path: /etc must be no link)
+            fd = self.root.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+            if fd < 0 and (path == "/etc" or self.root.errno != errno.ENOENT):
+                raise _NoOverlay(f"the image's {path}: {os.strerror(self.root.errno)}")
+            if fd < 0:
+                self.entries[path] = ("dir", 0, 0, 0o755)     # (as runc's MkdirAll makes it)
+                continue
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            self.entries[path] = ("dir", st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+
+    def file(self, path, data):
+        self.folder(posixpath.dirname(path))
+        if self.entries.get(path, ("file",))[0] != "file":
+            raise _NoOverlay(f"{path} is both a folder and a file")
+        self.entries[path] = ("file", data)
+
+
+def _mount_points(config, bundle, root, layer):
+    """Add to LAYER the mount points runc would make under the image's /etc for CONFIG's mounts:
+    runc makes a missing one before it mounts there (a folder, or an empty file for a bind of a
+    file), and our /etc is read-only. [(destination as written, whether a folder)] of the binds
+    among them: a replay checks that their sources are still of that kind. _NoOverlay where runc
+    would go through a link or we cannot tell."""
+    points = []
+    for mount in config.get("mounts") or ():
+        if not isinstance(mount, dict) or not isinstance(mount.get("destination"), str):
+            continue
+        destination = _clean(mount["destination"])
+        if not destination.startswith("/etc/"):
+            continue
+        path = "/etc"
+        for part in destination[len("/etc/"):].split("/"):
+            path += "/" + part
+            if path in layer.entries:       # ours already: a file of ours, or a point made before
+                kind = layer.entries[path][0]
+            else:
+                found = root.stat(path, follow=False)
+                if found is None and root.errno != errno.ENOENT:
+                    raise _NoOverlay(f"the image's {path}: {os.strerror(root.errno)}")
+                if found is not None and stat.S_ISLNK(found[0]):
+                    if path == destination and root.stat(path) is not None:
+                        break   # runc mounts on what it leads to, which is there
+                    raise _NoOverlay(f"the image's {path} is a link a mount under /etc goes through")
+                if found is not None and not stat.S_ISDIR(found[0]):
+                    break       # a file: runc mounts on it, or fails on it as without us
+                if found is not None:
+                    continue    # a folder of the image
+                kind = None
+            if path != destination:
+                if kind == "file":
+                    break       # runc fails on it as without us
+                if kind is None:
+                    layer.folder(path)
+                continue
+            bind = mount.get("type") == "bind" or any(o in ("bind", "rbind") for o in mount.get("options") or ())
+            directory = not bind or _source_is_folder(mount, bundle)
+            if kind is None and directory:
+                layer.folder(path)
+            elif kind is None:
+                layer.file(path, b"")
+            elif (kind == "dir") != directory:
+                raise _NoOverlay(f"{path} is both a folder and a file")
+            if bind:
+                points.append((mount["destination"], directory))
+    return points
+
+
+def _source_is_folder(mount, bundle):
+    source = mount.get("source")
+    try:
+        return stat.S_ISDIR(os.stat(os.path.join(bundle, source)).st_mode)
+    except (OSError, TypeError, ValueError) as err:
+        raise _NoOverlay(f"the source of the mount at {mount['destination']}: {err}") from None
+
+
 def overlay_etc(config, bundle, rootfs, result, sonames, out, after=()):
-    """A read-only root: CONFIG with the image's /etc overlaid by the bundle's ETC_DIR/upper
+    """A read-only root: CONFIG with the image's /etc overlaid, read-only, by the bundle's LAYER
     holding _etc_files, or None (why logged; the caller binds the cache from the bundle). The
-    container's /etc shows the files as the hook leaves them and takes a later ldconfig's
-    writes (into the bundle: nothing is written into the image's /etc); the rest of the root
-    stays read-only. The soname links are made in the root, as the hook makes them."""
+    container's /etc shows the files as the hook leaves them and takes no write (no upper
+    folder: as under plain runc, nothing the container writes lands anywhere, and a later
+    ldconfig fails as it does after the toolkit's hook); the image's /etc is not written. The
+    layer also holds the mount points runc would make under /etc (_mount_points). The soname
+    links are made in the root, as the hook makes them."""
     from ..ldconfig.engine import LdcacheError, Root
 
     why = _no_overlay(config, bundle, rootfs)
-    owners = {}
+    points = []
     try:
         with Root(rootfs) as root:
-            for path in ("/etc", "/etc/ld.so.conf.d"):
-                # (the kernel takes the lower folder by its host path: /etc must be no link)
-                fd = root.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-                if fd < 0:
-                    if path == "/etc" or root.errno != errno.ENOENT:
-                        why = why or f"the image's {path}: {os.strerror(root.errno)}"
-                    continue
-                try:
-                    owners[path] = os.fstat(fd)
-                finally:
-                    os.close(fd)
-            files = _etc_files(root, result, after)
+            layer = _Layer(root)
+            layer.folder("/etc")
+            for path, data in _etc_files(root, result, after):
+                layer.file(path, data)
+            points = _mount_points(config, bundle, root, layer)
     except LdcacheError as err:
+        why = why or str(err)
+    except _NoOverlay as err:
         why = why or str(err)
     if why:
         out.log.debug(f"linker cache bound from the bundle, /etc not overlaid: {why}")
         return None
-    # (the merged folder shows its upper folder's owner and mode: the image's)
-    upper = f"{ETC_DIR}/upper"
-    dirs = [(ETC_DIR, os.geteuid(), os.getegid(), 0o700), (f"{ETC_DIR}/work", os.geteuid(), os.getegid(), 0o700)]
-    for path in ("/etc", "/etc/ld.so.conf.d"):
-        if path == "/etc" or any(name.startswith("/etc/ld.so.conf.d/") for name, _ in files):
-            st = owners.get(path)
-            dirs.append((upper + path[len("/etc"):], st.st_uid if st else 0, st.st_gid if st else 0,
-                         stat.S_IMODE(st.st_mode) if st else 0o755))
-    overlay = (dirs, [(upper + path[len("/etc"):], data, 0o644) for path, data in files],
-               _fs_type(bundle), _fs_type(rootfs))
+    dirs = [(ETC_DIR, os.geteuid(), os.getegid(), 0o700)]
+    files = []
+    for path, entry in layer.entries.items():
+        at = LAYER + path[len("/etc"):]
+        if entry[0] == "dir":
+            dirs.append((at, *entry[1:]))
+        else:
+            files.append((at, entry[1], 0o644))
+    overlay = (dirs, files, _fs_type(bundle), _fs_type(rootfs), points)
     try:
         config = etc_overlay(config, bundle, rootfs, overlay)
     except OSError as err:
@@ -180,27 +280,37 @@ def overlay_etc(config, bundle, rootfs, result, sonames, out, after=()):
     out.overlay = overlay
     if sonames:
         make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
-    out.log.debug(f"read-only root: /etc overlaid, the linker files in {os.path.join(bundle, upper)}")
+    out.log.debug(f"read-only root: /etc overlaid read-only, the linker files in {os.path.join(bundle, LAYER)}")
     return config
 
 
 def etc_overlay(config, bundle, rootfs, overlay):
-    """Make OVERLAY (DIRS, FILES, bundle and rootfs filesystem types: overlay_etc) in the
+    """Make OVERLAY (DIRS, FILES, bundle and rootfs filesystem types, POINTS: overlay_etc) in the
     bundle: each folder (path in the bundle, owner, group, mode) made afresh, in order (the
-    first removed with all in it before), then
-    each file (path in the bundle, bytes, mode); return CONFIG with the overlay mount of /etc
+    first removed with all in it before), then each file (path in the bundle, bytes, mode);
+    return CONFIG with the read-only overlay mount of /etc (our layer over the image's /etc)
     before any mount under /etc (runc mounts in order). OSError, nothing left, on failure (a
-    folder of ours already there, a filesystem other than the step's). The step memo's replay
-    and the front end's (replay.c, make_etc) do the same."""
+    folder of ours already there, a filesystem other than the step's, a bind at one of POINTS
+    whose source is no longer the kind of mount point made for it). The step memo's replay and
+    the front end's (replay.c, make_etc) do the same."""
     from ..ldconfig.ldcache import LdcacheError, write_cache
 
-    dirs, files, bundle_fs, rootfs_fs = overlay
+    dirs, files, bundle_fs, rootfs_fs, points = overlay
     bundle = os.path.abspath(bundle)
     if _fs_type(bundle) != bundle_fs or _fs_type(rootfs) != rootfs_fs \
             or any(c in path for c in OVERLAY_UNSAFE for path in (rootfs, bundle)):
         raise OSError(errno.EINVAL, "not the filesystems or paths the overlay was made for", bundle)
+    for destination, directory in points:
+        for mount in config.get("mounts") or ():
+            if isinstance(mount, dict) and mount.get("destination") == destination:
+                try:
+                    same = _source_is_folder(mount, bundle) == directory
+                except _NoOverlay:
+                    same = False
+                if not same:
+                    raise OSError(errno.EINVAL, "a mount under /etc whose source changed kind", destination)
     made = []
-    _remove_tree(os.path.join(bundle, dirs[0][0]))     # (one a replay left half made)
+    _remove_tree(os.path.join(bundle, dirs[0][0]))     # (one a replay left half made, or older)
     try:
         for path, uid, gid, mode in dirs:
             folder = os.path.join(bundle, path)
@@ -214,9 +324,9 @@ def etc_overlay(config, bundle, rootfs, overlay):
         if made:
             _remove_tree(made[0])
         raise err if isinstance(err, OSError) else OSError(errno.EIO, str(err)) from None
-    base = os.path.join(bundle, ETC_DIR)
+    # Read-only: no upper folder (the overlay then takes no write at all), and "ro" besides.
     mount = {"destination": "/etc", "type": "overlay", "source": "overlay",
-             "options": [f"lowerdir={os.path.abspath(rootfs)}/etc", f"upperdir={base}/upper", f"workdir={base}/work"]}
+             "options": ["ro", f"lowerdir={bundle}/{LAYER}:{os.path.abspath(rootfs)}/etc"]}
     mounts = list(config.get("mounts") or ())
     # (the destination as written, as the front end compares it)
     at = next((i for i, m in enumerate(mounts) if isinstance(m, dict) and isinstance(m.get("destination"), str)
@@ -225,6 +335,47 @@ def etc_overlay(config, bundle, rootfs, overlay):
 
 
 def _remove_tree(path):
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
+    """PATH removed with all in it, nothing followed, best effort (what is left makes the next
+    mkdir fail: the caller falls back). Without recursion, so a tree of any depth goes (an
+    earlier overlay folder, or one planted): each folder's entries are moved up into the top
+    folder, and it is removed once empty; no descriptor is held per level."""
+    try:
+        os.unlink(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    lifted = 0
+    try:
+        while True:
+            names = set(os.listdir(top))
+            if not names:
+                break
+            for name in list(names):
+                try:
+                    os.unlink(name, dir_fd=top)
+                    continue
+                except OSError as err:
+                    if err.errno not in (errno.EISDIR, errno.EPERM):
+                        return
+                inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+                try:
+                    for entry in os.listdir(inner):
+                        while f".rm{lifted}" in names:
+                            lifted += 1
+                        os.rename(entry, f".rm{lifted}", src_dir_fd=inner, dst_dir_fd=top)
+                        names.add(f".rm{lifted}")
+                finally:
+                    os.close(inner)
+                os.rmdir(name, dir_fd=top)
+                names.discard(name)
+        os.rmdir(path)
+    except OSError:
+        pass
+    finally:
+        os.close(top)

@@ -312,7 +312,7 @@ def _layout(done, rootfs, in_bundle):
 
 # ---- the recipes replayed in C (csrc/engine/replay.c), by the front end and the worker ----
 
-RECIPE_MAGIC = b"CDSSTEP5"
+RECIPE_MAGIC = b"CDSSTEP6"
 _MAX_RECIPES = 64       # files in the steps directory; the oldest go first
 _ROOTFS_MARK, _BUNDLE_MARK = "\x01", "\x02"
 
@@ -381,15 +381,17 @@ def export_recipe(final, rootfs, bundle, directory):
     root_files = b"".join(os.fsencode(path) + b"\0" + struct.pack("<II", mode, len(data)) + data
                           for path, data, mode in recipe.root_files)
     etc = b""
-    if recipe.overlay is not None:     # its folders, files, filesystems and mount (replay.c, make_etc)
-        dirs, made, bundle_fs, rootfs_fs = recipe.overlay
+    if recipe.overlay is not None:     # its folders, files, filesystems, mount, points (replay.c, make_etc)
+        dirs, made, bundle_fs, rootfs_fs, points = recipe.overlay
         etc = (_block(b"".join(os.fsencode(path) + b"\0" + struct.pack("<III", uid, gid, mode)
                                for path, uid, gid, mode in dirs))
                + _block(b"".join(os.fsencode(path) + b"\0" + struct.pack("<II", mode, len(data)) + data
                                  for path, data, mode in made))
                + _block(struct.pack("<II", bundle_fs & 0xFFFFFFFF, rootfs_fs & 0xFFFFFFFF))
                + _block(text(dict(mounts["/etc"], options=[_marked(option, rootfs, bundle)
-                                                            for option in mounts["/etc"]["options"]]))))
+                                                            for option in mounts["/etc"]["options"]])))
+               + _block(b"".join(_block(fastjson.dumpb(destination)) + bytes((directory,))
+                                 for destination, directory in points)))
     # (each directory mount's index and its source as JSON text: the front end compares the text)
     sources = b"".join(struct.pack("<I", index) + _block(fastjson.dumpb(source)) for index, source in recipe.sources)
     programs = b"".join(os.fsencode(dict(entry)["path"]) + b"\0" for entries in (recipe.hooks or {}).values()
@@ -415,13 +417,19 @@ def export_recipe(final, rootfs, bundle, directory):
 
 
 def _marked(option, rootfs, bundle):
-    """An overlay mount's option NAME=PATH with the rootfs and bundle paths as blanks."""
-    name, _, path = option.partition("=")
-    if path.startswith(os.path.abspath(rootfs) + "/"):
-        return f"{name}={_ROOTFS_MARK}{path[len(os.path.abspath(rootfs)):]}"
-    if path.startswith(bundle + "/"):
-        return f"{name}={_BUNDLE_MARK}{path[len(bundle):]}"
-    return option
+    """An overlay mount's option NAME=PATH[:PATH...] with the rootfs and bundle paths as blanks
+    (neither holds a ':': etcfiles.OVERLAY_UNSAFE)."""
+    name, equals, paths = option.partition("=")
+    if not equals:
+        return option
+    marked = []
+    for path in paths.split(":"):
+        if path.startswith(os.path.abspath(rootfs) + "/"):
+            path = _ROOTFS_MARK + path[len(os.path.abspath(rootfs)):]
+        elif path.startswith(bundle + "/"):
+            path = _BUNDLE_MARK + path[len(bundle):]
+        marked.append(path)
+    return f"{name}={':'.join(marked)}"
 
 
 def _block(data):

@@ -7,6 +7,7 @@ params file, the devices) makes the whole step run again. Containers are overlay
 layer, as containerd makes them."""
 import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -226,16 +227,21 @@ def test_a_step_that_warned_or_ran_chmod_is_not_kept(world, steps):
         container.prepare_linker(config, os.path.join(world["scratch"], "b1"), Log())
         assert stepmemo._steps == {}
         # a read-only root whose cache cannot be written into the bundle (a directory in its
-        # place, a file where the /etc overlay's folder goes): the step warns and keeps the
-        # update-ldcache hook, whose program (here) is on the host
+        # place, a read-only mount where the /etc overlay's folder goes): the step warns and
+        # keeps the update-ldcache hook, whose program (here) is on the host
         config = config_for(world, second)
         config["root"]["readonly"] = True
         config["hooks"]["createContainer"] = [dict(_hook("update-ldcache", "--folder", LIBDIR), path="/bin/true")]
         bundle = os.path.join(world["scratch"], "b2")
         os.makedirs(os.path.join(bundle, "cdi-shim.ld.so.cache"))
-        open(os.path.join(bundle, "cdi-shim.etc"), "w").close()
-        log = Log()
-        out = container.prepare_linker(config, bundle, log)
+        in_the_way = os.path.join(bundle, "cdi-shim.etc")
+        os.makedirs(in_the_way)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", in_the_way], check=True)
+        try:
+            log = Log()
+            out = container.prepare_linker(config, bundle, log)
+        finally:
+            subprocess.run(["umount", in_the_way], check=True)
         assert [level for level, _ in log.lines if level != "debug"] == ["warning"]
         assert out["hooks"]["createContainer"][0]["path"] == "/bin/true"
         assert stepmemo._steps == {}

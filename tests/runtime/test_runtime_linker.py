@@ -79,16 +79,17 @@ def test_injected_library_resolves_by_soname_without_hooks(world, nvml_library, 
     assert not config.get("hooks", {}).get("createContainer"), "the replaced hooks must be gone"
     assert not [m for m in config["mounts"] if m["destination"] == "/etc/ld.so.cache"]
     overlay = [m for m in config["mounts"] if m["destination"] == "/etc"]
-    upper = os.path.join(bundle.path, "cdi-shim.etc", "upper")
+    layer = os.path.join(bundle.path, "cdi-shim.etc", "files")
     if readonly:
-        # the image's /etc left as it was: the cache is in the overlay's upper folder, in the bundle
+        # the image's /etc left as it was: the cache is in our layer of the read-only overlay, in the bundle
         assert open(rootfs + "/etc/ld.so.cache", "rb").read() == image_cache
-        assert overlay and overlay[0]["type"] == "overlay" and f"upperdir={upper}" in overlay[0]["options"]
-        assert open(upper + "/ld.so.cache", "rb").read() != image_cache
+        assert overlay and overlay[0]["type"] == "overlay"
+        assert overlay[0]["options"] == ["ro", f"lowerdir={layer}:{rootfs}/etc"]
+        assert open(layer + "/ld.so.cache", "rb").read() != image_cache
     else:
         # written where the hook's ldconfig writes it, in the root
         assert open(rootfs + "/etc/ld.so.cache", "rb").read() != image_cache
-        assert not overlay and not os.path.exists(upper)
+        assert not overlay and not os.path.exists(layer)
     assert os.readlink(rootfs + f"{LIBDIR}/libnvidia-ml.so") == nvml_library.name
 
 
@@ -311,17 +312,24 @@ def test_image_without_a_place_for_our_own_cache_runs_without_it(world, nvml_lib
 
 
 def test_cache_that_cannot_be_written_keeps_the_hooks(world, nvml_library, tmp_path):
-    """A read-only root whose bundle cannot take the cache, neither as the /etc overlay's upper
-    folder (a file in the way) nor as a file to bind (a directory in the way: rename fails with
-    EISDIR): a warning naming the file, the spec's hooks kept, and the container still gets its
-    cache from them; never an internal error."""
+    """A read-only root whose bundle cannot take the cache, neither in the /etc overlay's
+    folder (a read-only mount in the way: nothing in it can be removed) nor as a file to bind
+    (a directory in the way: rename fails with EISDIR): a warning naming the file, the spec's
+    hooks kept, and the container still gets its cache from them; never an internal error."""
     world.write_spec("nvidia-gpu.yaml", _hook_spec(world, nvml_library))
     bundle = world.bundle(args=["/prog"], env=["NVIDIA_VISIBLE_DEVICES=0"],
                           edit=lambda config: config["root"].update(readonly=True))
     _glibc_rootfs(world, bundle, nvml_library, tmp_path)
     os.makedirs(os.path.join(bundle.path, "cdi-shim.ld.so.cache", "in-the-way"))
-    open(os.path.join(bundle.path, "cdi-shim.etc"), "w").close()
-    result = world.shim("run", "--bundle", bundle.path, bundle.id)
+    in_the_way = os.path.join(bundle.path, "cdi-shim.etc")
+    os.makedirs(in_the_way)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", in_the_way], check=True)
+    try:
+        open(os.path.join(in_the_way, "kept"), "w").close()
+        subprocess.run(["mount", "-o", "remount,ro", in_the_way], check=True)
+        result = world.shim("run", "--bundle", bundle.path, bundle.id)
+    finally:
+        subprocess.run(["umount", in_the_way], check=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "linked=42 dlopen=ok\n"
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
