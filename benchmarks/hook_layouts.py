@@ -150,17 +150,22 @@ def remove(root, path):
 
 
 def image_ldconfig(root, layout, ldconfig="ldconfig"):
-    """The image's own cache, as its distribution's ldconfig makes it at build time (this
-    machine's ldconfig, Debian's, trusts /lib, /usr/lib and the multiarch folders; Fedora's
-    trusts /usr/lib64: for `rpm` a drop-in lists it while the cache is made)."""
-    extra = None
+    """The image's own cache, as its distribution's ldconfig makes it at build time. This
+    machine's ldconfig (Debian's) reads /lib, /usr/lib and the multiarch folders unlisted;
+    Fedora's reads /lib64 and /usr/lib64 (after the configured folders, whatever ld.so.conf
+    includes): for `rpm` a private configuration includes the image's ld.so.conf (if any) and
+    then lists those two."""
+    args = [ldconfig, "-r", root]
+    private = None
     if layout == "rpm":
-        extra = write(root, "/etc/ld.so.conf.d/zzz-fedora-trusted.conf", "/lib64\n/usr/lib64\n")
+        conf = "include /etc/ld.so.conf\n" if os.path.lexists(in_root(root, "/etc/ld.so.conf", False)) else ""
+        private = write(root, "/etc/.fedora-ldconfig.conf", conf + "/lib64\n/usr/lib64\n")
+        args += ["-f", "/etc/.fedora-ldconfig.conf"]
     try:
-        subprocess.run([ldconfig, "-r", root], check=True, timeout=60, capture_output=True)
+        subprocess.run(args, check=True, timeout=60, capture_output=True)
     finally:
-        if extra:
-            os.unlink(extra)
+        if private:
+            os.unlink(private)
 
 
 # ---- building each layout once ---------------------------------------------------------------
