@@ -40,6 +40,8 @@ KEYS = (
     ("resident-socket", str, "/run/cdi-shim/runtime.sock", None, "reads",
      'the resident process; "" = always start the interpreter'),
     ("file-binds", str, "hook", ("hook", "runc"), "reads", "who binds a device's library files: our hook, or runc"),
+    ("nri-namespaces", tuple, ("gpu-operator",), None, "skips",
+     'the NRI plugin serves pods of these namespaces ("*": all)'),
 )
 
 

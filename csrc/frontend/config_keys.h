@@ -19,6 +19,7 @@ enum cds_key {
     CDS_KEY_ENV_VENDORS,
     CDS_KEY_RESIDENT_SOCKET,
     CDS_KEY_FILE_BINDS,
+    CDS_KEY_NRI_NAMESPACES,
     CDS_KEY_COUNT
 };
 
@@ -47,6 +48,7 @@ static const struct cds_key_info cds_keys[CDS_KEY_COUNT] = {
     [CDS_KEY_ENV_VENDORS] = {"env-vendors", 'l', 0, NULL},
     [CDS_KEY_RESIDENT_SOCKET] = {"resident-socket", 's', 1, NULL},
     [CDS_KEY_FILE_BINDS] = {"file-binds", 's', 1, cds_choices_file_binds},
+    [CDS_KEY_NRI_NAMESPACES] = {"nri-namespaces", 'l', 0, NULL},
 };
 
 /* The defaults of the keys the front end reads. */

@@ -9,6 +9,7 @@ no site), and parses its few options itself:
 
     cdi-shim-hook update-ldcache [--folder DIR]... [--ldconfig-path PATH]
     cdi-shim-hook create-symlinks [--link TARGET::LINK]...
+    cdi-shim-hook nri [--link TARGET::LINK]... [--chmod MODE:PATH]... [--folder DIR]...
 
 Anything else (-h/--help, an unknown option) goes to the click group behind `cdi-shim hook`,
 which explains; --version is answered here, as `cdi-shim --version` words it. click is imported
@@ -54,6 +55,10 @@ def parse(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["nri"]:      # the one hook of an NRI adjustment (shim/nri/hook.py)
+        from ..nri.hook import main as nri_hook
+
+        return nri_hook(argv[1:])
     try:
         command, values = parse(argv)
     except _Unparsed:

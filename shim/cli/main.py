@@ -8,6 +8,7 @@ from .doctor import doctor
 from .hook import hook
 from .install import install
 from .ldcache import ldcache
+from .nri import nri
 from .runtime import runtime
 from .runtimeclass import runtimeclass
 from .specs import cdi
@@ -23,7 +24,7 @@ def main():
     """
 
 
-for _group in (cdi, ldcache, hook, runtime, runtimeclass, bench, doctor, install):
+for _group in (cdi, ldcache, hook, runtime, runtimeclass, bench, doctor, install, nri):
     main.add_command(_group)
 
 if __name__ == "__main__":  # pragma: no cover

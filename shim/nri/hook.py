@@ -1,0 +1,87 @@
+"""`cdi-shim-hook nri ...`: the one createContainer hook an NRI adjustment carries
+(nativehook.py) in place of the toolkit's update-ldcache, create-symlinks and chmod hooks.
+
+    cdi-shim-hook nri [--link TARGET::LINK]... [--chmod MODE:PATH]... [--folder DIR]...
+
+runc runs it in the container's mount namespace after its mounts, before pivot_root, with the
+container state on stdin. In order: the links (as create-symlinks: what is at LINK replaced,
+parents made), the modes (as chmod: a missing path skipped, EPERM ignored), then the linker
+cache with FOLDERS (as update-ldcache) -- all inside the root (cdi-shim-hook's own update-ldcache
+and create-symlinks code), nothing of the image run or loaded.
+Errors: "Error: ..." on stderr, exit 1: runc fails the create, naming the hook.
+"""
+import sys
+
+OPTIONS = {"--link": "links", "--chmod": "modes", "--folder": "folders"}
+
+
+class _Everywhere:
+    """Mount places for a hook that runs after the mounts: every path is reachable now."""
+
+    def at_a_mount(self, path):
+        return False
+
+    def under_a_mount(self, path):
+        return False
+
+
+def parse(argv):
+    """{links, modes, folders} of ARGV (after `nri`), or raise ValueError."""
+    values = {key: [] for key in OPTIONS.values()}
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name not in OPTIONS:
+            raise ValueError(f"unknown option {argv[i]!r}")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise ValueError(f"{name} needs a value")
+            i += 1
+            value = argv[i]
+        values[OPTIONS[name]].append(value)
+        i += 1
+    for mode in values["modes"]:
+        octal, sep, path = mode.partition(":")
+        if not sep or not octal or not path:
+            raise ValueError(f"malformed --chmod {mode!r}: expected MODE:PATH")
+    return values
+
+
+def run(values, state_text):
+    """Do the work on the container whose OCI state is STATE_TEXT: None, or what went wrong."""
+    from ..ldconfig.ldcache import LdcacheError
+    from ..linker.container import HookCall
+    from ..linker.hooks import HookError, container_rootfs, create_symlinks, update_ldcache
+    from ..linker.toolkit_hooks import HookFailure, chmod
+
+    try:
+        rootfs = container_rootfs(state_text)
+        if values["links"]:
+            create_symlinks(rootfs, values["links"])
+        for entry in values["modes"]:
+            mode, _, path = entry.partition(":")
+            call = HookCall({"path": "nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "chmod", "--mode", mode,
+                                                                 "--path", path]})
+            chmod({}, rootfs, call, _Everywhere())
+        if values["folders"]:
+            update_ldcache(rootfs, values["folders"])
+    except (HookError, HookFailure) as err:
+        return str(err)
+    except (LdcacheError, OSError) as err:
+        return f"nri: {err}"
+    return None
+
+
+def main(argv):
+    from ..linker.hooks import MAX_STATE
+
+    try:
+        values = parse(argv)
+    except ValueError as err:
+        sys.stderr.write(f"Error: {err}\n")
+        return 2
+    error = run(values, sys.stdin.buffer.read(MAX_STATE))
+    if error:
+        sys.stderr.write(f"Error: {error}\n")
+        return 1
+    return 0
