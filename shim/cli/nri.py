@@ -26,8 +26,8 @@ def nri(socket_path, namespaces, name, index, once):
     namespaces (config key nri-namespaces, plus --namespace) get nothing, and that is logged; an
     unresolvable device fails the container's creation.
 
-    It runs until stopped, connecting again whenever containerd restarts. `cdi-shim install
-    --node --nri` installs it as the systemd unit cdi-shim-nri.service.
+    It runs until stopped, connecting again whenever containerd restarts; contrib/cdi-shim-nri.service
+    is its systemd unit.
     """
     from ..linker.container import our_program
     from ..nri.plugin import Plugin

@@ -8,7 +8,7 @@ import subprocess
 
 from tests.conftest import tool
 
-LIBZ = "/lib/x86_64-linux-gnu/libz.so.1.2.13"
+LIBZ = "/lib/x86_64-linux-gnu/libz.so.1"      # zlib1g: Essential in Debian (dpkg needs it)
 
 
 def bundle(tmp_path):
@@ -18,7 +18,7 @@ def bundle(tmp_path):
     os.chmod(rootfs / "dev" / "dri", 0o700)
     libs = rootfs / "usr" / "lib" / "x86_64-linux-gnu"
     libs.mkdir(parents=True)
-    shutil.copy(os.path.realpath(LIBZ), libs / "libz.so.1.2.13")
+    shutil.copy(os.path.realpath(LIBZ), libs / "libz.so.1.2.13")      # (its real SONAME, whatever the version)
     (tmp_path / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": "rootfs"}}))
     return rootfs, json.dumps({"ociVersion": "1.0.2", "id": "c", "pid": 1, "bundle": str(tmp_path)})
 
