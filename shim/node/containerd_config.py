@@ -100,12 +100,24 @@ class FileChange:
 
     @property
     def changed(self):
-        return self.old != self.new
+        """Whether the file's parsed content changes: new text that differs only in whitespace
+        (or comments) from the old is not written, so a rerun never rewrites, backs up or asks
+        for a restart over a blank line."""
+        if self.old == self.new:
+            return False
+        return self.old is None or not _same_content(self.old, self.new)
 
     def diff(self):
         return "".join(difflib.unified_diff(
             (self.old or "").splitlines(True), self.new.splitlines(True),
             fromfile=self.path if self.old is not None else "/dev/null", tofile=self.path))
+
+
+def _same_content(old, new):
+    try:
+        return _load_toml(old) == _load_toml(new)
+    except Exception:   # an old file that does not parse: the new text replaces it
+        return False
 
 
 class Plan:
@@ -117,6 +129,7 @@ class Plan:
         self.changes, self.notes, self.warnings = [], [], []
         self.drop_in = None
         self.cdi = None
+        self.migrated_from = None   # the file's version when `containerd config migrate` rewrote it
 
     @property
     def changed(self):
@@ -139,7 +152,8 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
     On containerd 1.7+ also keeps its enable_cdi / cdi_spec_dirs consistent with `spec_dirs`
     (cdi-shim's); `enable_cdi` True/False sets enable_cdi, None keeps it. `migrate`: a file older
     than the installed containerd 2.x writes is first rewritten by its `config migrate`; without
-    it such a file is refused, with that fix."""
+    it such a file is refused, with that fix; "auto" (install --node): migrated exactly when it
+    would be refused."""
     check_runtime_name(runtime_name)
     # a linked config stays linked: the file it names is edited (a link others control is refused)
     path = trusted_path(path, ContainerdConfigError)
@@ -160,12 +174,14 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
     if isinstance(raw_version, bool):
         raw_version = None  # file_version says what is wrong with it
     migrated_from = None
+    old_sections = isinstance(raw_version, int) and newest is not None and installed[0] >= 2 and \
+        CRI_PLUGIN.get(raw_version) != CRI_PLUGIN[newest]
+    if migrate == "auto":
+        migrate = old_sections
     if migrate and (installed is None or installed[0] < 2):
         which = f"containerd {installed[0]}.{installed[1]}" if installed else "no containerd (not installed)"
         raise ContainerdConfigError(f"--migrate runs the installed containerd's `config migrate`, which containerd "
                                     f"2.0 and later have; here there is {which}")
-    old_sections = isinstance(raw_version, int) and newest is not None and installed[0] >= 2 and \
-        CRI_PLUGIN.get(raw_version) != CRI_PLUGIN[newest]
     if isinstance(raw_version, int) and newest is not None and raw_version < newest and (migrate or old_sections):
         if not migrate:
             # what doctor says of it: 2.x migrates it in memory at every start, so the runtime
@@ -212,6 +228,7 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
     plan = Plan(path, version, source, runtime_name, binary, patterns)
     plan.notes.append(f"config version {version} ({CONTAINERD_FOR[version]}), from {source}"
                       + (f"; installed: containerd {installed[0]}.{installed[1]}" if installed else ""))
+    plan.migrated_from = migrated_from
     if migrated_from is not None:
         plan.notes.append(f"migrated {path} from version {migrated_from} to {version} with the installed containerd's "
                           "`config migrate` (imported files' settings folded in, the imports kept)")

@@ -270,7 +270,8 @@ class Installer:
                 plan = cc.plan_configure(config, runtime_name=self.runtime_name, binary=self._binary(),
                                          annotation_prefixes=settings.annotation_prefixes,
                                          spec_dirs=settings.spec_dirs, drop_in=drop_in,
-                                         containerd=self.containerd, import_as=import_as, binary_root=self.root)
+                                         containerd=self.containerd, import_as=import_as, binary_root=self.root,
+                                         migrate="auto")
                 where = f"{plan.drop_in} (imported by {config})" if plan.drop_in else config
                 loose = [n for f in (config, plan.drop_in) if f for n in _loose_mode(f, kept=not plan.changed)]
                 if not plan.changed:
@@ -285,6 +286,9 @@ class Installer:
                            "--containerd-binary")
             raise InstallError(message) from None
         notes = loose + [f"backup: {b}" for b in backups] + plan.warnings
+        if plan.migrated_from is not None:   # what containerd 2.x does in memory at every start, made lasting
+            notes.append(f"migrated {config} from version {plan.migrated_from} to {plan.version} with the installed "
+                         "containerd's `config migrate` (the runtime entry goes where containerd reads it)")
         how = "loaded and checked by the installed containerd" if checked else \
             "not checked: containerd is not installed here"
         return Step("containerd", True, f'registered runtime "{self.runtime_name}": wrote {", ".join(written)} ({how})',

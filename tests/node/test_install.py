@@ -21,6 +21,8 @@ from tests.helpers import need, read, run_cli, toml_loads
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 V2_DEFAULT = os.path.join(HERE, "data", "containerd-1.6-default.toml")
+# /etc/containerd/config.toml of Debian 12's containerd 1.6.20~ds1-1+deb12u3 (trixie's and forky's are this text)
+DEBIAN12_CONFIG = os.path.join(HERE, "data", "containerd-1.6-debian12.toml")
 CRI2 = "io.containerd.grpc.v1.cri"
 CRI3 = "io.containerd.cri.v1.runtime"
 K3S_DIR = "var/lib/rancher/k3s/agent/etc/containerd"
@@ -32,10 +34,12 @@ def containerd():
 
 class Containerd:
     """A real containerd a node may run: VERSION, its BINARY, the config version and CRI plugin
-    table it reads, and its `containerd config default` (what a node image ships)."""
+    table it reads, its `containerd config default` (what a node image ships) and the DISTRIBUTION's
+    own /etc/containerd/config.toml (what Debian's package ships: a short version-2 file with a
+    `[plugins]` super-table, the same in bookworm, trixie and forky)."""
 
-    def __init__(self, version, binary, directory):
-        self.version, self.binary = version, binary
+    def __init__(self, version, binary, directory, distribution=None):
+        self.version, self.binary, self.distribution = version, binary, distribution
         self.config_version = 2 if version.startswith("1.") else 3
         self.cri = CRI2 if self.config_version == 2 else CRI3
         out = subprocess.run([binary, "config", "default"], capture_output=True, text=True, timeout=60, check=True)
@@ -57,11 +61,18 @@ class Containerd:
         return f"containerd {self.version}"
 
 
-@pytest.fixture(scope="module", params=["1.6", "2.1"])
+@pytest.fixture(scope="module", params=["1.6", "1.7", "2.1"])
 def node_containerd(request, tmp_path_factory, containerd_release):
-    """The system's containerd 1.6, then the real 2.1 of Debian forky."""
-    binary = containerd() if request.param == "1.6" else containerd_release(request.param)
-    return Containerd(request.param, binary, tmp_path_factory.mktemp(f"containerd-{request.param}"))
+    """The system's containerd 1.6 (Debian 12's), then the real 1.7 of Debian trixie and 2.1 of forky,
+    each with its package's own config file (bookworm's kept in tests/node/data: the system's file
+    may have been edited; the others from the unpacked package)."""
+    if request.param == "1.6":
+        binary, distribution = containerd(), DEBIAN12_CONFIG
+    else:
+        binary = containerd_release(request.param)
+        prefix = os.path.dirname(os.path.dirname(os.path.dirname(binary)))   # PREFIX/usr/bin/containerd
+        distribution = os.path.join(prefix, "etc", "containerd", "config.toml")
+    return Containerd(request.param, binary, tmp_path_factory.mktemp(f"containerd-{request.param}"), distribution)
 
 
 def snapshot(root):
@@ -114,22 +125,45 @@ def node_config(root, text):
     return config
 
 
+@pytest.mark.parametrize("restart", [False, True], ids=["", "restart"])
 @pytest.mark.parametrize("drop_in", [True, False], ids=["drop-in", "main-file"])
+@pytest.mark.parametrize("config", ["distribution", "default"])
 def test_second_run_changes_nothing_and_containerd_loads_the_result(tmp_path, shim_env, fake_binary, drop_in,
-                                                                     node_containerd):
-    """On a node shipping containerd's own default config: 1.6 (version 2), 2.1 (version 3)."""
+                                                                     restart, config, node_containerd):
+    """On a node shipping its distribution's own config (Debian 12's 1.6 file, trixie's 1.7, forky's
+    2.1: version 2, which 2.1 migrates) or containerd's own default: 1.6 and 1.7 (version 2), 2.1
+    (version 3). The second run rewrites nothing, backs nothing up and restarts nothing, even where
+    the text we would write differs from the first run's in whitespace only (a blank line of the
+    drop-in's copied CRI section on Debian's file: "changed" is the parsed content)."""
     real = node_containerd
-    root = node_root(tmp_path, config=real.default)
+    root = node_root(tmp_path, config=real.distribution if config == "distribution" else real.default)
     extra = ["--drop-in"] if drop_in else []
+    log = tmp_path / "systemctl.log"
+    if restart:
+        state = tmp_path / "state"
+        state.mkdir()
+        (state / "active-containerd").touch()
+        program = tmp_path / "systemctl"
+        program.write_text(FAKE_SYSTEMCTL.format(log=log, state=state))
+        program.chmod(0o755)
+        extra += ["--restart", "--systemctl", str(program)]
     first = install(root, *extra, env=shim_env, binary=fake_binary, containerd_binary=real.binary)
     assert "containerd: changed: registered runtime \"nvidia\"" in first.stderr
     assert "loaded and checked by the installed containerd" in first.stderr
-    assert "containerd must be restarted to load the runtime (rerun with --restart)" in first.stderr
+    if restart:
+        assert "restarted containerd" in first.stderr and "restart containerd" in read(log).splitlines()
+        log.write_text("")
+    else:
+        assert "containerd must be restarted to load the runtime (rerun with --restart)" in first.stderr
+    if config == "distribution" and real.config_version == 3:
+        assert f"migrated {root}/etc/containerd/config.toml from version 2 to 3" in first.stderr
     before = snapshot(root)
     second = install(root, *extra, env=shim_env, binary=fake_binary, containerd_binary=real.binary)
     assert snapshot(root) == before  # byte-identical, not even rewritten (mtimes equal)
     assert second.stderr.rstrip().endswith("cdi-shim: nothing changed"), second.stderr
     assert "changed:" not in second.stderr.replace("unchanged:", "").replace("nothing changed", "")
+    if restart:   # only questions asked of systemd
+        assert [line.split()[0] for line in read(log).splitlines()] == ["is-enabled", "is-active"]
 
     main = root / "etc" / "containerd" / "config.toml"
     loaded = real.dump(main)
@@ -141,8 +175,10 @@ def test_second_run_changes_nothing_and_containerd_loads_the_result(tmp_path, sh
     assert entry["container_annotations"] == ["cdi.k8s.io/*"]
     assert entry["runtime_type"] == "io.containerd.runc.v2"
     assert "runc" in section["runtimes"] and section["default_runtime_name"] == "runc"
-    if real.version != "1.6":  # containerd's own CDI resolves from the node's spec-dirs
+    if real.config_version == 3:  # containerd's own CDI resolves from the node's spec-dirs
         assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    elif real.version == "1.7":  # 1.7 ships it off, and install keeps it so: cdi-shim-runtime injects
+        assert cri["enable_cdi"] is False
     written = toml_loads(read(main))
     assert written["version"] == real.config_version
     if drop_in:
