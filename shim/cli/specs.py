@@ -175,7 +175,8 @@ def inject(devices, spec_dirs, config_json):
 
 @cdi.command()
 @click.option("--output", default=None, metavar="PATH",
-              help="Where to write the spec (default /var/run/cdi/nvidia.yaml; replaced atomically, mode 0644).")
+              help="Where to write the spec (default /var/run/cdi/nvidia.yaml; replaced atomically, mode 0644); "
+                   "- writes it to stdout, as `nvidia-ctk cdi generate` does without --output.")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
               help="Spec format of an output without extension (default yaml); an output's .yaml or .json "
                    "extension decides, a --format disagreeing with it is a warning (as nvidia-ctk).")
@@ -230,6 +231,12 @@ def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_p
     from ..generate import GenerateError, Options, generate as make_spec
     from ..generate.spec import DEFAULT_OUTPUT, write
 
+    to_stdout = output == "-"
+    if to_stdout and (watch or dry_run):
+        raise click.UsageError(f"--output - prints the spec once; {'--watch' if watch else '--dry-run'} does not go "
+                               "with it")
+    if to_stdout:   # the name gives the format only (nothing is written there)
+        output = "-." + (fmt or "yaml")
     options = Options(output=output or DEFAULT_OUTPUT, fmt=fmt, vendor=vendor, cls=cls, strategies=strategies,
                       driver_root=driver_root, dev_root=dev_root, hook_program=hook_program,
                       spec_version=spec_version, proc=proc_root, sysfs=sysfs_root, layout=layout,
@@ -247,19 +254,46 @@ def generate(output, fmt, vendor, cls, strategies, driver_root, dev_root, hook_p
         result = make_spec(options)
         for warning in result.warnings:
             click.echo(f"warning: {warning}", err=True)
-        if dry_run:
+        what = (f"{len(result.doc['devices'])} devices ({len(result.nvml.gpus)} GPU(s), driver "
+                f"{result.nvml.driver_version}), cdiVersion {result.doc['cdiVersion']}")
+        if dry_run or to_stdout:
             click.echo(result.text, nl=False)
+            if to_stdout:
+                click.echo(f"wrote the spec to stdout: {what}", err=True)
         else:
             path = write(result)
-            gpus = len(result.nvml.gpus)
-            click.echo(f"wrote {path}: {len(result.doc['devices'])} devices ({gpus} GPU(s), driver "
-                       f"{result.nvml.driver_version}), cdiVersion {result.doc['cdiVersion']}", err=True)
+            click.echo(f"wrote {path}: {what}", err=True)
+            if output is None:
+                note = _stdout_note(path)
+                if note:
+                    click.echo(note, err=True)
     except GenerateError as err:
         raise click.ClickException(str(err)) from None
     except OSError as err:
         raise click.ClickException(f"cannot write {options.output}: {err.strerror}") from None
     if timings:
         click.echo(" ".join(f"{k}={v * 1000:.2f}ms" for k, v in result.timings.items()), err=True)
+
+
+def _stdout_note(path):
+    """When stdout is not a terminal (`cdi generate > FILE`, a pipe): where the spec went instead,
+    since `nvidia-ctk cdi generate` prints it there; None on a terminal."""
+    import stat
+
+    try:
+        if os.isatty(1):
+            return None
+        info = os.fstat(1)
+    except OSError:    # stdout closed
+        return None
+    empty = ""
+    if stat.S_ISREG(info.st_mode) and info.st_size == 0:
+        try:
+            empty = f"; stdout is {os.readlink('/proc/self/fd/1')}, left empty: remove it"
+        except OSError:
+            pass
+    return (f"note: the spec is in {path}, not on stdout (`nvidia-ctk cdi generate` prints it there): "
+            f"`--output -` prints it{empty}")
 
 
 def _watch(options, once, interval, nvml_interval, max_backoff):

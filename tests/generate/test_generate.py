@@ -332,6 +332,47 @@ def test_json_format_and_dry_run(run):
     assert not os.path.exists(run.output)
 
 
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_output_dash_is_stdout(run, tmp_path, fmt):
+    """Toolkit habit (issue 46, item 3): `nvidia-ctk cdi generate` prints the spec; `--output -`
+    does so here, in --format's format, and writes no file (not `-.yaml` in the current folder)."""
+    done = subprocess.run([fakedriver.node_cli(), "cdi", "generate", "--driver-root", run.driver.root, "--dev-root",
+                           run.driver.dev_root, "--sysfs-root", run.driver.sysfs, "--proc-root", run.driver.proc,
+                           "--output", "-", "--format", fmt], capture_output=True, text=True, env=run.env(),
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout) if fmt == "json" else yaml.safe_load(done.stdout)
+    assert doc["kind"] == "nvidia.com/gpu" and {"0", "1", "all"} <= {d["name"] for d in doc["devices"]}
+    assert "wrote the spec to stdout: " in done.stderr
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("-")]
+    spec = tmp_path / "cdi" / f"nvidia.{fmt}"
+    spec.parent.mkdir()
+    spec.write_text(done.stdout)
+    run.cli("cdi", "validate", str(spec), check=0)
+    for other in ("--dry-run", "--watch"):
+        assert "does not go with it" in run.generate("--output", "-", other, output=False, check=2).stderr
+
+
+def test_default_output_with_stdout_redirected_says_where_the_spec_went(run, tmp_path):
+    """`cdi-shim cdi generate > /etc/cdi/nvidia.yaml`, as a toolkit user types it: the spec goes to
+    the default /var/run/cdi/nvidia.yaml (a private /run here: a mount namespace of its own), and
+    stderr says so, names the empty file stdout left, and how to print the spec."""
+    redirected = tmp_path / "etc-cdi-nvidia.yaml"
+    script = ('mount -t tmpfs tmpfs /run && exec "$@" > "$OUT" && ls /var/run/cdi')
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                           fakedriver.node_cli(), "cdi", "generate", "--driver-root", run.driver.root,
+                           "--dev-root", run.driver.dev_root, "--sysfs-root", run.driver.sysfs,
+                           "--proc-root", run.driver.proc], capture_output=True, text=True,
+                          env=dict(run.env(), OUT=str(redirected)), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert redirected.read_text() == ""
+    assert "wrote /var/run/cdi/nvidia.yaml: " in done.stderr
+    assert (f"note: the spec is in /var/run/cdi/nvidia.yaml, not on stdout (`nvidia-ctk cdi generate` prints it "
+            f"there): `--output -` prints it; stdout is {redirected}, left empty: remove it") in done.stderr
+    # on a terminal, or with --output named, no note
+    assert "note:" not in run.generate().stderr
+
+
 def test_format_against_the_extension_warns_and_writes_by_the_extension(run):
     """nvidia-ctk 1.20 parity (issue 31 item 6): --format json with an output named .yaml is a
     warning, and the file is YAML (the extension decides); likewise the other way round."""
