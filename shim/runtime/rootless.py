@@ -19,6 +19,19 @@ def in_user_namespace(uid_map="/proc/self/uid_map"):
     return lines != [list(FULL_MAP)]
 
 
+def _why(err):
+    """ERR in words no engine misreads: podman classifies a runtime's message by its text (libpod's
+    getOCIRuntimeError), so "no such file or directory" reads as "the runtime was not found"
+    (exit 127) and "permission denied" as "cannot be run" (126)."""
+    import errno
+
+    if err.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "not on this host"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return "not visible to this user"
+    return f"cannot be looked up ({errno.errorcode.get(err.errno, err.errno)})"
+
+
 def devices_unbindable(config):
     """[(path, why)] of config's linux.devices that runc in a user namespace cannot bind from
     the host: no such node at that path, or one of another type or number."""
@@ -30,7 +43,7 @@ def devices_unbindable(config):
         try:
             info = os.stat(path)
         except OSError as err:
-            problems.append((path, err.strerror.lower()))
+            problems.append((path, _why(err)))
             continue
         kind = {"c": stat.S_ISCHR, "u": stat.S_ISCHR, "b": stat.S_ISBLK}.get(device.get("type"))
         if kind is None:

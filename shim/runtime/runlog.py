@@ -36,12 +36,25 @@ def _append(path, line):
         os.close(fd)
 
 
+def engine_prefix(ppid=None, proc="/proc"):
+    """What our messages start with: "cdi-shim: ", except under conmon (podman, CRI-O), whose
+    engine puts the runtime's name before what the runtime says ("cdi-shim: cdi-shim: …" else)."""
+    try:
+        with open(f"{proc}/{ppid or os.getppid()}/comm") as stream:
+            parent = stream.read().strip()
+    except OSError:
+        parent = ""
+    return "" if parent == "conmon" else "cdi-shim: "
+
+
 class RunLog:
     """Errors and warnings go to stderr and the log files; info and debug lines to the log files,
     and debug lines to stderr too with `debug_to_stderr` (runc's --debug: whoever passes it wants
     to see them, --log or not; log-level = "debug" alone keeps them in the files)."""
 
-    def __init__(self, runc_log="", runc_log_format="text", own_log="", debug=False, debug_to_stderr=False):
+    def __init__(self, runc_log="", runc_log_format="text", own_log="", debug=False, debug_to_stderr=False,
+                 prefix=None):
+        self.prefix = prefix   # None: told at the first message (engine_prefix)
         self.runc_log = runc_log
         self.runc_log_format = runc_log_format if runc_log_format in ("json", "text") else "text"
         self.own_log = own_log
@@ -50,7 +63,9 @@ class RunLog:
         self.warnings = 0   # how many were said (a create that warned keeps no recipe)
 
     def _write(self, level, message, to_stderr):
-        text = "cdi-shim: " + message
+        if self.prefix is None:
+            self.prefix = engine_prefix()
+        text = self.prefix + message
         if to_stderr:
             sys.stderr.write(text + "\n")
             sys.stderr.flush()
