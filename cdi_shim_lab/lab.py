@@ -481,7 +481,8 @@ class Lab:
         return json.loads(self.ctr_cmd("containers", "info", container_id)).get("Spec") or {}
 
     def run_pod(self, handler, command, annotations=None, pod_annotations=None, envs=None, name=None,
-                keep_configs=False, remove=True, timeout=60, mounts=(), devices=(), cdi_devices=(), image=IMAGE):
+                keep_configs=False, remove=True, timeout=60, mounts=(), devices=(), cdi_devices=(), image=IMAGE,
+                namespace="default"):
         """runp -> create -> start -> wait for exit -> stop -> remove; returns a PodRun.
 
         CRI errors propagate as CRIError (after the pod is cleaned up)."""
@@ -491,7 +492,7 @@ class Lab:
         client = self.client
         log_dir = os.path.join(self.logs, f"{name}-{self._count}")
         os.makedirs(log_dir, exist_ok=True)
-        pod = client.pod_config(name, str(uuid.uuid4()), log_dir, annotations=pod_annotations)
+        pod = client.pod_config(name, str(uuid.uuid4()), log_dir, namespace=namespace, annotations=pod_annotations)
         container = client.container_config("main", image, command=command, envs=envs, annotations=annotations,
                                             log_path="main.log", mounts=mounts, devices=devices,
                                             cdi_devices=cdi_devices)

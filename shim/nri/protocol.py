@@ -12,6 +12,11 @@ ttrpc.Request (service, method, payload) or a ttrpc.Response (status, payload). 
 streams have odd ids, rising by 2; a response carries its request's id. A payload is at most
 4 MiB.
 
+A frame we write carries at most WRITE_FRAME (4096) bytes: the runtime's ttrpc reads each
+logical connection through a bufio.Reader of Go's default 4096 bytes, and the mux hands a frame
+only to a read whose buffer holds all of it (ENOMEM otherwise, and the runtime closes the
+connection: "ttrpc: closed"). Go's own peer writes through a bufio.Writer of the same size.
+
 `Connection` is single-threaded: while it waits for the answer to its own call it serves the
 runtime's requests as they come (the runtime configures the plugin before it answers the
 registration).
@@ -27,7 +32,8 @@ MUX_HEADER = struct.Struct(">II")
 TTRPC_HEADER = struct.Struct(">IIBB")
 REQUEST, RESPONSE, DATA = 1, 2, 3
 MAX_MESSAGE = 4 << 20
-MAX_FRAME = TTRPC_HEADER.size + MAX_MESSAGE
+MAX_FRAME = TTRPC_HEADER.size + MAX_MESSAGE   # the largest frame we read
+WRITE_FRAME = 4096                            # the largest frame we write (see above)
 PLUGIN_SERVICE = NRI_PACKAGE + ".Plugin"
 RUNTIME_SERVICE = NRI_PACKAGE + ".Runtime"
 # gRPC status codes used in answers
@@ -73,8 +79,8 @@ class Connection:
 
     def _write(self, conn, data):
         frames = []
-        for start in range(0, len(data), MAX_FRAME):
-            chunk = data[start:start + MAX_FRAME]
+        for start in range(0, len(data), WRITE_FRAME):
+            chunk = data[start:start + WRITE_FRAME]
             frames.append(MUX_HEADER.pack(conn, len(chunk)) + chunk)
         self.sock.sendall(b"".join(frames))
 

@@ -163,3 +163,30 @@ def test_the_cli_explains_itself():
                           capture_output=True, text=True)
     assert done.returncode == 0
     assert "/var/run/nri/nri.sock" in done.stdout and "nvidia.cdi.k8s.io/container." in done.stdout
+
+
+def test_frames_written_fit_the_runtimes_4096_byte_reads():
+    """containerd's ttrpc reads each logical connection through a 4096-byte bufio.Reader, and
+    the mux refuses (ENOMEM) a frame larger than the read: a larger frame closed the connection
+    ("ttrpc: closed") at the first adjustment over 4 KiB (30 library mounts and the hooks)."""
+    from shim.nri.protocol import Connection
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        message = bytes(range(256)) * 40           # 10240 bytes
+        Connection(ours, {}).send(1, 3, 2, message)
+        ours.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            more = theirs.recv(1 << 16)
+            if not more:
+                break
+            data += more
+    payload, sizes = b"", []
+    while data:
+        cid, length = struct.unpack(">II", data[:8])
+        assert cid == 1
+        sizes.append(length)
+        payload, data = payload + data[8:8 + length], data[8 + length:]
+    assert max(sizes) == 4096 and len(sizes) == 3
+    assert payload == struct.pack(">IIBB", len(message), 3, 2, 0) + message
