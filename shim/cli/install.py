@@ -11,6 +11,10 @@ from .common import fail as _fail
 @click.option("--drop-in", is_flag=True,
               help="Register the runtime in /etc/containerd/conf.d/99-cdi-shim.toml, imported by the main file, "
                    "instead of editing the main file's CRI section.")
+@click.option("--nri", is_flag=True,
+              help="GPUs through containerd's NRI (docs/nri.md): install, enable and start the NRI plugin's unit "
+                   "(cdi-shim-nri.service) instead of registering the runtime and the resident unit; containerd's "
+                   "config is not edited and containerd is not restarted.")
 @click.option("--restart", is_flag=True,
               help="Restart containerd (k3s/rke2: their service) when its configuration changed.")
 @click.option("--root", default="/", show_default=True, metavar="DIR",
@@ -37,7 +41,7 @@ from .common import fail as _fail
 @click.option("--layout", type=click.Choice(["files", "one-mount"]), default="files", show_default=True,
               help="The CDI spec's layout, as `cdi generate --layout`: one-mount keeps the driver's files in "
                    "/var/lib/cdi-shim/driver and binds that folder (docs/one-mount.md); pass it at every run.")
-def install(node, drop_in, restart, root, runtime_name, runtime_binary, cdi_shim_binary, containerd_binary,
+def install(node, drop_in, nri, restart, root, runtime_name, runtime_binary, cdi_shim_binary, containerd_binary,
             systemctl, driver_root, dev_root, dev_char_only, hook_program, layout):
     """Set up this node for cdi-shim, idempotently: rerun it at every node start.
 
@@ -46,7 +50,8 @@ def install(node, drop_in, restart, root, runtime_name, runtime_binary, cdi_shim
     the resident process's unit, generates /var/run/cdi/nvidia.yaml when a GPU is present, and
     links the specs' device nodes in /dev/char (with a udev rule for nodes made later).
     A second run changes nothing and says so. containerd is restarted only with --restart, and
-    only when its configuration changed.
+    only when its configuration changed. With --nri: the NRI plugin's unit instead of the runtime
+    entry and the resident unit (containerd 1.7 needs NRI turned on: a note says so).
     """
     from ..node.install import Installer, InstallError, install_node
 
@@ -56,6 +61,6 @@ def install(node, drop_in, restart, root, runtime_name, runtime_binary, cdi_shim
                               driver_root=driver_root, dev_root=dev_root, hook_program=hook_program,
                               layout=layout)
         install_node(installer, restart=restart, report=lambda line: click.echo(f"cdi-shim: {line}", err=True),
-                     dev_char_only=dev_char_only)
+                     dev_char_only=dev_char_only, nri=nri)
     except InstallError as err:
         _fail(str(err))

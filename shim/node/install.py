@@ -564,8 +564,9 @@ class Installer:
         raise InstallError(f"none of {', '.join(services)} is running here: start it")
 
 
-def install_node(installer, restart=False, report=print, dev_char_only=False):
-    """Run every step; REPORT gets each line. Returns the steps.
+def install_node(installer, restart=False, report=print, dev_char_only=False, nri=False):
+    """Run every step; REPORT gets each line. Returns the steps. NRI: the NRI plugin's unit
+    (shim/node/nri_unit.py) in place of the containerd registration and the resident unit.
 
     A step that fails does not stop the others (a driver whose NVML fails must not keep the runtime
     registration from taking effect): the restart, when one is due and asked for, still happens,
@@ -574,6 +575,11 @@ def install_node(installer, restart=False, report=print, dev_char_only=False):
     plan = (("config", installer.cdi_shim_config), ("containerd", installer.register_runtime),
             ("docker", installer.register_docker), ("podman", installer.register_podman),
             ("resident", installer.resident_unit), ("cdi-spec", installer.cdi_spec), ("dev-char", installer.dev_char))
+    if nri:             # containerd's config untouched, no restart
+        from .nri_unit import nri_unit
+
+        plan = tuple(("nri", lambda: nri_unit(installer)) if name == "containerd" else (name, step)
+                     for name, step in plan if name != "resident")
     if dev_char_only:   # what the udev rule runs when a driver module loads
         plan = (("dev-char", lambda: installer.dev_char(rule=False)),)
     for name, step in plan:
