@@ -1,7 +1,7 @@
 """The files the update-ldcache (and enable-cuda-compat) hooks leave under the container's /etc,
 written as they leave them: in the root, each resolved inside it, or for a read-only root in a
 read-only overlay of its /etc whose top layer is a folder in the bundle. The step that decides
-is container.py; the step memo's replay and the front end's (replay.c) make the same files."""
+is container.py; the step memo's replay and the front end's (replay.c, replay_etc.c) make the same files."""
 import errno
 import os
 import posixpath
@@ -292,7 +292,7 @@ def etc_overlay(config, bundle, rootfs, overlay):
     before any mount under /etc (runc mounts in order). OSError, nothing left, on failure (a
     folder of ours already there, a filesystem other than the step's, a bind at one of POINTS
     whose source is no longer the kind of mount point made for it). The step memo's replay and
-    the front end's (replay.c, make_etc) do the same."""
+    the front end's (replay_etc.c, cds_etc_make) do the same."""
     from ..ldconfig.ldcache import LdcacheError, write_cache
 
     dirs, files, bundle_fs, rootfs_fs, points = overlay

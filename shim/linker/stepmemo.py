@@ -381,7 +381,7 @@ def export_recipe(final, rootfs, bundle, directory):
     root_files = b"".join(os.fsencode(path) + b"\0" + struct.pack("<II", mode, len(data)) + data
                           for path, data, mode in recipe.root_files)
     etc = b""
-    if recipe.overlay is not None:     # its folders, files, filesystems, mount, points (replay.c, make_etc)
+    if recipe.overlay is not None:     # its folders, files, filesystems, mount, points (replay_etc.c, cds_etc_make)
         dirs, made, bundle_fs, rootfs_fs, points = recipe.overlay
         etc = (_block(b"".join(os.fsencode(path) + b"\0" + struct.pack("<III", uid, gid, mode)
                                for path, uid, gid, mode in dirs))
