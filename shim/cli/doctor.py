@@ -58,7 +58,7 @@ def doctor(containerd_config, cdi_dirs, runtimeclasses, root, containerd_binary,
     else:
         width = max((len(r.id) for r in results), default=0)
         for r in results:
-            line = f"{r.status:<4}  {r.id:<{width}}  {r.saw}"
+            line = f"{r.status:<4}  {r.id:<{width}}  {r.brief}"   # long lists capped; --json has them all
             if r.fix and r.status != "ok":
                 line += f"  -- fix: {r.fix}"
             click.echo(line)

@@ -1006,3 +1006,84 @@ def test_dev_char_links_missing_warn_with_the_systemd_cgroup_driver_only(node):
     shutil.rmtree(node.path("/dev/char"))
     node.edit("/etc/containerd/config.toml", "SystemdCgroup = true", "SystemdCgroup = false")
     assert "containerd.dev-char" not in node.checks()
+
+
+# --- a release moved or removed under the node prefix's `current` (issue 46, item 4) -----------------
+
+def _released_node(node):
+    """The runtime in release 0.2.0 (0.1.0 installed too), `current` -> releases/0.2.0, and
+    containerd, Docker and podman each naming /opt/cdi-shim/current/bin/cdi-shim-runtime."""
+    _runtime_in(node, "/opt/cdi-shim/releases/0.2.0/bin")
+    for name in ("cdi-shim-runtime", "cdi-shim-nshook"):
+        node.write(f"/opt/cdi-shim/releases/0.1.0/bin/{name}", "#!/bin/sh\nexit 0\n", 0o755)
+    os.symlink("releases/0.2.0", node.path("/opt/cdi-shim/current"))
+    current = "/opt/cdi-shim/current/bin/cdi-shim-runtime"
+    node.edit("/etc/containerd/config.toml", "/opt/cdi-shim/releases/0.2.0/bin/cdi-shim-runtime", current)
+    node.write("/etc/docker/daemon.json", json.dumps({"runtimes": {"cdi-shim": {"path": current}}}))
+    node.write("/etc/containers/containers.conf", f'[engine.runtimes]\ncdi-shim = ["{current}"]\n')
+    return current
+
+
+def test_release_link_resolved(node):
+    _released_node(node)
+    checks = node.checks()
+    assert checks["runtime.release"].status == OK
+    assert checks["runtime.release"].saw == ("/opt/cdi-shim/current -> releases/0.2.0 (2 release(s) in "
+                                             "/opt/cdi-shim/releases)")
+    assert checks["runtime.install"].status == OK and checks["containerd.runtime"].status == OK
+
+
+def test_a_dangling_release_link_is_one_failure_with_one_fix(node, doctor_env):
+    """The release `current` names was moved away: one failure naming the link and its missing
+    target, whose fix (point `current` at an installed release) is the only one; containerd's,
+    Docker's and podman's checks defer to it instead of each giving a fix of its own (containerd's
+    "rewrite the entry" would write the same path again)."""
+    current = _released_node(node)
+    os.rename(node.path("/opt/cdi-shim/releases/0.2.0"), node.path("/opt/cdi-shim/old-0.2.0"))
+    check = only_failure(node, "runtime.release")
+    assert check.saw.startswith(f"/opt/cdi-shim/current (in {node.root}) -> releases/0.2.0, which does not exist "
+                                "(the release was moved or removed): containerd, Docker, podman name "
+                                f"{current}"), check.saw
+    assert check.fix.startswith("point /opt/cdi-shim/current at an installed release: ln -sfn releases/0.1.0 "
+                                "/opt/cdi-shim/current (installed: 0.1.0)"), check.fix
+    checks = node.checks()
+    for engine in ("containerd.runtime", "docker.runtime", "podman.runtime"):
+        assert checks[engine].status == WARN and checks[engine].fix == "", (engine, checks[engine])
+        assert checks[engine].saw.endswith("(see runtime.release)"), checks[engine].saw
+    out = run_cli("doctor", "--root", node.root, "--containerd-binary", need("containerd", "containerd"),
+                  env=doctor_env)
+    assert out.returncode == 1
+    assert [line.split()[1] for line in out.stdout.splitlines() if line.startswith("fail")] == ["runtime.release"]
+    for line in out.stdout.splitlines():   # no other fix of the runtime's
+        if line.split()[1] in ("containerd.runtime", "docker.runtime", "podman.runtime"):
+            assert line.startswith("warn") and "-- fix:" not in line, line
+    # the fix as given, run in the root: everything passes
+    os.unlink(node.path("/opt/cdi-shim/current"))
+    os.symlink("releases/0.1.0", node.path("/opt/cdi-shim/current"))
+    assert node.failed() == {}
+
+
+def test_a_dangling_release_link_with_no_release_left(node):
+    _released_node(node)
+    shutil.rmtree(node.path("/opt/cdi-shim/releases"))
+    check = only_failure(node, "runtime.release")
+    assert check.fix.startswith("install a release (docs/install.md")
+
+
+def test_long_path_lists_are_capped_in_the_report_and_whole_in_json(node, doctor_env):
+    """A spec naming many files the node lacks: the report line names the first three and "and N
+    more", as `cdi validate` does; --json keeps them all."""
+    mounts = "".join(f"      - hostPath: /opt/gone/lib{i}.so\n        containerPath: /opt/gone/lib{i}.so\n"
+                     for i in range(7))
+    node.write("/etc/cdi/gone.yaml", 'cdiVersion: "0.5.0"\nkind: example.com/gone\ndevices:\n  - name: all\n'
+                                     "    containerEdits:\n      mounts:\n" + mounts.replace("      - ", "        - ")
+                                     .replace("        containerPath", "          containerPath"))
+    check = node.checks()["cdi.paths"]
+    assert check.status == FAIL, check
+    missing = check.saw.split(": ", 1)[1].split(", ")
+    assert len(missing) == 7 and check.brief != check.saw
+    argv = ["doctor", "--root", node.root, "--containerd-binary", need("containerd", "containerd")]
+    [line] = [x for x in run_cli(*argv, env=doctor_env).stdout.splitlines() if " cdi.paths " in x]
+    assert f"do not exist: {', '.join(missing[:3])} and 4 more  -- fix: " in line, line
+    [entry] = [c for c in json.loads(run_cli(*argv, "--json", env=doctor_env).stdout) if c["check"] == "cdi.paths"]
+    assert entry["saw"] == check.saw

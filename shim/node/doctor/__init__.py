@@ -20,7 +20,7 @@ from .containerd import (ContainerdView, check_cgroup_driver, check_config_owner
 from .docker import check_docker_cdi, check_docker_default_runtime, check_docker_gpus, check_docker_runtime
 from .podman import check_podman_default_runtime, check_podman_runtime
 from .driver import check_kernel_devices, check_kernel_module, check_libraries, check_nvidia_smi, check_versions
-from .runtime import (check_env_requests, check_hook_program, check_resident, check_runtime_install,
+from .runtime import (check_env_requests, check_hook_program, check_release, check_resident, check_runtime_install,
                       check_runtime_log, check_runtimeclasses)
 from .specs import check_host_dirs, check_spec_conflicts, check_spec_paths, check_specs
 
@@ -31,6 +31,7 @@ CHECKS = (
     check_kernel_module, check_kernel_devices,
     check_libraries, check_versions, check_nvidia_smi,
     check_specs, check_spec_conflicts, check_spec_paths, check_host_dirs,
+    check_release,    # before the engines' checks, which defer to it
     check_containerd_binaries, check_containerd_version, check_config_owner, check_ignored_sections,
     check_containerd_loads,
     check_runtime_entry, check_cri_cdi, check_cgroup_driver, check_dev_char, check_default_runtime,

@@ -32,11 +32,12 @@ MAX_READ = 4 << 20
 class Check:
     """One line of the report."""
 
-    __slots__ = ("layer", "name", "status", "saw", "fix")
+    __slots__ = ("layer", "name", "status", "saw", "fix", "brief")
 
-    def __init__(self, layer, name, status, saw, fix=""):
+    def __init__(self, layer, name, status, saw, fix="", brief=None):
         assert status in STATUSES, status
         self.layer, self.name, self.status, self.saw, self.fix = layer, name, status, saw, fix
+        self.brief = brief or saw   # the report's line: long lists capped (SAW, in --json, keeps them all)
 
     @property
     def id(self):
@@ -52,6 +53,17 @@ class Check:
 
 def _ok(layer, name, saw):
     return Check(layer, name, OK, saw)
+
+
+SHOWN = 3   # paths a report line names before "and N more", as `cdi validate` names missing files
+
+
+def listed(items, shown=SHOWN):
+    """ITEMS joined by ", "; with SHOWN, the first SHOWN and "and N more" (cdi.host_files's way)."""
+    items = list(items)
+    if shown is None or len(items) <= shown:
+        return ", ".join(items)
+    return ", ".join(items[:shown]) + f" and {len(items) - shown} more"
 
 
 # --- the node under ROOT ------------------------------------------------------------------------
@@ -196,6 +208,7 @@ class Context:
         self.kernel_version = None   # from /proc/driver/nvidia/version
         self.specs = []              # loaded cdi.spec.Spec objects
         self._containerd = False
+        self.dangling_release = None  # (link, its target) of a release link leading nowhere (runtime.release)
         self._load_containerd = load_containerd   # containerd.ContainerdView.load, passed in (no import circle)
 
     @property
@@ -206,6 +219,12 @@ class Context:
         if versions and len(versions) == 1:
             return next(iter(versions))
         return self.kernel_version
+
+    def deferred(self, path):
+        """Whether PATH, a runtime an engine names, lies under the release link runtime.release
+        found dangling: that check names the one fix; the engine checks defer to it."""
+        link = self.dangling_release[0] if self.dangling_release else None
+        return bool(link) and isinstance(path, str) and path.startswith(link + "/")
 
     @property
     def containerd(self):

@@ -12,8 +12,6 @@ from .base import (CRI_RUNTIME, FAIL, KUBELET_CONFIG, NEW_CRI_PLUGINS, OLD_CRI, 
                    V3_OLD_CRI_KEYS, WARN, Check, _ok)
 
 
-
-
 def _toml(text):
     try:
         import tomllib
@@ -423,7 +421,7 @@ def check_runtime_entry(ctx):
         names = ", ".join(sorted(view.runtimes)) or "none"
         return Check("containerd", "runtime", FAIL, f"no runtime in {view.where()} runs {RUNTIME_EXECUTABLE} "
                      f"(runtimes: {names})", f"register it: {configure_fix(ctx)}")
-    problems, seen, broken = [], [], []
+    problems, seen, broken, deferred = [], [], [], []
     for name, entry in sorted(entries.items()):
         before = len(problems)
         kind = entry.get("runtime_type")
@@ -434,7 +432,8 @@ def check_runtime_entry(ctx):
             problems.append(f'"{name}": BinaryName {binary!r} is not an absolute path (containerd-shim-runc-v2 '
                             "looks it up on its own PATH, which need not hold it)")
         elif not node.is_executable(binary):
-            problems.append(f'"{name}": BinaryName {binary} is not an executable file')
+            (deferred if ctx.deferred(binary) else problems).append(f'"{name}": BinaryName {binary} is not an '
+                                                                    "executable file")
         allowed = entry.get("container_annotations") or []
         missing = [p for p in _annotation_patterns(ctx) if p not in allowed]
         if missing:
@@ -451,6 +450,8 @@ def check_runtime_entry(ctx):
                      f"rewrite the entry: {configure_fix(ctx, broken[0])}"
                      + (f" (and so for {', '.join(broken[1:])})" if broken[1:] else "")
                      + " (it sets runtime_type, the absolute BinaryName and the annotation allow-list)")
+    if deferred:    # the release link is the one fix (runtime.release); rewriting the entry changes nothing
+        return Check("containerd", "runtime", WARN, "; ".join(deferred) + " (see runtime.release)")
     return _ok("containerd", "runtime", ", ".join(seen))
 
 

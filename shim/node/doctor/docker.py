@@ -63,6 +63,10 @@ def check_docker_runtime(ctx):
                      f"{CONFIGURE}, then reload dockerd")
     broken = {name: path for name, path in ours.items() if not path.startswith("/")
               or not ctx.node.is_executable(path)}
+    deferred = sorted(name for name, path in broken.items() if ctx.deferred(path))
+    if deferred and len(deferred) == len(broken):   # runtime.release names the one fix
+        return Check("docker", "runtime", WARN, ", ".join(f'runtimes["{n}"].path {broken[n]}' for n in deferred)
+                     + " does not exist (see runtime.release)")
     if broken:
         name, path = sorted(broken.items())[0]
         return Check("docker", "runtime", FAIL, f'{view.shown}: runtimes["{name}"].path is {path}, which '

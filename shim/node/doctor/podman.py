@@ -69,6 +69,9 @@ def check_podman_runtime(ctx):
     for name, paths in sorted(ours.items()):
         # podman takes the first path of the list that exists
         usable = [p for p in paths if p.startswith("/") and ctx.node.is_executable(p)]
+        if not usable and any(ctx.deferred(p) for p in paths):   # runtime.release names the one fix
+            return Check("podman", "runtime", WARN, f"{view.where[name]}: [engine.runtimes] {name} names "
+                         f"{', '.join(paths)}, none of which exists (see runtime.release)")
         if not usable:
             return Check("podman", "runtime", FAIL, f"{view.where[name]}: [engine.runtimes] {name} names "
                          f"{', '.join(paths)}, none of which exists as an executable file: podman run --runtime "

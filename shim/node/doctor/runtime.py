@@ -70,6 +70,62 @@ def check_runtimeclasses(ctx):
 
 # --- the runtime itself -------------------------------------------------------------------------
 
+def _engine_runtimes(ctx):
+    """[(engine, runtime path)] of the cdi-shim runtimes containerd, Docker and podman name."""
+    from .docker import _view as docker_view
+    from .podman import _view as podman_view
+
+    found, view = [], ctx.containerd
+    if not view.error and view.version is not None:
+        found += [("containerd", _get(e, "options", "BinaryName")) for e in view.shim_runtimes().values()]
+    docker, podman = docker_view(ctx), podman_view(ctx)
+    if docker.present and not docker.error:
+        found += [("Docker", path) for path in docker.ours().values()]
+    if podman.present and not podman.error:
+        found += [("podman", path) for paths in podman.ours().values() for path in paths]
+    return [(engine, path) for engine, path in found if isinstance(path, str) and path.startswith("/")]
+
+
+def check_release(ctx):
+    """The node prefix's `current` link (and any other `current` an engine's runtime path goes
+    through) leads to an installed release. A release moved or removed under it is one failure
+    with one fix; the engine checks defer to it (ctx.deferred)."""
+    from ...installation import DEFAULT_PREFIX
+
+    node, engines = ctx.node, _engine_runtimes(ctx)
+    links = {os.path.join(DEFAULT_PREFIX, "current")}
+    links |= {path.partition("/current/")[0] + "/current" for _, path in engines if "/current/" in path}
+    seen = []
+    for link in sorted(links):
+        entry = os.path.join(node.host(os.path.dirname(link)), os.path.basename(link))
+        if not os.path.islink(entry):
+            continue    # no such prefix (a development install), or a plain folder
+        target, releases_dir = os.readlink(entry), os.path.join(os.path.dirname(link), "releases")
+        installed = [name for name in node.listdir(releases_dir) or ()
+                     if node.is_executable(os.path.join(releases_dir, name, "bin", RUNTIME_EXECUTABLE))]
+        info = node.stat(link)
+        if info is not None and stat.S_ISDIR(info.st_mode):
+            seen.append(f"{link} -> {target}" + (f" ({len(installed)} release(s) in {releases_dir})"
+                                                 if installed else ""))
+            continue
+        ctx.dangling_release = (link, target)
+        users = sorted({engine for engine, path in engines if path.startswith(link + "/")}, key=str.lower)
+        cost = (f"{', '.join(users)} name{'s' if len(users) == 1 else ''} {link}/bin/{RUNTIME_EXECUTABLE}, so every "
+                "container of its runtime fails to start" if users else "nothing installed from it runs")
+        if installed:
+            newest = max(installed, key=lambda name: node.stat(os.path.join(releases_dir, name)).st_mtime)
+            fix = (f"point {link} at an installed release: ln -sfn releases/{newest} {link} (installed: "
+                   f"{', '.join(sorted(installed))}); or install the release again (docs/install.md)")
+        else:
+            fix = (f"install a release (docs/install.md: the node image's installer copies it to {releases_dir}/ "
+                   f"and points {link} at it)")
+        return Check("runtime", "release", FAIL, f"{node.show(link)} -> {target}, which does not exist (the release "
+                     f"was moved or removed): {cost}", fix)
+    if not seen:
+        return None
+    return _ok("runtime", "release", "; ".join(seen))
+
+
 HOOK_PROGRAM = "cdi-shim-nshook"
 
 

@@ -4,7 +4,7 @@ import stat
 
 from cdi.safeio import UnsafeFile
 
-from .base import _DIR_VERSION, FAIL, WARN, Check, _ok
+from .base import _DIR_VERSION, FAIL, SHOWN, WARN, Check, _ok, listed
 from .driver import _version_of
 
 
@@ -168,15 +168,19 @@ def check_spec_paths(ctx):
         if old:
             stale.append(f"{spec.path} names driver {', '.join(old)} files, the driver is {driver}")
     if stale:
-        return Check("cdi", "paths", FAIL, "stale spec: " + "; ".join(stale)
-                     + (f"; missing: {', '.join(missing)}" if missing else ""),
-                     "regenerate it for the installed driver: `cdi-shim cdi generate` (after every driver upgrade)")
+        def saw(shown):
+            return "stale spec: " + "; ".join(stale) + (f"; missing: {listed(missing, shown)}" if missing else "")
+        return Check("cdi", "paths", FAIL, saw(None),
+                     "regenerate it for the installed driver: `cdi-shim cdi generate` (after every driver upgrade)",
+                     brief=saw(SHOWN))
     if missing:
-        return Check("cdi", "paths", FAIL, "spec names files that do not exist: " + ", ".join(missing),
-                     "regenerate the spec for this node: `cdi-shim cdi generate`")
+        return Check("cdi", "paths", FAIL, "spec names files that do not exist: " + listed(missing, None),
+                     "regenerate the spec for this node: `cdi-shim cdi generate`",
+                     brief="spec names files that do not exist: " + listed(missing))
     if kernel_side:
-        return Check("cdi", "paths", WARN, "device nodes missing (see kernel.devices): " + ", ".join(kernel_side),
-                     "fix kernel.devices first")
+        said = "device nodes missing (see kernel.devices): "
+        return Check("cdi", "paths", WARN, said + listed(kernel_side, None), "fix kernel.devices first",
+                     brief=said + listed(kernel_side))
     return _ok("cdi", "paths", f"all {counted} device nodes and mount sources exist"
                + (f"; driver {driver}" if driver else ""))
 
