@@ -19,7 +19,11 @@ Sides, shuffled each round, 20 ms apart (as creates come on a node: cold caches)
 - go-escaped: passthrough's config with `sh -c "true && true"` as its command, written as
   containerd's Go encoder writes it (`\u0026`): nothing for us all the same;
 - preinjected-go-escaped: preinjected's config with an env var holding a URL with a query
-  (`&`), Go-escaped, on a fresh overlay of its own.
+  (`&`), Go-escaped, on a fresh overlay of its own;
+- preinjected-linked: preinjected's config on an image that already holds the driver files'
+  soname links (libX.so.1 -> libX.so.<v> in the multiarch folder, as the hook's ldconfig leaves
+  them): the same device, a step that makes none of them. Its ratio to preinjected is what the
+  soname links cost a replay (issue 42: the image is merged /usr, so the step makes 30 links).
 
     .venv/bin/python benchmarks/front_end_work.py [--runs 100] [--no-replay] [--dir DIR] [--writable-root]
 
@@ -46,6 +50,18 @@ def go_escaped(text):
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
+def linked_copy(image, driver, path):
+    """PATH: a copy of IMAGE holding the soname link of each library in DRIVER (libX.so.1 ->
+    libX.so.<v>) in the folder the spec mounts them into, its cache made again by ldconfig
+    (as an image built with those links would have it)."""
+    subprocess.run(["cp", "-a", image, path], check=True)
+    for name in os.listdir(driver):
+        if name.startswith("lib") and ".so." in name:
+            os.symlink(name, os.path.join(path + bench.FOLDER, name.split(".so.")[0] + ".so.1"))
+    subprocess.run(["ldconfig", "-r", path], check=True)
+    return path
+
+
 def spawn_ms(argv, env):
     start = time.perf_counter()
     pid = os.posix_spawn(argv[0], argv, env)
@@ -65,6 +81,7 @@ def main():
     server = None
     try:
         rootfs, spec_dir = bench.toolkit_world(root)
+        linked_image = linked_copy(rootfs, os.path.join(root, "driver"), os.path.join(root, "rootfs-linked-image.d"))
         sock = os.path.join(root, "run", "runtime.sock")
         settings = os.path.join(root, "cdi-shim.toml")
         with open(settings, "w") as out:
@@ -114,6 +131,12 @@ def main():
         injected["root"]["path"] = gpu_escaped_rootfs
         injected["process"]["env"].append("URL=https://example.com/?a=1&b=2")
         escaped_pristine = go_escaped(json.dumps(injected)).encode()
+        linked_rootfs = os.path.join(root, "rootfs-linked")
+        linked = bench.bundle(bundles, "linked", linked_rootfs)
+        # (an env of its own: another recipe key than preinjected's, as another image's pod has)
+        injected["process"]["env"][-1] = "IMAGE=linked"
+        injected["root"]["path"] = linked_rootfs
+        linked_pristine = json.dumps(injected).encode()
         shim = os.path.join(bench.BIN, "cdi-shim-runtime")
         argv = {"true": ["/bin/true", "create", "--bundle", plain, "x"],
                 "passthrough": [shim, "create", "--bundle", plain, "x"],
@@ -122,7 +145,8 @@ def main():
                 "annotation": [shim, "create", "--bundle", asking, "a"],
                 "device-option": [shim, "--device", "nvidia.com/gpu=0", "create", "--bundle", option, "o"],
                 "go-escaped": [shim, "create", "--bundle", escaped, "e"],
-                "preinjected-go-escaped": [shim, "create", "--bundle", gpu_escaped, "ge"]}
+                "preinjected-go-escaped": [shim, "create", "--bundle", gpu_escaped, "ge"],
+                "preinjected-linked": [shim, "create", "--bundle", linked, "l"]}
         times = {side: [] for side in argv}
         steps = os.path.join(root, "run", "steps")
         for index in range(args.runs + 1):
@@ -130,8 +154,9 @@ def main():
             bench.fresh_rootfs(rootfs, asking_rootfs)
             bench.fresh_rootfs(rootfs, option_rootfs)
             bench.fresh_rootfs(rootfs, gpu_escaped_rootfs)
+            bench.fresh_rootfs(linked_image, linked_rootfs)
             for bundle, text in ((gpu, pristine), (asking, asking_pristine), (option, option_pristine),
-                                 (gpu_escaped, escaped_pristine)):
+                                 (gpu_escaped, escaped_pristine), (linked, linked_pristine)):
                 with open(os.path.join(bundle, "config.json"), "wb") as out:
                     out.write(text)
             if args.no_replay and index == 1:
@@ -143,18 +168,19 @@ def main():
                 took = spawn_ms(argv[side], env)
                 if index:       # (the first round: the worker keeps the step)
                     times[side].append(took)
-            for bundle in (gpu, asking, option, gpu_escaped):
+            for bundle in (gpu, asking, option, gpu_escaped, linked):
                 with open(os.path.join(bundle, "config.json"), "rb") as f:
                     text = f.read()
                 assert b"nvidia-cdi-hook" not in text and b"/dev/nvidia0" in text, bundle
-        for path in (gpu_rootfs, asking_rootfs, option_rootfs, gpu_escaped_rootfs):
+        for path in (gpu_rootfs, asking_rootfs, option_rootfs, gpu_escaped_rootfs, linked_rootfs):
             subprocess.run(["umount", path], check=False)
         med = {side: statistics.median(values) for side, values in times.items()}
         print(json.dumps({"runs": args.runs, "replay": not args.no_replay, "dir": args.dir,
                           "readonly_root": not args.writable_root,
                           "median_ms": {side: round(value, 3) for side, value in med.items()},
                           "over_bin_true_ms": {side: round(med[side] - med["true"], 3)
-                                               for side in med if side != "true"}},
+                                               for side in med if side != "true"},
+                          "soname_links_ratio": round(med["preinjected"] / med["preinjected-linked"], 3)},
                          indent=2))
     finally:
         if server:

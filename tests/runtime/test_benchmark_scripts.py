@@ -50,7 +50,8 @@ def test_front_end_work_benchmark(mode):
     result = _run("front_end_work.py", "--runs", "2", *mode)
     assert result["replay"] is not bool(mode)
     assert set(result["over_bin_true_ms"]) == {"passthrough", "trivial", "preinjected", "annotation", "device-option",
-                                               "go-escaped", "preinjected-go-escaped"}
+                                               "go-escaped", "preinjected-go-escaped", "preinjected-linked"}
+    assert result["soname_links_ratio"] > 0
 
 
 def test_file_binds_benchmark():
