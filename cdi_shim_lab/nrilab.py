@@ -25,6 +25,8 @@ class NRILab(Lab):
         if self.containerd_version == "1.6":
             raise LabError("containerd 1.6 has no NRI (1.7 and 2.x have)")
         self.nri_socket = os.path.join(self.socket_dir, "nri.sock")
+        # the plugin's hook socket: where runc's hooks see it (containerd 2.x's /run is its own)
+        self.hook_socket = os.path.join(self.socket_dir, "hook", "h.sock")
         self.plugin_log = os.path.join(self.base, "nri-plugin.log")
         self.plugin = None
 
@@ -53,7 +55,7 @@ class NRILab(Lab):
         """`cdi-shim nri` on this lab's NRI socket, serving NAMESPACES; with WAIT, until it has
         registered (once more than before)."""
         before = self.plugin_registrations()
-        command = [self.cli, "nri", "--socket", self.nri_socket] + [
+        command = [self.cli, "nri", "--socket", self.nri_socket, "--hook-socket", self.hook_socket] + [
             arg for name in namespaces for arg in ("--namespace", name)] + list(args)
         log = open(self.plugin_log, "ab")
         try:

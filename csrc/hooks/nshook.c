@@ -55,6 +55,7 @@
 #ifndef CDS_VERSION
 #define CDS_VERSION "unknown"
 #endif
+#include "nshook.h"
 #include "ocistate.h"
 
 #define PARAMS_PATH CDS_PARAMS_PATH
@@ -68,10 +69,13 @@ static int usage_to(FILE *out, int status)
           "       cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS... [--params FILE]\n"
           "                             [--link TARGET::LINK...]\n"
           "       cdi-shim-nshook chmod [--rootfs DIR] --mode OCTAL --path PATH...\n"
+          "       cdi-shim-nshook nri [--socket PATH] [--fallback PROGRAM] [--link TARGET::LINK]...\n"
+          "                           [--chmod MODE:PATH]... [--folder DIR]...\n"
           "  (OCI createContainer hooks, run by runc in the container's mount namespace: bind FILE\n"
           "   read-only over " PARAMS_PATH ", make links under a mount, or bind host files\n"
           "   at DEST with OPTIONS (bind or rbind, ro, nosuid, nodev, noexec, [r]private, [r]slave),\n"
-          "   or chmod PATHs under runc's mounts;\n"
+          "   or chmod PATHs under runc's mounts; nri: an NRI adjustment's hook, links, modes and the\n"
+          "   linker cache (written by the NRI plugin at SOCKET; else by PROGRAM);\n"
           "   every path resolved inside DIR, the rootfs; without --rootfs, the rootfs of the OCI\n"
           "   state on stdin)\n",
           out);
@@ -152,7 +156,7 @@ static int bind_params(int rootfd, const char *rootfs, const char *source)
     return 0;
 }
 
-static int make_links(int rootfd, const char *rootfs, char **links, int count)
+int cds_nshook_links(int rootfd, const char *rootfs, char **links, int count)
 {
     char why[8400];
     if (cds_make_links(rootfd, rootfs, links, count, why, sizeof why) == 0)
@@ -277,7 +281,7 @@ static int bind_files(int rootfd, const char *rootfs, char **binds, int count)
 }
 
 /* MODE (octal text) onto each of PATHS, as the toolkit's chmod hook (see the top). */
-static int chmod_paths(int rootfd, const char *rootfs, const char *mode_text, char **paths, int count)
+int cds_nshook_chmod(int rootfd, const char *rootfs, const char *mode_text, char **paths, int count)
 {
     char *end;
     errno = 0;
@@ -321,6 +325,8 @@ int main(int argc, char **argv)
         printf("cdi-shim-nshook version %s\n", CDS_VERSION);
         return 0;
     }
+    if (strcmp(argv[1], "nri") == 0)
+        return cds_nri_hook(argc, argv);
     const char *command = argv[1], *source = NULL;
     char *rootfs = NULL;
     char *links[MAX_LINKS]; /* --link values (chmod: --path values) */
@@ -371,9 +377,9 @@ int main(int argc, char **argv)
     } else {
         rc = params   ? bind_params(rootfd, rootfs, source)
             : binding ? bind_files(rootfd, rootfs, binds, bound) || (source && bind_params(rootfd, rootfs, source))
-                || (count && make_links(rootfd, rootfs, links, count))
-            : modes ? chmod_paths(rootfd, rootfs, mode, links, count)
-                    : make_links(rootfd, rootfs, links, count);
+                || (count && cds_nshook_links(rootfd, rootfs, links, count))
+            : modes ? cds_nshook_chmod(rootfd, rootfs, mode, links, count)
+                    : cds_nshook_links(rootfd, rootfs, links, count);
         close(rootfd);
     }
     /* The state runc writes, read after the work: runc's writer is a goroutine of its own,

@@ -13,8 +13,11 @@ from .common import fail, settings
 @click.option("--name", default="cdi-shim", show_default=True, help="The plugin's name in the registration.")
 @click.option("--index", default="10", show_default=True,
               help="The plugin's index (two digits): plugins are called in rising index order.")
+@click.option("--hook-socket", metavar="PATH", default="/run/cdi-shim/nri-hook.sock", show_default=True,
+              help="Where the plugin serves its hook (cdi-shim-nshook nri): the linker cache is written by this "
+                   "process, not by a program started per container. It must be a path runc's hooks see.")
 @click.option("--once", is_flag=True, help="Serve one connection and exit when it ends (no reconnect).")
-def nri(socket_path, namespaces, name, index, once):
+def nri(socket_path, namespaces, name, index, hook_socket, once):
     """Inject CDI devices into containers as a containerd NRI plugin (containerd 1.7 with NRI
     turned on, 2.x by default): pods need no RuntimeClass, and the node's runtime stays runc.
 
@@ -22,7 +25,8 @@ def nri(socket_path, namespaces, name, index, once):
     (cdi.k8s.io/*) and the toolkit plugin's pod annotation nvidia.cdi.k8s.io/container.<name>,
     resolves the devices from the configured spec folders, and answers with their edits
     (device nodes and cgroup rules, mounts, env, hooks). The toolkit's update-ldcache,
-    create-symlinks and chmod hooks become one cdi-shim-hook call. Pods outside the allowed
+    create-symlinks and chmod hooks become one native hook (cdi-shim-nshook nri), whose linker
+    cache this process writes (--hook-socket). Pods outside the allowed
     namespaces (config key nri-namespaces, plus --namespace) get nothing, and that is logged; an
     unresolvable device fails the container's creation.
 
@@ -30,6 +34,7 @@ def nri(socket_path, namespaces, name, index, once):
     is its systemd unit.
     """
     from ..linker.container import our_program
+    from ..nri.hookserver import HookServer
     from ..nri.plugin import Plugin
     from ..nri.policy import Policy
 
@@ -38,7 +43,12 @@ def nri(socket_path, namespaces, name, index, once):
     config = settings()
     allowed = tuple(config.nri_namespaces) + tuple(namespaces)
     plugin = Plugin(None, socket_path, name, index)
-    plugin.policy = Policy(config, allowed, our_program("cdi-shim-hook"), plugin.log)
+    try:
+        HookServer(hook_socket, plugin.log).start()
+    except OSError as err:
+        fail(f"cannot serve the hook at {hook_socket}: {err.strerror or err}")
+    plugin.policy = Policy(config, allowed, our_program("cdi-shim-nshook"), plugin.log,
+                           hook_options=("--socket", hook_socket, "--fallback", our_program("cdi-shim-hook")))
     plugin.log("info", f"serving namespaces {', '.join(allowed) or '(none)'} from {', '.join(config.spec_dirs)}")
     try:
         plugin.run(once=once)

@@ -1,18 +1,20 @@
 """`cdi-shim-hook nri ...`: the one createContainer hook an NRI adjustment carries
 (nativehook.py) in place of the toolkit's update-ldcache, create-symlinks and chmod hooks.
 
-    cdi-shim-hook nri [--link TARGET::LINK]... [--chmod MODE:PATH]... [--folder DIR]...
+    cdi-shim-hook nri [--rootfs DIR] [--link TARGET::LINK]... [--chmod MODE:PATH]... [--folder DIR]...
 
 runc runs it in the container's mount namespace after its mounts, before pivot_root, with the
 container state on stdin. In order: the links (as create-symlinks: what is at LINK replaced,
 parents made), the modes (as chmod: a missing path skipped, EPERM ignored), then the linker
 cache with FOLDERS (as update-ldcache) -- all inside the root (cdi-shim-hook's own update-ldcache
 and create-symlinks code), nothing of the image run or loaded.
+With --rootfs (what cdi-shim-nshook nri execs when the plugin is away) the work is done on DIR
+and the state is not read.
 Errors: "Error: ..." on stderr, exit 1: runc fails the create, naming the hook.
 """
 import sys
 
-OPTIONS = {"--link": "links", "--chmod": "modes", "--folder": "folders"}
+OPTIONS = {"--link": "links", "--chmod": "modes", "--folder": "folders", "--rootfs": "rootfs"}
 
 
 class _Everywhere:
@@ -55,7 +57,7 @@ def run(values, state_text):
     from ..linker.toolkit_hooks import HookFailure, chmod
 
     try:
-        rootfs = container_rootfs(state_text)
+        rootfs = values["rootfs"][-1] if values.get("rootfs") else container_rootfs(state_text)
         if values["links"]:
             create_symlinks(rootfs, values["links"])
         for entry in values["modes"]:
@@ -80,7 +82,7 @@ def main(argv):
     except ValueError as err:
         sys.stderr.write(f"Error: {err}\n")
         return 2
-    error = run(values, sys.stdin.buffer.read(MAX_STATE))
+    error = run(values, "" if values["rootfs"] else sys.stdin.buffer.read(MAX_STATE))
     if error:
         sys.stderr.write(f"Error: {error}\n")
         return 1

@@ -13,6 +13,8 @@ mounts. A hook with an option we do not know, and the toolkit's other hooks
 (enable-cuda-compat, disable-device-node-modification, update-application-profile), are left
 as the spec has them.
 """
+import os
+
 from ..linker.container import SAFE_HOOK_ENV, HookCall
 
 REPLACED = {"update-ldcache": {"folder", "ldconfig-path"}, "create-symlinks": {"link"}, "chmod": {"mode", "path"}}
@@ -37,9 +39,10 @@ def _replaceable(call):
     return True
 
 
-def native_hooks(hooks, program):
+def native_hooks(hooks, program, options=()):
     """HOOKS ({stage: [OCI hook]}) with the createContainer stage's replaceable hooks made one
-    call of PROGRAM (the path of cdi-shim-hook)."""
+    call of PROGRAM `nri` with OPTIONS first (PROGRAM: cdi-shim-nshook, with --socket and
+    --fallback: csrc/hooks/nrihook.c; or cdi-shim-hook: shim/nri/hook.py)."""
     entries = hooks.get(STAGE) or []
     calls = [HookCall(hook) for hook in entries]
     chosen = [i for i, call in enumerate(calls) if call.command and _replaceable(call)]
@@ -49,7 +52,8 @@ def native_hooks(hooks, program):
     for i in chosen:
         arguments = _arguments(calls[i])
         {"create-symlinks": links, "chmod": modes, "update-ldcache": folders}[calls[i].command].extend(arguments)
-    ours = {"path": program, "args": ["cdi-shim-hook", "nri", *links, *modes, *folders], "env": list(SAFE_HOOK_ENV)}
+    ours = {"path": program, "args": [os.path.basename(program), "nri", *options, *links, *modes, *folders],
+            "env": list(SAFE_HOOK_ENV)}
     place = next((i for i in chosen if calls[i].command == "update-ldcache"), chosen[0])
     kept = [ours if i == place else hook for i, hook in enumerate(entries) if i == place or i not in chosen]
     return dict(hooks, **{STAGE: kept})

@@ -115,7 +115,7 @@ def _added(before, after):
     return added
 
 
-def adjustment(config, edited, hook_program):
+def adjustment(config, edited, hook_program, hook_options=()):
     """The ContainerAdjustment that turns CONFIG (oci_config) into EDITED (the edits applied)."""
     adjust = nri.ContainerAdjustment()
     for entry in _added(config["process"]["env"], edited["process"].get("env") or []):
@@ -141,7 +141,7 @@ def adjustment(config, edited, hook_program):
     new_hooks = {stage: [hook for hook in entries if hook not in ((config.get("hooks") or {}).get(stage) or [])]
                  for stage, entries in (edited.get("hooks") or {}).items()}
     for oci, field in HOOK_STAGES:
-        for hook in native_hooks(new_hooks, hook_program).get(oci) or []:
+        for hook in native_hooks(new_hooks, hook_program, hook_options).get(oci) or []:
             out = getattr(adjust.hooks, field).add(path=hook["path"], args=hook.get("args") or [],
                                                    env=hook.get("env") or [])
             _optional(out.timeout, hook.get("timeout"))
@@ -154,10 +154,11 @@ UNCARRIED = ("netDevices", "intelRdt", "additionalGids")
 class Policy:
     """CreateContainer's decisions, with the registry kept between calls."""
 
-    def __init__(self, settings, namespaces, hook_program, log):
+    def __init__(self, settings, namespaces, hook_program, log, hook_options=()):
         self.settings = settings
         self.namespaces = tuple(namespaces)
         self.hook_program = hook_program
+        self.hook_options = tuple(hook_options)     # the hook's own options (nativehook.py)
         self.log = log
         self._registry = None
 
@@ -201,4 +202,4 @@ class Policy:
             raise CreateFailure(f"container {container.name}: failed to inject devices "
                                 f"{', '.join(devices)} (from {specs}): {err}") from None
         self.log("info", f"{where}: {', '.join(devices)} (from {specs})")
-        return adjustment(config, edited, self.hook_program)
+        return adjustment(config, edited, self.hook_program, self.hook_options)

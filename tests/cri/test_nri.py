@@ -135,10 +135,12 @@ def test_linker_cache_and_links_from_inside(nri_lab, toolkit_devices):
     the hook program named nvidia-cdi-hook: here a stand-in that logs each run): the container
     finds every driver library in its ld.so.cache, beside the image's own entries, and both
     create-symlinks links; update-ldcache and create-symlinks ran as our one hook, not as the
-    toolkit's processes."""
+    toolkit's processes: one cdi-shim-nshook nri (C), whose cache the plugin's own process wrote
+    (no interpreter started for it)."""
     from cdi_shim_lab.lab import LIB_IMAGE
 
     before = len(hook_lines(toolkit_devices["hook_log"]))
+    before_cache = nri_lab.plugin_log_text().count("hook: the linker cache of ")
     run = nri_lab.run_pod("runc", ["sh", "-c", PROBE_LIBS], keep_configs=True, image=LIB_IMAGE,
                           pod_annotations={"cdi.k8s.io/gpu": toolkit_devices["toolkit"]})
     assert run.status.exit_code == 0, run.output
@@ -146,9 +148,12 @@ def test_linker_cache_and_links_from_inside(nri_lab, toolkit_devices):
     assert seen["cache"] == "30" and int(seen["image"]) > 30, seen
     assert seen["link"] == "libnvidia-bench0.so.1" and seen["link1"] == "libnvidia-bench1.so.1", seen
     hooks = run.container_spec["hooks"]["createContainer"]
-    ours = [hook for hook in hooks if hook["args"][:2] == ["cdi-shim-hook", "nri"]]
+    ours = [hook for hook in hooks if hook["args"][:2] == ["cdi-shim-nshook", "nri"]]
     assert len(ours) == 1, hooks
     assert "--folder" in ours[0]["args"] and "--link" in ours[0]["args"]
+    assert ours[0]["args"][2:4] == ["--socket", nri_lab.hook_socket]
+    log = nri_lab.plugin_log_text()
+    assert log.count("hook: the linker cache of ") == before_cache + 1, log
     ran = [line.split()[0] for line in hook_lines(toolkit_devices["hook_log"])[before:]]
     assert "update-ldcache" not in ran and "create-symlinks" not in ran, ran
     assert int(seen["profile"]) > 0, seen
@@ -163,11 +168,12 @@ def test_plugin_restarted_while_pods_start(nri_lab):
 
     def pods():
         while not stop.is_set() or len(results) < 12:
+            began = time.monotonic()      # a pod counts from its start: its create may come after
             try:
                 _, seen = probe(nri_lab, pod_annotations={"cdi.k8s.io/gpu": DEVICE})
-                results.append((time.monotonic(), seen))
+                results.append((began, seen))
             except Exception as err:     # noqa: BLE001 -- a CRI error of a create in flight
-                errors.append((time.monotonic(), repr(err)))
+                errors.append((began, repr(err)))
             if len(results) + len(errors) > 200:
                 break
 

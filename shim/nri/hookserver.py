@@ -1,0 +1,109 @@
+"""The NRI plugin's side of its hook (csrc/hooks/nrihook.c): the linker cache, written by the
+plugin's own long-running process, so that no interpreter starts per container.
+
+The hook (`cdi-shim-nshook nri`, run by runc in the container's mount namespace after its
+mounts) opens the container's rootfs there and sends the descriptor over this unix socket
+(SCM_RIGHTS) with "update-ldcache\\0DIR\\0DIR\\0...". The descriptor names the rootfs with the
+container's mounts under it, whatever this process's mount namespace: the cache engine works
+inside it as in any root (`/proc/self/fd/N`; every path resolved inside, no link followed
+out), exactly as `cdi-shim-hook update-ldcache` does. The answer is "ok", or the reason, which
+the hook prints and runc shows. Only root (or this process's user) may connect; the socket's
+folder is made 0700.
+"""
+import os
+import socket
+import stat
+import struct
+import threading
+
+MAX_REQUEST = 256 << 10
+VERB = b"update-ldcache"
+
+
+class HookServer:
+    """Serve the hook at PATH in threads of this process; LOG(level, message)."""
+
+    def __init__(self, path, log):
+        self.path = path
+        self.log = log
+        self.sock = None
+        self.served = 0
+
+    def start(self):
+        folder = os.path.dirname(self.path)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        try:
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)        # a stale socket of an earlier run
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            sock.bind(self.path)
+        finally:
+            os.umask(old)
+        sock.listen(64)
+        self.sock = sock
+        threading.Thread(target=self._accept, name="nri-hook-server", daemon=True).start()
+        return self
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def _accept(self):
+        while self.sock is not None:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        fds = []
+        with conn:
+            try:
+                conn.settimeout(60)
+                uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+                if uid not in (0, os.getuid()):
+                    conn.sendall(f"nri: uid {uid} may not ask the NRI plugin".encode())
+                    return
+                data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 1)
+                while len(data) <= MAX_REQUEST:
+                    more = conn.recv(MAX_REQUEST)
+                    if not more:
+                        break
+                    data += more
+                conn.sendall(self.answer(data, fds).encode())
+            except OSError as err:
+                self.log("warning", f"the hook's request failed: {err}")
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    def answer(self, data, fds):
+        """"ok", or what went wrong, for the request DATA with the descriptors FDS."""
+        from ..ldconfig.ldcache import LdcacheError
+        from ..linker.hooks import update_ldcache
+
+        parts = data.split(b"\0")
+        if len(data) > MAX_REQUEST or parts[0] != VERB or parts[-1] != b"" or len(fds) != 1:
+            return "nri: a malformed request to the NRI plugin"
+        folders = [os.fsdecode(part) for part in parts[1:-1]]
+        if not folders or not all(folder.startswith("/") for folder in folders):
+            return "nri: a malformed request to the NRI plugin (folders)"
+        if not stat.S_ISDIR(os.fstat(fds[0]).st_mode):
+            return "nri: the hook's rootfs is not a folder"
+        try:
+            update_ldcache(f"/proc/self/fd/{fds[0]}", folders)
+        except (LdcacheError, OSError) as err:
+            return f"update-ldcache: {err}"
+        self.served += 1
+        try:
+            where = os.readlink(f"/proc/self/fd/{fds[0]}")
+        except OSError:
+            where = "a container's rootfs"
+        self.log("info", f"hook: the linker cache of {where} written ({', '.join(folders)})")
+        return "ok"

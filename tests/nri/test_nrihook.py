@@ -1,0 +1,117 @@
+"""`cdi-shim-nshook nri` (csrc/hooks/nrihook.c), the NRI adjustment's native hook, run as runc runs
+a createContainer hook (the state on stdin): links and modes in C, the linker cache written by the
+plugin's process through the rootfs descriptor the hook sends (shim/nri/hookserver.py); with the
+plugin away, by the --fallback program; refused requests answered with a reason."""
+import os
+import socket
+import stat
+import subprocess
+
+import pytest
+
+from shim.nri.hookserver import HookServer
+from tests.conftest import tool
+from tests.nri.test_hook import bundle
+
+LINK = "libz.so.1.2.13::/usr/lib/x86_64-linux-gnu/libz.so"
+FOLDER = "/usr/lib/x86_64-linux-gnu"
+
+
+@pytest.fixture
+def server(tmp_path):
+    logged = []
+    served = HookServer(str(tmp_path / "hook" / "h.sock"), lambda level, message: logged.append(message)).start()
+    yield served, logged
+    served.close()
+
+
+def nshook(args, state):
+    return subprocess.run([tool("cdi-shim-nshook"), "nri", *args], input=state, capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin"})
+
+
+def cache_listing(rootfs):
+    return subprocess.run([tool("cdi-shim"), "ldcache", "list", "--root", str(rootfs)], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def test_links_modes_in_c_and_the_cache_by_the_plugin(tmp_path, server):
+    served, logged = server
+    rootfs, state = bundle(tmp_path)
+    done = nshook(["--socket", served.path, "--fallback", "/nonexistent/cdi-shim-hook", "--link", LINK,
+                   "--chmod", "755:/dev/dri", "--chmod", "644:/no/such/path", "--folder", FOLDER], state)
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(rootfs / "usr/lib/x86_64-linux-gnu/libz.so") == "libz.so.1.2.13"
+    assert stat.S_IMODE(os.stat(rootfs / "dev/dri").st_mode) == 0o755
+    assert f"{FOLDER}/libz.so.1" in cache_listing(rootfs)
+    assert served.served == 1 and logged == [f"hook: the linker cache of {rootfs} written ({FOLDER})"]
+    assert stat.S_IMODE(os.stat(served.path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(served.path)).st_mode) == 0o700
+
+
+def test_without_the_plugin_the_fallback_program_writes_the_cache(tmp_path):
+    rootfs, state = bundle(tmp_path)
+    done = nshook(["--socket", str(tmp_path / "nobody.sock"), "--fallback", tool("cdi-shim-hook"), "--link", LINK,
+                   "--folder", FOLDER], state)
+    assert done.returncode == 0, done.stderr
+    assert f"{FOLDER}/libz.so.1" in cache_listing(rootfs)
+    assert os.readlink(rootfs / "usr/lib/x86_64-linux-gnu/libz.so") == "libz.so.1.2.13"
+
+
+def test_without_the_plugin_nor_a_fallback_it_fails_saying_why(tmp_path):
+    _, state = bundle(tmp_path)
+    done = nshook(["--socket", str(tmp_path / "nobody.sock"), "--folder", FOLDER], state)
+    assert done.returncode == 1
+    assert done.stderr.startswith("Error: nri: the NRI plugin is not at ") and "no --fallback" in done.stderr
+
+
+def test_no_folders_no_plugin_needed(tmp_path):
+    rootfs, state = bundle(tmp_path)
+    done = nshook(["--link", LINK], state)
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(rootfs / "usr/lib/x86_64-linux-gnu/libz.so") == "libz.so.1.2.13"
+
+
+def test_a_link_out_of_the_root_stays_inside(tmp_path, server):
+    rootfs, state = bundle(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(str(outside), rootfs / "usr/lib/escape")
+    done = nshook(["--socket", server[0].path, "--link", "x::/usr/lib/escape/y"], state)
+    assert not os.path.lexists(outside / "y")
+    assert done.returncode == 0 or done.stderr.startswith("Error: ")
+
+
+def test_bad_calls_fail_with_a_reason(tmp_path):
+    _, state = bundle(tmp_path)
+    assert nshook(["--folder"], state).returncode == 2
+    assert nshook(["--socket", "relative.sock", "--folder", FOLDER], state).returncode == 2
+    done = nshook(["--chmod", "755"], state)
+    assert done.returncode == 1 and "expected MODE:PATH" in done.stderr
+    done = nshook(["--link", LINK], "not json")
+    assert done.returncode == 1 and done.stderr.startswith("Error: nri: ")
+
+
+def test_the_server_refuses_malformed_requests(tmp_path, server):
+    served, _ = server
+    root = os.open(str(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert "malformed" in served.answer(b"rm -rf\0/x\0", [root])
+        assert "malformed" in served.answer(b"update-ldcache\0relative\0", [root])
+        assert "malformed" in served.answer(b"update-ldcache\0/x\0", [])
+        with open(tmp_path / "f", "w"):
+            pass
+        file_fd = os.open(str(tmp_path / "f"), os.O_RDONLY)
+        try:
+            assert "not a folder" in served.answer(b"update-ldcache\0/x\0", [file_fd])
+        finally:
+            os.close(file_fd)
+    finally:
+        os.close(root)
+    # a connection that sends no descriptor gets the reason, not a hang
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(served.path)
+        sock.sendall(b"update-ldcache\0/x\0")
+        sock.shutdown(socket.SHUT_WR)
+        assert b"malformed" in sock.recv(4096)
