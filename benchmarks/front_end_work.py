@@ -133,8 +133,12 @@ def main():
         escaped_pristine = go_escaped(json.dumps(injected)).encode()
         linked_rootfs = os.path.join(root, "rootfs-linked")
         linked = bench.bundle(bundles, "linked", linked_rootfs)
-        # (an env of its own: another recipe key than preinjected's, as another image's pod has)
-        injected["process"]["env"][-1] = "IMAGE=linked"
+        # Another step key than preinjected's: the key leaves out root.path and env, so two
+        # images with one config would share one recipe file and take turns at rewriting it
+        # (each then replayed by the worker, not the front end). A tmpfs of its own keys it apart.
+        injected["process"]["env"].pop()
+        injected["mounts"].append({"destination": "/linked", "type": "tmpfs", "source": "tmpfs",
+                                   "options": ["nosuid", "nodev", "size=64k"]})
         injected["root"]["path"] = linked_rootfs
         linked_pristine = json.dumps(injected).encode()
         shim = os.path.join(bench.BIN, "cdi-shim-runtime")
