@@ -29,21 +29,6 @@
 #include "../engine/devlinks.h"
 #include "../engine/inroot.h"
 
-/* Where the command word is in ARGV (runc's global options before it), or -1. */
-static int command_at(char **argv)
-{
-    for (int i = 1; argv[i]; i++) {
-        const char *a = argv[i];
-        if (a[0] != '-' || strcmp(a, "-") == 0)
-            return i;
-        size_t len;
-        const char *name = option_name(a, &len);
-        if (!strchr(a, '=') && global_takes_value(name, len) && argv[i + 1])
-            i++;
-    }
-    return -1;
-}
-
 static double ms_since(const struct timespec *start)
 {
     struct timespec now;
@@ -141,34 +126,35 @@ static void delete_container(const char *runtime, char **argv, int command, cons
         fprintf(stderr, "cdi-shim: container %s could not be deleted after its failed create\n", id);
 }
 
-int exec_runtime_at(const struct settings *set, const char *runtime, char **argv, const char *config, long config_len)
+/* Whether the device links of CREATE's config.json can wait until runc's create is done: then
+ * config.json is rewritten without their hook (1), else left as it is (0). CONFIG, CONFIG_LEN:
+ * its text as the caller has it, or NULL. */
+static int links_wait(const struct settings *set, const struct create_line *create, const char *config, long config_len,
+                      struct cds_deferred_links *links)
 {
-    int command = command_at(argv);
-    int argc = command;
-    while (argc >= 0 && argv[argc])
-        argc++;
-    struct create_line line = {".", 0, 0, 0, NULL};
-    if (command > 0 && strcmp(argv[command], "create") == 0)
-        line = scan_create(argv + command, argc - command);
-    const char *id = command > 0 ? container_id(argv, argc, command + line.end) : NULL;
-    struct cds_deferred_links links = {0};
-    int deferred = 0;
+    if (!create || create->run || !create->pid_file || create->help || !create->id)
+        return 0;
     /* (the caller's text says at no cost whether our hook is named at all) */
-    if (line.pid_file && !line.help && id
-        && (!config || memmem(config, (size_t)config_len, CDS_NSHOOK_PROGRAM, strlen(CDS_NSHOOK_PROGRAM)))) {
-        char path[4096];
-        cleanup_free char *json = NULL;
-        mode_t mode = 0;
-        snprintf(path, sizeof path, "%s/config.json", line.bundle);
-        long len = read_file_mode(path, MAX_CONFIG_JSON, &json, &mode);
-        if (len > 0 && cds_deferred_links(json, (size_t)len, line.bundle, &links) == 1
-            && pid_folder_trusted(set, line.pid_file)) {
-            cleanup_fd int bundlefd = open(line.bundle, O_PATH | O_DIRECTORY | O_CLOEXEC);
-            deferred = bundlefd >= 0
-                && cds_write_at(bundlefd, "config.json", (const uint8_t *)links.config, links.config_len, mode, 0) == 0;
-        }
-    }
-    if (!deferred) {
+    if (config && !memmem(config, (size_t)config_len, CDS_NSHOOK_PROGRAM, strlen(CDS_NSHOOK_PROGRAM)))
+        return 0;
+    char path[4096];
+    cleanup_free char *json = NULL;
+    mode_t mode = 0;
+    snprintf(path, sizeof path, "%s/config.json", create->bundle);
+    long len = read_file_mode(path, MAX_CONFIG_JSON, &json, &mode);
+    if (len <= 0 || cds_deferred_links(json, (size_t)len, create->bundle, links) != 1
+        || !pid_folder_trusted(set, create->pid_file))
+        return 0;
+    cleanup_fd int bundlefd = open(create->bundle, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    return bundlefd >= 0
+        && cds_write_at(bundlefd, "config.json", (const uint8_t *)links->config, links->config_len, mode, 0) == 0;
+}
+
+int exec_runtime_at(const struct settings *set, const char *runtime, char **argv, const struct create_line *create,
+                    const char *config, long config_len)
+{
+    struct cds_deferred_links links = {0};
+    if (!links_wait(set, create, config, config_len, &links)) {
         cds_deferred_links_free(&links);
         execv(runtime, argv);
         return -1;
@@ -184,19 +170,19 @@ int exec_runtime_at(const struct settings *set, const char *runtime, char **argv
     struct timespec start;
     char why[8400], message[9000];
     clock_gettime(CLOCK_MONOTONIC, &start);
-    int made = make_container_links(line.pid_file, &links, why, sizeof why);
+    int made = make_container_links(create->pid_file, &links, why, sizeof why);
     cds_deferred_links_free(&links);
     if (made != 0) {
         snprintf(message, sizeof message,
-                 "cdi-shim: container %.200s: the device links: %s; the container was not created", id, why);
+                 "cdi-shim: container %.200s: the device links: %s; the container was not created", create->id, why);
         report(message);
-        delete_container(runtime, argv, command, id);
+        delete_container(runtime, argv, create->runc_command, create->id);
         return 1;
     }
     snprintf(message, sizeof message,
              "cdi-shim: container %.200s: the device links made in the created container, no hook; "
              "phase=links took=%.2fms",
-             id, ms_since(&start));
+             create->id, ms_since(&start));
     debug_line(set, message);
     return 0;
 }

@@ -139,51 +139,127 @@ static int parse_answer(const struct bytes *reply, long *status, const char **me
     return 0;
 }
 
+/* A connection to the resident process at SET->socket, served by our own uid; -1 when it is not
+ * there (the usual case without the service) or is someone else's. */
+static int connect_resident(const struct settings *set)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    strcpy(addr.sun_path, set->socket);
+    cleanup_fd int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0)
+        return -1;
+    struct ucred peer = {.uid = (uid_t)-1};
+    socklen_t peer_len = sizeof(peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.uid != geteuid()) {
+        fprintf(stderr, "cdi-shim: ignoring %s: served by uid %d, not by us\n", set->socket, (int)peer.uid);
+        return -1;
+    }
+    return cds_take_fd(&fd);
+}
+
+/* The request's body (resident.py has its fields): our version, CWD, umask, argv and environment;
+ * 0, or -1 when it could not be made. */
+static int request_body(struct bytes *body, const char *cwd, int argc, char **argv)
+{
+    extern char **environ;
+    char field[32];
+    mode_t mask = umask(0);
+    umask(mask);
+    int failed = put(body, CDS_VERSION) | put(body, cwd);
+    snprintf(field, sizeof(field), "%o", (unsigned)mask);
+    failed |= put(body, field);
+    snprintf(field, sizeof(field), "%d", argc - 1);
+    failed |= put(body, field);
+    for (int i = 1; i < argc; i++)
+        failed |= put(body, argv[i]);
+    for (char **env = environ; *env; env++)
+        failed |= put(body, *env);
+    return failed ? -1 : 0;
+}
+
+/* The answer on FD into REPLY, until the worker closes it or CDS_RESIDENT_ANSWER_WAIT_MS from
+ * START have passed: 0, or why it stopped (an errno: ETIMEDOUT, EFBIG, the read's); -1 out of
+ * memory. */
+static int read_answer(int fd, struct bytes *reply, const struct timespec *start)
+{
+    for (;;) {
+        long left = CDS_RESIDENT_ANSWER_WAIT_MS - ms_since(start);
+        if (left <= 0 || !wait_readable(fd, left))
+            return ETIMEDOUT;
+        if (reply->cap - reply->len < 4096) {
+            char *data = realloc(reply->data, reply->cap + 65536);
+            if (!data)
+                return -1;
+            reply->data = data;
+            reply->cap += 65536;
+        }
+        ssize_t n = read(fd, reply->data + reply->len, reply->cap - reply->len - 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? errno : 0;
+        reply->len += (size_t)n;
+        if (reply->len > CDS_RESIDENT_MAX_ANSWER)
+            return EFBIG;
+    }
+}
+
+/* After a whole answer (REPLY: its status, its MESSAGES and the argv from ARGV_AT): the
+ * messages on our stderr, then the runtime it names exec'd (after_create.c, with CREATE), or
+ * the worker's failure status. */
+static int follow_answer(const struct settings *set, const struct bytes *reply, long status, const char *messages,
+                         size_t messages_len, const char *argv_at, const struct create_line *create)
+{
+    char message[8192];
+    for (size_t off = 0; off < messages_len;) { /* the create's messages, on our stderr */
+        ssize_t n = write(STDERR_FILENO, messages + off, messages_len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        off += (size_t)n;
+    }
+    if (status != 0)
+        return (int)status; /* the child reported why on our stderr and in runc's log */
+    cleanup_free char **args = calloc(reply->len, sizeof(char *));
+    if (!args)
+        return 127;
+    int n = 0;
+    for (const char *p = argv_at; p < reply->data + reply->len; p += strlen(p) + 1)
+        args[n++] = (char *)p;
+    int run = exec_runtime_at(set, args[0], args, create, NULL, 0); /* the worker wrote config.json */
+    if (run >= 0)
+        return run;
+    snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s", args[0],
+             strerror(errno));
+    report(message);
+    return 127;
+}
+
 /* Hand create/run to the resident process (shim/runtime/resident.py has the protocol,
  * csrc/engine/resident.h its bounds). Returns -1 when nothing was touched and the caller should
  * start the interpreter itself: the server is not there, declines, no worker claimed the request
  * within CDS_RESIDENT_CLAIM_WAIT_MS (every worker busy), or the worker that did gave no whole
  * answer within CDS_RESIDENT_ANSWER_WAIT_MS before its first write; we took the request back.
  * Otherwise execs the runtime it names, or returns the exit status. */
-int try_resident(const struct settings *set, int argc, char **argv)
+int try_resident(const struct settings *set, int argc, char **argv, const struct create_line *create)
 {
-    extern char **environ;
-    char cwd[4096], field[32], message[8192];
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    char cwd[4096], message[8192];
     struct timespec start;
 
     if (!set->socket[0] || !getcwd(cwd, sizeof(cwd)))
         return -1; /* (a deleted working directory: the interpreter copes with it) */
-    strcpy(addr.sun_path, set->socket);
-    cleanup_fd int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0)
-        return -1; /* not running: the usual case without the service */
-    struct ucred peer = {.uid = (uid_t)-1};
-    socklen_t peer_len = sizeof(peer);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.uid != geteuid()) {
-        snprintf(message, sizeof(message), "cdi-shim: ignoring %s: served by uid %d, not by us", set->socket,
-                 (int)peer.uid);
-        fprintf(stderr, "%s\n", message);
+    cleanup_fd int fd = connect_resident(set);
+    if (fd < 0)
         return -1;
-    }
     int pipe_fds[2];
     if (pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) < 0)
         return -1;
     cleanup_fd int token = pipe_fds[0];
     int ready_token = write(pipe_fds[1], "CW", 2) == 2; /* resident.py CLAIM, PERMIT */
     close(pipe_fds[1]);
-    mode_t mask = umask(0);
-    umask(mask);
     __attribute__((cleanup(free_bytes))) struct bytes body = {0};
-    int failed = (ready_token ? 0 : -1) | put(&body, CDS_VERSION) | put(&body, cwd);
-    snprintf(field, sizeof(field), "%o", (unsigned)mask);
-    failed |= put(&body, field);
-    snprintf(field, sizeof(field), "%d", argc - 1);
-    failed |= put(&body, field);
-    for (int i = 1; i < argc; i++)
-        failed |= put(&body, argv[i]);
-    for (char **env = environ; *env; env++)
-        failed |= put(&body, *env);
+    int failed = (ready_token ? 0 : -1) | request_body(&body, cwd, argc, argv);
     __attribute__((cleanup(free_bytes))) struct bytes reply = {.data = malloc(65536), .cap = 65536};
     if (failed || !reply.data)
         return -1;
@@ -202,32 +278,9 @@ int try_resident(const struct settings *set, int argc, char **argv)
             return -1;
         /* An answer is coming, or a worker has claimed the request: wait for all of it, as
          * long as the bound. */
-        for (;;) {
-            long left = CDS_RESIDENT_ANSWER_WAIT_MS - ms_since(&start);
-            if (left <= 0 || !wait_readable(fd, left)) {
-                why = ETIMEDOUT;
-                break;
-            }
-            if (reply.cap - reply.len < 4096) {
-                char *data = realloc(reply.data, reply.cap + 65536);
-                if (!data)
-                    return 127;
-                reply.data = data;
-                reply.cap += 65536;
-            }
-            ssize_t n = read(fd, reply.data + reply.len, reply.cap - reply.len - 1);
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n < 0)
-                why = errno;
-            if (n <= 0)
-                break;
-            reply.len += (size_t)n;
-            if (reply.len > CDS_RESIDENT_MAX_ANSWER) {
-                why = EFBIG;
-                break;
-            }
-        }
+        why = read_answer(fd, &reply, &start);
+        if (why < 0)
+            return 127;
     }
     reply.data[reply.len] = '\0';
     int whole = why != EFBIG && parse_answer(&reply, &status, &messages, &messages_len, &argv_at) == 0
@@ -250,27 +303,5 @@ int try_resident(const struct settings *set, int argc, char **argv)
         report(message);
         return 1;
     }
-    for (size_t off = 0; off < messages_len;) { /* the create's messages, on our stderr */
-        ssize_t n = write(STDERR_FILENO, messages + off, messages_len - off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        off += (size_t)n;
-    }
-    if (status != 0)
-        return (int)status; /* the child reported why on our stderr and in runc's log */
-    cleanup_free char **args = calloc(reply.len, sizeof(char *));
-    if (!args)
-        return 127;
-    int n = 0;
-    for (const char *p = argv_at; p < reply.data + reply.len; p += strlen(p) + 1)
-        args[n++] = (char *)p;
-    int run = exec_runtime_at(set, args[0], args, NULL, 0); /* the worker wrote config.json */
-    if (run >= 0)
-        return run;
-    snprintf(message, sizeof(message), "cdi-shim: cannot run the low-level runtime \"%s\": %s", args[0],
-             strerror(errno));
-    report(message);
-    return 127;
+    return follow_answer(set, &reply, status, messages, messages_len, argv_at, create);
 }

@@ -20,8 +20,9 @@
  * own CDI or podman) is first offered to the replay (csrc/engine/replay.c): the linker step a
  * resident worker kept for such a config, redone here without asking the worker.
  *
- * The parts: settings.c (our config file), cmdline.c (runc's command line), request_scan.c (the
- * scan of config.json), passthrough.c (the exec of runc or the interpreter, our log lines),
+ * The parts: settings.c (our config file), cmdline.c (runc's command line, parsed once here),
+ * request_scan.c (the scan of config.json), passthrough.c (the exec of runc or the interpreter),
+ * after_create.c (a create's device links made after runc's create), runlog.c (our log lines),
  * resident_client.c (the resident process); the replay is the engine's (replay.c).
  */
 #define _GNU_SOURCE
@@ -31,7 +32,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "runtime_rules.h"
 #include "frontend.h"
 #include "../engine/replay.h"
 #include "../engine/cleanup.h"
@@ -119,102 +119,61 @@ static const char help_text[] =
     "runc's own help:\n"
     "\n";
 
+/* A create/run (LINE) whose config.json holds something for us: replayed here (replay.c), or
+ * handed to the resident process or the interpreter. -1 when what is left is to pass it to runc
+ * (JSON, LEN: config.json's text while nothing of ours has rewritten it, else NULL), else the exit
+ * status. */
+static int prepare_create(const struct settings *set, int argc, char **argv, const struct runc_line *line, char **json,
+                          long *len)
+{
+    const struct create_line *scan = &line->scan;
+    mode_t mode = 0;
+    enum config_kind kind = config_kind(scan->bundle, set, json, len, &mode);
+    char options[4096]; /* our --device options' values: a request too */
+    long options_len = device_values(argv, line->command, scan->end, options, sizeof options);
+    if (line->has_device || scan->has_device)
+        kind = MAY_REQUEST;
+    if (line->help || scan->help || kind == NOTHING_FOR_US)
+        return -1;
+    int replayed_here =
+        (kind == HOOKS_ONLY && !set->runc_binds && replayed(set, scan->bundle, scan->id, *json, *len, mode))
+        || (kind == MAY_REQUEST && *json && options_len >= 0 && !set->runc_binds
+            && request_replayed(set, scan->bundle, scan->id, *json, *len, mode, options, (size_t)options_len));
+    if (!replayed_here) {
+        int status = try_resident(set, argc, argv, scan);
+        return status >= 0 ? status : exec_python(argc, argv);
+    }
+    free(cds_take_ptr(json)); /* the replay wrote config.json anew */
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     struct settings set;
-    int command = argc, has_device = 0, version = 0, help = 0;
-
     load_settings(&set);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (a[0] != '-' || strcmp(a, "-") == 0) {
-            command = i;
-            break;
-        }
-        size_t len;
-        const char *name = option_name(a, &len);
-        if (is_device_option(name, len)) {
-            has_device = 1;
-            if (!strchr(a, '=') && device_value_follows(argv, i, argc))
-                i++;
-            continue;
-        }
-        if ((len == 7 && strncmp(name, "version", 7) == 0) || (len == 1 && name[0] == 'v'))
-            version = 1;
-        else if (is_help_option(name, len))
-            help = 1;
-        if (global_takes_value(name, len)) {
-            const char *value = strchr(a, '=') ? strchr(a, '=') + 1 : (i + 1 < argc ? argv[i + 1] : "");
-            if (len == 3 && strncmp(name, "log", 3) == 0)
-                log_path = value;
-            else if (len == 10 && strncmp(name, "log-format", 10) == 0)
-                log_format = value;
-            if (!strchr(a, '='))
-                i++;
-        }
-    }
-    /* runc shows its help for --help, no command (unless --version) and a bare `help`: ours first. */
-    if (command == argc
-            ? !version
-            : help || (argc - command == 1 && among(argv[command], strlen(argv[command]), cds_help_commands))) {
-        help = 1;
+    struct runc_line line = parse_line(argc, argv);
+    log_path = line.log;
+    log_format = line.log_format;
+    if (line.help) {
         fputs(help_text, stdout);
         fflush(stdout);
     }
     if (!set.understood)
         return exec_python(argc, argv);
 
-    int create = command < argc && among(argv[command], strlen(argv[command]), cds_injecting_commands);
-    struct create_line scan = {".", 0, 0, 0, NULL};
     cleanup_free char *json = NULL; /* config.json's text, while nothing of ours has rewritten it */
     long len = 0;
-    if (create) {
-        scan = scan_create(argv + command, argc - command);
-        mode_t mode = 0;
-        enum config_kind kind = config_kind(scan.bundle, &set, &json, &len, &mode);
-        char options[4096]; /* our --device options' values: a request too */
-        long options_len = device_values(argv, command, command + scan.end, options, sizeof options);
-        if (has_device || scan.has_device)
-            kind = MAY_REQUEST;
-        const char *id = container_id(argv, argc, command + scan.end);
-        if (!help && !scan.help && kind != NOTHING_FOR_US) {
-            int replayed_here =
-                (kind == HOOKS_ONLY && !set.runc_binds && replayed(&set, scan.bundle, id, json, len, mode))
-                || (kind == MAY_REQUEST && json && options_len >= 0 && !set.runc_binds
-                    && request_replayed(&set, scan.bundle, id, json, len, mode, options, (size_t)options_len));
-            if (!replayed_here) {
-                int status = try_resident(&set, argc, argv);
-                return status >= 0 ? status : exec_python(argc, argv);
-            }
-            free(cds_take_ptr(&json)); /* the replay wrote config.json anew */
-        }
-    } else if (command == argc && version) {
+    if (line.create) {
+        int status = prepare_create(&set, argc, argv, &line, &json, &len);
+        if (status >= 0)
+            return status;
+    } else if (line.command == argc && line.version) {
         printf("cdi-shim-runtime version %s\n", CDS_VERSION);
         fflush(stdout);
     }
-
-    /* Pass through: runc gets our argv without our own --device options (the global ones, and
-     * those among the options of create/run, which reach here only with --help). */
     cleanup_free char **out = calloc((size_t)argc + 1, sizeof(char *));
     if (!out)
         return 127;
-    int n = 1, end = create ? command + scan.end : command;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (i < end && i != command && a[0] == '-') {
-            size_t len;
-            const char *name = option_name(a, &len);
-            if (is_device_option(name, len)) {
-                if (!strchr(a, '=') && device_value_follows(argv, i, argc))
-                    i++;
-                if (command < argc && !create && !help)
-                    fprintf(stderr, "cdi-shim: --device is ignored for the %s command\n", argv[command]);
-                continue;
-            }
-            if (i > command && !strchr(a, '=') && i + 1 < argc && create_takes_value(name, len))
-                out[n++] = argv[i++]; /* and its value, whatever it looks like */
-        }
-        out[n++] = argv[i];
-    }
-    return exec_runtime(&set, out, json, len);
+    runc_argv(argc, argv, &line, out);
+    return exec_runtime(&set, out, line.create && !line.help ? &line.scan : NULL, json, len);
 }

@@ -258,6 +258,18 @@ exit 0
         world.write_config()
 
 
+def test_runc_s_help_before_the_create_makes_no_links_and_leaves_the_config(world):
+    """`--help` among runc's global options: runc prints its help and creates nothing, so the
+    create line the front end parsed is no create to make links for; config.json keeps its hook
+    and nothing is reported."""
+    bundle = _injected_bundle(world)()
+    before = bundle.config()
+    done = world.shim("--help", "create", "--pid-file", os.path.join(bundle.path, "init.pid"), "--bundle",
+                      bundle.path, bundle.id)
+    assert done.returncode == 0 and "USAGE" in done.stdout and done.stderr == "", done.stderr
+    assert bundle.config() == before and world.state(bundle.id) is None
+
+
 # -- the rule ------------------------------------------------------------------------------------
 
 def _deferred(config, bundle):

@@ -1,0 +1,135 @@
+"""The shape of the front end's C (csrc/frontend): no circle between its files (a file that calls
+a name another defines depends on it; two that depend on each other, directly or around a
+loop, are one concern split badly), and no function longer than the bound. Read from the
+sources alone: comments, strings and preprocessor lines taken out, definitions found at file
+scope."""
+import os
+import re
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FOLDERS = ("csrc/frontend",)
+MAX_FUNCTION_LINES = 80
+IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+KEYWORDS = {"static", "extern", "typedef", "struct", "enum", "union", "const", "inline", "unsigned", "signed"}
+
+
+def code_of(text):
+    """TEXT with comments, string and character literals and preprocessor lines blanked (newlines
+    kept, so line numbers hold)."""
+    pattern = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|^[ \t]*#[^\n]*(?:\\\n[^\n]*)*',
+                         re.S | re.M)
+    return pattern.sub(lambda match: re.sub(r"[^\n]", " ", match.group()), text)
+
+
+def file_scope(code):
+    """(text, first line, last line, body) of each chunk at file scope: a declaration up to its
+    ';', or a definition with its braced body (body True)."""
+    chunks, depth, start = [], 0, 0
+    for at, char in enumerate(code):
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0 and "(" in code[start:at] and "=" not in code[start:code.index("{", start)]:
+                head = code[start:code.index("{", start)]
+                chunks.append((head, code.count("\n", 0, start + len(head) - len(head.lstrip())) + 1,
+                               code.count("\n", 0, at) + 1, True))
+                start = at + 1
+        elif char == ";" and depth == 0:
+            chunks.append((code[start:at], 0, 0, False))
+            start = at + 1
+    return chunks
+
+
+def defined(code):
+    """The names CODE defines for other files (not static): its functions and variables."""
+    names = set()
+    for text, _, _, body in file_scope(code):
+        words = IDENTIFIER.findall(text)
+        if not words or words[0] in ("static", "extern", "typedef"):
+            continue
+        if body:
+            names.add(IDENTIFIER.findall(text[:text.index("(")])[-1])
+        elif "(" not in text.split("=")[0]:     # a variable, not a prototype
+            text = re.sub(r"\{.*\}", "", text, flags=re.S)     # (a struct's members, an initializer)
+            text = re.sub(r"^\s*(?:struct|enum|union)\s+\w+", "", text)     # (the tag: a type, no variable)
+            names.update(re.findall(r"([A-Za-z_]\w*)\s*(?:=|,|\[|$)", re.sub(r"=[^,]*", "=", text.strip())))
+    return names - KEYWORDS
+
+
+def functions(code):
+    """(name, first line, lines) of each function CODE defines."""
+    return [(IDENTIFIER.findall(text[:text.index("(")])[-1], first, last - first + 1)
+            for text, first, last, body in file_scope(code) if body]
+
+
+def sources(folder):
+    root = os.path.join(TOP, folder)
+    out = {}
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".c"):
+            with open(os.path.join(root, name)) as stream:
+                out[f"{folder}/{name}"] = code_of(stream.read())
+    return out
+
+
+def dependencies(files):
+    """file -> {file it calls into: the names it uses there}."""
+    owner = {name: path for path, code in files.items() for name in defined(code)}
+    graph = {}
+    for path, code in files.items():
+        used = set(re.findall(r"(?<!\.)(?<!->)\b[A-Za-z_]\w*", code))      # (not a member: x.name, p->name)
+        graph[path] = {}
+        for name in sorted(used):
+            if owner.get(name, path) != path:
+                graph[path].setdefault(owner[name], []).append(name)
+    return graph
+
+
+def circles(graph):
+    """Each loop of GRAPH once, as the list of its files (depth-first, from every file)."""
+    found = set()
+    out = []
+
+    def walk(path, trail):
+        for target in graph[path]:
+            if target in trail:
+                loop = trail[trail.index(target):]
+                key = frozenset(loop)
+                if key not in found:
+                    found.add(key)
+                    out.append(loop + [target])
+            elif len(trail) < len(graph):
+                walk(target, trail + [target])
+
+    for path in graph:
+        walk(path, [path])
+    return out
+
+
+def test_the_reader_sees_a_circle_and_a_long_function():
+    files = {"a.c": code_of('#include "x.h"\nint a(void)\n{\n    return b(); /* c() */\n}\nconst char *v, *w = "t";\n'
+                            "struct s {\n    int m, n;\n};\nstruct s u = {1, 2};\n"),
+             "b.c": code_of("static int c(void) { return 0; }\nint b(void)\n{\n    return a() + c();\n}\n"),
+             "c.c": code_of("int d(void);\nint e(struct s *p)\n{\n    return d() + (int)*w + p->v + p[0].a;\n}\n")}
+    assert defined(files["a.c"]) == {"a", "v", "w", "u"} and defined(files["b.c"]) == {"b"}
+    graph = dependencies(files)
+    assert graph == {"a.c": {"b.c": ["b"]}, "b.c": {"a.c": ["a"]}, "c.c": {"a.c": ["w"]}}
+    assert [sorted(loop) for loop in circles(graph)] == [["a.c", "a.c", "b.c"]]
+    assert functions(files["a.c"]) == [("a", 2, 4)]
+
+
+def test_no_circle_between_the_front_ends_files():
+    for folder in FOLDERS:
+        graph = dependencies(sources(folder))
+        loops = circles(graph)
+        assert not loops, "files that call into each other: " + "; ".join(
+            loop[0] + "".join(f" -({', '.join(graph[path][nxt])})-> {nxt}" for path, nxt in zip(loop, loop[1:]))
+            for loop in loops)
+
+
+def test_no_front_end_function_over_the_bound():
+    over = [f"{path}:{first} {name} ({lines} lines)" for folder in FOLDERS
+            for path, code in sources(folder).items() for name, first, lines in functions(code)
+            if lines > MAX_FUNCTION_LINES]
+    assert not over, f"over {MAX_FUNCTION_LINES} lines, split by concern: " + ", ".join(over)
