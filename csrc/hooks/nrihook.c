@@ -1,12 +1,14 @@
 /* cdi-shim-nshook nri: the one createContainer hook of an NRI adjustment (shim/nri/nativehook.py),
  * in place of the toolkit's create-symlinks, chmod and update-ldcache hooks.
  *
- *   cdi-shim-nshook nri [--socket PATH] [--fallback PROGRAM] [--link TARGET::LINK]...
- *                       [--chmod MODE:PATH]... [--folder DIR]...
+ *   cdi-shim-nshook nri [--socket PATH] [--fallback PROGRAM] [--params FILE]
+ *                       [--link TARGET::LINK]... [--chmod MODE:PATH]... [--folder DIR]...
  *
  * runc runs it in the container's mount namespace after its mounts, before pivot_root, with the
  * OCI state on stdin (the rootfs: ocistate.c). In order: the links and the modes, here (what
- * `symlinks` and `chmod` do: csrc/engine/devlinks.c, every path resolved inside the rootfs);
+ * `symlinks` and `chmod` do: csrc/engine/devlinks.c, every path resolved inside the rootfs) and,
+ * with --params, FILE (the plugin's copy of the host's params with ModifyDeviceFiles: 0) bound
+ * over the rootfs's /proc/driver/nvidia/params, as `bind-params` (disable-device-node-modification);
  * then, with folders, the linker cache: the rootfs's descriptor, opened here where the mounts
  * are, goes over SOCKET (SCM_RIGHTS) to the NRI plugin, a process already running, which writes
  * the cache through it with the runtime's cache engine (shim/nri/hookserver.py) and answers
@@ -36,8 +38,8 @@
 
 static int nri_usage(void)
 {
-    fputs("usage: cdi-shim-nshook nri [--socket PATH] [--fallback PROGRAM] [--link TARGET::LINK]...\n"
-          "                           [--chmod MODE:PATH]... [--folder DIR]...\n",
+    fputs("usage: cdi-shim-nshook nri [--socket PATH] [--fallback PROGRAM] [--params FILE]\n"
+          "                           [--link TARGET::LINK]... [--chmod MODE:PATH]... [--folder DIR]...\n",
           stderr);
     return 2;
 }
@@ -166,7 +168,7 @@ int cds_nri_hook(int argc, char **argv)
 {
     static char *links[MAX_ITEMS], *modes[MAX_ITEMS], *folders[MAX_ITEMS];
     int nlinks = 0, nmodes = 0, nfolders = 0;
-    const char *socket_path = NULL, *fallback = NULL;
+    const char *socket_path = NULL, *fallback = NULL, *params = NULL;
     for (int i = 2; i < argc; i++) {
         const char *name = argv[i];
         if (i + 1 >= argc)
@@ -176,6 +178,8 @@ int cds_nri_hook(int argc, char **argv)
             socket_path = value;
         else if (strcmp(name, "--fallback") == 0 && value[0] == '/')
             fallback = value;
+        else if (strcmp(name, "--params") == 0 && value[0] == '/')
+            params = value;
         else if (strcmp(name, "--link") == 0 && nlinks < MAX_ITEMS)
             links[nlinks++] = value;
         else if (strcmp(name, "--chmod") == 0 && nmodes < MAX_ITEMS)
@@ -197,7 +201,8 @@ int cds_nri_hook(int argc, char **argv)
         fprintf(stderr, "Error: nri: cannot open the rootfs %s: %s\n", rootfs, strerror(errno));
         goto out;
     }
-    if ((nlinks && cds_nshook_links(rootfd, rootfs, links, nlinks)) || chmod_entries(rootfd, rootfs, modes, nmodes))
+    if ((nlinks && cds_nshook_links(rootfd, rootfs, links, nlinks)) || chmod_entries(rootfd, rootfs, modes, nmodes)
+        || (params && cds_nshook_bind_params(rootfd, rootfs, params)))
         goto out;
     rc = 0;
     if (nfolders) {

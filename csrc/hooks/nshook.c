@@ -69,8 +69,8 @@ static int usage_to(FILE *out, int status)
           "       cdi-shim-nshook binds [--rootfs DIR] --bind SOURCE DEST OPTIONS... [--params FILE]\n"
           "                             [--link TARGET::LINK...]\n"
           "       cdi-shim-nshook chmod [--rootfs DIR] --mode OCTAL --path PATH...\n"
-          "       cdi-shim-nshook nri [--socket PATH] [--fallback PROGRAM] [--link TARGET::LINK]...\n"
-          "                           [--chmod MODE:PATH]... [--folder DIR]...\n"
+          "       cdi-shim-nshook nri [--socket PATH] [--fallback PROGRAM] [--params FILE]\n"
+          "                           [--link TARGET::LINK]... [--chmod MODE:PATH]... [--folder DIR]...\n"
           "  (OCI createContainer hooks, run by runc in the container's mount namespace: bind FILE\n"
           "   read-only over " PARAMS_PATH ", make links under a mount, or bind host files\n"
           "   at DEST with OPTIONS (bind or rbind, ro, nosuid, nodev, noexec, [r]private, [r]slave),\n"
@@ -131,7 +131,7 @@ static int mount_on_fd(int fd, const char *source, unsigned long flags)
     return rc;
 }
 
-static int bind_params(int rootfd, const char *rootfs, const char *source)
+int cds_nshook_bind_params(int rootfd, const char *rootfs, const char *source)
 {
     /* The bind; then, on the path opened again (it now names the mount, not the file under
      * it), read-only and private. */
@@ -375,8 +375,9 @@ int main(int argc, char **argv)
     if (rootfd < 0) {
         fprintf(stderr, "Error: %s: cannot open the rootfs %s: %s\n", command, rootfs, strerror(errno));
     } else {
-        rc = params   ? bind_params(rootfd, rootfs, source)
-            : binding ? bind_files(rootfd, rootfs, binds, bound) || (source && bind_params(rootfd, rootfs, source))
+        rc = params ? cds_nshook_bind_params(rootfd, rootfs, source)
+            : binding
+            ? bind_files(rootfd, rootfs, binds, bound) || (source && cds_nshook_bind_params(rootfd, rootfs, source))
                 || (count && cds_nshook_links(rootfd, rootfs, links, count))
             : modes ? cds_nshook_chmod(rootfd, rootfs, mode, links, count)
                     : cds_nshook_links(rootfd, rootfs, links, count);

@@ -34,7 +34,10 @@ def nri(socket_path, namespaces, name, index, hook_socket, once):
     is its systemd unit.
     """
     from ..linker.container import our_program
+    import os
+
     from ..nri.hookserver import HookServer
+    from ..nri.nativehook import ToolkitFiles
     from ..nri.plugin import Plugin
     from ..nri.policy import Policy
 
@@ -48,7 +51,8 @@ def nri(socket_path, namespaces, name, index, hook_socket, once):
     except OSError as err:
         fail(f"cannot serve the hook at {hook_socket}: {err.strerror or err}")
     plugin.policy = Policy(config, allowed, our_program("cdi-shim-nshook"), plugin.log,
-                           hook_options=("--socket", hook_socket, "--fallback", our_program("cdi-shim-hook")))
+                           hook_options=("--socket", hook_socket, "--fallback", our_program("cdi-shim-hook")),
+                           files=ToolkitFiles(os.path.join(os.path.dirname(hook_socket), "files")))
     plugin.log("info", f"serving namespaces {', '.join(allowed) or '(none)'} from {', '.join(config.spec_dirs)}")
     try:
         plugin.run(once=once)

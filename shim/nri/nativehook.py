@@ -47,7 +47,10 @@ def native_hooks(hooks, program, options=()):
     calls = [HookCall(hook) for hook in entries]
     chosen = [i for i, call in enumerate(calls) if call.command and _replaceable(call)]
     if not chosen:
-        return hooks
+        if "--params" not in options:
+            return hooks
+        ours = {"path": program, "args": [os.path.basename(program), "nri", *options], "env": list(SAFE_HOOK_ENV)}
+        return dict(hooks, **{STAGE: [*entries, ours]})
     links, modes, folders = [], [], []
     for i in chosen:
         arguments = _arguments(calls[i])
@@ -57,3 +60,64 @@ def native_hooks(hooks, program, options=()):
     place = next((i for i in chosen if calls[i].command == "update-ldcache"), chosen[0])
     kept = [ours if i == place else hook for i, hook in enumerate(entries) if i == place or i not in chosen]
     return dict(hooks, **{STAGE: kept})
+
+
+FILE_HOOKS = ("update-application-profile", "disable-device-node-modification")
+
+
+class ToolkitFiles:
+    """The files the toolkit's update-application-profile and disable-device-node-modification
+    hooks would write, made by the plugin at CreateContainer in DIRECTORY (a folder runc's hooks
+    see; named by content, so one file serves every container that needs the same bytes)."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def write(self, prefix, data):
+        import hashlib
+
+        from cdi.safeio import write_file_atomic
+
+        os.makedirs(self.directory, mode=0o755, exist_ok=True)
+        path = os.path.join(self.directory, f"{prefix}-{hashlib.sha256(data).hexdigest()[:24]}")
+        if not os.path.exists(path):
+            write_file_atomic(path, data, 0o444, prefix=f".{prefix}.")
+        return path
+
+    def profile(self, config):
+        """The read-only bind mount of the application profile for CONFIG's /dev/nvidiaN, or None."""
+        from ..linker.toolkit_hooks import PROFILE_PATH, application_profile
+
+        data = application_profile(config)
+        if data is None:
+            return None
+        return {"destination": PROFILE_PATH, "type": "bind", "source": self.write("profile", data),
+                "options": ["rbind", "ro", "nosuid", "nodev", "rprivate"]}
+
+    def params(self):
+        """The host's params with ModifyDeviceFiles 0, as a file, or None (nothing to do)."""
+        from ..linker.toolkit_hooks import params_contents
+
+        data = params_contents()
+        return None if data is None else self.write("params", data)
+
+
+def native_files(hooks, config, files):
+    """HOOKS ({stage: [OCI hook]}) without the createContainer stage's update-application-profile
+    and disable-device-node-modification (no options), done by FILES (ToolkitFiles) for the
+    container whose edited config is CONFIG: (hooks, mounts to add, params file or None)."""
+    entries = hooks.get(STAGE) or []
+    done = [i for i, hook in enumerate(entries)
+            if (call := HookCall(hook)).command in FILE_HOOKS and not call.options]
+    if files is None or not done:
+        return hooks, [], None
+    mounts, params = [], None
+    for i in done:
+        if HookCall(entries[i]).command == "update-application-profile":
+            mount = files.profile(config)
+            if mount:
+                mounts.append(mount)
+        else:
+            params = files.params()
+    kept = [hook for i, hook in enumerate(entries) if i not in done]
+    return dict(hooks, **{STAGE: kept}), mounts, params

@@ -22,7 +22,7 @@ from cdi.errors import CDIError
 from cdi.parser import is_qualified_name
 
 from .messages import nri
-from .nativehook import native_hooks
+from .nativehook import native_files, native_hooks
 
 TOOLKIT_KEY = "nvidia.cdi.k8s.io/container."
 ALL_NAMESPACES = "*"
@@ -115,8 +115,9 @@ def _added(before, after):
     return added
 
 
-def adjustment(config, edited, hook_program, hook_options=()):
-    """The ContainerAdjustment that turns CONFIG (oci_config) into EDITED (the edits applied)."""
+def adjustment(config, edited, hook_program, hook_options=(), files=None):
+    """The ContainerAdjustment that turns CONFIG (oci_config) into EDITED (the edits applied);
+    FILES (nativehook.ToolkitFiles) does the toolkit's profile and params hooks."""
     adjust = nri.ContainerAdjustment()
     for entry in _added(config["process"]["env"], edited["process"].get("env") or []):
         key, _, value = entry.partition("=")
@@ -134,12 +135,15 @@ def adjustment(config, edited, hook_program, hook_options=()):
                                                  access=rule.get("access", ""))
         _optional(out.major, rule.get("major"))
         _optional(out.minor, rule.get("minor"))
-    for mount in _added(config["mounts"], edited.get("mounts") or []):
-        adjust.mounts.add(destination=mount["destination"], type=mount.get("type", ""),
-                          source=mount.get("source", ""), options=mount.get("options") or [])
     # a hook the container has already (a runtime injected the same devices) is not added twice
     new_hooks = {stage: [hook for hook in entries if hook not in ((config.get("hooks") or {}).get(stage) or [])]
                  for stage, entries in (edited.get("hooks") or {}).items()}
+    new_hooks, file_mounts, params = native_files(new_hooks, edited, files)
+    if params:
+        hook_options = (*hook_options, "--params", params)
+    for mount in _added(config["mounts"], edited.get("mounts") or []) + file_mounts:
+        adjust.mounts.add(destination=mount["destination"], type=mount.get("type", ""),
+                          source=mount.get("source", ""), options=mount.get("options") or [])
     for oci, field in HOOK_STAGES:
         for hook in native_hooks(new_hooks, hook_program, hook_options).get(oci) or []:
             out = getattr(adjust.hooks, field).add(path=hook["path"], args=hook.get("args") or [],
@@ -154,11 +158,12 @@ UNCARRIED = ("netDevices", "intelRdt", "additionalGids")
 class Policy:
     """CreateContainer's decisions, with the registry kept between calls."""
 
-    def __init__(self, settings, namespaces, hook_program, log, hook_options=()):
+    def __init__(self, settings, namespaces, hook_program, log, hook_options=(), files=None):
         self.settings = settings
         self.namespaces = tuple(namespaces)
         self.hook_program = hook_program
         self.hook_options = tuple(hook_options)     # the hook's own options (nativehook.py)
+        self.files = files                          # nativehook.ToolkitFiles, or None
         self.log = log
         self._registry = None
 
@@ -202,4 +207,4 @@ class Policy:
             raise CreateFailure(f"container {container.name}: failed to inject devices "
                                 f"{', '.join(devices)} (from {specs}): {err}") from None
         self.log("info", f"{where}: {', '.join(devices)} (from {specs})")
-        return adjustment(config, edited, self.hook_program, self.hook_options)
+        return adjustment(config, edited, self.hook_program, self.hook_options, self.files)

@@ -115,3 +115,78 @@ def test_the_server_refuses_malformed_requests(tmp_path, server):
         sock.sendall(b"update-ldcache\0/x\0")
         sock.shutdown(socket.SHUT_WR)
         assert b"malformed" in sock.recv(4096)
+
+
+FILES_SPEC = """cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+containerEdits:
+  hooks:
+    - {hookName: createContainer, path: /usr/bin/h, args: [nvidia-cdi-hook, update-ldcache, --folder, /usr/lib]}
+    - {hookName: createContainer, path: /usr/bin/h, args: [nvidia-cdi-hook, disable-device-node-modification]}
+    - {hookName: createContainer, path: /usr/bin/h, args: [nvidia-cdi-hook, update-application-profile]}
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia0, hostPath: /dev/null}]
+"""
+
+
+@pytest.mark.parametrize("params", ["ModifyDeviceFiles: 1\n", "ModifyDeviceFiles: 0\n", None])
+def test_profile_and_params_hooks_done_by_the_plugin(tmp_path, cache_dir, monkeypatch, params):
+    """update-application-profile: the plugin's profile file (by content) bound read-only;
+    disable-device-node-modification: the plugin's params copy passed as --params to the one
+    native hook, or nothing when the host's params need no change (or are absent)."""
+    from shim.config import Config
+    from shim.linker.toolkit_hooks import PROFILE_PATH, application_profile
+    from shim.nri.messages import nri
+    from shim.nri.nativehook import ToolkitFiles
+    from shim.nri.policy import Policy
+    from tests.conftest import write_spec
+
+    host_params = tmp_path / "params"
+    if params is not None:
+        host_params.write_text("Foo: 1\n" + params)
+    monkeypatch.setenv("CDI_SHIM_NVIDIA_PARAMS", str(host_params))
+    write_spec(str(tmp_path / "cdi"), "gpu.yaml", FILES_SPEC)
+    files = ToolkitFiles(str(tmp_path / "files"))
+    policy = Policy(Config(spec_dirs=(str(tmp_path / "cdi"),)), ("ml",), "/x/cdi-shim-nshook", lambda *a: None,
+                    hook_options=("--socket", "/run/h.sock"), files=files)
+    pod = nri.PodSandbox(name="p", namespace="ml", annotations={"cdi.k8s.io/g": "nvidia.com/gpu=0"})
+    adjust = policy.create_container(pod, nri.Container(name="c"))
+    (hook,) = adjust.hooks.create_container
+    args = list(hook.args)
+    if params == "ModifyDeviceFiles: 1\n":
+        assert args[:6] == ["cdi-shim-nshook", "nri", "--socket", "/run/h.sock", "--params", args[5]]
+        with open(args[5]) as stream:
+            assert stream.read() == "Foo: 1\nModifyDeviceFiles: 0\n"
+    else:
+        assert "--params" not in args
+    assert args[-2:] == ["--folder", "/usr/lib"]
+    (mount,) = [m for m in adjust.mounts if m.destination == PROFILE_PATH]
+    assert "ro" in mount.options
+    with open(mount.source, "rb") as stream:
+        assert stream.read() == application_profile({"linux": {"devices": [
+            {"path": "/dev/nvidia0", "type": "c", "major": 1, "minor": 3}]}})
+    assert stat.S_IMODE(os.stat(mount.source).st_mode) == 0o444
+    again = policy.create_container(pod, nri.Container(name="c"))   # the same bytes, the same file
+    assert [m.source for m in again.mounts if m.destination == PROFILE_PATH] == [mount.source]
+
+
+def test_params_bound_over_the_rootfs_params(tmp_path):
+    """`--params FILE`: FILE bound read-only over the rootfs's /proc/driver/nvidia/params, in a
+    mount namespace of its own here (unshare), as runc's would be."""
+    import shutil
+
+    rootfs, state = bundle(tmp_path)
+    (rootfs / "proc" / "driver" / "nvidia").mkdir(parents=True)
+    (rootfs / "proc" / "driver" / "nvidia" / "params").write_text("ModifyDeviceFiles: 1\n")
+    source = tmp_path / "copy"
+    source.write_text("ModifyDeviceFiles: 0\n")
+    unshare = shutil.which("unshare")
+    script = (f'{tool("cdi-shim-nshook")} nri --params {source} && cat {rootfs}/proc/driver/nvidia/params && '
+              f'! touch {rootfs}/proc/driver/nvidia/params 2>/dev/null')
+    done = subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", script], input=state,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "ModifyDeviceFiles: 0\n"
+    assert (rootfs / "proc" / "driver" / "nvidia" / "params").read_text() == "ModifyDeviceFiles: 1\n"
