@@ -104,5 +104,5 @@ $copy_only && exit 0
 # shellcheck disable=SC2086 # the arguments are words
 $NSENTER /opt/cdi-shim/current/bin/cdi-shim install --node $INSTALL_ARGS
 if $switched && [ -n "$NSENTER" ]; then
-    $NSENTER systemctl try-restart cdi-shim-resident.service || true
+    $NSENTER systemctl try-restart cdi-shim-resident.service cdi-shim-generate.service || true
 fi

@@ -41,14 +41,19 @@ from .common import fail as _fail
 @click.option("--layout", type=click.Choice(["files", "one-mount"]), default="files", show_default=True,
               help="The CDI spec's layout, as `cdi generate --layout`: one-mount keeps the driver's files in "
                    "/var/lib/cdi-shim/driver and binds that folder (docs/one-mount.md); pass it at every run.")
+@click.option("--no-spec-refresh", "spec_refresh", is_flag=True, flag_value=False, default=True,
+              help="Do not install the spec refresh (cdi-shim-generate.service: `cdi generate --watch`, which "
+                   "regenerates the spec after a driver upgrade, as the toolkit's nvidia-cdi-refresh).")
 def install(node, drop_in, nri, restart, root, runtime_name, runtime_binary, cdi_shim_binary, containerd_binary,
-            systemctl, driver_root, dev_root, dev_char_only, hook_program, layout):
+            systemctl, driver_root, dev_root, dev_char_only, hook_program, layout, spec_refresh):
     """Set up this node for cdi-shim, idempotently: rerun it at every node start.
 
     Writes /etc/cdi-shim/config.toml when missing, registers the runtime with containerd (a
     drop-in with --drop-in; on k3s/rke2 their config.toml.tmpl), installs, enables and starts
-    the resident process's unit, generates /var/run/cdi/nvidia.yaml when a GPU is present, and
-    links the specs' device nodes in /dev/char (with a udev rule for nodes made later).
+    the resident process's unit, generates /var/run/cdi/nvidia.yaml when a GPU is present, installs,
+    enables and starts the spec refresh (cdi-shim-generate.service: `cdi generate --watch`; not
+    with --no-spec-refresh), and links the specs' device nodes in /dev/char (with a udev rule for
+    nodes made later).
     A second run changes nothing and says so. containerd is restarted only with --restart, and
     only when its configuration changed. With --nri: the NRI plugin's unit instead of the runtime
     entry and the resident unit (containerd 1.7 needs NRI turned on: a note says so).
@@ -59,7 +64,7 @@ def install(node, drop_in, nri, restart, root, runtime_name, runtime_binary, cdi
         installer = Installer(root=root, drop_in=drop_in, runtime_name=runtime_name, runtime_binary=runtime_binary,
                               cdi_shim=cdi_shim_binary, containerd=containerd_binary, systemctl=systemctl,
                               driver_root=driver_root, dev_root=dev_root, hook_program=hook_program,
-                              layout=layout)
+                              layout=layout, spec_refresh=spec_refresh)
         install_node(installer, restart=restart, report=lambda line: click.echo(f"cdi-shim: {line}", err=True),
                      dev_char_only=dev_char_only, nri=nri)
     except InstallError as err:

@@ -27,6 +27,8 @@ The steps, each returning a `Step` that says what it changed:
    cdi-shim through `runtime configure --runtime=podman`'s plan (podman injects --device itself and
    reads the file at each run: nothing to restart).
 4. `cdi_spec`: /var/run/cdi/nvidia.yaml from NVML when a GPU is present (/dev/nvidiactl).
+4b. the spec refresh (shim/node/refresh_unit.py): `cdi generate --watch` as cdi-shim-generate.service,
+   enabled and started, unless told not to (--no-spec-refresh).
 5. `dev_char`: /dev/char/MAJOR:MINOR links for the specs' device nodes and the udev rule that
    makes them for nodes made later (shim/node/devchar.py: why the systemd cgroup driver needs them).
 
@@ -106,7 +108,7 @@ class InstallError(Exception):
 
 def unit_text(cdi_shim):
     """The resident unit, running CDI_SHIM (contrib/cdi-shim-resident.service is this with
-    /usr/local/bin/cdi-shim)."""
+    /opt/cdi-shim/current/bin/cdi-shim, the node prefix's)."""
     return UNIT_TEXT.replace("@CDI_SHIM@", cdi_shim)
 
 
@@ -127,7 +129,7 @@ class Installer:
 
     def __init__(self, root="/", drop_in=False, runtime_name="nvidia", runtime_binary=None, cdi_shim=None,
                  containerd="containerd", systemctl=None, driver_root=None, dev_root=None, hook_program=None,
-                 layout="files"):
+                 layout="files", spec_refresh=True):
         self.root = os.path.abspath(root)
         self.drop_in = drop_in
         self.runtime_name = runtime_name
@@ -143,6 +145,8 @@ class Installer:
             self.systemctl, self.no_systemctl = None, f'PID 1 is "{init}", not systemd'
         else:
             self.systemctl, self.no_systemctl = ["systemctl"], None
+        self.given_driver_root, self.given_dev_root = driver_root, dev_root   # (the refresh unit's options)
+        self.spec_refresh = spec_refresh   # 4b: cdi generate --watch as a unit (shim/node/refresh_unit.py)
         self.driver_root = driver_root or self.root  # as `cdi generate`: the dev root defaults to it
         self.dev_root = dev_root or self.driver_root
         self.hook_program = hook_program
@@ -571,10 +575,13 @@ def install_node(installer, restart=False, report=print, dev_char_only=False, nr
     A step that fails does not stop the others (a driver whose NVML fails must not keep the runtime
     registration from taking effect): the restart, when one is due and asked for, still happens,
     and then InstallError names every failure."""
+    from .refresh_unit import refresh_unit
+
     steps, failed = [], []
     plan = (("config", installer.cdi_shim_config), ("containerd", installer.register_runtime),
             ("docker", installer.register_docker), ("podman", installer.register_podman),
-            ("resident", installer.resident_unit), ("cdi-spec", installer.cdi_spec), ("dev-char", installer.dev_char))
+            ("resident", installer.resident_unit), ("cdi-spec", installer.cdi_spec),
+            ("spec-refresh", lambda: refresh_unit(installer)), ("dev-char", installer.dev_char))
     if nri:             # containerd's config untouched, no restart
         from .nri_unit import nri_unit
 

@@ -316,18 +316,26 @@ CONTRIB = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 UNITS = ("cdi-shim-generate.service", "cdi-shim-generate-once.service", "cdi-shim-generate.timer")
 
 
+PREFIX_CLI = "/opt/cdi-shim/current/bin/cdi-shim"    # the node prefix's (docs/install.md)
+
+
 def test_generate_units_verify_and_name_options_that_exist(tmp_path):
     """systemd-analyze verify accepts the units (ExecStart pointed at this cdi-shim), and the
-    command lines they run parse (--help appended: click checks every option first)."""
+    command lines they run parse (--help appended: click checks every option first). contrib/
+    holds the package's units (shim/node/units, in the wheel) rendered for the node prefix."""
+    from shim.node.units import NAMES, render
+
+    assert NAMES == UNITS
     analyze = fakedriver.need("systemd-analyze", "systemd")
     for name in UNITS:
         with open(os.path.join(CONTRIB, name)) as stream:
             text = stream.read()
-        (tmp_path / name).write_text(text.replace("/usr/local/bin/cdi-shim", node_cli()))
+        assert text == render(name, PREFIX_CLI), name
+        (tmp_path / name).write_text(text.replace(PREFIX_CLI, node_cli()))
         for line in text.splitlines():
             if line.startswith("ExecStart="):
                 argv = line[len("ExecStart="):].split()
-                assert argv[0] == "/usr/local/bin/cdi-shim"
+                assert argv[0] == PREFIX_CLI
                 done = subprocess.run([node_cli(), *argv[1:], "--help"], capture_output=True, text=True, timeout=60)
                 assert done.returncode == 0, (line, done.stderr)
     done = subprocess.run([analyze, "verify", *[str(tmp_path / name) for name in UNITS]], capture_output=True,
@@ -389,3 +397,61 @@ def test_watch_backs_off_and_a_file_change_retries_at_once(tmp_path):
                         (33, "retry")], attempts          # 8 (the cap) after the 6th failure; then success
     assert any("again (2 attempts); retry in 4 s" in line for line in log), log
     assert sum("is up to date" in line for line in log) == 1 and "up to date" in log[-1]
+
+
+@pytest.mark.runtime_e2e
+def test_the_installed_refresh_unit_regenerates_the_spec_after_a_driver_upgrade(node, tmp_path):
+    """Issue 46, item 2: `install --node` installs cdi-shim-generate.service; its ExecStart line,
+    run as systemd would run it (one test-only addition: --proc-root, the fake procfs of the
+    kernel module's version), writes /var/run/cdi/nvidia.yaml (a private /run: a mount namespace
+    of its own) and replaces it after a driver upgrade, once the new libraries are there."""
+    import shlex
+
+    root = tmp_path / "node-root"
+    (root / "etc" / "containerd").mkdir(parents=True)
+    runtime = tmp_path / "cdi-shim-runtime"
+    runtime.write_text("#!/bin/sh\nexit 0\n")
+    runtime.chmod(0o755)
+    done = subprocess.run([node_cli(), "install", "--node", "--root", str(root), "--runtime-binary", str(runtime),
+                           "--cdi-shim-binary", node_cli(), "--driver-root", node.driver.root, "--dev-root",
+                           node.driver.dev_root, "--containerd-binary", fakedriver.need("containerd", "containerd")],
+                          capture_output=True, text=True, env=node.env(), timeout=120)
+    assert "spec-refresh: changed: wrote " in done.stderr, done.stderr
+    unit = (root / "etc/systemd/system/cdi-shim-generate.service").read_text()
+    assert os.path.islink(root / "etc/systemd/system/multi-user.target.wants/cdi-shim-generate.service")
+    [exec_start] = [line[len("ExecStart="):] for line in unit.splitlines() if line.startswith("ExecStart=")]
+    argv = shlex.split(exec_start)
+    assert argv[:3] == [node_cli(), "cdi", "generate"] and "--watch" in argv
+    assert argv[argv.index("--driver-root") + 1] == node.driver.root
+    assert argv[argv.index("--dev-root") + 1] == node.driver.dev_root
+
+    env = node.env()
+    env.pop(VERSION_FILE_ENV)          # --proc-root's version file
+    log = open(os.path.join(node.base, "unit.log"), "w+")
+    script = 'mount -t tmpfs -o mode=755 tmpfs /run && exec "$@"'
+    watch = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv,
+                              "--proc-root", node.proc], stdout=subprocess.DEVNULL, stderr=log, env=env)
+    # the unit's default output, /var/run/cdi/nvidia.yaml, in its namespace (/var/run is a link to /run,
+    # which would resolve in ours)
+    spec = f"/proc/{watch.pid}/root/run/cdi/nvidia.yaml"
+
+    def recorded():
+        try:
+            with open(spec) as stream:
+                return recorded_driver_version(yaml.safe_load(stream))
+        except (OSError, yaml.YAMLError):
+            return None
+    try:
+        wait_for(lambda: recorded() == OLD, 30, "the unit's first spec", log)
+        node.driver.remove_userspace()
+        node.module(NEW)
+        node.driver.upgrade(NEW, remove=False)
+        started = time.monotonic()
+        took = wait_for(lambda: recorded() == NEW, WATCH_BOUND, "the unit's spec for the new driver", log) - started
+        assert watch.poll() is None
+        print(f"the installed unit's watcher wrote the new driver's spec {took:.2f} s after its libraries")
+    finally:
+        stop(watch)
+        text = read_log(log)
+        log.close()
+    assert "Traceback" not in text, text

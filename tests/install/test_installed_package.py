@@ -123,6 +123,8 @@ def test_the_wheel_ships_the_runtime_and_no_test_bench(built):
              os.path.basename(name) or name.endswith((".proto", "releases.py", "hosttools.py", "pods.py"))]
     assert not bench, bench
     assert "shim/runtime/main.py" in names and "cdi/registry.py" in names    # (the listing is the real one)
+    for unit in ("cdi-shim-generate.service", "cdi-shim-generate-once.service", "cdi-shim-generate.timer"):
+        assert f"shim/node/units/{unit}" in names, unit     # the spec refresh install --node installs
 
 
 def test_bench_pods_without_the_lab_says_what_to_install(venv, built):
@@ -248,5 +250,7 @@ def test_install_node_into_an_empty_node_tree(venv, built, tmp_path):
     assert f"BinaryName = '{venv}/bin/cdi-shim-runtime'" in config or \
         f'BinaryName = "{venv}/bin/cdi-shim-runtime"' in config, config
     assert f"ExecStart={venv}/bin/cdi-shim runtime serve" in unit, unit
+    refresh = (root / "etc/systemd/system/cdi-shim-generate.service").read_text()
+    assert f"ExecStart={venv}/bin/cdi-shim cdi generate --watch " in refresh, refresh
     again = installed(venv, "cdi-shim", "install", "--node", "--root", str(root), cwd=built["outside"])
     assert again.returncode == 0 and "changed:" not in again.stderr.replace("unchanged:", ""), again.stderr

@@ -199,6 +199,7 @@ def test_release_artefacts(image, tmp_path):
     listing = subprocess.run(["tar", "tzf", str(out / f"cdi-shim-node-{__version__}.tar.gz")], capture_output=True,
                              text=True).stdout.split()
     assert {"current/bin/cdi-shim-runtime", "current/bin/python3", "current/node-install.sh"} <= set(listing)
+    assert [n for n in listing if n.endswith("/shim/node/units/cdi-shim-generate.service")], listing  # the refresh
 
 
 def test_installer_on_a_node_without_containerd_config_names_the_file_and_the_fix(image, tmp_path):

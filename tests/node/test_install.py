@@ -163,7 +163,7 @@ def test_second_run_changes_nothing_and_containerd_loads_the_result(tmp_path, sh
     assert second.stderr.rstrip().endswith("cdi-shim: nothing changed"), second.stderr
     assert "changed:" not in second.stderr.replace("unchanged:", "").replace("nothing changed", "")
     if restart:   # only questions asked of systemd
-        assert [line.split()[0] for line in read(log).splitlines()] == ["is-enabled", "is-active"]
+        assert {line.split()[0] for line in read(log).splitlines()} == {"is-enabled", "is-active"}
 
     main = root / "etc" / "containerd" / "config.toml"
     loaded = real.dump(main)
@@ -209,7 +209,7 @@ def test_everything_it_puts_in_place(tmp_path, shim_env, fake_binary):
 
 
 def test_contrib_unit_is_the_installed_one():
-    assert read(os.path.join(REPO, "contrib", UNIT_NAME)) == unit_text("/usr/local/bin/cdi-shim")
+    assert read(os.path.join(REPO, "contrib", UNIT_NAME)) == unit_text("/opt/cdi-shim/current/bin/cdi-shim")
 
 
 def test_an_existing_cdi_shim_config_is_kept(tmp_path, shim_env, fake_binary):
@@ -290,7 +290,7 @@ def test_systemctl_enables_starts_and_restarts_only_on_change(tmp_path, shim_env
     program.write_text(FAKE_SYSTEMCTL.format(log=log, state=state))
     program.chmod(0o755)
     (state / "active-containerd").touch()
-    systemctl = ["--systemctl", str(program)]
+    systemctl = ["--systemctl", str(program), "--no-spec-refresh"]   # (its unit: test_spec_refresh_unit_*)
     out = install(root, "--drop-in", "--restart", *systemctl, env=shim_env, binary=fake_binary)
     assert read(log).splitlines() == [
         "daemon-reload", f"is-enabled --quiet {UNIT_NAME}", f"enable {UNIT_NAME}",
@@ -558,7 +558,8 @@ def test_a_failing_step_does_not_stop_the_others_nor_the_restart(tmp_path, shim_
 def test_no_resident_unit_when_the_config_turns_it_off(tmp_path, shim_env, fake_binary):
     root = node_root(tmp_path)
     node_config(root, 'resident-socket = ""\n')
-    out = install(root, "--drop-in", env=shim_env, binary=fake_binary)
+    out = install(root, "--drop-in", "--no-spec-refresh", env=shim_env, binary=fake_binary)
+    assert "spec-refresh: unchanged: not installed (--no-spec-refresh)" in out.stderr
     assert 'resident: unchanged: resident-socket is "" in' in out.stderr
     assert not (root / "etc" / "systemd").exists()
 
@@ -737,8 +738,9 @@ def test_a_failing_step_is_one_line_naming_the_file(tmp_path, shim_env, fake_bin
     out = install(root, "--drop-in", env=shim_env, binary=fake_binary, check=False)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert f"resident: failed: {root}/etc/systemd/system: Not a directory" in out.stderr
-    assert out.stderr.strip().splitlines()[-1] == \
-        f"Error: 1 step(s) failed: resident: {root}/etc/systemd/system: Not a directory"
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"Error: 2 step(s) failed: resident: {root}/etc/systemd/system: Not a directory; "
+        f"spec-refresh: {root}/etc/systemd/system: Not a directory")
     assert "nvidia" in dump(root / "etc" / "containerd" / "config.toml")["plugins"][CRI2]["containerd"]["runtimes"]
     assert read(root / "etc" / "systemd" / "system") == "not a folder\n"
     assert [p.name for p in (root / "etc" / "systemd").iterdir()] == ["system"]
@@ -835,3 +837,52 @@ def test_dev_char_links_planted_out_of_the_root_are_not_followed(tmp_path, shim_
     inside = root / str(outside).lstrip("/")
     assert sorted(os.listdir(inside)) == ["195:255", "235:1", "509:0"]
     assert f"dev-char: {root}/dev/nvidia0 is not a character device here: no link" in out.stderr, out.stderr
+
+
+# --- the spec refresh: cdi generate --watch as a unit (issue 46, item 2) ------------------------------
+
+def test_spec_refresh_unit_runs_this_cdi_shim_with_the_install_s_options(tmp_path, shim_env, fake_binary):
+    """Installed and enabled by default; its ExecStart names the install's cdi-shim and the
+    generate options the install was given; systemctl enables and starts it, restarts it when its
+    text changed (a new release), and a second run asks only; --no-spec-refresh leaves it out."""
+    from shim.node.units import render
+
+    root = node_root(tmp_path)
+    unit = root / "etc" / "systemd" / "system" / "cdi-shim-generate.service"
+    out = install(root, "--drop-in", "--driver-root", "/run/nvidia/driver", "--layout", "one-mount",
+                  env=shim_env, binary=fake_binary)
+    assert f"spec-refresh: changed: wrote {unit}; enabled it" in out.stderr, out.stderr
+    assert read(unit) == render("cdi-shim-generate.service", "/usr/local/bin/cdi-shim",
+                                ["--driver-root", "/run/nvidia/driver", "--layout", "one-mount"])
+    assert ("ExecStart=/usr/local/bin/cdi-shim cdi generate --watch --interval 5 --nvml-interval 60 "
+            "--driver-root /run/nvidia/driver --layout one-mount\n") in read(unit)
+    assert os.readlink(root / "etc/systemd/system/multi-user.target.wants/cdi-shim-generate.service") == \
+        "/etc/systemd/system/cdi-shim-generate.service"
+
+    state, log, program = tmp_path / "state", tmp_path / "systemctl.log", tmp_path / "systemctl"
+    state.mkdir()
+    program.write_text(FAKE_SYSTEMCTL.replace('test -e "{state}/enabled"', 'test -e "{state}/enabled-$3"')
+                       .replace('enable) touch "{state}/enabled"', 'enable) touch "{state}/enabled-$2"')
+                       .format(log=log, state=state))
+    program.chmod(0o755)
+    systemctl = ["--systemctl", str(program), "--driver-root", "/run/nvidia/driver", "--layout", "one-mount"]
+    install(root, "--drop-in", *systemctl, env=shim_env, binary=fake_binary)
+    calls = read(log).splitlines()
+    assert calls[calls.index("is-enabled --quiet cdi-shim-generate.service"):] == [
+        "is-enabled --quiet cdi-shim-generate.service", "enable cdi-shim-generate.service",
+        "is-active --quiet cdi-shim-generate.service", "start cdi-shim-generate.service"]
+    log.write_text("")
+    again = install(root, "--drop-in", *systemctl, env=shim_env, binary=fake_binary)
+    assert again.stderr.rstrip().endswith("nothing changed")
+    assert {line.split()[0] for line in read(log).splitlines()} == {"is-enabled", "is-active"}
+    log.write_text("")      # a new release's path: rewritten and restarted
+    run_cli("install", "--node", "--drop-in", "--root", str(root), "--runtime-binary", fake_binary,
+            "--cdi-shim-binary", "/opt/cdi-shim/current/bin/cdi-shim", "--containerd-binary", containerd(),
+            *systemctl, env=shim_env, check=True)
+    assert "restart cdi-shim-generate.service" in read(log).splitlines()
+    assert "ExecStart=/opt/cdi-shim/current/bin/cdi-shim cdi generate --watch" in read(unit)
+
+    other = node_root(tmp_path / "other")
+    out = install(other, "--drop-in", "--no-spec-refresh", env=shim_env, binary=fake_binary)
+    assert "spec-refresh: unchanged: not installed (--no-spec-refresh)" in out.stderr
+    assert not (other / "etc" / "systemd" / "system" / "cdi-shim-generate.service").exists()
