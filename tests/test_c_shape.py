@@ -2,7 +2,7 @@
 a name another defines depends on it; two that depend on each other, directly or around a
 loop, are one concern split badly), and no function longer than the bound. Read from the
 sources alone: comments, strings and preprocessor lines taken out, definitions found at file
-scope."""
+scope. And docs/development.md names every file of csrc/frontend and csrc/engine."""
 import os
 import re
 
@@ -133,3 +133,13 @@ def test_no_front_end_function_over_the_bound():
             for path, code in sources(folder).items() for name, first, lines in functions(code)
             if lines > MAX_FUNCTION_LINES]
     assert not over, f"over {MAX_FUNCTION_LINES} lines, split by concern: " + ", ".join(over)
+
+
+def test_the_developers_page_names_every_front_end_and_engine_file():
+    with open(os.path.join(TOP, "docs", "development.md")) as stream:
+        page = stream.read()
+    missing = [f"{folder}/{name}" for folder in ("csrc/frontend", "csrc/engine")
+               for name in sorted(os.listdir(os.path.join(TOP, folder)))
+               if name.endswith((".c", ".h", ".py")) and f"`{name}`" not in page
+               and f"`{name.rsplit('.', 1)[0]}.c`/`.h`" not in page]
+    assert not missing, "docs/development.md does not name: " + ", ".join(missing)
