@@ -5,8 +5,10 @@
 # wheel built from it), its dependencies and pip from the package index. The build itself runs
 # without network.
 #
-#   scripts/build-node-image.sh [--release-tag TAG] [--python-standalone TARBALL] [--tag IMAGE]
+#   scripts/build-node-image.sh [--release-tag TAG] [--python-standalone TARBALL] [--tag IMAGE] [--wheel WHEEL]
 #
+# --wheel: the cdi-shim wheel already built from this tree (scripts/release.sh's), used instead
+# of building it again.
 # --python-standalone: a python-build-standalone "install_only" tarball (downloaded elsewhere) as
 # the tree's Python instead of Debian's python3.11: see docs/install.md. --release-tag: a suffix of
 # the release name (<version>-<tag>), for a second release of the same version (the tests).
@@ -18,13 +20,14 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 . scripts/apt.sh
 
-release_tag="" standalone="" tag=""
+release_tag="" standalone="" tag="" wheel=""
 while (($#)); do
     case $1 in
         --release-tag) release_tag=${2:?--release-tag needs a value}; shift 2 ;;
         --python-standalone) standalone=${2:?--python-standalone needs a file}; shift 2 ;;
         --tag) tag=${2:?--tag needs a value}; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --wheel) wheel=${2:?--wheel needs a file}; shift 2 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) fail "unknown argument $1 (see --help)" ;;
     esac
 done
@@ -80,10 +83,16 @@ context=$(mktemp -d /var/tmp/cdi-shim-image.XXXXXX)
 trap 'rm -rf "$context"' EXIT
 mkdir -p "$context/deploy" "$context/wheels"
 cp deploy/build-tree.sh deploy/node-install.sh "$context/deploy/"
-step "the wheel: python -m build (the sdist, then the wheel from it)"
-.venv/bin/python -m pip install -q --disable-pip-version-check build
-(cd "$context" && "$repo/.venv/bin/python" -m build -q --outdir "$context/dist" "$repo" >/dev/null) ||
-    fail "python -m build failed (run it by hand for the whole output)"
+if [ -n "$wheel" ]; then
+    [ -f "$wheel" ] || fail "--wheel $wheel: no such file"
+    step "the wheel: $wheel (built already)"
+    mkdir -p "$context/dist" && cp "$wheel" "$context/dist/"
+else
+    step "the wheel: python -m build (the sdist, then the wheel from it)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check build
+    (cd "$context" && "$repo/.venv/bin/python" -m build -q --outdir "$context/dist" "$repo" >/dev/null) ||
+        fail "python -m build failed (run it by hand for the whole output)"
+fi
 step "the wheels of its dependencies, and pip's"
 .venv/bin/python -m pip wheel -q --disable-pip-version-check --wheel-dir "$context/wheels" "$context"/dist/*.whl
 .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: -d "$context/wheels" pip

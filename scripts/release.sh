@@ -19,8 +19,9 @@ rm -f "$out"/cdi_shim-"$version"* "$out/cdi-shim-node-$version.tar.gz" "$out/SHA
 step "the sdist, then the wheel from it"
 .venv/bin/python -m pip install -q --disable-pip-version-check build
 (cd /tmp && "$OLDPWD/.venv/bin/python" -m build -q --outdir "$out" "$OLDPWD" >/dev/null) || fail "python -m build failed"
-step "the node image"
-image=$(bash scripts/build-node-image.sh "$@" | tail -n 1)
+step "the node image (scripts/build-node-image.sh, from that wheel: its steps below)"
+wheel=$(ls "$out"/cdi_shim-"$version"-*.whl)
+image=$(bash scripts/build-node-image.sh --wheel "$wheel" "$@" | tee /dev/stderr | tail -n 1)
 step "the node tree tarball from $image"
 container=$(podman create -q "$image")
 trap 'podman rm -f "$container" >/dev/null 2>&1 || true' EXIT

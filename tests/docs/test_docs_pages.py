@@ -81,13 +81,21 @@ def test_readme_is_a_first_page():
 
 
 def test_readme_starts_with_the_two_commands_ci_runs():
-    """.ci/run and scripts/fresh-check.sh take the first ```sh block: two commands, the second the tests."""
+    """The README opens with the project's name and one paragraph on what it is; then its first
+    code block is the ```sh block .ci/run and scripts/fresh-check.sh take: two commands, the second
+    the tests. The tests' duration is said."""
     text = read(README)
-    assert text.startswith("```sh\n"), "README.md must open with the sh block of its two commands"
-    block = text[len("```sh\n"):text.index("\n```", len("```sh"))]
+    assert text.startswith("# cdi-shim\n\n"), "README.md must open with the project's name"
+    intro = text[len("# cdi-shim\n\n"):text.index("```")]
+    assert intro.strip() and "\n\n" not in intro.strip() and not intro.lstrip().startswith("#"), \
+        "one paragraph on what it is, then the set-up commands"
+    start = text.index("```")
+    assert text.startswith("```sh\n", start), "the first code block must be the sh block of the two commands"
+    block = text[start + len("```sh\n"):text.index("\n```", start + len("```sh"))]
     commands = [line for line in block.splitlines() if line.strip()]
     assert len(commands) == 2, commands
     assert "scripts/demo.sh" in commands[0] and "-m pytest" in commands[1], commands
+    assert re.search(r"test suite took about \d+ minutes", text), "say how long the tests take"
 
 
 # --- links ------------------------------------------------------------------------------------
