@@ -433,6 +433,35 @@ int cds_write_at(int dirfd, const char *name, const uint8_t *data, size_t len, u
     return rc;
 }
 
+/* Whether FD holds exactly LEN bytes DATA, as a regular file of ours with one name and MODE. */
+static int holds(int fd, const uint8_t *data, size_t len, uint32_t mode)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (st.st_mode & 07777) != (mode & 07777) || st.st_nlink != 1
+        || st.st_uid != geteuid() || st.st_gid != getegid() || (uint64_t)st.st_size != (uint64_t)len)
+        return 0;
+    uint8_t buf[16384];
+    size_t at = 0;
+    while (at < len) {
+        size_t want = len - at < sizeof buf ? len - at : sizeof buf;
+        ssize_t n = pread(fd, buf, want, (off_t)at);
+        if (n <= 0 || memcmp(buf, data + at, (size_t)n) != 0)
+            return 0;
+        at += (size_t)n;
+    }
+    return 1;
+}
+
+int cds_write_same_at(int dirfd, const char *name, const uint8_t *data, size_t len, uint32_t mode)
+{
+    if (strchr(name, '/') == NULL && name[0] != '\0') {
+        cleanup_fd int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        if (fd >= 0 && holds(fd, data, len, mode))
+            return 0;
+    }
+    return cds_write_at(dirfd, name, data, len, mode, 0);
+}
+
 long cds_list_dir(int dirfd, char **names, uint8_t **types, size_t *names_len)
 {
     struct cds_dirents dir;

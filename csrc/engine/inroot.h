@@ -74,6 +74,12 @@ int cds_open_host(const char *path);
  * SYNC asks for fsync before the rename. 0 or -1 (the temporary file is removed). */
 int cds_write_at(int dirfd, const char *name, const uint8_t *data, size_t len, uint32_t mode, int sync);
 
+/* cds_write_at (no sync), unless NAME is that file already: a regular file (never a link) of
+ * ours (uid and gid), with one name, MODE and those LEN bytes is left as it is, so its identity
+ * and its directory's stay what a previous write of the same gave them (a root reused run after
+ * run: shim/linker/stepmemo.py). 0 or -1. The one rule the step and the replay (replay.c) share. */
+int cds_write_same_at(int dirfd, const char *name, const uint8_t *data, size_t len, uint32_t mode);
+
 /* Directory listing: names and d_type values of the directory open at DIRFD (O_RDONLY;
  * read from its start, its offset is left at the end), "." and ".." left out. NAMES is one buffer of NUL-separated
  * names, TYPES one byte per name. Free both with cds_free. Returns the count or -1. */

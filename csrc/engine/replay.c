@@ -182,7 +182,8 @@ static int write_files(int bundlefd, const struct block *files)
 
 /* ROOTS: path NUL, mode (u32), length (u32), bytes; each written inside the root (its
  * directory resolved there, missing ones made; renamed over the name: a link there replaced,
- * never followed), as the step writes them (shim/linker/etcfiles.py, write_in_root). */
+ * never followed; one that holds exactly those bytes left as it is: cds_write_same_at), as the
+ * step writes them (shim/linker/etcfiles.py, write_in_root). */
 static int write_root_files(int rootfd, const struct block *roots)
 {
     const char *at = roots->data, *end = roots->data + roots->len;
@@ -197,7 +198,7 @@ static int write_root_files(int rootfd, const struct block *roots)
         *slash = '\0';
         size_t failed_at;
         cleanup_fd int dirfd = slash == path ? dup(rootfd) : cds_inroot_open_dirs(rootfd, path, &failed_at);
-        if (dirfd < 0 || cds_write_at(dirfd, slash + 1, (const uint8_t *)f.data, f.len, f.mode, 0) < 0)
+        if (dirfd < 0 || cds_write_same_at(dirfd, slash + 1, (const uint8_t *)f.data, f.len, f.mode) < 0)
             return -1;
     }
     return 0;

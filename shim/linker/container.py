@@ -40,6 +40,7 @@ from .etcfiles import compat_alone, compat_files, etc_overlay, overlay_etc, read
     write_in_root
 from .links import MountPlaces, call_links, dangling_later, made_links, make_links, make_soname_links, \
     soname_links_to_make
+from .mountpoints import make_mount_points
 
 CACHE_FILE = "cdi-shim.ld.so.cache"
 UNDER_A_MOUNT = "a link lies under a mounted directory"
@@ -172,9 +173,11 @@ def prepare_linker(config, bundle, log, file_binds=True, raw=None):
         log.debug(f"linker step: the one of an earlier container of these files and spec, replayed in {rootfs}")
         return replayed
     with StepResult(log, config, observe=True) as out:
+        out.trusted = stepmemo.trusted(rootfs)
         _step(out, bundle, rootfs, calls, mounts, libraries, start, file_binds)
     why = stepmemo.keep(step_key, out, rootfs, bundle, host)
     if why:
+        stepmemo.left(out, rootfs)
         log.debug(f"linker step not kept for a later container: {why}")
     return out.config
 
@@ -211,6 +214,7 @@ def _step(out, bundle, rootfs, calls, mounts, libraries, start, file_binds=True)
     """The linker step itself (prepare_linker, past the memo of whole steps), its file binds
     last, of OUT.original: OUT (stepresult.StepResult) filled, OUT.config the new config."""
     config = _linker_work(out.original, bundle, rootfs, calls, mounts, libraries, out, start)
+    make_mount_points(config, rootfs, out)     # (a root reused run after run: mountpoints.py)
     out.config = _bind_files(config, bundle, rootfs, out) if file_binds else config
     return out
 

@@ -89,7 +89,9 @@ def write_etc_in_root(rootfs, result, sonames, out, after=()):
 def write_in_root(rootfs, path, data, mode):
     """PATH in the rootfs (absolute, normalized) made DATA with MODE: its directory resolved
     inside the root (missing ones made, 0755), a temporary file renamed over the name (a link
-    there is replaced, never followed). OSError on failure."""
+    there is replaced, never followed); a file of ours that holds exactly DATA with MODE is left
+    as it is (cds_write_same_at: a root reused run after run keeps its identities, so a later
+    create replays the step). OSError on failure."""
     from .._native import ffi, lib
 
     parent, name = posixpath.split(path)
@@ -97,7 +99,7 @@ def write_in_root(rootfs, path, data, mode):
     try:
         fd = open_dir_in_root(rootfd, parent, ffi, lib)
         try:
-            if lib.cds_write_at(fd, os.fsencode(name), data, len(data), mode, 0) != 0:
+            if lib.cds_write_same_at(fd, os.fsencode(name), data, len(data), mode) != 0:
                 error = ffi.errno
                 raise OSError(error, os.strerror(error), path)
         finally:

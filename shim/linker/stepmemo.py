@@ -43,6 +43,7 @@ OURS_PREFIX = "cdi-shim."  # the names of the bundle files a step writes
 _ROOTFS = object()  # the blank for the container's rootfs in a changed hook's arguments
 
 _steps = None       # {key: [_Recipe, newest first]} while remembering
+_left = {}          # {(device, inode) of a root: {entry: identity} as the last step kept there left it}
 
 
 def remember_steps(enabled=True):
@@ -52,6 +53,7 @@ def remember_steps(enabled=True):
     global _steps
     previous = _steps is not None
     _steps = {} if enabled else None
+    _left.clear()
     return previous
 
 
@@ -265,7 +267,7 @@ def keep(step_key, done, rootfs, bundle, host):
             before = bytes(ffi.buffer(now + index, size))
             unchanged.append(entry)
         found.append(before)
-    if unchanged and _identify(rootfs, unchanged, done.started) is None:
+    if unchanged and _identify(rootfs, unchanged, done.started, done.trusted) is None:
         return "a path changed within the settle window"
     paths = b"\0".join(entries) + b"\0"
     at = len(entries)
@@ -276,10 +278,63 @@ def keep(step_key, done, rootfs, bundle, host):
     candidates = _steps.setdefault(step_key, [])
     recipe = _Recipe(paths, at, identities, list(done.links), files, binds, list(done.moved), layout,
                      done.root_files, done.overlay, done.sources)
+    # What the step left, as it left it: the next step of this key in this root finds its own
+    # writes and links young, and trusts them while they show these identities (trusted).
+    # (NOW was taken after the step: its writes, links and mount points made)
+    _leave(rootfs, {entry: bytes(ffi.buffer(now + index, size)) for index, entry in enumerate(entries)})
+    left(done, rootfs)      # (and every path its changes touched, looked at or not)
     candidates.insert(0, recipe)
     del candidates[_PER_KEY:]
     _took(recipe, host, step_key)
     return ""
+
+
+def left(done, rootfs):
+    """Note what an observed step that was not kept left (DONE: stepresult.StepResult): the paths
+    its own writes, links and mount points changed, as they are now, for the next step in
+    ROOTFS (trusted). A step that was refused for one of them being too new still made them
+    so: the next one finds them young, and ours."""
+    if _steps is None or not done.changed:
+        return
+    entries = done.changed
+    now = _identify(rootfs, entries)
+    if now is None:
+        return
+    size = ffi.sizeof("struct cds_identity")
+    made = dict(trusted(rootfs))
+    made.update((entry, bytes(ffi.buffer(now + index, size))) for index, entry in enumerate(entries))
+    _leave(rootfs, made)
+
+
+def _root_id(rootfs):
+    try:
+        st = os.stat(rootfs)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _leave(rootfs, left):
+    root = _root_id(rootfs)
+    if root is None or _steps is None:
+        return
+    if len(_left) >= _MAX_STEPS:
+        _left.clear()
+    _left[root] = left
+
+
+def trusted(rootfs):
+    """{memo entry: identity} of the paths the last step kept in ROOTFS (this folder, by device
+    and inode) left there: the next step in that root (whatever its key: a bundle run directly
+    has its config.json rewritten by the first run) finds its own writes, links and mount points
+    within the settle window, and takes each as settled while it shows the identity the step
+    left (a root reused run after run: a plain-folder bundle). Any other writer's change, even
+    of one of those files, gives another identity (a new inode, size or time), which the settle
+    window judges as ever. (A change within the clock tick of our own write keeps the identity:
+    the trust the file memo gives a settled file, given to our own write.)"""
+    if _steps is None:
+        return {}
+    return _left.get(_root_id(rootfs)) or {}
 
 
 def _layout(done, rootfs, in_bundle):

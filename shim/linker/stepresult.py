@@ -38,6 +38,10 @@ class StepResult:
         # memo entry -> identity (the links' paths and every directory above them), and a
         # directory's (device, inode) -> its identity (the same directory, reached by another path).
         self.before, self.directories = {}, {}
+        # Identities a kept step of this key left in its root (stepmemo.trusted): a path that
+        # shows one is ours as we left it, not too new however young (a root reused run after run).
+        self.trusted = {}
+        self.changed = []       # every entry its links, writes and mount points change (stepmemo.left)
 
     def __enter__(self):
         from ..ldconfig.engine import Root
@@ -84,7 +88,8 @@ class StepResult:
                 path = os.path.dirname(path)
         if not entries:
             return
-        identities = identify(rootfs, entries, self.started)
+        self.changed += [entry for entry in entries if entry not in self.changed]
+        identities = identify(rootfs, entries, self.started, self.trusted)
         if identities is None:
             self.refuse("a path its links change is too new")
             return
@@ -162,10 +167,21 @@ class StepResult:
                 self.sources.append((at[-1], source))
 
 
-def identify(rootfs, entries, started=None):
+def identify(rootfs, entries, started=None, trusted=None):
     """The identities (struct cds_identity[]) of memo ENTRIES in ROOTFS, or None when one of
     them changed within the settle time before STARTED (unless None), or the root cannot be
-    opened."""
+    opened. TRUSTED ({entry: identity bytes}, stepmemo.trusted): an entry showing that identity
+    is exempt from the settle time (our own step left it so)."""
+    identities = _identify(rootfs, entries, started if not trusted else None)
+    if identities is None or not trusted or started is None:
+        return identities
+    size = ffi.sizeof("struct cds_identity")
+    young = [entry for index, entry in enumerate(entries)
+             if trusted.get(entry) != bytes(ffi.buffer(identities + index, size))]
+    return identities if not young or _identify(rootfs, young, started) is not None else None
+
+
+def _identify(rootfs, entries, started):
     paths = b"\0".join(entries) + b"\0"
     identities = ffi.new("struct cds_identity[]", max(1, len(entries)))
     try:
