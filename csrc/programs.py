@@ -9,7 +9,8 @@ import subprocess
 import sysconfig
 
 LAUNCHER = ["csrc/launcher/pylaunch.c"]
-FRONTEND = ["runtime_main", "settings", "cmdline", "request_scan", "passthrough", "runlog", "resident_client", "after_create"]
+FRONTEND = ["runtime_main", "settings", "cmdline", "request_scan", "passthrough", "runlog", "resident_client",
+            "after_create"]
 # the engine's parts it links
 FRONTEND_ENGINE = ["replay", "replay_etc", "request", "ociconf", "inroot", "filememo", "devlinks"]
 PROGRAMS = {
