@@ -146,10 +146,12 @@ static int plain_path(const char *p)
 }
 
 /* LINKS: target NUL parent NUL name NUL, each made inside the root as the step makes it
- * (cds_link_at: what is there replaced, an identical link left). */
+ * (cds_link_at: what is there replaced, an identical link left). A folder's links come
+ * together (a driver's thirty soname links): its descriptor serves the next ones too. */
 static int make_links(int rootfd, const struct block *links)
 {
-    const char *at = links->data, *end = links->data + links->len;
+    const char *at = links->data, *end = links->data + links->len, *held = NULL;
+    cleanup_fd int dirfd = -1;
     while (at < end) {
         const char *target = at, *parent = target + strnlen(target, (size_t)(end - target)) + 1;
         if (parent >= end)
@@ -160,8 +162,13 @@ static int make_links(int rootfd, const struct block *links)
         at = name + strnlen(name, (size_t)(end - name)) + 1;
         if (at > end)
             return -1;
-        size_t failed_at;
-        cleanup_fd int dirfd = cds_inroot_open_dirs(rootfd, parent, &failed_at);
+        if (!held || strcmp(held, parent) != 0) {
+            size_t failed_at;
+            if (dirfd >= 0)
+                close(dirfd);
+            dirfd = cds_inroot_open_dirs(rootfd, parent, &failed_at);
+            held = parent;
+        }
         if (dirfd < 0 || cds_link_at(dirfd, name, target) < 0)
             return -1;
     }

@@ -276,7 +276,7 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
     # changed now would be scanned again in full rather than taken from the image's cache.
     deferred, links_made = [], {link for call in symlinks for _, link in call_links(call)}
     reasons = {}  # (stage, index) of a hook -> why its work was left to it
-    with MountPlaces(rootfs, destinations) as places:
+    with MountPlaces(rootfs, destinations, libraries) as places:
         for call in symlinks:
             links = list(call_links(call))
             pending = [(target, link) for target, link in links if not places.at_a_mount(link)]
@@ -478,7 +478,8 @@ def _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, out):
                           + ("" if later else " (no update-ldcache hook after it)"))
         elif call.command == "chmod":
             out.refuse("chmod")     # (rare: its modes and device fields are not replayed)
-            with MountPlaces(rootfs, destinations) as places:
+            with MountPlaces(rootfs, destinations, [m.get("destination") for m in mounts
+                                                    if _is_library(m.get("destination") or "")]) as places:
                 config, mode, later = toolkit.chmod(config, rootfs, call, places)
             if not later:
                 drop.add(call.at)

@@ -23,9 +23,12 @@ class MountPlaces:
     by place, not by text (merged /usr reaches one folder as /lib/x86_64-linux-gnu and
     /usr/lib/x86_64-linux-gnu; runc resolves a destination inside the root, links and all)."""
 
-    def __init__(self, rootfs, destinations):
+    def __init__(self, rootfs, destinations, files=()):
+        """FILES: those of DESTINATIONS that are files mounted (the libraries): nothing lies
+        under them, so their own links need not be followed (each a lookup a replay repeats)."""
         self._rootfs = rootfs
         self._destinations = [d for d in destinations if isinstance(d, str) and d.startswith("/")]
+        self._files = set(files)
         self._root, self._at, self._tops = None, None, None
 
     def canonical(self, path):
@@ -47,7 +50,7 @@ class MountPlaces:
             # (a mount lands where its destination leads: a link there is followed by runc)
             self._tops = set(self._at)
             if self._root:
-                self._tops.update(self._root.place(d) for d in self._destinations)
+                self._tops.update(self._root.place(d) for d in self._destinations if d not in self._files)
         return self._at, self._tops
 
     def at_a_mount(self, path):
