@@ -6,9 +6,9 @@ The fields the key covers are listed once, in csrc/engine/request.c (cds_request
 Here the injection's Python -- the request's resolution (shim/runtime/requests.py), apply_edits
 (cdi/container_edits.py), the trim of what was there before, the choice of a step and, with
 none, the hooks' explicit env (shim/runtime/main.py, shim/linker/container.py) -- runs on a
-config whose every object, array, string and number records its use, and each field read must be one the list covers; and each
-field the list names must change the key when it changes. A new read of the config in any of
-them fails here until the key covers it."""
+config whose every object, array, string and number records its use, and each field read must
+be one the list covers; and each field the list names must change the key when it changes. A
+new read of the config in any of them fails here until the key covers it."""
 import copy
 
 import pytest
