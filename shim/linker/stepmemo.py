@@ -34,7 +34,7 @@ import stat
 import struct
 
 from .._native import ffi, lib
-from .stepresult import identify as _identify
+from .stepresult import identify as _identify, places_of as _places_of
 
 _MAX_STEPS = 64     # a node's images times its specs
 _PER_KEY = 4        # roots tried for one key (each try stats every path)
@@ -258,9 +258,12 @@ def keep(step_key, done, rootfs, bundle, host):
         return "the root cannot be opened"
     size = ffi.sizeof("struct cds_identity")
     found, unchanged = [], []
+    # (an entry the links changed under another spelling: the same place, as it was before)
+    others = [entry for entry in entries if entry not in done.before] if done.places else []
+    by_place = {entry: done.places.get(place) for place, entry in _places_of(rootfs, others)}
     for index, entry in enumerate(entries):
         identity = now[index]
-        before = done.before.get(entry)
+        before = done.before.get(entry) or by_place.get(entry)
         if before is None and identity.err == 0 and stat.S_ISDIR(identity.mode):
             before = done.directories.get((identity.dev, identity.ino))
         if before is None:

@@ -38,6 +38,10 @@ class StepResult:
         # memo entry -> identity (the links' paths and every directory above them), and a
         # directory's (device, inode) -> its identity (the same directory, reached by another path).
         self.before, self.directories = {}, {}
+        # ... and each entry's place in the root (its kind and engine.Root.canonical) -> its
+        # identity: another spelling of it (merged /usr's /lib/x86_64-linux-gnu/..., the planner's)
+        # is the same path, whatever the links did to it (overlayfs gives a directory a new inode).
+        self.places = {}
         # Identities a kept step of this key left in its root (stepmemo.trusted): a path that
         # shows one is ours as we left it, not too new however young (a root reused run after run).
         self.trusted = {}
@@ -99,6 +103,8 @@ class StepResult:
             self.before[entry] = bytes(ffi.buffer(identities + index, size))
             if identity.err == 0 and stat.S_ISDIR(identity.mode):
                 self.directories.setdefault((identity.dev, identity.ino), self.before[entry])
+        for place, entry in places_of(rootfs, entries):
+            self.places.setdefault(place, self.before[entry])
 
     def linked(self, links):
         self.links += links
@@ -165,6 +171,22 @@ class StepResult:
                 return
             if (at[-1], source) not in self.sources:
                 self.sources.append((at[-1], source))
+
+
+def places_of(rootfs, entries):
+    """[((kind, place), entry)] of memo ENTRIES (a kind byte and a path) in ROOTFS: the path with
+    its folders' links followed (engine.Root.canonical), the last name as written (what the links
+    of a step change is that name, never the folders above it), looked up without being observed."""
+    from ..ldconfig.engine import LdcacheError, Root
+
+    if not entries:
+        return []
+    try:
+        root = Root(rootfs, observed=False)
+    except LdcacheError:
+        return []
+    with root:
+        return [((entry[:1], root.canonical(os.fsdecode(entry[1:]))), entry) for entry in entries]
 
 
 def identify(rootfs, entries, started=None, trusted=None):

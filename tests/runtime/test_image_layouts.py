@@ -354,3 +354,40 @@ def test_chmod_of_a_mounted_folder_by_another_spelling(world, driver, tmp_path, 
     os.chmod(bundle.rootfs + "/usr/lib/firmware/nvidia", 0o755)
     out = _run(world, bundle, tmp_path, how)
     assert out.strip() == "711", out
+
+
+def test_the_merged_usr_shape_is_replayed_by_the_front_end(world, driver, tmp_path):
+    """On merged /usr the step makes the soname links beside the mounted files: each way -- the
+    worker, the front end's replay, the worker's memo, Python alone -- gives the same container
+    (config.json, bundle files, links, linker files), the links there and the cache naming the
+    folder as /lib/x86_64-linux-gnu; the second create is the front end's."""
+    from test_front_end_replay import Image, each_way
+
+    made = Image(world, driver, tmp_path)
+    try:
+        layer = made.layer
+        for top in ("bin", "lib", "lib64"):     # the image made merged: its /bin, /lib, /lib64 into /usr
+            os.makedirs(f"{layer}/usr/{top}", exist_ok=True)
+            if os.path.isdir(f"{layer}/{top}"):
+                for name in os.listdir(f"{layer}/{top}"):
+                    os.rename(f"{layer}/{top}/{name}", f"{layer}/usr/{top}/{name}")
+                os.rmdir(f"{layer}/{top}")
+            os.symlink(f"usr/{top}", f"{layer}/{top}")
+        _write(layer + "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "# Multiarch support\n" + DEBIAN_DROPIN)
+        _write(layer + "/etc/debian_version", "12.12\n")
+        subprocess.run([lh.LDCONFIG, "-r", layer], check=True, timeout=60, capture_output=True)
+        seen = []
+
+        def check(how, bundle):
+            links = _links(bundle.rootfs + MULTIARCH)
+            cache = lh.listing(open(bundle.rootfs + "/etc/ld.so.cache", "rb").read()).decode()
+            seen.append(links)
+            assert f"libnvidia-ml.so.1 libnvidia-ml.so.{VERSION}" in links, (how, links)
+            assert "=> /lib/x86_64-linux-gnu/libnvidia-ml.so.1\n" in cache, (how, cache)
+            return True
+
+        results = each_way(world, made, check)
+        assert all(later == results[0] for later in results[1:])
+        assert all(links == seen[0] for links in seen[1:]), seen
+    finally:
+        made.close()
