@@ -1,20 +1,23 @@
 /* cdi-shim-nshook nri: the one createContainer hook of an NRI adjustment (shim/nri/nativehook.py),
- * in place of the toolkit's create-symlinks, chmod and update-ldcache hooks.
+ * in place of the toolkit's create-symlinks, chmod, enable-cuda-compat and update-ldcache hooks.
  *
  *   cdi-shim-nshook nri [--socket PATH] [--fallback PROGRAM] [--params FILE]
- *                       [--link TARGET::LINK]... [--chmod MODE:PATH]... [--folder DIR]...
+ *                       [--link TARGET::LINK]... [--chmod MODE:PATH]...
+ *                       [--cuda-compat DRIVER:CUDA | --folder DIR]...
  *
  * runc runs it in the container's mount namespace after its mounts, before pivot_root, with the
  * OCI state on stdin (the rootfs: ocistate.c). In order: the links and the modes, here (what
  * `symlinks` and `chmod` do: csrc/engine/devlinks.c, every path resolved inside the rootfs) and,
  * with --params, FILE (the plugin's copy of the host's params with ModifyDeviceFiles: 0) bound
  * over the rootfs's /proc/driver/nvidia/params, as `bind-params` (disable-device-node-modification);
- * then, with folders, the linker cache: the rootfs's descriptor, opened here where the mounts
- * are, goes over SOCKET (SCM_RIGHTS) to the NRI plugin, a process already running, which writes
- * the cache through it with the runtime's cache engine (shim/nri/hookserver.py) and answers
- * "ok" or the reason. No interpreter starts per container. When nothing listens at SOCKET (the
- * plugin restarting), PROGRAM (cdi-shim-hook) is exec'd for the cache: `PROGRAM nri --rootfs
- * DIR --folder DIR...`, the same work in a process of its own.
+ * then, with folders or compat calls (enable-cuda-compat's host versions; both kept in their
+ * order), the linker cache: the rootfs's descriptor, opened here where the mounts are, goes
+ * over SOCKET (SCM_RIGHTS) to the NRI plugin, a process already running, which decides the
+ * compat folder and writes the cache through it with the runtime's code (shim/nri/hookserver.py,
+ * cache.py) and answers "ok" or the reason. No interpreter starts per container. When nothing
+ * listens at SOCKET (the plugin restarting), PROGRAM (cdi-shim-hook) is exec'd for the cache:
+ * `PROGRAM nri --rootfs DIR [--cuda-compat V | --folder DIR]...`, the same work in a process of
+ * its own.
  * Errors: "Error: ..." on stderr, exit 1 (runc fails the create, naming the hook). */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -34,19 +37,28 @@
 
 #define MAX_ITEMS CDS_MAX_DEVICE_LINKS
 #define MAX_REQUEST (256u << 10)
-#define ANSWER_TIMEOUT 60 /* seconds: the plugin's cache work is bounded well below */
+#define ANSWER_TIMEOUT 60          /* seconds: the plugin's cache work is bounded well below */
+#define COMPAT_ITEM "cuda-compat:" /* a compat call's request item: "cuda-compat:DRIVER:CUDA" */
+
+/* The cache's items in their order: a folder, or (compat set) an enable-cuda-compat call. */
+struct cache_item {
+    char *value;
+    int compat;
+};
 
 static int nri_usage(void)
 {
     fputs("usage: cdi-shim-nshook nri [--socket PATH] [--fallback PROGRAM] [--params FILE]\n"
-          "                           [--link TARGET::LINK]... [--chmod MODE:PATH]... [--folder DIR]...\n",
+          "                           [--link TARGET::LINK]... [--chmod MODE:PATH]...\n"
+          "                           [--cuda-compat DRIVER:CUDA | --folder DIR]...\n",
           stderr);
     return 2;
 }
 
-/* "update-ldcache\0DIR\0DIR\0..." and ROOTFD to the plugin at SOCKET_PATH; its answer read to
- * the end. 0 done, 1 refused (reported), -1 nobody there (errno). */
-static int ask_plugin(const char *socket_path, int rootfd, char **folders, int count)
+/* "update-ldcache\0ITEM\0ITEM\0..." (a folder, or COMPAT_ITEM and the versions) and ROOTFD to
+ * the plugin at SOCKET_PATH; its answer read to the end. 0 done, 1 refused (reported), -1
+ * nobody there (errno). */
+static int ask_plugin(const char *socket_path, int rootfd, const struct cache_item *items, int count)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(socket_path) >= sizeof addr.sun_path) {
@@ -60,13 +72,14 @@ static int ask_plugin(const char *socket_path, int rootfd, char **folders, int c
     memcpy(request, verb, strlen(verb) + 1);
     used = strlen(verb) + 1;
     for (int i = 0; i < count; i++) {
-        size_t n = strlen(folders[i]) + 1;
-        if (used + n > sizeof request) {
+        size_t prefix = items[i].compat ? strlen(COMPAT_ITEM) : 0, n = strlen(items[i].value) + 1;
+        if (used + prefix + n > sizeof request) {
             fprintf(stderr, "Error: nri: the folders are over %u bytes\n", MAX_REQUEST);
             return 1;
         }
-        memcpy(request + used, folders[i], n);
-        used += n;
+        memcpy(request + used, COMPAT_ITEM, prefix);
+        memcpy(request + used + prefix, items[i].value, n);
+        used += prefix + n;
     }
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0)
@@ -126,8 +139,9 @@ static int ask_plugin(const char *socket_path, int rootfd, char **folders, int c
     return 1;
 }
 
-/* PROGRAM nri --rootfs ROOTFS --folder DIR... in place of this process (the plugin is away). */
-static int exec_fallback(const char *program, const char *rootfs, char **folders, int count)
+/* PROGRAM nri --rootfs ROOTFS [--cuda-compat V | --folder DIR]... in place of this process (the
+ * plugin is away). */
+static int exec_fallback(const char *program, const char *rootfs, const struct cache_item *items, int count)
 {
     static char *args[3 + 2 + 2 * MAX_ITEMS + 1];
     int n = 0;
@@ -136,8 +150,8 @@ static int exec_fallback(const char *program, const char *rootfs, char **folders
     args[n++] = "--rootfs";
     args[n++] = (char *)rootfs;
     for (int i = 0; i < count; i++) {
-        args[n++] = "--folder";
-        args[n++] = folders[i];
+        args[n++] = items[i].compat ? "--cuda-compat" : "--folder";
+        args[n++] = items[i].value;
     }
     args[n] = NULL;
     execv(program, args);
@@ -166,8 +180,9 @@ static int chmod_entries(int rootfd, const char *rootfs, char **entries, int cou
 
 int cds_nri_hook(int argc, char **argv)
 {
-    static char *links[MAX_ITEMS], *modes[MAX_ITEMS], *folders[MAX_ITEMS];
-    int nlinks = 0, nmodes = 0, nfolders = 0;
+    static char *links[MAX_ITEMS], *modes[MAX_ITEMS];
+    static struct cache_item items[MAX_ITEMS];
+    int nlinks = 0, nmodes = 0, nitems = 0;
     const char *socket_path = NULL, *fallback = NULL, *params = NULL;
     for (int i = 2; i < argc; i++) {
         const char *name = argv[i];
@@ -184,8 +199,10 @@ int cds_nri_hook(int argc, char **argv)
             links[nlinks++] = value;
         else if (strcmp(name, "--chmod") == 0 && nmodes < MAX_ITEMS)
             modes[nmodes++] = value;
-        else if (strcmp(name, "--folder") == 0 && nfolders < MAX_ITEMS)
-            folders[nfolders++] = value;
+        else if (strcmp(name, "--folder") == 0 && nitems < MAX_ITEMS)
+            items[nitems++] = (struct cache_item){.value = value, .compat = 0};
+        else if (strcmp(name, "--cuda-compat") == 0 && nitems < MAX_ITEMS && strchr(value, ':'))
+            items[nitems++] = (struct cache_item){.value = value, .compat = 1};
         else
             return nri_usage();
     }
@@ -205,12 +222,12 @@ int cds_nri_hook(int argc, char **argv)
         || (params && cds_nshook_bind_params(rootfd, rootfs, params)))
         goto out;
     rc = 0;
-    if (nfolders) {
-        rc = socket_path ? ask_plugin(socket_path, rootfd, folders, nfolders) : (errno = ENOENT, -1);
+    if (nitems) {
+        rc = socket_path ? ask_plugin(socket_path, rootfd, items, nitems) : (errno = ENOENT, -1);
         if (rc < 0 && fallback) {
             close(rootfd);
             rootfd = -1;
-            rc = exec_fallback(fallback, rootfs, folders, nfolders);
+            rc = exec_fallback(fallback, rootfs, items, nitems);
         } else if (rc < 0) {
             fprintf(stderr, "Error: nri: the NRI plugin is not at %s (%s) and no --fallback is given\n",
                     socket_path ? socket_path : "(no --socket)", strerror(errno));

@@ -1,20 +1,23 @@
 """`cdi-shim-hook nri ...`: the one createContainer hook an NRI adjustment carries
 (nativehook.py) in place of the toolkit's update-ldcache, create-symlinks and chmod hooks.
 
-    cdi-shim-hook nri [--rootfs DIR] [--link TARGET::LINK]... [--chmod MODE:PATH]... [--folder DIR]...
+    cdi-shim-hook nri [--rootfs DIR] [--link TARGET::LINK]... [--chmod MODE:PATH]...
+                      [--cuda-compat DRIVER:CUDA | --folder DIR]...
 
 runc runs it in the container's mount namespace after its mounts, before pivot_root, with the
 container state on stdin. In order: the links (as create-symlinks: what is at LINK replaced,
 parents made), the modes (as chmod: a missing path skipped, EPERM ignored), then the linker
-cache with FOLDERS (as update-ldcache) -- all inside the root (cdi-shim-hook's own update-ldcache
-and create-symlinks code), nothing of the image run or loaded.
+cache with FOLDERS (as update-ldcache), each --cuda-compat (as enable-cuda-compat, with those
+host versions) before it read first (cache.py: the runtime's decision and engine) -- all inside
+the root, nothing of the image run or loaded.
 With --rootfs (what cdi-shim-nshook nri execs when the plugin is away) the work is done on DIR
 and the state is not read.
 Errors: "Error: ..." on stderr, exit 1: runc fails the create, naming the hook.
 """
 import sys
 
-OPTIONS = {"--link": "links", "--chmod": "modes", "--folder": "folders", "--rootfs": "rootfs"}
+OPTIONS = {"--link": "links", "--chmod": "modes", "--folder": "folders", "--rootfs": "rootfs",
+           "--cuda-compat": "compat"}
 
 
 class _Everywhere:
@@ -28,8 +31,9 @@ class _Everywhere:
 
 
 def parse(argv):
-    """{links, modes, folders} of ARGV (after `nri`), or raise ValueError."""
-    values = {key: [] for key in OPTIONS.values()}
+    """{links, modes, folders, compat, rootfs, cache} of ARGV (after `nri`; cache: the folders
+    and compat calls in their order), or raise ValueError."""
+    values = {key: [] for key in [*OPTIONS.values(), "cache"]}
     i = 0
     while i < len(argv):
         name, eq, value = argv[i].partition("=")
@@ -41,11 +45,16 @@ def parse(argv):
             i += 1
             value = argv[i]
         values[OPTIONS[name]].append(value)
+        if name in ("--folder", "--cuda-compat"):
+            values["cache"].append(("folder" if name == "--folder" else "compat", value))
         i += 1
     for mode in values["modes"]:
         octal, sep, path = mode.partition(":")
         if not sep or not octal or not path:
             raise ValueError(f"malformed --chmod {mode!r}: expected MODE:PATH")
+    for value in values["compat"]:
+        if ":" not in value:
+            raise ValueError(f"malformed --cuda-compat {value!r}: expected DRIVER:CUDA")
     return values
 
 
@@ -53,8 +62,9 @@ def run(values, state_text):
     """Do the work on the container whose OCI state is STATE_TEXT: None, or what went wrong."""
     from ..ldconfig.ldcache import LdcacheError
     from ..linker.container import HookCall
-    from ..linker.hooks import HookError, container_rootfs, create_symlinks, update_ldcache
+    from ..linker.hooks import HookError, container_rootfs, create_symlinks
     from ..linker.toolkit_hooks import HookFailure, chmod
+    from .cache import update
 
     try:
         rootfs = values["rootfs"][-1] if values.get("rootfs") else container_rootfs(state_text)
@@ -65,8 +75,8 @@ def run(values, state_text):
             call = HookCall({"path": "nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "chmod", "--mode", mode,
                                                                  "--path", path]})
             chmod({}, rootfs, call, _Everywhere())
-        if values["folders"]:
-            update_ldcache(rootfs, values["folders"])
+        if values["cache"]:
+            update(rootfs, values["cache"])
     except (HookError, HookFailure) as err:
         return str(err)
     except (LdcacheError, OSError) as err:

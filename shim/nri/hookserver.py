@@ -3,10 +3,13 @@ plugin's own long-running process, so that no interpreter starts per container.
 
 The hook (`cdi-shim-nshook nri`, run by runc in the container's mount namespace after its
 mounts) opens the container's rootfs there and sends the descriptor over this unix socket
-(SCM_RIGHTS) with "update-ldcache\\0DIR\\0DIR\\0...". The descriptor names the rootfs with the
-container's mounts under it, whatever this process's mount namespace: the cache engine works
-inside it as in any root (`/proc/self/fd/N`; every path resolved inside, no link followed
-out), exactly as `cdi-shim-hook update-ldcache` does. The answer is "ok", or the reason, which
+(SCM_RIGHTS) with "update-ldcache\\0ITEM\\0ITEM\\0...", each ITEM a folder (update-ldcache's
+--folder) or "cuda-compat:DRIVER:CUDA" (an enable-cuda-compat hook's host versions), in the
+spec's hook order. The descriptor names the rootfs with the container's mounts under it,
+whatever this process's mount namespace: the work (cache.py: the compat folder decided as the
+runtime decides it, the cache written with the runtime's engine, the compat drop-in first) is
+done inside it as in any root (`/proc/self/fd/N`; every path resolved inside, no link followed
+out). The answer is "ok", or the reason, which
 the hook prints and runc shows. Only root (or this process's user) may connect; the socket's
 folder is made 0700.
 """
@@ -86,24 +89,33 @@ class HookServer:
     def answer(self, data, fds):
         """"ok", or what went wrong, for the request DATA with the descriptors FDS."""
         from ..ldconfig.ldcache import LdcacheError
-        from ..linker.hooks import update_ldcache
+        from ..linker.toolkit_hooks import HookFailure
+        from .cache import COMPAT, update
 
         parts = data.split(b"\0")
         if len(data) > MAX_REQUEST or parts[0] != VERB or parts[-1] != b"" or len(fds) != 1:
             return "nri: a malformed request to the NRI plugin"
-        folders = [os.fsdecode(part) for part in parts[1:-1]]
-        if not folders or not all(folder.startswith("/") for folder in folders):
+        items = []
+        for part in (os.fsdecode(part) for part in parts[1:-1]):
+            items.append(("compat", part[len(COMPAT):]) if part.startswith(COMPAT) else ("folder", part))
+        if not items or not all(value.startswith("/") for kind, value in items if kind == "folder"):
             return "nri: a malformed request to the NRI plugin (folders)"
         if not stat.S_ISDIR(os.fstat(fds[0]).st_mode):
             return "nri: the hook's rootfs is not a folder"
         try:
-            update_ldcache(f"/proc/self/fd/{fds[0]}", folders)
-        except (LdcacheError, OSError) as err:
+            folders, first, alone = update(f"/proc/self/fd/{fds[0]}", items)
+        except HookFailure as err:
+            return str(err)
+        except (LdcacheError, OSError, ValueError) as err:
             return f"update-ldcache: {err}"
         self.served += 1
         try:
             where = os.readlink(f"/proc/self/fd/{fds[0]}")
         except OSError:
             where = "a container's rootfs"
-        self.log("info", f"hook: the linker cache of {where} written ({', '.join(folders)})")
+        if folders:
+            compat = f"; enable-cuda-compat: {', '.join(first)} first" if first else ""
+            self.log("info", f"hook: the linker cache of {where} written ({', '.join(folders)}){compat}")
+        if alone:
+            self.log("info", f"hook: enable-cuda-compat's drop-in of {where} written ({', '.join(alone)})")
         return "ok"

@@ -2,22 +2,26 @@
 
 Under NRI the runtime is the node's runc: nobody works on config.json before runc, so the hooks
 stay hooks. The toolkit's update-ldcache, create-symlinks and chmod hooks (nvidia-cdi-hook,
-nvidia-ctk hook, or our own cdi-shim(-hook)) of the createContainer stage become one call of
+nvidia-ctk hook, or our own cdi-shim(-hook)), and its enable-cuda-compat, of the createContainer
+stage become one call of
 
-    cdi-shim-hook nri [--link TARGET::LINK]... [--chmod MODE:PATH]... [--folder DIR]...
+    cdi-shim-hook nri [--link TARGET::LINK]... [--chmod MODE:PATH]... [--cuda-compat DRIVER:CUDA | --folder DIR]...
 
 (shim/nri/hook.py) in the place of the spec's update-ldcache hook (else of its first replaced
 hook): one process instead of one per hook, none of them the toolkit's. It does their work in
 their order -- links, modes, then the linker cache -- inside the container's root, after runc's
-mounts. A hook with an option we do not know, and the toolkit's other hooks
-(enable-cuda-compat, disable-device-node-modification, update-application-profile), are left
-as the spec has them.
+mounts. The cache's items keep the spec's order: an enable-cuda-compat before an update-ldcache
+has its compat folder read first by that cache (as the runtime's step; cache.py), one after
+every update-ldcache only its drop-in written. A hook with an option we do not know is left as
+the spec has it; disable-device-node-modification and update-application-profile are done by
+the plugin's files (native_files).
 """
 import os
 
 from ..linker.container import SAFE_HOOK_ENV, HookCall
 
-REPLACED = {"update-ldcache": {"folder", "ldconfig-path"}, "create-symlinks": {"link"}, "chmod": {"mode", "path"}}
+REPLACED = {"update-ldcache": {"folder", "ldconfig-path"}, "create-symlinks": {"link"}, "chmod": {"mode", "path"},
+            "enable-cuda-compat": {"host-driver-version", "host-cuda-version"}}
 STAGE = "createContainer"
 
 
@@ -27,6 +31,9 @@ def _arguments(call):
     if call.command == "chmod":
         mode = (call.options.get("mode") or [""])[-1]
         return [arg for path in call.options.get("path") or () for arg in ("--chmod", f"{mode}:{path}")]
+    if call.command == "enable-cuda-compat":
+        versions = [(call.options.get(key) or [""])[-1] for key in ("host-driver-version", "host-cuda-version")]
+        return ["--cuda-compat", ":".join(versions)]
     return [arg for folder in call.options.get("folder") or () for arg in ("--folder", folder)]
 
 
@@ -36,6 +43,8 @@ def _replaceable(call):
         return False
     if call.command == "chmod":
         return len(call.options.get("mode") or ()) == 1 and bool(call.options.get("path"))
+    if call.command == "enable-cuda-compat":     # (a ":" would not survive DRIVER:CUDA)
+        return not any(":" in value for values in call.options.values() for value in values)
     return True
 
 
@@ -51,10 +60,10 @@ def native_hooks(hooks, program, options=()):
             return hooks
         ours = {"path": program, "args": [os.path.basename(program), "nri", *options], "env": list(SAFE_HOOK_ENV)}
         return dict(hooks, **{STAGE: [*entries, ours]})
-    links, modes, folders = [], [], []
+    links, modes, folders = [], [], []      # (folders: and the compat calls, in the spec's order)
     for i in chosen:
         arguments = _arguments(calls[i])
-        {"create-symlinks": links, "chmod": modes, "update-ldcache": folders}[calls[i].command].extend(arguments)
+        {"create-symlinks": links, "chmod": modes}.get(calls[i].command, folders).extend(arguments)
     ours = {"path": program, "args": [os.path.basename(program), "nri", *options, *links, *modes, *folders],
             "env": list(SAFE_HOOK_ENV)}
     place = next((i for i in chosen if calls[i].command == "update-ldcache"), chosen[0])

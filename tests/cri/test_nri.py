@@ -155,7 +155,7 @@ def test_linker_cache_and_links_from_inside(nri_lab, toolkit_devices):
     log = nri_lab.plugin_log_text()
     assert log.count("hook: the linker cache of ") == before_cache + 1, log
     ran = [line.split()[0] for line in hook_lines(toolkit_devices["hook_log"])[before:]]
-    assert ran == ["enable-cuda-compat"], ran     # the one toolkit hook not done natively yet
+    assert ran == [], ran     # no toolkit process: enable-cuda-compat too is the native hook's
     # update-application-profile: the plugin's file, bound read-only; disable-device-node-modification:
     # nothing to do on a host without /proc/driver/nvidia/params (no --params, no hook)
     assert int(seen["profile"]) > 0, seen
@@ -163,6 +163,39 @@ def test_linker_cache_and_links_from_inside(nri_lab, toolkit_devices):
                if m["destination"] == "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf"]
     assert len(profile) == 1 and "ro" in profile[0]["options"], profile
     assert "--params" not in ours[0]["args"]
+
+
+PROBE_COMPAT = ("echo cache=$(od -An -v -tx1 /etc/ld.so.cache | tr -d ' \\n'); "
+                "echo dropin=$(cat /etc/ld.so.conf.d/00-compat-*.conf 2>/dev/null)")
+
+
+@pytest.mark.parametrize("case", ["newer", "older"])
+def test_cuda_compat_from_inside(nri_lab, toolkit_devices, case):
+    """enable-cuda-compat with no toolkit process (its program here is the lab's stand-in,
+    which fails on an image with a compat folder: it must not run): the plugin decides the
+    compat folder with the runtime's code and puts it first in the cache it writes. An image's
+    compat libcuda (570) newer than the host driver (550) is the libcuda.so.1 the loader takes,
+    under the folder's resolved name; with a newer host driver (580), the driver's own."""
+    from cdi_shim_lab.nrilab import COMPAT_FOLDER, COMPAT_IMAGE
+    from shim.ldconfig.ldcache import read_cache
+
+    devices = getattr(nri_lab, "compat_devices", None) or nri_lab.add_compat_image(
+        os.path.join(nri_lab.base, "hooks", "nvidia-cdi-hook"))
+    nri_lab.compat_devices = devices
+    before = len(hook_lines(toolkit_devices["hook_log"]))
+    run = nri_lab.run_pod("runc", ["sh", "-c", PROBE_COMPAT], keep_configs=True, image=COMPAT_IMAGE,
+                          pod_annotations={"cdi.k8s.io/gpu": devices[case]})
+    assert run.status.exit_code == 0, run.output
+    seen = seen_in(run)
+    entries = read_cache(bytes.fromhex(seen["cache"])).entries
+    first = next(entry.path for entry in entries if entry.soname == "libcuda.so.1")
+    if case == "newer":
+        assert first == f"{COMPAT_FOLDER}/libcuda.so.1" and seen["dropin"] == COMPAT_FOLDER, seen
+    else:
+        assert first.startswith("/usr/lib/x86_64-linux-gnu/libcuda.so.") and seen["dropin"] == "", (first, seen)
+    assert len(hook_lines(toolkit_devices["hook_log"])) == before     # no toolkit process
+    (ours,) = run.container_spec["hooks"]["createContainer"]
+    assert ours["args"][:2] == ["cdi-shim-nshook", "nri"] and "--cuda-compat" in ours["args"], ours
 
 
 def test_plugin_restarted_while_pods_start(nri_lab):

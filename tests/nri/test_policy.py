@@ -142,13 +142,15 @@ def test_the_container_gets_what_the_runtime_gives(policy, names, uid):
     assert mount_set(ours) == mount_set(runtime)
     # every rule the runtime adds is there (NRI adds an "rw" rule of its own per device node)
     assert set(rule_set(runtime)) <= set(rule_set(ours))
-    # the toolkit's hooks: ours once, in update-ldcache's place; enable-cuda-compat left as it is
+    # the toolkit's hooks: ours once, in update-ldcache's place (enable-cuda-compat too: its
+    # host versions before the folder it is read by, as the spec orders them)
     hooks = ours["hooks"]["createContainer"]
-    assert [h["args"][:2] for h in hooks] == [["nvidia-cdi-hook", "enable-cuda-compat"], ["cdi-shim-hook", "nri"]]
-    assert hooks[1]["path"] == HOOK
-    assert hooks[1]["args"][2:] == ["--link", "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so",
-                                    "--chmod", "755:/dev/dri", "--folder", "/usr/lib/x86_64-linux-gnu"]
-    assert hooks[1]["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    assert [h["args"][:2] for h in hooks] == [["cdi-shim-hook", "nri"]]
+    assert hooks[0]["path"] == HOOK
+    assert hooks[0]["args"][2:] == ["--link", "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so",
+                                    "--chmod", "755:/dev/dri", "--cuda-compat", "555.42.06:",
+                                    "--folder", "/usr/lib/x86_64-linux-gnu"]
+    assert hooks[0]["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 
 
 def test_requests_from_pod_container_and_the_toolkit_key():
