@@ -30,9 +30,9 @@ import uuid
 
 import tomlkit
 
+from shim.bench.cri import CRIClient, CRIError, read_container_log
+
 from . import releases
-from .cri import CRIClient
-from .cri.client import CRIError, read_container_log
 from .hosttools import (CMD_TIMEOUT, LabError, build_runc_timer, find_tool, kill_processes_naming,
                         need_static_busybox, stop_process)
 from .images import (DRIVER_FOLDER, HOOK_SCRIPT, build_driver_libraries, build_fake_libraries, build_oci_archive,

@@ -179,9 +179,9 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
         raise BenchError("a real hook program (toolkit_hook) is run in the native-CDI scenario only (--native-cdi)")
     if native and containerd != "2.1":
         raise BenchError(f"{', '.join(native)}: containerd's own CDI with the CDIDevices field needs --containerd 2.1")
-    missing = [name for name in ("grpc", "grpc_tools", "google.protobuf") if importlib.util.find_spec(name) is None]
+    missing = [name for name in ("grpc", "google.protobuf") if importlib.util.find_spec(name) is None]
     if missing:
-        raise BenchError(f"{', '.join(missing)} not installed: the CRI client needs grpcio and grpcio-tools "
+        raise BenchError(f"{', '.join(missing)} not installed: the CRI client needs grpcio "
                          "(pip install 'cdi-shim[bench]')")
     base = tempfile.mkdtemp(prefix="cdi-shim-podbench-", dir=workdir)
     try:

@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 . scripts/apt.sh
 [ -x .venv/bin/cdi-shim ] || bash scripts/setup.sh
 apt_install "the trial's image, fake driver and containerd download" busybox-static gcc util-linux apt
-if ! .venv/bin/python -c 'import grpc, grpc_tools' 2>/dev/null; then
-    step "pip install grpcio grpcio-tools (the pods' CRI client)"
-    .venv/bin/pip install -q --disable-pip-version-check grpcio grpcio-tools
+if ! .venv/bin/python -c 'import grpc' 2>/dev/null; then
+    step "pip install grpcio (the pods' CRI client)"
+    .venv/bin/pip install -q --disable-pip-version-check grpcio
 fi
 exec .venv/bin/python scripts/trial.py "$@"

@@ -4,10 +4,11 @@ import sys
 
 import click
 
+from .bench_node import node_options, refuse_node_options, run_node
 from .common import fail as _fail
 
 # what scripts/setup.sh runs, with the bench extras
-INSTALL_EXTRAS = ".venv/bin/pip install --config-settings editable_mode=compat -e '.[bench]'"
+INSTALL_EXTRAS = ".venv/bin/pip install --config-settings editable_mode=compat -e '.[bench,plot]'"
 
 
 @click.group()
@@ -57,19 +58,30 @@ def bench():
 @click.option("--state-on-disk", is_flag=True,
               help="Keep containerd's state (the bundles: config.json, the runtime's files) and runc's root on "
                    "the work directory's filesystem; by default each is a tmpfs, as /run/containerd is on a node.")
-def pods(pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, resident, containerd, time_runc,
-         state_on_disk, toolkit_hook):
-    """Pod start-up through a private containerd: the cdi-shim handler against plain runc.
+@node_options
+@click.pass_context
+def pods(ctx, pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, resident, containerd, time_runc,
+         state_on_disk, toolkit_hook, endpoint, **node):
+    """Pod start-up through a private containerd: the cdi-shim handler against plain runc; with
+    --endpoint, through the node's own containerd: GPU pods against pods without a device.
 
     Each pod: RunPodSandbox, CreateContainer, StartContainer, wait for exit, StopPodSandbox,
     RemovePodSandbox. Pairs alternate the handlers (and which goes first). Prints medians, paired
     ratios and the runtime's per-phase breakdown from its debug log. Needs root, containerd 1.6+,
-    runc, busybox-static and gcc, and the bench extras (grpcio, grpcio-tools; matplotlib for
-    --plot). In the cdi-shim checkout, after scripts/setup.sh:
+    runc, busybox-static and gcc, and the bench extras (grpcio; matplotlib for --plot). In the
+    cdi-shim checkout, after scripts/setup.sh:
 
     \b
-        .venv/bin/pip install --config-settings editable_mode=compat -e '.[bench]'
+        .venv/bin/pip install --config-settings editable_mode=compat -e '.[bench,plot]'
+
+    On a node (no checkout, no lab: pip install 'cdi-shim[bench]'), as root:
+
+    \b
+        cdi-shim bench pods --endpoint unix:///run/containerd/containerd.sock --handler nvidia
     """
+    if endpoint:
+        return run_node(ctx, pairs, warmup, plot, json_path, endpoint, **node)
+    refuse_node_options(ctx)
     try:
         from cdi_shim_lab import pods as podbench   # the lab: a checkout's, never in the node's wheel
     except ImportError as err:

@@ -1,6 +1,4 @@
-"""The CRI client's proto: compiled by grpcio-tools at test time, field numbers as upstream's."""
-import os
-
+"""The CRI client's messages (shim/bench/cri_messages.py): field numbers as upstream's."""
 import pytest
 
 # (message, field) -> number in k8s.io/cri-api pkg/apis/runtime/v1/api.proto
@@ -28,18 +26,20 @@ UPSTREAM = {
 
 
 @pytest.fixture(scope="module")
-def pb(cri_build_dir):
+def pb():
     from cdi_shim_lab import cri
 
     return cri.messages()
 
 
-def test_compiled_into_the_build_dir(pb, cri_build_dir):
-    assert pb.__file__.startswith(cri_build_dir)
-    assert os.path.basename(pb.__file__) == "cdi_shim_cri_pb2.py"
+def test_the_lab_uses_the_packages_client(pb):
+    """One client: the lab's name for it is the installed package's (shim/bench, the `bench` extra),
+    whose messages come from a table; nothing is compiled at run time."""
     from cdi_shim_lab import cri
+    from shim.bench import cri as installed
+    from shim.bench.cri_messages import pb as table
 
-    assert cri.compile_proto() == pb.__file__  # cached: not compiled twice
+    assert cri.CRIClient is installed.CRIClient and pb is table
 
 
 @pytest.mark.parametrize("message,field", sorted(UPSTREAM))
@@ -48,17 +48,17 @@ def test_field_numbers_are_upstreams(pb, message, field):
 
 
 def test_service_and_enums(pb):
-    service = pb.DESCRIPTOR.services_by_name["RuntimeService"]
-    assert service.full_name == "runtime.v1.RuntimeService"
-    assert {m.name for m in service.methods} >= {"RunPodSandbox", "CreateContainer", "StartContainer",
-                                                 "ContainerStatus", "StopPodSandbox", "RemovePodSandbox",
-                                                 "ListContainers"}
+    from shim.bench.cri_messages import RPCS
+
+    assert {name for name, (service, _, _) in RPCS.items() if service == "/runtime.v1.RuntimeService/"} >= {
+        "RunPodSandbox", "CreateContainer", "StartContainer", "ContainerStatus", "StopPodSandbox",
+        "RemovePodSandbox", "ListContainers"}
     assert (pb.POD, pb.CONTAINER, pb.NODE) == (0, 1, 2)
     assert (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING, pb.CONTAINER_EXITED) == (0, 1, 2)
 
 
 def test_container_log_parsing(tmp_path):
-    from cdi_shim_lab.cri.client import read_container_log
+    from shim.bench.cri import read_container_log
 
     log = tmp_path / "c.log"
     log.write_text("2024-01-01T00:00:00.000000000Z stdout F hello world\n"

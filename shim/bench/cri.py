@@ -1,6 +1,19 @@
-"""CRIClient: RunPodSandbox, CreateContainer, StartContainer, ContainerStatus, StopPodSandbox,
-RemovePodSandbox, ListContainers (+ Version and ListPodSandbox for readiness and clean-up)."""
+"""CRIClient: a client of one CRI endpoint (containerd's socket) over grpcio.
+
+RunPodSandbox, CreateContainer, StartContainer, ContainerStatus, StopPodSandbox, RemovePodSandbox,
+ListContainers, ListPodSandbox, Version, ImageStatus and RemoveImage: what the pod benchmark and
+the lab's tests use. The messages come from cri_messages.py (a table, nothing generated); the
+RPCs are plain unary_unary calls. grpcio is imported when a client is made: it is the `bench`
+extra, and CRIUnavailable says so where it is missing.
+"""
+import os
 import time
+
+from . import EXTRA
+
+
+class CRIUnavailable(ImportError):
+    """grpcio (the `bench` extra) is missing."""
 
 
 class CRIError(Exception):
@@ -11,44 +24,41 @@ class CRIError(Exception):
         self.method, self.code, self.details = method, code, details
 
 
-_RPCS = {
-    "Version": ("VersionRequest", "VersionResponse"),
-    "RunPodSandbox": ("RunPodSandboxRequest", "RunPodSandboxResponse"),
-    "StopPodSandbox": ("StopPodSandboxRequest", "StopPodSandboxResponse"),
-    "RemovePodSandbox": ("RemovePodSandboxRequest", "RemovePodSandboxResponse"),
-    "ListPodSandbox": ("ListPodSandboxRequest", "ListPodSandboxResponse"),
-    "CreateContainer": ("CreateContainerRequest", "CreateContainerResponse"),
-    "StartContainer": ("StartContainerRequest", "StartContainerResponse"),
-    "ListContainers": ("ListContainersRequest", "ListContainersResponse"),
-    "ContainerStatus": ("ContainerStatusRequest", "ContainerStatusResponse"),
-}
-_IMAGE_RPCS = {
-    "ImageStatus": ("ImageStatusRequest", "ImageStatusResponse"),
-}
-IMAGE_SERVICE = "/runtime.v1.ImageService/"
+def socket_path(endpoint):
+    """The socket path of a CRI endpoint: unix:///run/containerd/containerd.sock or a bare path."""
+    if endpoint.startswith("unix://"):
+        return endpoint[len("unix://"):]
+    if "://" in endpoint:
+        raise ValueError(f"{endpoint}: only unix:// endpoints (a local socket) are supported")
+    return endpoint
+
+
+def messages():
+    """The CRI message classes and enum values (cri_messages.pb)."""
+    from .cri_messages import pb
+
+    return pb
 
 
 class CRIClient:
-    """A client of one CRI endpoint (a unix socket path)."""
+    """A client of one CRI endpoint (a unix socket path, or unix://PATH)."""
 
-    def __init__(self, socket_path, timeout=60.0):
+    def __init__(self, socket, timeout=60.0):
         try:
             import grpc
         except ImportError as err:
-            from . import CRIUnavailable
-
-            raise CRIUnavailable(f"the CRI client needs grpcio ({err})") from None
-        from . import SERVICE, messages
+            raise CRIUnavailable(f"the CRI client needs grpcio ({err}): {EXTRA}") from None
+        from .cri_messages import RPCS
 
         self.grpc = grpc
         self.pb = messages()
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(f"unix://{socket_path}")
+        self.socket = socket_path(socket)
+        self.channel = grpc.insecure_channel(f"unix://{os.path.abspath(self.socket)}")
         self._calls = {}
-        for name, (request, response) in list(_RPCS.items()) + list(_IMAGE_RPCS.items()):
+        for name, (service, request, response) in RPCS.items():
             self._calls[name] = self.channel.unary_unary(
-                (IMAGE_SERVICE if name in _IMAGE_RPCS else SERVICE) + name,
-                request_serializer=getattr(self.pb, request).SerializeToString,
+                service + name, request_serializer=getattr(self.pb, request).SerializeToString,
                 response_deserializer=getattr(self.pb, response).FromString)
 
     def close(self):
@@ -97,12 +107,16 @@ class CRIClient:
         request = self.pb.ListContainersRequest(filter=self.pb.ContainerFilter(pod_sandbox_id=pod_sandbox_id))
         return list(self.call("ListContainers", request).containers)
 
-    def list_pod_sandboxes(self):
-        return list(self.call("ListPodSandbox", self.pb.ListPodSandboxRequest()).items)
+    def list_pod_sandboxes(self, labels=None):
+        request = self.pb.ListPodSandboxRequest(filter=self.pb.PodSandboxFilter(label_selector=labels or {}))
+        return list(self.call("ListPodSandbox", request).items)
 
     def image_status(self, image):
         """The CRI plugin's view of an image reference (its `image.id` is "" when unknown)."""
         return self.call("ImageStatus", self.pb.ImageStatusRequest(image=self.pb.ImageSpec(image=image)))
+
+    def remove_image(self, image):
+        self.call("RemoveImage", self.pb.RemoveImageRequest(image=self.pb.ImageSpec(image=image)))
 
     # -- helpers --
 
@@ -128,6 +142,8 @@ class CRIClient:
 
     def wait_exited(self, container_id, timeout=60.0, interval=0.002):
         """Poll ContainerStatus until the container has exited; returns its status."""
+        from .cri_messages import enum_name
+
         deadline = time.monotonic() + timeout
         exited = self.pb.CONTAINER_EXITED
         while True:
@@ -136,7 +152,7 @@ class CRIClient:
                 return status
             if time.monotonic() > deadline:
                 raise CRIError("ContainerStatus", "DEADLINE_EXCEEDED",
-                               f"container {container_id} still {self.pb.ContainerState.Name(status.state)} "
+                               f"container {container_id} still {enum_name('ContainerState', status.state)} "
                                f"after {timeout:.0f}s")
             time.sleep(interval)
 
