@@ -25,8 +25,9 @@ def nri(socket_path, namespaces, name, index, hook_socket, once):
     (cdi.k8s.io/*) and the toolkit plugin's pod annotation nvidia.cdi.k8s.io/container.<name>,
     resolves the devices from the configured spec folders, and answers with their edits
     (device nodes and cgroup rules, mounts, env, hooks). The toolkit's update-ldcache,
-    create-symlinks and chmod hooks become one native hook (cdi-shim-nshook nri), whose linker
-    cache this process writes (--hook-socket). Pods outside the allowed
+    create-symlinks, chmod and enable-cuda-compat hooks become one native hook
+    (cdi-shim-nshook nri), whose linker cache (the compat folder first where the image's
+    CUDA compat libcuda is to be used) this process writes (--hook-socket). Pods outside the allowed
     namespaces (config key nri-namespaces, plus --namespace) get nothing, and that is logged; an
     unresolvable device fails the container's creation.
 
@@ -47,7 +48,7 @@ def nri(socket_path, namespaces, name, index, hook_socket, once):
     allowed = tuple(config.nri_namespaces) + tuple(namespaces)
     plugin = Plugin(None, socket_path, name, index)
     try:
-        HookServer(hook_socket, plugin.log).start()
+        HookServer(hook_socket, plugin.log, remember=True).start()
     except OSError as err:
         fail(f"cannot serve the hook at {hook_socket}: {err.strerror or err}")
     plugin.policy = Policy(config, allowed, our_program("cdi-shim-nshook"), plugin.log,

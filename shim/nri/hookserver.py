@@ -9,7 +9,11 @@ spec's hook order. The descriptor names the rootfs with the container's mounts u
 whatever this process's mount namespace: the work (cache.py: the compat folder decided as the
 runtime decides it, the cache written with the runtime's engine, the compat drop-in first) is
 done inside it as in any root (`/proc/self/fd/N`; every path resolved inside, no link followed
-out). The answer is "ok", or the reason, which
+out). With `remember` (the plugin's own process, long-lived as the resident worker is) the
+engine keeps what it read of library files and whole plans between containers
+(ldcache.remember_files, remember_plans): a node starts the same images with the same driver
+files again and again. The memo is the process's own, so one container's work is done at a
+time. The answer is "ok", or the reason, which
 the hook prints and runc shows. Only root (or this process's user) may connect; the socket's
 folder is made 0700.
 """
@@ -26,13 +30,20 @@ VERB = b"update-ldcache"
 class HookServer:
     """Serve the hook at PATH in threads of this process; LOG(level, message)."""
 
-    def __init__(self, path, log):
+    def __init__(self, path, log, remember=False):
         self.path = path
         self.log = log
         self.sock = None
         self.served = 0
+        self.remember = remember
+        self._work = threading.Lock()
 
     def start(self):
+        if self.remember:
+            from ..ldconfig import ldcache
+
+            ldcache.remember_files(True)
+            ldcache.remember_plans(True)
         folder = os.path.dirname(self.path)
         os.makedirs(folder, mode=0o700, exist_ok=True)
         try:
@@ -103,7 +114,8 @@ class HookServer:
         if not stat.S_ISDIR(os.fstat(fds[0]).st_mode):
             return "nri: the hook's rootfs is not a folder"
         try:
-            folders, first, alone = update(f"/proc/self/fd/{fds[0]}", items)
+            with self._work:
+                folders, first, alone = update(f"/proc/self/fd/{fds[0]}", items)
         except HookFailure as err:
             return str(err)
         except (LdcacheError, OSError, ValueError) as err:
