@@ -21,12 +21,16 @@ def bench():
 @click.option("--warmup", default=2, show_default=True, help="Unmeasured pairs per scenario first.")
 @click.option("--scenario", "scenarios", multiple=True,
               type=click.Choice(["no-device", "one-device", "device-30-libs", "device-30-libs-vs-cri",
-                                 "native-cdi-30-libs", "one-mount"]),
+                                 "native-cdi-30-libs", "one-mount", "nri-30-libs"]),
               help="Scenarios to run (default: the first four; native-cdi-30-libs needs --containerd 2.1). "
                    "one-mount: GPU 0 of the tests' fake driver in the one-mount layout (docs/one-mount.md), in "
                    "rounds of three pods on a library-rich image: no device on runc, the spec's edits as CRI "
                    "fields on runc, the device on cdi-shim (CDIDevices where containerd's own CDI is on, 2.1; "
-                   "else the annotation, which cdi-shim injects). -n is then the number of rounds.")
+                   "else the annotation, which cdi-shim injects). -n is then the number of rounds. "
+                   "nri-30-libs (alone, --containerd 2.1): the NRI plugin, in rounds of four pods "
+                   "(cdi_shim_lab/nripods.py): NRI with our native hook, NRI with the real nvidia-cdi-hook "
+                   "(--toolkit-hook, default the benchmarks/toolkit.py build; the report says when it is absent), "
+                   "our runtime handler, the device without hooks.")
 @click.option("--native-cdi", is_flag=True,
               help="Run the native-cdi-30-libs scenario (with any --scenario given, else alone; needs "
                    "--containerd 2.1, enable_cdi on): a device with 30 driver libraries and the toolkit's six "
@@ -90,15 +94,20 @@ def pods(ctx, pairs, warmup, scenarios, native_cdi, plot, json_path, workdir, re
                   f"wheel does not ship: install the checkout with the bench extras, in it: {INSTALL_EXTRAS}")
         _fail(f"{err}: install the bench extras; in the cdi-shim checkout: {INSTALL_EXTRAS}")
     scenarios = list(scenarios)
+    run = podbench.run
+    if "nri-30-libs" in scenarios:    # the NRI plugin's scenario: a lab of its own
+        from cdi_shim_lab import nripods
+
+        run = nripods.run_as_pods
     if native_cdi:
         if containerd != "2.1":
             _fail("--native-cdi needs --containerd 2.1 (containerd's own CDI with the CDIDevices field)")
         if "native-cdi-30-libs" not in scenarios:
             scenarios.append("native-cdi-30-libs")
-    elif toolkit_hook:
+    elif toolkit_hook and run is podbench.run:
         _fail("--toolkit-hook needs --native-cdi (side (a) of the native-CDI scenario runs it)")
     try:
-        result = podbench.run(pairs=pairs, warmup=warmup, scenarios=scenarios or None, workdir=workdir,
+        result = run(pairs=pairs, warmup=warmup, scenarios=scenarios or None, workdir=workdir,
                               log=lambda text: click.echo(text, err=True), resident=resident,
                               containerd=containerd, time_runc=time_runc, state_on_disk=state_on_disk,
                               toolkit_hook=toolkit_hook and os.path.abspath(toolkit_hook))
