@@ -1,2 +1,2 @@
-"""The install tests use the CRI client of tests/cri."""
-from tests.cri.conftest import cri_build_dir  # noqa: F401 (a fixture)
+"""The install tests use the CRI client and the lab of tests/cri."""
+from tests.cri.conftest import cri_build_dir, lab  # noqa: F401 (fixtures)

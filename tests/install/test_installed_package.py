@@ -114,14 +114,22 @@ def test_sdist_carries_what_the_wheel_is_built_from(built):
 
 def test_the_wheel_ships_the_runtime_and_no_test_bench(built):
     """The node's wheel: cdi and shim, none of the lab (cdi_shim_lab: the labs, the releases they
-    fetch, the CRI client, the pod benchmark), nor tests or benchmarks."""
+    fetch, their images, the lab's pod scenarios), nor tests or benchmarks. The node's own pod
+    benchmark (shim/bench: `bench pods --endpoint`, grpcio from the bench extra) is in it."""
     with zipfile.ZipFile(built["wheel"]) as wheel:
         names = wheel.namelist()
     tops = {name.split("/")[0] for name in names}
     assert {top for top in tops if not top.startswith("cdi_shim-")} == {"cdi", "shim"}, sorted(tops)
-    bench = [name for name in names if name.startswith(("shim/cri/", "shim/bench/")) or "lab" in
-             os.path.basename(name) or name.endswith((".proto", "releases.py", "hosttools.py", "pods.py"))]
-    assert not bench, bench
+    lab = [name for name in names if name.startswith("shim/cri/") or "lab" in os.path.basename(name) or
+           name.endswith((".proto", "releases.py", "hosttools.py", "pods.py", "images.py"))]
+    assert not lab, lab
+    for module in ("node", "cri", "cri_messages", "image"):
+        assert f"shim/bench/{module}.py" in names, module
+    metadata = next(name for name in names if name.endswith(".dist-info/METADATA"))
+    with zipfile.ZipFile(built["wheel"]) as wheel:
+        requires = [line for line in wheel.read(metadata).decode().splitlines() if line.startswith("Requires-Dist")]
+    assert any("grpcio" in line and "extra == \"bench\"" in line for line in requires), requires
+    assert not any("grpcio" in line and "extra" not in line for line in requires), requires
     assert "shim/runtime/main.py" in names and "cdi/registry.py" in names    # (the listing is the real one)
     for unit in ("cdi-shim-generate.service", "cdi-shim-generate-once.service", "cdi-shim-generate.timer"):
         assert f"shim/node/units/{unit}" in names, unit     # the spec refresh install --node installs
@@ -132,6 +140,41 @@ def test_bench_pods_without_the_lab_says_what_to_install(venv, built):
     assert done.returncode != 0, done.stdout
     assert "cdi_shim_lab" in done.stderr and "pip install" in done.stderr and "Traceback" not in done.stderr, \
         done.stderr
+
+
+def test_bench_pods_on_a_node_without_the_extra_says_what_to_install(venv, built, tmp_path):
+    import socket
+
+    stale = socket.socket(socket.AF_UNIX)           # a socket file nothing answers on
+    stale.bind(str(tmp_path / "containerd.sock"))
+    try:
+        done = installed(venv, "cdi-shim", "bench", "pods", "--endpoint", f"unix://{tmp_path}/containerd.sock",
+                         "--handler", "nvidia", cwd=built["outside"])
+    finally:
+        stale.close()
+    assert done.returncode == 1 and "pip install 'cdi-shim[bench]'" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_bench_pods_from_the_wheel_with_its_extra_measures_a_nodes_containerd(built, lab, tmp_path):
+    """pip install 'cdi-shim[bench]' into a venv of its own, then `bench pods --endpoint` from
+    outside the checkout against a private containerd 1.6 (Debian's package, as a node's): the
+    installed package alone measures it, checks the device, and leaves no pod."""
+    venv = make_venv(tmp_path / "bench")
+    pip(venv, "install", f"{built['wheel']}[bench]")
+    socket_dir = tmp_path / "gone"
+    socket_dir.mkdir()
+    missing = installed(venv, "cdi-shim", "bench", "pods", "--endpoint", f"unix://{socket_dir}/containerd.sock",
+                        "--handler", "nvidia", cwd=built["outside"])
+    assert missing.returncode == 1 and f"no CRI endpoint at {socket_dir}/containerd.sock" in missing.stderr, \
+        missing.stderr
+    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "CDI_SHIM_CONFIG": lab.shim_config}
+    done = installed(venv, "cdi-shim", "bench", "pods", "--endpoint", f"unix://{lab.socket}", "--handler", "nvidia",
+                     "--ctr", lab.ctr, "-n", "2", "--warmup", "0", cwd=built["outside"], env=env)
+    assert done.returncode == 0, done.stderr
+    assert "checked: A's container has /dev/nvidia0, B's not" in done.stdout, done.stdout
+    assert "6 pods made, 0 left" in done.stdout, done.stdout
+    assert not [pod for pod in lab.client.list_pod_sandboxes() if "cdi-shim.dev/bench" in pod.labels]
 
 
 def test_no_installed_file_names_the_source_tree_or_another_venv(venv, built):
