@@ -245,6 +245,7 @@ def _bind_files(config, bundle, rootfs, out):
         return config
     out.moved = [config["mounts"][index]["destination"] for index in chosen]
     config, hook = filebinds.hook(config, chosen, rootfs, program, SAFE_HOOK_ENV, params, links)
+    folded += filebinds.replaced(config, program, rootfs, hook)     # (a bundle run again: filebinds.replaced)
     config = out.put_first(config, "createContainer", hook, folded)
     out.log.debug(f"{len(chosen)} file mounts bound by {program} binds in the container's mount namespace, not by runc")
     return config

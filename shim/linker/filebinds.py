@@ -137,6 +137,38 @@ def folded_hooks(config, program, rootfs):
     return folded, params, links
 
 
+def replaced(config, program, rootfs, made):
+    """[Indices among CONFIG's createContainer hooks] of earlier binds hooks of PROGRAM in ROOTFS
+    that MADE (the new binds hook) does all the work of: each of their binds (source,
+    destination, options), their --params and --links are MADE's too. A bundle run directly
+    keeps the config.json its last run wrote, binds hook and all; the next run's injection
+    brings the spec's mounts back and this step binds them again: the old hook goes, so the
+    config stays the same run after run (and so its step key: the replay)."""
+    def parts(args):        # ({--bind triples}, {(--params|--link, value)}), or None
+        binds, rest, at = set(), set(), 4
+        while at < len(args):
+            width = {"--bind": 3, "--params": 1, "--link": 1}.get(args[at])
+            if width is None or at + width >= len(args):
+                return None
+            (binds if width == 3 else rest).add(tuple(args[at:at + width + 1]))
+            at += width + 1
+        return binds, rest
+
+    new = parts(made["args"])
+    found = []
+    for at, entry in enumerate((config.get("hooks") or {}).get("createContainer") or ()):
+        args = entry.get("args") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or entry.get("path") != program or not isinstance(args, list) \
+                or args[:4] != ["cdi-shim-nshook", "binds", "--rootfs", rootfs] \
+                or not all(isinstance(arg, str) for arg in args) or entry.get("env", made["env"]) != made["env"] \
+                or set(entry) - {"path", "args", "env"}:
+            continue
+        old = parts(args)
+        if old is not None and new is not None and old[0] <= new[0] and old[1] <= new[1]:
+            found.append(at)
+    return found
+
+
 def hook(config, chosen, rootfs, program, env, params=None, links=()):
     """CONFIG without its mounts at CHOSEN, and the hook of PROGRAM (cdi-shim-nshook binds) that
     binds them instead, and does the folded hooks' work too (the bind of PARAMS, the LINKS): the

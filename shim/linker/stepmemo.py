@@ -33,6 +33,7 @@ import os
 import stat
 import struct
 
+from . import stepleft
 from .._native import ffi, lib
 from .stepresult import identify as _identify, places_of as _places_of
 
@@ -324,6 +325,7 @@ def _leave(rootfs, left):
     if len(_left) >= _MAX_STEPS:
         _left.clear()
     _left[root] = left
+    stepleft.write(root, left)      # (for the other workers: the next create may be theirs)
 
 
 def trusted(rootfs):
@@ -337,7 +339,8 @@ def trusted(rootfs):
     the trust the file memo gives a settled file, given to our own write.)"""
     if _steps is None:
         return {}
-    return _left.get(_root_id(rootfs)) or {}
+    root = _root_id(rootfs)
+    return stepleft.read(root) or _left.get(root) or {} if root is not None else {}
 
 
 def _layout(done, rootfs, in_bundle):

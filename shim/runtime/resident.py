@@ -559,6 +559,10 @@ def serve(path=DEFAULT_SOCKET, ready=None, workers=2, max_requests=10000):
         warm_up()
         gc.freeze()  # the imported modules stay shared with the workers; the GC never walks them
         listener = _listen(path)
+        # what a step left in a reused root, for whichever worker steps there next (stepleft.py)
+        from ..linker import stepleft
+
+        stepleft.share(os.path.join(os.path.dirname(os.path.abspath(path)), "steps", ".left"))
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         raise

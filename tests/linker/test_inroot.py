@@ -144,6 +144,79 @@ def test_write_at_is_atomic_and_does_not_follow(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["cache", "victim"]     # no temporary left
 
 
+def _write_same(directory, name, data, mode):
+    dirfd = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+    try:
+        return lib.cds_write_same_at(dirfd, name.encode(), data, len(data), mode)
+    finally:
+        os.close(dirfd)
+
+
+def test_write_same_at_leaves_our_file_holding_the_bytes(tmp_path):
+    """cds_write_same_at (issue 47): a regular file of ours, one name, the mode and exactly the
+    bytes is left as it is (its identity kept: a root reused run after run)."""
+    path = tmp_path / "ld.so.cache"
+    assert _write_same(tmp_path, "ld.so.cache", b"cache", 0o644) == 0
+    before = os.stat(path)
+    assert _write_same(tmp_path, "ld.so.cache", b"cache", 0o644) == 0
+    after = os.stat(path)
+    assert (after.st_ino, after.st_mtime_ns, after.st_ctime_ns) == (before.st_ino, before.st_mtime_ns,
+                                                                    before.st_ctime_ns)
+    assert stat.S_IMODE(after.st_mode) == 0o644 and path.read_bytes() == b"cache"
+
+
+def _other_owner(path):
+    os.chown(path, 1234, 1234)
+
+
+def _hard_link(path):
+    os.link(path, str(path) + ".twin")
+
+
+def _other_mode(path):
+    os.chmod(path, 0o600)
+
+
+def _other_bytes(path):
+    path.write_bytes(b"cachf")
+
+
+@pytest.mark.parametrize("change", [_other_owner, _hard_link, _other_mode, _other_bytes],
+                         ids=["owner", "hard-link", "mode", "bytes"])
+def test_write_same_at_rewrites_anything_else(tmp_path, change):
+    """Another owner, a second name (a hard link: a write through it would change the other), a
+    different mode or other bytes: the file is replaced (a new inode), never written through."""
+    path = tmp_path / "ld.so.cache"
+    assert _write_same(tmp_path, "ld.so.cache", b"cache", 0o644) == 0
+    change(path)
+    before = os.stat(path)
+    assert _write_same(tmp_path, "ld.so.cache", b"cache", 0o644) == 0
+    after = os.stat(path)
+    assert after.st_ino != before.st_ino
+    assert (after.st_uid, stat.S_IMODE(after.st_mode), after.st_nlink) == (os.geteuid(), 0o644, 1)
+    assert path.read_bytes() == b"cache"
+    if change is _hard_link:
+        assert (tmp_path / "ld.so.cache.twin").read_bytes() == b"cache"     # (the old inode, untouched)
+        assert os.stat(tmp_path / "ld.so.cache.twin").st_ino == before.st_ino
+
+
+def test_write_same_at_replaces_a_link_never_follows_it(tmp_path):
+    """A symlink at the name, even to a file of ours holding exactly the bytes: replaced by a
+    regular file; its target untouched."""
+    target = tmp_path / "victim"
+    target.write_bytes(b"cache")
+    os.chmod(target, 0o644)
+    os.symlink(target, tmp_path / "ld.so.cache")
+    assert _write_same(tmp_path, "ld.so.cache", b"cache", 0o644) == 0
+    assert not os.path.islink(tmp_path / "ld.so.cache")
+    assert (tmp_path / "ld.so.cache").read_bytes() == b"cache"
+    assert os.stat(tmp_path / "ld.so.cache").st_ino != os.stat(target).st_ino
+    os.symlink("victim", tmp_path / "other")
+    assert _write_same(tmp_path, "other", b"new", 0o644) == 0
+    assert target.read_bytes() == b"cache" and not os.path.islink(tmp_path / "other")
+    assert sorted(os.listdir(tmp_path)) == ["ld.so.cache", "other", "victim"]     # no temporary left
+
+
 def test_list_dir(tmp_path):
     for name in ("a", "b.so", "é"):
         (tmp_path / name).write_text("")
