@@ -3,6 +3,8 @@ for it, and pods on a private containerd 2.x (Debian's, beside the system's) tha
 nvidia.com/gpu=0 through the cdi-shim handler. docs/trial.md walks through each step.
 
     .venv/bin/python scripts/trial.py DIR                  everything: driver, spec, containerd, pods
+    .venv/bin/python scripts/trial.py DIR --nri            the same with `cdi-shim nri` on containerd's NRI
+                                                           socket, pods on the stock runc handler
     .venv/bin/python scripts/trial.py DIR --driver-only    only the fake driver (to use with your own engine)
 
 Run as root from a checkout after scripts/setup.sh (scripts/trial.sh does both and installs the
@@ -59,12 +61,42 @@ def run(argv, env):
         raise SystemExit(f"trial: {argv[1]} {argv[2]} failed (exit {done.returncode})")
 
 
-def run_pods(base, driver, containerd):
-    from cdi_shim_lab.lab import Lab, LabError
+# The pods of each way: (how, handler (None: cdi-shim's), the device names asked for, run_pod arguments).
+RUNTIME_PODS = (
+    ("the CRI CDIDevices field (containerd injects; cdi-shim does the spec's hooks natively)", None,
+     ["nvidia.com/gpu=0"], {"cdi_devices": ["nvidia.com/gpu=0"]}),
+    ("a CDI annotation (cdi-shim injects)", None, ["nvidia.com/gpu=1"],
+     {"annotations": {"cdi.k8s.io/trial": "nvidia.com/gpu=1"}}))
+NRI_PODS = (
+    ("a CDI pod annotation, on the stock runc handler (the NRI plugin injects; its native hook does the spec's "
+     "hooks)", "runc", ["nvidia.com/gpu=0"], {"pod_annotations": {"cdi.k8s.io/trial": "nvidia.com/gpu=0"}}),
+    ("the toolkit plugin's key nvidia.cdi.k8s.io/container.main, on the stock runc handler", "runc",
+     ["nvidia.com/gpu=1"], {"pod_annotations": {"nvidia.cdi.k8s.io/container.main": "1"}}))
 
-    step(f"containerd {containerd} from Debian's archive, unpacked privately (the system's stays), "
-         "with native CDI on and cdi-shim registered as the `cdi-shim` handler")
-    lab = Lab(os.path.join(base, "containerd"), containerd=containerd, native_cdi=True)
+
+def pod_section(lines, title):
+    """The lines of the pod output's '== TITLE' section."""
+    found, inside = [], False
+    for line in lines:
+        if line.startswith("== "):
+            inside = line == f"== {title}"
+        elif inside:
+            found.append(line)
+    return found
+
+
+def run_pods(base, driver, containerd, nri=False):
+    from cdi_shim_lab.lab import Lab, LabError
+    from cdi_shim_lab.nrilab import NRILab
+
+    if nri:
+        step(f"containerd {containerd} from Debian's archive, unpacked privately (the system's stays), with NRI "
+             "on and `cdi-shim nri` on its NRI socket: pods on the stock runc handler, no RuntimeClass")
+    else:
+        step(f"containerd {containerd} from Debian's archive, unpacked privately (the system's stays), "
+             "with native CDI on and cdi-shim registered as the `cdi-shim` handler")
+    lab = (NRILab if nri else Lab)(os.path.join(base, "containerd"), containerd=containerd, native_cdi=True)
+    summary = []
     try:
         lab.setup()
         print(f"containerd {lab.containerd}\nits config {lab.config}\nits socket {lab.socket}\n"
@@ -73,16 +105,23 @@ def run_pods(base, driver, containerd):
         step("the CDI spec for the fake driver, where containerd and cdi-shim read specs")
         run(generate_argv(lab.cli, driver, os.path.join(lab.spec_dir, "nvidia.yaml")), lab.env())
         run([lab.cli, "cdi", "list"], lab.env())
-        for how, request in (("the CRI CDIDevices field (containerd injects; cdi-shim does the spec's hooks natively)",
-                              {"cdi_devices": ["nvidia.com/gpu=0"]}),
-                             ("a CDI annotation (cdi-shim injects)",
-                              {"annotations": {"cdi.k8s.io/trial": "nvidia.com/gpu=1"}})):
+        if nri:
+            step("cdi-shim nri, serving the namespace 'default'")
+            lab.start_plugin()
+            print(f"$ {' '.join(lab.plugin.args)}\nits log {lab.plugin_log}:\n{lab.plugin_log_text().strip()}")
+        for how, handler, names, request in NRI_PODS if nri else RUNTIME_PODS:
             step(f"a pod asking for a GPU by {how}")
-            pod = lab.run_pod(lab.runtime_name, ["sh", "-c", POD_SCRIPT], **request)
+            pod = lab.run_pod(handler or lab.runtime_name, ["sh", "-c", POD_SCRIPT], **request)
             print("\n".join(pod.output))
             print(f"(exit status {pod.status.exit_code}; pod start-up {pod.times['startup'] * 1000:.0f} ms)")
             if pod.status.exit_code != 0:
                 raise SystemExit("trial: the pod failed; containerd's log: " + lab.containerd_log)
+            nodes = [f"/dev/{name}" for name in pod_section(pod.output, "devices")]
+            summary.append(f"handler {handler or lab.runtime_name}, devices {', '.join(names)} "
+                           f"({', '.join(nodes) or 'no /dev/nvidia*'}), start-up {pod.times['startup'] * 1000:.0f} ms")
+        step("pods")
+        for index, line in enumerate(summary, 1):
+            print(f"pod {index}: {line}")
     except LabError as err:
         raise SystemExit(f"trial: {err}") from None
     finally:
@@ -97,6 +136,8 @@ def main():
     parser.add_argument("--containerd", default="2.1", help="the containerd to run: 2.1 (forky) or 1.7 (trixie)")
     parser.add_argument("--driver-only", action="store_true", help="build the fake driver, print how to "
                         "generate its spec, and stop")
+    parser.add_argument("--nri", action="store_true", help="run the pods on the stock runc handler with "
+                        "`cdi-shim nri` on containerd's NRI socket (docs/nri.md) instead of the cdi-shim handler")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("trial: run as root (device nodes are made with mknod; pods need root)")
@@ -116,7 +157,7 @@ def main():
     except ImportError:
         raise SystemExit("trial: the pods need the CRI client: .venv/bin/pip install grpcio grpcio-tools "
                          "(scripts/trial.sh does it)") from None
-    run_pods(base, driver, args.containerd)
+    run_pods(base, driver, args.containerd, nri=args.nri)
     step(f"done: the fake driver is in {driver.base}; delete {base} when finished")
 
 
