@@ -54,7 +54,9 @@ def test_no_pointers_to_documents_users_cannot_see():
 def test_bench_pods_help_says_how_to_install_its_extras_from_this_checkout():
     text = run("cdi-shim", "bench", "pods", "--help")
     lines = [line.strip() for line in text.splitlines()]
-    assert ".venv/bin/pip install --config-settings editable_mode=compat -e '.[bench]'" in lines, text
+    assert ".venv/bin/pip install --config-settings editable_mode=compat -e '.[bench,plot]'" in lines, text
+    # and how a node measures its own containerd, with no checkout
+    assert "cdi-shim bench pods --endpoint unix:///run/containerd/containerd.sock --handler nvidia" in lines, text
     with open(os.path.join(ROOT, "scripts", "setup.sh")) as f:  # the way setup.sh installs the checkout
         assert "--config-settings editable_mode=compat -e .\n" in f.read()
 
