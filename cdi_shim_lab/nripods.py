@@ -5,7 +5,7 @@ containerd 2.1 (NRI on as shipped, enable_cdi on), a private lab (cdi_shim_lab/n
 library tree (LIB_IMAGE). One device in every side's spec, as `nvidia-ctk cdi generate` writes
 it (Lab.write_native_cdi_specs): /dev/nvidia0, 30 gcc-built driver libraries and the toolkit's
 six createContainer hooks. Each round runs a pod of every side, in an order rotated round by
-round:
+round (the four sides of issue 45, and a fifth):
 
 * nri-native: the stock runc handler, the device asked for by pod annotation; the plugin gives
   the edits and folds the toolkit's hooks (program named nvidia-cdi-hook) into one native hook,
@@ -18,7 +18,11 @@ round:
 * runtime-handler: cdi-shim's runtime handler (resident), the device through the CRI CDIDevices
   field (containerd injects it, the runtime does the hooks natively before runc: no hook process);
 * device-no-hooks: the same device without its hooks, by pod annotation through the plugin (what
-  the node, the mounts and NRI cost runc and containerd).
+  the node, the mounts and NRI cost runc and containerd);
+* containerd-cdi-runc: the hooked device through the CRI CDIDevices field on the stock runc
+  handler, the plugin running: containerd's own CDI injects it before NRI, and NRI cannot remove
+  the hooks it added, so runc runs them as the toolkit's processes (docs/nri.md, "What NRI
+  cannot do": what that costs).
 
 The stand-in logs a line per hook process: a pod showing other than its side's count fails the
 run; one more pod of each hooked side then checks from inside that the hooks' work is there (30
@@ -47,10 +51,13 @@ SIDES = {
     "runtime-handler": ("cdi-shim's runtime handler (resident), CDIDevices: the hooks done before runc",
                         None, "toolkit", "cdi", 0),
     "device-no-hooks": ("the same device without its hooks, NRI, runc handler", "runc", "mounts", "nri", 0),
+    "containerd-cdi-runc": ("containerd's own CDI (CDIDevices), runc handler, the plugin running: the spec's hooks "
+                            "run by runc, NRI cannot remove them", "runc", "hooked", "cdi", 6),
 }
 RATIOS = (("nri-native", "device-no-hooks", 1.10), ("nri-toolkit-hook", "nri-native", None),
           ("runtime-handler", "device-no-hooks", None), ("nri-native", "runtime-handler", None),
-          ("nri-toolkit-hook", "device-no-hooks", None))
+          ("nri-toolkit-hook", "device-no-hooks", None), ("containerd-cdi-runc", "nri-native", None),
+          ("containerd-cdi-runc", "device-no-hooks", None))
 
 
 def toolkit_hook_program(path=None):

@@ -27,10 +27,10 @@ def bench():
                    "rounds of three pods on a library-rich image: no device on runc, the spec's edits as CRI "
                    "fields on runc, the device on cdi-shim (CDIDevices where containerd's own CDI is on, 2.1; "
                    "else the annotation, which cdi-shim injects). -n is then the number of rounds. "
-                   "nri-30-libs (alone, --containerd 2.1): the NRI plugin, in rounds of four pods "
+                   "nri-30-libs (alone, --containerd 2.1): the NRI plugin, in rounds of five pods "
                    "(cdi_shim_lab/nripods.py): NRI with our native hook, NRI with the real nvidia-cdi-hook "
                    "(--toolkit-hook, default the benchmarks/toolkit.py build; the report says when it is absent), "
-                   "our runtime handler, the device without hooks.")
+                   "our runtime handler, the device without hooks, containerd's own CDI on runc.")
 @click.option("--native-cdi", is_flag=True,
               help="Run the native-cdi-30-libs scenario (with any --scenario given, else alone; needs "
                    "--containerd 2.1, enable_cdi on): a device with 30 driver libraries and the toolkit's six "

@@ -28,14 +28,17 @@ def test_pod_benchmark_nri_scenario(cri_build_dir, tmp_path):
         assert len(samples) == 2, key
         assert all(sample[metric] > 0 for sample in samples for metric in ("startup", "lifecycle") + STEPS), key
     hooks = {key: {s["hook_processes"] for s in samples} for key, samples in scenario["samples"].items()}
-    assert hooks == {"nri-native": {0}, "nri-toolkit-hook": {6}, "runtime-handler": {0}, "device-no-hooks": {0}}
+    assert hooks == {"nri-native": {0}, "nri-toolkit-hook": {6}, "runtime-handler": {0}, "device-no-hooks": {0},
+                     "containerd-cdi-runc": {6}}
     sides = scenario["sides"]
-    assert [sides[key]["handler"] for key in SIDES] == ["runc", "runc", "nvidia", "runc"]
+    assert [sides[key]["handler"] for key in SIDES] == ["runc", "runc", "nvidia", "runc", "runc"]
+    assert sides["containerd-cdi-runc"]["request"] == "CDIDevices bench.cdi-shim.dev/hooked=0"
     assert sides["nri-native"]["request"] == "pod annotation cdi.k8s.io/gpu=bench.cdi-shim.dev/toolkit=0"
     assert sides["runtime-handler"]["request"] == "CDIDevices bench.cdi-shim.dev/toolkit=0"
     assert sides["device-no-hooks"]["device"] == "bench.cdi-shim.dev/mounts=0"
     assert "ABSENT" in sides["nri-toolkit-hook"]["label"]
-    for key, processes in (("nri-native", 0), ("nri-toolkit-hook", 6), ("runtime-handler", 0)):
+    for key, processes in (("nri-native", 0), ("nri-toolkit-hook", 6), ("runtime-handler", 0),
+                           ("containerd-cdi-runc", 6)):
         check = scenario["check"][key]
         assert check["cache_driver_libraries"] == 30 and check["link"] == "libnvidia-bench0.so.1", (key, check)
         assert check["profile_bytes"] > 0 and check["hook_processes"] == processes, (key, check)
@@ -46,6 +49,7 @@ def test_pod_benchmark_nri_scenario(cri_build_dir, tmp_path):
     assert all(s["phases"] for s in scenario["samples"]["runtime-handler"])
     assert "start-up target nri-native / device-no-hooks <= 1.10x" in out.stdout
     assert "startup   nri-toolkit-hook / nri-native: paired median" in out.stdout
+    assert "startup   containerd-cdi-runc / nri-native: paired median" in out.stdout
     assert [p for p in os.listdir(tmp_path) if p.startswith("cdi-shim-podbench-")] == []
 
 
