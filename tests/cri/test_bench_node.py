@@ -95,3 +95,37 @@ def test_no_endpoint_is_one_line_naming_the_socket(tmp_path):
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(socket) in lines[0] and "is containerd running" in lines[0], done.stderr
+
+
+@pytest.fixture(scope="module")
+def nri_lab(tmp_path_factory, cri_build_dir):
+    """containerd 1.7 (Debian trixie's, NRI turned on) with the real `cdi-shim nri` on its NRI socket."""
+    from cdi_shim_lab.lab import LabError
+    from cdi_shim_lab.nrilab import NRILab
+    from tests.helpers import need
+
+    for name, package in (("runc", "runc"), ("busybox", "busybox-static"), ("unshare", "util-linux")):
+        need(name, package)
+    lab = NRILab(tmp_path_factory.mktemp("nri-bench"), containerd="1.7", runtime_log=True)
+    try:
+        lab.setup()
+        lab.start_plugin()
+    except LabError as err:
+        lab.stop()
+        pytest.fail(str(err), pytrace=False)
+    yield lab
+    lab.stop()
+
+
+def test_nri_on_the_default_handler(nri_lab, tmp_path):
+    """--nri: both sides on containerd's default handler (runc), the device from the NRI plugin."""
+    done = bench(nri_lab, tmp_path, "--nri", "-n", "2", "--warmup", "0", "--json", "out.json")
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "out.json").read_text())["meta"]
+    assert (meta["nri"], meta["A_handler"], meta["B_handler"]) == (True, "", "")
+    assert meta["check"] == {"checked": True, "node": "/dev/nvidia0", "baseline_sees_it": False}
+    assert (meta["pods_made"], meta["pods_left"]) == (6, 0) and not ours(nri_lab)
+    # a namespace the plugin does not serve: the GPU pod has no GPU, and the run says so
+    refused = bench(nri_lab, tmp_path, "--nri", "--namespace", "elsewhere", "-n", "1")
+    assert refused.returncode == 1 and "does not see /dev/nvidia0" in refused.stderr, refused.stderr
+    assert not ours(nri_lab)
