@@ -34,10 +34,14 @@ def _name(root):
     return f"{lib.cds_fnv1a(text, len(text)):016x}"
 
 
-def _on_overlay(left):
-    """True when LEFT's identities say overlayfs (the identity's device is 0 there: scan.h)."""
-    found = [identity for identity in left.values() if struct.unpack_from("<i", identity)[0] == 0]
-    return bool(found) and all(struct.unpack_from("<Q", identity, 8)[0] == 0 for identity in found)
+OVERLAYFS_MAGIC = 0x794C7630
+
+
+def _on_overlay(rootfs):
+    """True when ROOTFS is an overlayfs mount (statfs's f_type): an engine's container root."""
+    from .etcfiles import _fs_type
+
+    return _fs_type(rootfs) == OVERLAYFS_MAGIC
 
 
 def _private(path):
@@ -48,9 +52,10 @@ def _private(path):
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
 
 
-def write(root, left):
-    """Note LEFT ({memo entry: identity bytes}) for ROOT ((device, inode)) in the shared folder."""
-    if _shared is None or not left or _on_overlay(left):
+def write(root, left, rootfs):
+    """Note LEFT ({memo entry: identity bytes}) for ROOT ((device, inode) of ROOTFS) in the shared
+    folder; nothing for a root on overlayfs (never reused)."""
+    if _shared is None or not left or _on_overlay(rootfs):
         return
     from cdi import __version__
     from cdi.safeio import write_file_atomic

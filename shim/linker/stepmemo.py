@@ -325,7 +325,7 @@ def _leave(rootfs, left):
     if len(_left) >= _MAX_STEPS:
         _left.clear()
     _left[root] = left
-    stepleft.write(root, left)      # (for the other workers: the next create may be theirs)
+    stepleft.write(root, left, rootfs)      # (for the other workers: the next create may be theirs)
 
 
 def trusted(rootfs):

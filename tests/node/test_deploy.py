@@ -190,14 +190,14 @@ def test_node_install_script_copies_switches_and_installs(tmp_path):
     out, calls = _node_install(tmp_path, _tree(tmp_path, "aaaa"))
     assert os.readlink(host / "current") == "releases/aaaa"
     assert (host / "releases" / "aaaa" / "bin" / "cdi-shim").is_file()
-    assert calls == [install, "systemctl try-restart cdi-shim-resident.service"]
+    assert calls == [install, "systemctl try-restart cdi-shim-resident.service cdi-shim-generate.service"]
     out, calls = _node_install(tmp_path, _tree(tmp_path, "aaaa"))  # a node restart: same image
     assert out == "" and calls == [install]
     _node_install(tmp_path, _tree(tmp_path, "bbbb"))
     _, calls = _node_install(tmp_path, _tree(tmp_path, "cccc"))
     assert os.readlink(host / "current") == "releases/cccc"
     assert sorted(os.listdir(host / "releases")) == ["bbbb", "cccc"]  # the one before is kept
-    assert calls[-1] == "systemctl try-restart cdi-shim-resident.service"
+    assert calls[-1] == "systemctl try-restart cdi-shim-resident.service cdi-shim-generate.service"
     out, calls = _node_install(tmp_path, _tree(tmp_path, "cccc"), "--copy-only")
     assert calls == []
 

@@ -1,7 +1,7 @@
 """What shipping costs: the wheel's build and install, the node image's build (cold, after a source
 change, cached) and size, and the installer's run on a node tree.
 
-    .venv/bin/python benchmarks/packaging.py [--cold]
+    .venv/bin/python benchmarks/shipping.py [--cold]
 
 As root, with the tests' tools (podman, debootstrap). --cold builds the image's Debian bases again
 (a fresh cache folder, the base images removed): what a fresh CI machine pays.
