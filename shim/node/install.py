@@ -425,41 +425,9 @@ class Installer:
                         f"process (each create starts the interpreter); {path} not installed")
         if not self.cdi_shim:
             raise InstallError("cdi-shim is not installed beside this interpreter: name it with --cdi-shim-binary")
-        wanted = unit_text(self.cdi_shim)
-        written = read_text(path) != wanted
-        changed, done, notes = written, [], _loose_mode(path, kept=not written)
-        if written:
-            path = self.target(os.path.join(UNIT_DIR, UNIT_NAME))
-            _write(path, wanted)
-            done.append(f"wrote {path}")
-        if self.systemctl is None:
-            link = self.entry(os.path.join(UNIT_DIR, "multi-user.target.wants", UNIT_NAME))
-            target = os.path.join(UNIT_DIR, UNIT_NAME)
-            if not (os.path.islink(link) and os.readlink(link) == target):
-                if os.path.lexists(link):
-                    os.unlink(link)
-                os.symlink(target, link)  # what `systemctl enable` makes for WantedBy=multi-user.target
-                changed = True
-                done.append(f"enabled it ({link})")
-            notes.append(f"systemctl not run ({self.no_systemctl}): on the node, `systemctl daemon-reload && "
-                         f"systemctl enable --now {UNIT_NAME}` (its next boot starts it)")
-        else:
-            if written:
-                self._systemctl("daemon-reload")
-            if self._systemctl("is-enabled", "--quiet", UNIT_NAME, check=False) != 0:
-                self._systemctl("enable", UNIT_NAME)
-                changed = True
-                done.append("enabled it")
-            if self._systemctl("is-active", "--quiet", UNIT_NAME, check=False) != 0:
-                self._systemctl("start", UNIT_NAME)
-                changed = True
-                done.append("started it")
-            elif written:
-                self._systemctl("restart", UNIT_NAME)
-                done.append("restarted it (its unit changed)")
-        message = "; ".join(done) if done else f"{path} as configured" + (
-            ", enabled and running" if self.systemctl else ", enabled")
-        return Step("resident", changed, message, notes=notes)
+        from .systemd_unit import install_unit
+
+        return install_unit(self, "resident", UNIT_NAME, unit_text(self.cdi_shim))
 
     def _systemctl(self, *args, check=True):
         command = self.systemctl + list(args)

@@ -46,53 +46,14 @@ def nri_unit_text(cdi_shim):
 
 def nri_unit(installer):
     """The install step: the unit written, enabled and running (installer: shim/node/install.py)."""
-    from .install import InstallError, Step, _loose_mode, _write
+    from .install import InstallError
+    from .systemd_unit import install_unit
 
     if not installer.cdi_shim:
         raise InstallError("cdi-shim is not installed beside this interpreter: name it with --cdi-shim-binary")
-    unit_dir = "/etc/systemd/system"
-    path = installer.path(os.path.join(unit_dir, NRI_UNIT_NAME))
-    wanted = nri_unit_text(installer.cdi_shim)
-    try:
-        with open(path) as stream:
-            written = stream.read() != wanted
-    except FileNotFoundError:
-        written = True
-    changed, done, notes = written, [], _loose_mode(path, kept=not written)
-    if written:
-        path = installer.target(os.path.join(unit_dir, NRI_UNIT_NAME))
-        _write(path, wanted)
-        done.append(f"wrote {path}")
-    if installer.systemctl is None:
-        link = installer.entry(os.path.join(unit_dir, "multi-user.target.wants", NRI_UNIT_NAME))
-        target = os.path.join(unit_dir, NRI_UNIT_NAME)
-        if not (os.path.islink(link) and os.readlink(link) == target):
-            if os.path.lexists(link):
-                os.unlink(link)
-            os.symlink(target, link)  # what `systemctl enable` makes for WantedBy=multi-user.target
-            changed = True
-            done.append(f"enabled it ({link})")
-        notes.append(f"systemctl not run ({installer.no_systemctl}): on the node, `systemctl daemon-reload && "
-                     f"systemctl enable --now {NRI_UNIT_NAME}` (its next boot starts it)")
-    else:
-        run = installer._systemctl
-        if written:
-            run("daemon-reload")
-        if run("is-enabled", "--quiet", NRI_UNIT_NAME, check=False) != 0:
-            run("enable", NRI_UNIT_NAME)
-            changed = True
-            done.append("enabled it")
-        if run("is-active", "--quiet", NRI_UNIT_NAME, check=False) != 0:
-            run("start", NRI_UNIT_NAME)
-            changed = True
-            done.append("started it")
-        elif written:
-            run("restart", NRI_UNIT_NAME)
-            done.append("restarted it (its unit changed)")
-    notes += nri_off_notes(installer)
-    message = "; ".join(done) if done else f"{path} as configured" + (
-        ", enabled and running" if installer.systemctl else ", enabled")
-    return Step("nri", changed, message, notes=notes)
+    step = install_unit(installer, "nri", NRI_UNIT_NAME, nri_unit_text(installer.cdi_shim))
+    step.notes += nri_off_notes(installer)
+    return step
 
 
 def nri_off_notes(installer):
