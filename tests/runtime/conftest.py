@@ -13,11 +13,15 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "containerd: end-to-end test through a private containerd 1.6 "
                             "(select with -m containerd, leave out with -m 'not containerd')")
     config.addinivalue_line("markers", "runtime_e2e: end-to-end test of cdi-shim-runtime with real runc")
+    config.addinivalue_line("markers", "own_resident: in a RESIDENT_TOO module, a test that starts its own "
+                            "resident process (test_front_end_replay.Image): run once, not per world mode")
 
 
 def pytest_generate_tests(metafunc):
     if "world_mode" in metafunc.fixturenames:
-        modes = ["exec", "resident"] if getattr(metafunc.module, "RESIDENT_TOO", False) else ["exec"]
+        both = getattr(metafunc.module, "RESIDENT_TOO", False) and not metafunc.definition.get_closest_marker(
+            "own_resident")
+        modes = ["exec", "resident"] if both else ["exec"]
         metafunc.parametrize("world_mode", modes)
 
 

@@ -356,6 +356,7 @@ def test_chmod_of_a_mounted_folder_by_another_spelling(world, driver, tmp_path, 
     assert out.strip() == "711", out
 
 
+@pytest.mark.own_resident
 def test_the_merged_usr_shape_is_replayed_by_the_front_end(world, driver, tmp_path):
     """On merged /usr the step makes the soname links beside the mounted files: each way -- the
     worker, the front end's replay, the worker's memo, Python alone -- gives the same container

@@ -103,15 +103,14 @@ def _layer(bundle):
     return found
 
 
-def test_every_way_gives_the_same_read_only_etc(world, world_mode, driver, tmp_path):
+@pytest.mark.own_resident
+def test_every_way_gives_the_same_read_only_etc(world, driver, tmp_path):
     """Finding 1 through each replay: the worker, the front end's replay of its recipe
     (replay.c), the worker's memo and the Python step alone give the same read-only /etc, the
     same layer and config.json. The mounts under /etc that runc needs a mount point for -- a
     bind of a file at /etc/pod/hosts and a tmpfs at /etc/scratch, both missing in the image --
     find it in our layer (runc cannot make it in a read-only /etc). A bind there whose source
     became a folder is not replayed as a file's mount point: the worker does the step again."""
-    if world_mode == "resident":
-        pytest.skip("the Image runs its own resident process")
     made = Image(world, driver, tmp_path)
     try:
         os.makedirs(made.layer + "/sbin", exist_ok=True)
