@@ -78,6 +78,11 @@ int cds_builder_add(struct cds_builder *builder, const char *soname, const char 
  * directories, or -1 with errno. */
 long cds_builder_add_cache(struct cds_builder *builder, const struct cds_cache *cache, const char **dirs,
                            const uint32_t *ranks, size_t ndirs, uint32_t unknown_rank);
+/* The same, leaving out the entries whose path is one of the NEXCEPT NUL-terminated paths
+ * packed in EXCEPT (EXCEPT_LEN bytes, the last one a NUL; EINVAL otherwise). */
+long cds_builder_add_cache_except(struct cds_builder *builder, const struct cds_cache *cache, const char **dirs,
+                                  const uint32_t *ranks, size_t ndirs, uint32_t unknown_rank, const char *except,
+                                  size_t except_len, size_t nexcept);
 uint32_t cds_builder_count(const struct cds_builder *builder);
 /* Lay the cache out in FORMAT with GENERATOR as the generator string (new and compat
  * formats). *OUT is freed with cds_free. 0 or -1 with errno. */

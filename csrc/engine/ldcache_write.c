@@ -108,7 +108,33 @@ int cds_builder_add(struct cds_builder *b, const char *soname, const char *path,
 long cds_builder_add_cache(struct cds_builder *b, const struct cds_cache *c, const char **dirs, const uint32_t *ranks,
                            size_t ndirs, uint32_t unknown_rank)
 {
+    return cds_builder_add_cache_except(b, c, dirs, ranks, ndirs, unknown_rank, NULL, 0, 0);
+}
+
+/* Whether PATH is one of the NPATHS NUL-terminated strings packed in PATHS (LEN bytes). */
+static int is_one_of(const char *path, const char *paths, size_t len, size_t npaths)
+{
+    const char *at = paths, *end = paths + len;
+    for (size_t i = 0; i < npaths && at < end; i++) {
+        size_t n = strnlen(at, (size_t)(end - at));
+        if (n == (size_t)(end - at))
+            return 0; /* not terminated: refused by the caller's count */
+        if (strcmp(at, path) == 0)
+            return 1;
+        at += n + 1;
+    }
+    return 0;
+}
+
+long cds_builder_add_cache_except(struct cds_builder *b, const struct cds_cache *c, const char **dirs,
+                                  const uint32_t *ranks, size_t ndirs, uint32_t unknown_rank, const char *except,
+                                  size_t except_len, size_t nexcept)
+{
     long unknown = 0;
+    if (nexcept > 0 && (except == NULL || except_len == 0 || except[except_len - 1] != '\0')) {
+        errno = EINVAL;
+        return -1;
+    }
     cleanup_free size_t *lens = malloc((ndirs ? ndirs : 1) * sizeof *lens);
     if (lens == NULL)
         return -1;
@@ -132,7 +158,7 @@ long cds_builder_add_cache(struct cds_builder *b, const struct cds_cache *c, con
             }
         if (!known)
             unknown++;
-        if (rank == CDS_RANK_DROP)
+        if (rank == CDS_RANK_DROP || (nexcept > 0 && is_one_of(e->value, except, except_len, nexcept)))
             continue;
         /* A glibc-hwcaps entry whose subdirectory name does not resolve is dead to the
          * loader (and no ldconfig writes one): leave it out. */

@@ -12,6 +12,7 @@ from .engine import (CACHE_PATH, FORMATS, GENERATOR, LINKS, MAX_CACHE_SIZE, MAX_
 from .globbing import join_path
 from .ldconf import ConfDir, Extras, LdConfig, child_ident, machine_name
 from . import mounted
+from .reused import extras_own
 
 _MUSL_ARCH = {"x86_64": ("x86_64", "i386"), "aarch64": ("aarch64", "armhf")}
 _MUSL_DEFAULT_PATH = ["/lib", "/usr/local/lib", "/usr/lib"]
@@ -562,6 +563,7 @@ def _incremental(tree, config, builder, scanner, folders, extras, hidden):
     rescan = set()
     rescanned = set()
     overlays = {}
+    dropped = []        # paths of cache entries the extras make again (reused.extras_own)
     for i, d in enumerate(config.dirs):
         if not d.real or d.base in rescanned or d.mtime > mtime:
             rescan.add(i)
@@ -575,7 +577,17 @@ def _incremental(tree, config, builder, scanner, folders, extras, hidden):
             # (then which file ldconfig would keep depends on files we did not read).
             scan = scanner.scan(i, extras_only=True)
             if lib.cds_scan_shadowing(scan) or _overlaps(scan, ptr, d.path, config.target):
-                rescan.add(i)
+                # (a root our own step left: its cache lists the extras already: reused.py)
+                own = extras_own(tree, scan, ptr, d, extras, d.mtime == mtime)
+                if own is None:
+                    rescan.add(i)
+                else:
+                    own, links = own
+                    if links:
+                        extras.by_dir[d.ident] += links
+                        scan = scanner.scan(i, extras_only=True)
+                    overlays[i] = scan
+                    dropped += own
             else:
                 overlays[i] = scan
         if i in rescan:
@@ -584,9 +596,11 @@ def _incremental(tree, config, builder, scanner, folders, extras, hidden):
     c_dirs = [ffi.new("char[]", p) for p in dirs]
     ranks = ffi.new("uint32_t[]", [lib.CDS_RANK_DROP if i in rescan else i
                                    for i in range(len(dirs))] or [0])
-    unknown = lib.cds_builder_add_cache(builder.ptr, ptr,
-                                        ffi.new("const char *[]", c_dirs or [ffi.NULL]),
-                                        ranks, len(dirs), lib.CDS_RANK_DROP)
+    except_ = b"".join(path + b"\0" for path in dropped)
+    unknown = lib.cds_builder_add_cache_except(builder.ptr, ptr,
+                                               ffi.new("const char *[]", c_dirs or [ffi.NULL]),
+                                               ranks, len(dirs), lib.CDS_RANK_DROP,
+                                               except_ or ffi.NULL, len(except_), len(dropped))
     if unknown < 0:
         raise os_error("cannot merge the image's cache")
     if unknown > 0:
