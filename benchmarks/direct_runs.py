@@ -57,6 +57,7 @@ def main():
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--image", choices=("small", "libraries"), default="small")
     parser.add_argument("--dir", default="/run")
+    parser.add_argument("--debug-log", metavar="FILE", help="log each create's phases (log-level debug) into FILE")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="cdi-shim-direct.", dir=args.dir)
     server = None
@@ -70,6 +71,8 @@ def main():
         settings = os.path.join(root, "settings.toml")
         with open(settings, "w") as out:
             out.write(f'spec-dirs = ["{spec}"]\nresident-socket = "{root}/run/runtime.sock"\n')
+            if args.debug_log:  # (replayed or stepped, and why a step was not kept)
+                out.write(f'log-level = "debug"\nlog-file = "{os.path.abspath(args.debug_log)}"\n')
         env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
         server = start_resident(f"{root}/run/runtime.sock", env)
         ours = bundle(os.path.join(root, "ours"), args.image)

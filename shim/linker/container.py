@@ -358,7 +358,10 @@ def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
             after = compat_files([f for _, f in alone])
             readonly = readonly_root(config)
             overlaid = overlay_etc(config, bundle, rootfs, result, sonames, out, after) if readonly else None
-            if overlaid is not None or not readonly and write_etc_in_root(rootfs, result, sonames, out, after):
+            # (runc's mount points made first in a reused root: the cache stays newer than its folders)
+            points = lambda: make_mount_points(original, rootfs, out)  # noqa: E731
+            if overlaid is not None or not readonly and write_etc_in_root(rootfs, result, sonames, out, after,
+                                                                          points):
                 config = overlaid or config
                 drop.update(call.at for call in updates + compat_calls)
                 _memo_line(out.log, counting, result, hits, misses, compat, memo_stats)

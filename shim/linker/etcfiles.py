@@ -59,15 +59,19 @@ def compat_alone(config, bundle, rootfs, folders, out):
     return config
 
 
-def write_etc_in_root(rootfs, result, sonames, out, after=()):
+def write_etc_in_root(rootfs, result, sonames, out, after=(), before_files=None):
     """Write what the spec's update-ldcache (and enable-cuda-compat) leave in the root: the
-    soname links, then _etc_files, each resolved inside the root and renamed into place. True,
-    or False when the root cannot be written (an image on a read-only filesystem: the caller
-    binds the cache from the bundle instead)."""
+    soname links, then (BEFORE_FILES() first: whatever else changes the folders the cache
+    describes) _etc_files, each resolved inside the root and renamed into place, the cache last
+    and so newer than every folder it describes, as the hook's ldconfig leaves it after runc's
+    mounts. True, or False when the root cannot be written (an image on a read-only filesystem:
+    the caller binds the cache from the bundle instead)."""
     from ..ldconfig.engine import LdcacheError, Root
 
     if sonames:
         make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
+    if before_files is not None:
+        before_files()
     try:
         with Root(rootfs) as root:
             files = _etc_files(root, result, after)

@@ -198,8 +198,12 @@ def identify(rootfs, entries, started=None, trusted=None):
     if identities is None or not trusted or started is None:
         return identities
     size = ffi.sizeof("struct cds_identity")
-    young = [entry for index, entry in enumerate(entries)
-             if trusted.get(entry) != bytes(ffi.buffer(identities + index, size))]
+    shown = {entry: bytes(ffi.buffer(identities + index, size)) for index, entry in enumerate(entries)}
+    young = [entry for entry in entries if trusted.get(entry) != shown[entry]]
+    if young:
+        # (our own writes, noted as the mounts spell them, read under another spelling: merged /usr)
+        ours = {place: trusted[entry] for place, entry in places_of(rootfs, list(trusted))}
+        young = [entry for place, entry in places_of(rootfs, young) if ours.get(place) != shown[entry]]
     return identities if not young or _identify(rootfs, young, started) is not None else None
 
 

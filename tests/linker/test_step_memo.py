@@ -476,3 +476,29 @@ def test_one_key_for_the_worker_and_the_front_end():
         config = {"hooks": {}, "mounts": [{"destination": f"{LIBDIR}/{name}", "source": "/host/marker"}]}
         held = b"/host/marker" in stepmemo.step_key_of(json.dumps(config).encode())
         assert held == container._is_library(f"{LIBDIR}/{name}"), name
+
+
+def test_our_own_young_write_is_trusted_under_another_spelling(tmp_path):
+    """A file our step wrote is young for the settle window; it is trusted while it shows the
+    identity the step left (stepmemo.trusted), under any spelling of its place: the note names
+    it as the mount does (/usr/lib/x86_64-linux-gnu/...), the planner reads it through merged
+    /usr's link (/lib/x86_64-linux-gnu/...). A file another writer changed is not trusted, and
+    stays too new."""
+    from shim._native import ffi, lib
+    from shim.linker.stepresult import identify
+
+    root = str(tmp_path / "root")
+    os.makedirs(root + "/usr/lib/x86_64-linux-gnu")
+    os.symlink("usr/lib", root + "/lib")
+    ours = root + "/usr/lib/x86_64-linux-gnu/libx.so.1"
+    os.symlink("libx.so.550", ours)
+    noted, read = b"n/usr/lib/x86_64-linux-gnu/libx.so.1", b"n/lib/x86_64-linux-gnu/libx.so.1"
+    with file_memo(True, settle=60):     # (everything made just now is young)
+        started = lib.cds_memo_clock_ns()
+        left = identify(root, [noted])
+        trusted = {noted: bytes(ffi.buffer(left, ffi.sizeof("struct cds_identity")))}
+        assert identify(root, [read], started) is None                    # young, and not known as ours
+        assert identify(root, [read], started, trusted) is not None       # ours, under the other spelling
+        os.unlink(ours)
+        os.symlink("libx.so.551", ours)                                   # another writer's, as young
+        assert identify(root, [read], started, trusted) is None

@@ -19,6 +19,8 @@ from test_front_end_replay import result
 from test_runtime_resident import debug_world, served_lines, start_server
 from test_runtime_toolkit_hooks import LIBDIR, VERSION, _image, toolkit_spec
 
+from test_image_layouts import merge_usr
+
 from cdi_shim_lab.images import build_driver_libraries
 
 FRONT_END = "replayed by the front end"
@@ -30,8 +32,8 @@ class Direct:
     ld.so.cache) asking for nothing itself, and optionally a resident server (two workers; files
     trusted however new, as the image was made just now)."""
 
-    def __init__(self, world, driver, tmp_path, resident):
-        self.world = world
+    def __init__(self, world, driver, tmp_path, resident, merged=False):
+        self.world, self.merged = world, merged
         self.server = None
         if resident:
             socket = os.path.join(world.base, "run", "runtime.sock")
@@ -48,6 +50,8 @@ class Direct:
     def fresh(self, driver, tmp_path, tag):
         bundle = self.world.bundle(args=["/prog"], tag=tag)
         _image(bundle, driver, str(tmp_path), compat=False)
+        if self.merged:
+            merge_usr(bundle.rootfs)
         return bundle
 
     def env(self):
@@ -149,3 +153,22 @@ def test_without_the_resident_process_every_run_steps(world, driver, tmp_path):
     assert not os.path.exists(os.path.join(world.base, "run", "steps"))
     with open(made.log) as f:
         assert not any(FRONT_END in line for line in f)
+
+
+def test_repeated_direct_runs_on_merged_usr_are_replayed(world, driver, tmp_path):
+    """The same on a merged-/usr image (Debian's): the step reads the library folder as
+    /lib/x86_64-linux-gnu and makes the soname links and the mount points in
+    /usr/lib/x86_64-linux-gnu; what it left is trusted under either spelling, and the cache,
+    written after the mount points, stays newer than the folder (no rescan): replayed from the
+    fourth run at the latest, each run with the soname links there. (The trust of our own young
+    writes under another spelling: test_step_memo.test_our_own_young_write_is_trusted_under_
+    another_spelling.)"""
+    made = Direct(world, driver, tmp_path, resident=True, merged=True)
+    try:
+        names = [made.run("run", n=n) for n in range(RUNS)]
+        replayed = [made.replayed(name) for name in names]
+        assert not replayed[0] and all(replayed[3:]), replayed
+        link = made.bundle.rootfs + f"{LIBDIR}/libnvidia-ml.so.1"
+        assert os.readlink(link) == f"libnvidia-ml.so.{VERSION}"
+    finally:
+        made.close()

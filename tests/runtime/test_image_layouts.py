@@ -95,6 +95,21 @@ def _merged_usr(rootfs, libdir):
         os.symlink(f"usr/{name}", os.path.join(rootfs, name))
 
 
+def merge_usr(rootfs):
+    """A glibc image (test_runtime_toolkit_hooks._image) made merged /usr as Debian 12's: its /bin,
+    /lib, /lib64 moved into /usr and linked there, Debian's multiarch drop-in; its cache made again."""
+    for top in ("bin", "lib", "lib64"):
+        os.makedirs(f"{rootfs}/usr/{top}", exist_ok=True)
+        if os.path.isdir(f"{rootfs}/{top}") and not os.path.islink(f"{rootfs}/{top}"):
+            for name in os.listdir(f"{rootfs}/{top}"):
+                os.rename(f"{rootfs}/{top}/{name}", f"{rootfs}/usr/{top}/{name}")
+            os.rmdir(f"{rootfs}/{top}")
+        os.symlink(f"usr/{top}", f"{rootfs}/{top}")
+    _write(rootfs + "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "# Multiarch support\n" + DEBIAN_DROPIN)
+    _write(rootfs + "/etc/debian_version", "12.12\n")
+    subprocess.run([lh.LDCONFIG, "-r", rootfs], check=True, timeout=60, capture_output=True)
+
+
 def make_layout(layout, rootfs, debian_trees):
     """ROOTFS (World.bundle's busybox root) made the LAYOUT's image, with the host's static
     busybox and ldconfig in /probe for the probe."""
@@ -366,17 +381,7 @@ def test_the_merged_usr_shape_is_replayed_by_the_front_end(world, driver, tmp_pa
 
     made = Image(world, driver, tmp_path)
     try:
-        layer = made.layer
-        for top in ("bin", "lib", "lib64"):     # the image made merged: its /bin, /lib, /lib64 into /usr
-            os.makedirs(f"{layer}/usr/{top}", exist_ok=True)
-            if os.path.isdir(f"{layer}/{top}"):
-                for name in os.listdir(f"{layer}/{top}"):
-                    os.rename(f"{layer}/{top}/{name}", f"{layer}/usr/{top}/{name}")
-                os.rmdir(f"{layer}/{top}")
-            os.symlink(f"usr/{top}", f"{layer}/{top}")
-        _write(layer + "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "# Multiarch support\n" + DEBIAN_DROPIN)
-        _write(layer + "/etc/debian_version", "12.12\n")
-        subprocess.run([lh.LDCONFIG, "-r", layer], check=True, timeout=60, capture_output=True)
+        merge_usr(made.layer)
         seen = []
 
         def check(how, bundle):
