@@ -30,7 +30,9 @@ driver libraries in its ld.so.cache, the link, the profile). Target: nri-native 
 at most 1.10x (paired per round).
 """
 import os
+import re
 import shutil
+import statistics
 import tempfile
 import time
 
@@ -97,6 +99,15 @@ def _check(lab, key, devices, side):
     return found
 
 
+def plugin_cache_work(text):
+    """{"planned": [ms], "kept": [ms]}: the plugin's cache work per container, from its log
+    (shim/nri/hookserver.py: planned, or the answer kept for the image's layers)."""
+    work = {"planned": [], "kept": []}
+    for took, how in re.findall(r"hook: the linker cache of .*\(([0-9.]+) ms, (planned|the answer kept)", text):
+        work["planned" if how == "planned" else "kept"].append(float(took))
+    return work
+
+
 def _hook_count(path):
     with open(path, "rb") as stream:
         return stream.read().count(b"\n")
@@ -136,9 +147,14 @@ def run(rounds=10, warmup=2, workdir=None, log=print, toolkit_hook=None, time_ru
         samples, offset = _rotate(lab, NAME, plan, devices["hook_log"], rounds, warmup, offset)
         check = {key: _check(lab, key, devices, side) for key, side in SIDES.items()
                  if side[2] in ("hooked", "toolkit")}
-        served = lab.plugin_log_text().count("hook: the linker cache of ")
+        text = lab.plugin_log_text()
+        served = text.count("hook: the linker cache of ")
+        work = plugin_cache_work(text)
+        log(f"{NAME}: the plugin's cache work per container, median ms: " + ", ".join(
+            f"{how} {statistics.median(times):.1f} ({len(times)} containers)" for how, times in work.items() if times))
         result["scenarios"][NAME] = {
             "title": TITLE, "kind": "sides", "rounds": rounds, "check": check, "plugin_caches": served,
+            "plugin_cache_ms": work,
             "sides": {key: {"label": label + (f"; hook program: {program_note}" if device == "hooked" else ""),
                             "handler": handler or lab.runtime_name, "device": devices[device],
                             "request": (f"pod annotation cdi.k8s.io/gpu={devices[device]}" if kind == "nri"

@@ -35,9 +35,26 @@ def update(rootfs, items):
     """Do ITEMS ([("folder", DIR) | ("compat", "DRIVER:CUDA")], in hook order) on ROOTFS.
     Returns (the folders, the compat folders the cache reads first, those written alone).
     Raises HookFailure, LdcacheError, OSError, ValueError."""
+    answer = work(rootfs, items)
+    write(rootfs, answer.files)
+    return answer.folders, answer.first, answer.alone
+
+
+class Answer:
+    """What ITEMS come to on a root: the folders, the compat folders read first and written
+    alone, the files to write ([(path, bytes)], in order) and the folders the plan configured."""
+
+    __slots__ = ("folders", "first", "alone", "files", "dirs")
+
+    def __init__(self, folders, first, alone, files, dirs):
+        self.folders, self.first, self.alone, self.files, self.dirs = folders, first, alone, files, dirs
+
+
+def work(rootfs, items):
+    """The Answer for ITEMS on ROOTFS (nothing written). Raises as update() does."""
     from ..ldconfig.engine import Root
     from ..ldconfig.ldcache import LINKER_TIME_LIMIT, Deadline, plan
-    from ..linker.etcfiles import _etc_files, compat_files, write_in_root
+    from ..linker.etcfiles import _etc_files, compat_files
     from ..linker.toolkit_hooks import cuda_compat_folder
 
     deadline = Deadline(LINKER_TIME_LIMIT)
@@ -54,6 +71,12 @@ def update(rootfs, items):
     result = plan(rootfs, folders, deadline=deadline, compat=first) if folders else None
     with Root(rootfs) as root:
         files = _etc_files(root, result, compat_files(alone))
+    return Answer(folders, first, alone, files, list(result.dirs) if result is not None else [])
+
+
+def write(rootfs, files):
+    """FILES ([(path, bytes)]) written into ROOTFS as the hooks leave them."""
+    from ..linker.etcfiles import write_in_root
+
     for path, data in files:
         write_in_root(rootfs, path, data, 0o644)
-    return folders, first, alone

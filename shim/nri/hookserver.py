@@ -12,16 +12,22 @@ done inside it as in any root (`/proc/self/fd/N`; every path resolved inside, no
 out). With `remember` (the plugin's own process, long-lived as the resident worker is) the
 engine keeps what it read of library files and whole plans between containers
 (ldcache.remember_files, remember_plans): a node starts the same images with the same driver
-files again and again. The memo is the process's own, so one container's work is done at a
-time. The answer is "ok", or the reason, which
-the hook prints and runc shows. Only root (or this process's user) may connect; the socket's
-folder is made 0700.
+files again and again. It keeps whole answers too, by the image's layers (layers.py): the
+peer's pid (SO_PEERCRED) names the hook's mount namespace, whose mountinfo gives the rootfs's
+overlay layers and the mounts below it; a container whose layers, upper layer and mounts put
+the same where the linker reads gets the files of the first without a plan (runc's mount
+points make the library folder new in every container's upper layer, so each plan would
+rescan it). The memos are the process's own, so one container's work is done at a time.
+Each answer's log line says how long it took and whether it was planned or kept. The answer
+is "ok", or the reason, which the hook prints and runc shows. Only root (or this process's
+user) may connect; the socket's folder is made 0700.
 """
 import os
 import socket
 import stat
 import struct
 import threading
+import time
 
 MAX_REQUEST = 256 << 10
 VERB = b"update-ldcache"
@@ -36,14 +42,19 @@ class HookServer:
         self.sock = None
         self.served = 0
         self.remember = remember
+        self.answers = None         # layers.AnswerMemo, with remember
+        self._unkept = None         # why the last answer was not kept (logged when it changes)
         self._work = threading.Lock()
 
     def start(self):
         if self.remember:
             from ..ldconfig import ldcache
 
+            from .layers import AnswerMemo
+
             ldcache.remember_files(True)
             ldcache.remember_plans(True)
+            self.answers = AnswerMemo()
         folder = os.path.dirname(self.path)
         os.makedirs(folder, mode=0o700, exist_ok=True)
         try:
@@ -80,7 +91,7 @@ class HookServer:
         with conn:
             try:
                 conn.settimeout(60)
-                uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+                pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
                 if uid not in (0, os.getuid()):
                     conn.sendall(f"nri: uid {uid} may not ask the NRI plugin".encode())
                     return
@@ -90,18 +101,19 @@ class HookServer:
                     if not more:
                         break
                     data += more
-                conn.sendall(self.answer(data, fds).encode())
+                conn.sendall(self.answer(data, fds, pid).encode())
             except OSError as err:
                 self.log("warning", f"the hook's request failed: {err}")
             finally:
                 for fd in fds:
                     os.close(fd)
 
-    def answer(self, data, fds):
-        """"ok", or what went wrong, for the request DATA with the descriptors FDS."""
+    def answer(self, data, fds, pid=0):
+        """"ok", or what went wrong, for the request DATA with the descriptors FDS (from the
+        hook process PID, 0: not known)."""
         from ..ldconfig.ldcache import LdcacheError
         from ..linker.toolkit_hooks import HookFailure
-        from .cache import COMPAT, update
+        from .cache import COMPAT
 
         parts = data.split(b"\0")
         if len(data) > MAX_REQUEST or parts[0] != VERB or parts[-1] != b"" or len(fds) != 1:
@@ -115,7 +127,9 @@ class HookServer:
             return "nri: the hook's rootfs is not a folder"
         try:
             with self._work:
-                folders, first, alone = update(f"/proc/self/fd/{fds[0]}", items)
+                started = time.perf_counter()
+                folders, first, alone, kept = self._update(f"/proc/self/fd/{fds[0]}", items, fds[0], pid)
+                took = (time.perf_counter() - started) * 1000
         except HookFailure as err:
             return str(err)
         except (LdcacheError, OSError, ValueError) as err:
@@ -127,7 +141,49 @@ class HookServer:
             where = "a container's rootfs"
         if folders:
             compat = f"; enable-cuda-compat: {', '.join(first)} first" if first else ""
-            self.log("info", f"hook: the linker cache of {where} written ({', '.join(folders)}){compat}")
+            kept = ", the answer kept for its image's layers" if kept else ", planned"
+            self.log("info", f"hook: the linker cache of {where} written ({', '.join(folders)}){compat} "
+                             f"({took:.1f} ms{kept})")
         if alone:
             self.log("info", f"hook: enable-cuda-compat's drop-in of {where} written ({', '.join(alone)})")
         return "ok"
+
+    def _update(self, rootfs, items, rootfd, pid):
+        """cache.update(ROOTFS, ITEMS), the answer kept by the image's layers where the memo is
+        on and the hook's namespace accounts for the container (layers.py); and whether the
+        answer was a kept one."""
+        from .cache import update, work, write
+        from .layers import Container, Unaccounted, roots_of
+
+        if self.answers is None or pid <= 0:
+            return (*update(rootfs, items), False)
+        answer = key = None
+        kept = False
+        # (the memo's own failures, a bug included, never fail a container: the work is done)
+        try:
+            container = Container(pid, rootfd, rootfs)
+            key = (tuple(items), container.lower)
+            answer = self.answers.recall(key, container)
+            kept = answer is not None
+        except Unaccounted as why:
+            self._not_kept(why)
+        except Exception as err:  # noqa: BLE001
+            key = None
+            self._not_kept(f"unexpected {type(err).__name__}: {err}")
+        if answer is None:
+            answer = work(rootfs, items)
+            if key is not None:
+                try:   # (the state before anything is written)
+                    roots = roots_of(rootfs, items, answer.dirs, answer.first + answer.alone)
+                    self.answers.keep(key, roots, container.state(roots), answer)
+                except Unaccounted as why:
+                    self._not_kept(why)
+                except Exception as err:  # noqa: BLE001
+                    self._not_kept(f"unexpected {type(err).__name__}: {err}")
+        write(rootfs, answer.files)
+        return answer.folders, answer.first, answer.alone, kept
+
+    def _not_kept(self, why):
+        if str(why) != self._unkept:
+            self._unkept = str(why)
+            self.log("info", f"hook: answers are not kept by the image's layers here ({why})")

@@ -165,6 +165,38 @@ def test_linker_cache_and_links_from_inside(nri_lab, toolkit_devices):
     assert "--params" not in ours[0]["args"]
 
 
+PROBE_FILES = ("echo cache=$(od -An -v -tx1 /etc/ld.so.cache | tr -d ' \\n'); "
+               "echo conf=$(cat /etc/ld.so.conf.d/00-nvcr-*.conf /etc/ld.so.conf.d/zz-nvcr-*.conf | tr '\\n' ' '); "
+               "echo link=$(readlink /usr/lib/x86_64-linux-gnu/libnvidia-bench0.so)")
+
+
+def test_answer_kept_for_the_image(nri_lab, toolkit_devices):
+    """The hook's cache work is kept by the image's layers (shim/nri/layers.py): runc's mount
+    points make the library folder new in each container's upper layer, so the second pod of
+    the same image and spec gets the first one's answer (or an earlier test's), not a rescan;
+    its files, seen from inside, are the same bytes. A pod of another image (busybox) has a
+    cache of its own."""
+    from cdi.safeio import RACY_WINDOW_NS
+    from cdi_shim_lab.lab import LIB_IMAGE
+
+    # (what changed within the settle window is not trusted by identity: the driver files are new)
+    newest = max(os.stat(path).st_ctime_ns for path in toolkit_devices["libraries"])
+    time.sleep(max(0, newest + RACY_WINDOW_NS - time.time_ns()) / 1e9)
+    seen, lines = [], []
+    for image in (LIB_IMAGE, LIB_IMAGE, LIB_IMAGE, None):
+        before = nri_lab.plugin_log_text()
+        run = nri_lab.run_pod("runc", ["sh", "-c", PROBE_FILES], **({"image": image} if image else {}),
+                              pod_annotations={"cdi.k8s.io/gpu": toolkit_devices["toolkit"]})
+        assert run.status.exit_code == 0, run.output
+        seen.append(seen_in(run))
+        (line,) = [line for line in nri_lab.plugin_log_text()[len(before):].splitlines()
+                   if "hook: the linker cache of " in line]
+        lines.append(line)
+    assert seen[0] == seen[1] == seen[2] and seen[0]["link"] == "libnvidia-bench0.so.1", seen
+    assert len(seen[0]["cache"]) > 1000 and seen[3]["cache"] != seen[0]["cache"], seen
+    assert all("kept for its image's layers" in line for line in lines[1:3]), lines
+
+
 PROBE_COMPAT = ("echo cache=$(od -An -v -tx1 /etc/ld.so.cache | tr -d ' \\n'); "
                 "echo dropin=$(cat /etc/ld.so.conf.d/00-compat-*.conf 2>/dev/null)")
 
