@@ -69,7 +69,8 @@ def overlay_of(pid, rootfd):
             dash = fields.index("-")
         except ValueError:
             raise Unaccounted("a malformed mountinfo line") from None
-        mounts.append((fields[0], fields[3], fields[4], fields[dash + 1], fields[dash + 3] if dash + 3 < len(fields) else ""))
+        options = fields[dash + 3] if dash + 3 < len(fields) else ""
+        mounts.append((fields[0], fields[3], fields[4], fields[dash + 1], options))
         if fields[0] == mnt_id:
             top = mounts[-1]
     if top is None:

@@ -110,7 +110,8 @@ def test_answers_kept_by_the_layers(tmp_path):
     assert runs["second"]["cache"] == runs["first"]["cache"] == runs["third"]["cache"]
     assert "libnvidia-t1.so.1" in runs["first"]["listing"] and "libz.so.1" in runs["first"]["listing"]
     assert "libnvidia-t1x.so.1" in runs["other-source"]["listing"]
-    assert "libnvidia-t1x.so.1" in runs["upper-file"]["listing"] and "libnvidia-t1.so.1" in runs["upper-file"]["listing"]
+    upper = runs["upper-file"]["listing"]
+    assert "libnvidia-t1x.so.1" in upper and "libnvidia-t1.so.1" in upper
     assert "libz.so.1" not in runs["other-layers"]["listing"]
     assert runs["plain"]["cache"] == runs["first"]["cache"]     # (done again: not an overlay)
     assert any("not kept" in text for text in result["logged"]), result["logged"]
