@@ -184,6 +184,15 @@ def spec(world, driver, libdir, compat=False):
             + "  mounts:\n" + mounts)
 
 
+def folder_spec(world, hook, folder, destination, options):
+    """A spec of one hook and one folder bound whole at DESTINATION."""
+    return ('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n'
+            'devices:\n  - name: "0"\n    containerEdits:\n'
+            f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n"
+            "containerEdits:\n  hooks:\n" + hook
+            + f"  mounts:\n    - {{hostPath: {folder}, containerPath: {destination}, options: {options}}}\n")
+
+
 def probe(libdir):
     b = "/probe/busybox"
     return (f"/prog; for f in {libdir}/*; do [ -L \"$f\" ] && echo \"link ${{f##*/}} $({b} readlink \"$f\")\"; done; "
@@ -191,6 +200,20 @@ def probe(libdir):
             f"/lib64/ld-linux-x86-64.so.2 --list /prog | {b} grep -E 'libnvidia-ml|libcuda' | {b} sed 's/^/list /'; "
             f"{b} cat {libdir}/libcuda.so > /dev/null && echo opens libcuda.so; "
             f"{b} cat {libdir}/libnvidia-ml.so > /dev/null && echo opens libnvidia-ml.so")
+
+
+def _run(world, bundle, tmp_path, how):
+    """The device asked for HOW (pre-injected or by annotation), BUNDLE run: its output."""
+    if how == "preinjected":
+        preinject(world, bundle)
+    else:
+        config = bundle.config()
+        config.setdefault("annotations", {})["cdi.k8s.io/test"] = "nvidia.com/gpu=0"
+        with open(bundle.config_path, "w") as out:
+            json.dump(config, out)
+    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def _seen(output, kind):
@@ -229,17 +252,7 @@ def test_the_container_sees_what_the_hook_gives_it(world, driver, tmp_path, debi
     _program(rootfs, driver, tmp_path)
     oracle = str(tmp_path / "oracle")
     expected_cache = hook_oracle(rootfs, oracle, driver, libdir, f"{CUDA}/compat" if compat else None)
-    if how == "preinjected":
-        preinject(world, bundle)
-    else:
-        config = bundle.config()
-        config.setdefault("annotations", {})["cdi.k8s.io/test"] = "nvidia.com/gpu=0"
-        with open(bundle.config_path, "w") as out:
-            json.dump(config, out)
-
-    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+    out = _run(world, bundle, tmp_path, how)
     # (the forward-compat libcuda of the CUDA image is newer than the 550 driver: it loads)
     assert out.splitlines()[0] == f"linked=42 cuda={560 if compat else 550}", out
 
@@ -274,19 +287,6 @@ def _program(rootfs, driver, tmp_path):
 # ---- one folder, two spellings: compared by place, as the hook (running after runc's mounts,
 # inside the container's root) meets them -------------------------------------------------
 
-def _run(world, bundle, tmp_path, how):
-    if how == "preinjected":
-        preinject(world, bundle)
-    else:
-        config = bundle.config()
-        config.setdefault("annotations", {})["cdi.k8s.io/test"] = "nvidia.com/gpu=0"
-        with open(bundle.config_path, "w") as out:
-            json.dump(config, out)
-    result = world.shim("run", "--bundle", bundle.path, bundle.id, env=world.env(**_absent_params(tmp_path)))
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 @pytest.mark.parametrize("how", ["preinjected", "annotation"])
 def test_a_folder_mounted_under_one_spelling_and_configured_under_another(world, driver, tmp_path, debian_trees,
                                                                            how):
@@ -297,12 +297,9 @@ def test_a_folder_mounted_under_one_spelling_and_configured_under_another(world,
     folder = tmp_path / "host-folder"
     folder.mkdir()
     shutil.copy2(driver / f"libnvidia-ml.so.{VERSION}", folder)
-    world.write_spec("nvidia-gpu.yaml", (
-        'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n'
-        'devices:\n  - name: "0"\n    containerEdits:\n'
-        f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n"
-        "containerEdits:\n  hooks:\n" + _hook("update-ldcache", "--folder", "/lib/x86_64-linux-gnu/nvidia")
-        + f"  mounts:\n    - {{hostPath: {folder}, containerPath: {MULTIARCH}/nvidia, options: [ro, rbind]}}\n"))
+    world.write_spec("nvidia-gpu.yaml", folder_spec(world, _hook("update-ldcache", "--folder",
+                                                                 "/lib/x86_64-linux-gnu/nvidia"),
+                                                    folder, f"{MULTIARCH}/nvidia", "[ro, rbind]"))
     bundle = world.bundle(args=["/probe/busybox", "sh", "-c", "/probe/ldconfig -p | /probe/busybox grep nvidia"])
     make_layout("merged-usr", bundle.rootfs, debian_trees)
     oracle = str(tmp_path / "oracle")
@@ -357,12 +354,9 @@ def test_chmod_of_a_mounted_folder_by_another_spelling(world, driver, tmp_path, 
     folder = tmp_path / "firmware"
     folder.mkdir(mode=0o755)
     os.chmod(folder, 0o755)
-    world.write_spec("nvidia-gpu.yaml", (
-        'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n'
-        'devices:\n  - name: "0"\n    containerEdits:\n'
-        f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n"
-        "containerEdits:\n  hooks:\n" + _hook("chmod", "--mode", "711", "--path", "/lib/firmware/nvidia")
-        + f"  mounts:\n    - {{hostPath: {folder}, containerPath: /usr/lib/firmware/nvidia, options: [rbind]}}\n"))
+    world.write_spec("nvidia-gpu.yaml", folder_spec(world, _hook("chmod", "--mode", "711", "--path",
+                                                                 "/lib/firmware/nvidia"),
+                                                    folder, "/usr/lib/firmware/nvidia", "[rbind]"))
     bundle = world.bundle(args=["/probe/busybox", "stat", "-c", "%a", "/lib/firmware/nvidia"])
     make_layout("merged-usr", bundle.rootfs, debian_trees)
     os.makedirs(bundle.rootfs + "/usr/lib/firmware/nvidia", mode=0o755)
