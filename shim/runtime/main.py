@@ -103,6 +103,39 @@ class _Phases:
                 self.log.debug(f"phase={name} took={ms:.2f}ms")
 
 
+class Create:
+    """One create (or run), from its parsed command line to config.json written: what each part
+    of `prepare` reads and what it leaves for the next.
+
+    Given: ARGS (parse_runc_argv's; the bundle is ARGS.bundle), SETTINGS, LOG, WRITES (_Writes),
+    and the phases' timings (PHASES). Read: config.json as CONFIG (without Docker's legacy hook,
+    LEGACY_HOOK says whether it had one), its bytes RAW and its stat INFO; the DEVICES requested;
+    STEPS, where a resident worker keeps its steps' recipes (None: nowhere). Injected: the
+    specs' edit BLOCKS, MERGED, and the config with them applied, EDITED. Stepped: RECORDED (the
+    injection for the front end to replay, requestmemo's) or WHY it is not kept."""
+
+    __slots__ = ("args", "settings", "log", "writes", "phases", "config", "raw", "info", "legacy_hook", "devices",
+                 "steps", "blocks", "merged", "edited", "recorded", "why")
+
+    def __init__(self, args, settings, log, writes):
+        self.args, self.settings, self.log, self.writes = args, settings, log, writes
+        self.phases = _Phases(log)
+        self.config = self.raw = self.info = None
+        self.legacy_hook = False
+        self.devices = []
+        self.steps = self.blocks = self.merged = self.edited = None
+        self.recorded = self.why = None
+
+    @property
+    def bundle(self):
+        return self.args.bundle
+
+    @property
+    def container(self):
+        """The container's id as messages name it ("?": none given)."""
+        return self.args.container_id or "?"
+
+
 def check_freshness(blocks, origins, container, log):
     """Fail the create when a host file the requested devices need is gone (a mount source, a
     device node: cdi/host_files.py), naming the spec, the device and the file, whatever driver
@@ -144,116 +177,127 @@ def prepare(args, settings, log, commit=_always):
     bundle without files of ours it did not have. COMMIT() is asked before the first write:
     when it says False, raises Abandoned with nothing written.
     """
-    writes = _Writes(args.bundle, commit)
+    create = Create(args, settings, log, _Writes(args.bundle, commit))
     try:
-        return _prepare(args, settings, log, writes)
+        return _prepare(create)
     except Exception:
-        writes.undo()
+        create.writes.undo()
         raise
 
 
-def _prepare(args, settings, log, writes):
-    phases = _Phases(log)
+def _prepare(create):
+    phases = create.phases
     try:
-        config, raw, info = read_config(args.bundle)
+        config, create.raw, create.info = read_config(create.bundle)
     except BundleError as err:
         raise RuntimeFailure(str(err)) from None
     phases.done("config")
-    config, legacy_hook = drop_legacy_hook(config)
+    create.config, create.legacy_hook = drop_legacy_hook(config)
     try:
-        devices = collect_requests(config, settings, args.devices, warn=log.warning, legacy_hook=legacy_hook)
+        create.devices = collect_requests(create.config, create.settings, create.args.devices,
+                                          warn=create.log.warning, legacy_hook=create.legacy_hook)
     except CDIError as err:
         raise RuntimeFailure(str(err)) from None
     phases.done("requests")
-    if not devices and legacy_hook:
-        writes.begin()
-        _write(args, config, info)  # docker --gpus with no device (count 0): the hook goes all the same
-    if not devices:
+    if not create.devices and create.legacy_hook:
+        create.writes.begin()
+        _write(create, create.config)  # docker --gpus with no device (count 0): the hook goes all the same
+    if not create.devices:
         # Injected by someone else (containerd's own CDI, podman): the hooks' work is ours all the same.
-        _prepare_injected(args, config, raw, info, settings, log, phases, writes)
+        _prepare_injected(create)
         phases.report()
         return []
-    steps = _steps_dir(settings)
-    started = _clock_ns() if steps else None     # (a request's recipe: the settle window's reference)
-    blocks, merged, edited = _inject(args, config, devices, settings, log, phases)
-    _refuse_rootless_devices(edited, args)
-    writes.begin()
-    # The injection is recorded for the front end (requestmemo.py) only when it can be replayed
-    # as it was done: no warning, no Docker hook.
-    recordable = steps and not log.warnings and not legacy_hook
-    found, why = _step(args, raw, config, edited, merged, devices, settings, log, phases, info, steps, recordable)
-    if found and not log.warnings:
+    create.steps = _steps_dir(create.settings)
+    started = _clock_ns() if create.steps else None     # (a request's recipe: the settle window's reference)
+    _inject(create)
+    _refuse_rootless_devices(create.edited, create.args)
+    create.writes.begin()
+    _step(create)
+    if create.recorded and not create.log.warnings:
         from . import requestmemo
 
-        why = requestmemo.export(found, settings, blocks, devices, steps, started)
-    if why:
-        log.debug(f"container {args.container_id or '?'}: the injection is not kept for the front end: {why}")
-    if steps:
+        create.why = requestmemo.export(create.recorded, create.settings, create.blocks, create.devices,
+                                        create.steps, started)
+    if create.why:
+        create.log.debug(f"container {create.container}: the injection is not kept for the front end: {create.why}")
+    if create.steps:
         phases.done("recipe")
     phases.report()
-    log.info(f"container {args.container_id or '?'}: injected {', '.join(devices)}")
-    return devices
+    create.log.info(f"container {create.container}: injected {', '.join(create.devices)}")
+    return create.devices
 
 
-def _inject(args, config, devices, settings, log, phases):
-    """(the spec's edit blocks, merged, CONFIG with them applied) for DEVICES, each spec's host
-    files checked (check_freshness)."""
+def _inject(create):
+    """CREATE's specs' edit BLOCKS, MERGED, and its CONFIG with them applied (EDITED), for its
+    DEVICES, each spec's host files checked (check_freshness)."""
     from cdi.container_edits import apply_edits, merge_edits
     from cdi.registry import Registry
 
-    registry = Registry(settings.spec_dirs).refresh()
+    registry = Registry(create.settings.spec_dirs).refresh()
     if registry.cache_problem:
-        log.warning(registry.cache_problem)
+        create.log.warning(registry.cache_problem)
     try:
-        blocks, origins = registry.resolve(devices)
+        create.blocks, origins = registry.resolve(create.devices)
     except CDIError as err:
-        raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
-    phases.done("resolve")
-    check_freshness(blocks, origins, args.container_id or "?", log)
-    phases.done("freshness")
-    merged = merge_edits(blocks)
+        raise RuntimeFailure(f"container {create.container}: {err}") from None
+    create.phases.done("resolve")
+    check_freshness(create.blocks, origins, create.container, create.log)
+    create.phases.done("freshness")
+    create.merged = merge_edits(create.blocks)
     try:
-        edited = apply_edits(config, merged)
+        edited = apply_edits(create.config, create.merged)
     except CDIError as err:
         specs = ", ".join(sorted({path for _, path in origins}))
-        raise RuntimeFailure(f"container {args.container_id or '?'}: failed to inject devices "
-                             f"{', '.join(devices)} (from {specs}): {err}") from None
-    edited = once(config, edited)
-    phases.done("apply")
-    return blocks, merged, edited
+        raise RuntimeFailure(f"container {create.container}: failed to inject devices "
+                             f"{', '.join(create.devices)} (from {specs}): {err}") from None
+    create.edited = once(create.config, edited)
+    create.phases.done("apply")
 
 
-def _step(args, raw, config, edited, merged, devices, settings, log, phases, info, steps, recordable):
-    """The linker step of the injected config EDITED, and config.json written: replayed from a
-    kept step's recipe (in STEPS) when one applies, else done (and its recipe written). Returns
-    (the injection to record, None) when RECORDABLE and the front end could replay it all,
-    else (None, why not or None). The step of a recordable injection is keyed by the text the
-    front end's apply gives, so that the front end finds the step's recipe after its own apply;
-    one that has nothing to do is recorded as the config.json it leaves, with no step."""
+def _recordable(create):
+    """Whether the injection is recorded for the front end (requestmemo.py): only when it can be
+    replayed as it was done (no warning, no Docker hook)."""
+    return create.steps and not create.log.warnings and not create.legacy_hook
+
+
+def _step(create):
+    """The linker step of CREATE's injected config (EDITED), and config.json written: replayed
+    from a kept step's recipe (in STEPS) when one applies, else done (and its recipe written).
+    Sets RECORDED to the injection to record when it is recordable (_recordable) and the front
+    end could replay it all, and WHY when not and it knows why. The step of a recordable
+    injection is keyed by the text the front end's apply gives, so that the front end finds the
+    step's recipe after its own apply; one that has nothing to do is recorded as the config.json
+    it leaves, with no step."""
     from ..linker import stepmemo
     from ..linker.container import needs_step
 
+    recordable = _recordable(create)
     if recordable:
         from . import requestmemo
+    edited, steps = create.edited, create.steps
     found = why = None
     stepped = needs_step(edited)
     if recordable and stepped:
-        found, why = requestmemo.injection(raw, args.devices, config, edited, merged, settings, stepped)
+        found, why = requestmemo.injection(create.raw, create.args.devices, create.config, edited, create.merged,
+                                           create.settings, stepped)
+    create.recorded, create.why = found, why
     text = found.text if found else fastjson.dumpb(edited)
-    if steps and stepped and _replayed(args, text, info, steps):
-        phases.done("replay")
-        log.debug(f"container {args.container_id or '?'}: the linker step of an earlier container of these "
-                  "files and spec, replayed from its recipe")
-        return found, why
-    final = _linker(args, edited, settings, log, f"cannot inject {', '.join(devices)}: ", raw=text)
-    phases.done("linker")
-    _write(args, final, info)
-    phases.done("write")
+    if steps and stepped and _replayed(create, text):
+        create.phases.done("replay")
+        create.log.debug(f"container {create.container}: the linker step of an earlier container of these "
+                         "files and spec, replayed from its recipe")
+        return
+    final = _linker(create, edited, f"cannot inject {', '.join(create.devices)}: ", raw=text)
+    create.phases.done("linker")
+    _write(create, final)
+    create.phases.done("write")
     kept = steps and final is not edited and stepmemo.export_recipe(
-        final, rootfs_path(edited, args.bundle), args.bundle, steps)
+        final, rootfs_path(edited, create.bundle), create.bundle, steps)
     if recordable and not stepped:
-        return requestmemo.injection(raw, args.devices, config, final, merged, settings, stepped)
-    return (found, why) if kept else (None, why)
+        create.recorded, create.why = requestmemo.injection(create.raw, create.args.devices, create.config, final,
+                                                            create.merged, create.settings, stepped)
+    elif not kept:
+        create.recorded = None
 
 
 def once(original, edited):
@@ -284,47 +328,50 @@ def once(original, edited):
     return edited
 
 
-def _linker(args, config, settings, log, what="", raw=None):
+def _linker(create, config, what="", raw=None):
+    """CONFIG after CREATE's linker step (prepare_linker): our hooks' work done, they dropped."""
     from ..linker.container import LinkerLimitError, NoPlaceForCache, isolate_hooks, prepare_linker
     from ..linker.toolkit_hooks import HookFailure
 
     try:
-        return isolate_hooks(prepare_linker(config, args.bundle, log, file_binds=settings.file_binds == "hook",
-                                            raw=raw))
+        return isolate_hooks(prepare_linker(config, create.bundle, create.log,
+                                            file_binds=create.settings.file_binds == "hook", raw=raw))
     except NoPlaceForCache as err:
-        raise RuntimeFailure(f"container {args.container_id or '?'}: {what}{err}") from None
+        raise RuntimeFailure(f"container {create.container}: {what}{err}") from None
     except (LinkerLimitError, HookFailure) as err:
-        raise RuntimeFailure(f"container {args.container_id or '?'}: {err}") from None
+        raise RuntimeFailure(f"container {create.container}: {err}") from None
 
 
-def _write(args, config, info):
+def _write(create, config):
+    """CONFIG as CREATE's config.json, with the mode it had."""
     try:
-        write_config(args.bundle, config, info.st_mode)
+        write_config(create.bundle, config, create.info.st_mode)
     except OSError as err:
-        raise RuntimeFailure(f"cannot write {args.bundle}/config.json: {err.strerror}") from None
+        raise RuntimeFailure(f"cannot write {create.bundle}/config.json: {err.strerror}") from None
 
 
-def _prepare_injected(args, config, raw, info, settings, log, phases, writes):
+def _prepare_injected(create):
     """A config with no request but with hooks whose work we do: do it, drop them. In a
     resident worker, the step's recipe goes beside the socket for the front end to replay the
     next time (shim/linker/stepmemo.py)."""
     from ..linker import stepmemo
     from ..linker.container import has_known_hooks
 
-    _refuse_rootless_devices(config, args)
+    config = create.config
+    _refuse_rootless_devices(config, create.args)
     if not has_known_hooks(config):
         return
-    writes.begin()
-    edited = _linker(args, config, settings, log, raw=raw)
-    phases.done("linker")
+    create.writes.begin()
+    edited = _linker(create, config, raw=create.raw)
+    create.phases.done("linker")
     if edited is not config:
-        _write(args, edited, info)
-        phases.done("write")
-        log.debug(f"container {args.container_id or '?'}: the work of the injected spec's hooks done natively")
-        steps = _steps_dir(settings)
+        _write(create, edited)
+        create.phases.done("write")
+        create.log.debug(f"container {create.container}: the work of the injected spec's hooks done natively")
+        steps = _steps_dir(create.settings)
         if steps:
-            stepmemo.export_recipe(edited, rootfs_path(config, args.bundle), args.bundle, steps)
-            phases.done("recipe")
+            stepmemo.export_recipe(edited, rootfs_path(config, create.bundle), create.bundle, steps)
+            create.phases.done("recipe")
 
 
 def _steps_dir(settings):
@@ -337,14 +384,14 @@ def _steps_dir(settings):
     return None
 
 
-def _replayed(args, text, info, steps):
+def _replayed(create, text):
     """True when the step kept for the config TEXT (as injected from a request) was replayed from
-    its recipe in STEPS by the C replay the front end runs for a pre-injected config
+    its recipe in CREATE's STEPS by the C replay the front end runs for a pre-injected config
     (csrc/engine/replay.c), config.json written; False: the step is to be done."""
     from .._native import lib
 
-    return lib.replay_step(os.fsencode(steps), os.fsencode(os.path.abspath(args.bundle)), text, len(text),
-                           info.st_mode & 0o7777, __version__.encode()) == 1
+    return lib.replay_step(os.fsencode(create.steps), os.fsencode(os.path.abspath(create.bundle)), text, len(text),
+                           create.info.st_mode & 0o7777, __version__.encode()) == 1
 
 
 def _clock_ns():
