@@ -108,7 +108,7 @@ class InstallError(Exception):
 
 def unit_text(cdi_shim):
     """The resident unit, running CDI_SHIM (contrib/cdi-shim-resident.service is this with
-    /opt/cdi-shim/current/bin/cdi-shim, the node prefix's)."""
+    units.NODE_CDI_SHIM, the node prefix's)."""
     return UNIT_TEXT.replace("@CDI_SHIM@", cdi_shim)
 
 

@@ -40,7 +40,7 @@ NRI_ON = f"""[plugins."{NRI_PLUGIN}"] disable = false"""
 
 def nri_unit_text(cdi_shim):
     """The NRI plugin's unit, running CDI_SHIM (contrib/cdi-shim-nri.service is this with
-    /usr/local/bin/cdi-shim)."""
+    units.NODE_CDI_SHIM, the node prefix's)."""
     return NRI_UNIT_TEXT.replace("@CDI_SHIM@", cdi_shim)
 
 

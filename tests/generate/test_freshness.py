@@ -20,6 +20,7 @@ import runtime_helpers as rh  # noqa: E402
 
 from shim.driver_version import VERSION_FILE_ENV, host_driver_version, parse_module_version  # noqa: E402
 from shim.driver_version import recorded_driver_version  # noqa: E402
+from shim.node.units import NODE_CDI_SHIM  # noqa: E402
 
 OLD = fakedriver.VERSION
 NEW = "590.10.01"
@@ -316,7 +317,7 @@ CONTRIB = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 UNITS = ("cdi-shim-generate.service", "cdi-shim-generate-once.service", "cdi-shim-generate.timer")
 
 
-PREFIX_CLI = "/opt/cdi-shim/current/bin/cdi-shim"    # the node prefix's (docs/install.md)
+PREFIX_CLI = NODE_CDI_SHIM     # the node prefix's (docs/install.md)
 
 
 def test_generate_units_verify_and_name_options_that_exist(tmp_path):

@@ -209,7 +209,9 @@ def test_everything_it_puts_in_place(tmp_path, shim_env, fake_binary):
 
 
 def test_contrib_unit_is_the_installed_one():
-    assert read(os.path.join(REPO, "contrib", UNIT_NAME)) == unit_text("/opt/cdi-shim/current/bin/cdi-shim")
+    from shim.node.units import NODE_CDI_SHIM
+
+    assert read(os.path.join(REPO, "contrib", UNIT_NAME)) == unit_text(NODE_CDI_SHIM)
 
 
 def test_an_existing_cdi_shim_config_is_kept(tmp_path, shim_env, fake_binary):

@@ -8,12 +8,14 @@ import pytest
 
 from shim.node.install import UNIT_NAME
 from shim.node.nri_unit import NRI_UNIT_NAME, nri_unit_text
+from shim.node.units import NODE_CDI_SHIM
 from tests.helpers import read, run_cli
 from tests.node.test_install import FAKE_SYSTEMCTL, REPO, containerd, install, node_root, snapshot
 
 
 def test_contrib_unit_is_the_installed_one():
-    assert read(os.path.join(REPO, "contrib", NRI_UNIT_NAME)) == nri_unit_text("/usr/local/bin/cdi-shim")
+    """contrib/ holds the unit as an install on the node prefix writes it (as the resident's)."""
+    assert read(os.path.join(REPO, "contrib", NRI_UNIT_NAME)) == nri_unit_text(NODE_CDI_SHIM)
     text = nri_unit_text("/opt/cdi-shim/current/bin/cdi-shim")
     assert "ExecStart=/opt/cdi-shim/current/bin/cdi-shim nri\n" in text
     assert "Restart=always\n" in text and "After=containerd.service\n" in text

@@ -2,8 +2,11 @@
 tree carry them): `@CDI_SHIM@` stands for the cdi-shim they run and `@ARGS@` for the generate
 options of the node (`--driver-root`, `--layout`, ...). `install --node` renders and installs
 cdi-shim-generate.service (shim/node/refresh_unit.py); contrib/ holds them rendered for the node
-prefix, /opt/cdi-shim/current/bin/cdi-shim."""
+prefix, NODE_CDI_SHIM (with the resident's and the NRI plugin's units, rendered alike: a test
+compares each with what the install writes)."""
 import os
+
+NODE_CDI_SHIM = "/opt/cdi-shim/current/bin/cdi-shim"    # the node prefix's cdi-shim (docs/install.md)
 
 NAMES = ("cdi-shim-generate.service", "cdi-shim-generate-once.service", "cdi-shim-generate.timer")
 
