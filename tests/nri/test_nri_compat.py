@@ -6,14 +6,13 @@ links resolved inside the root, as the real hook names it) and puts its drop-in 
 cache it writes (shim/nri/cache.py). The decision's rules are the runtime's, checked against the
 real hook in tests/runtime/test_hook_fidelity.py; here: the wiring, end to end."""
 import os
-import re
 import subprocess
 
 import pytest
 
-from shim.nri.hookserver import HookServer
 from tests.conftest import tool
 from tests.nri.test_hook import bundle
+from tests.nri.test_nrihook import nshook
 
 FOLDER = "/usr/lib/x86_64-linux-gnu"
 DRIVER = "550.54.15"
@@ -53,20 +52,6 @@ def first_libcuda(rootfs):
     from shim.ldconfig.ldcache import read_root_cache
 
     return next(entry.path for entry in read_root_cache(str(rootfs)).entries if entry.soname == "libcuda.so.1")
-
-
-@pytest.fixture
-def server(tmp_path):
-    logged = []
-    served = HookServer(str(tmp_path / "hook" / "h.sock"),   # (the line's time taken left out)
-                        lambda level, message: logged.append(re.sub(r" \([0-9.]+ ms, planned\)$", "", message))).start()
-    yield served, logged
-    served.close()
-
-
-def nshook(args, state):
-    return subprocess.run([tool("cdi-shim-nshook"), "nri", *args], input=state, capture_output=True, text=True,
-                          timeout=60, env={"PATH": "/usr/bin:/bin"})
 
 
 @pytest.mark.parametrize("host, chosen", [(DRIVER, True), ("580.65.06", False)], ids=["newer", "older"])

@@ -3,28 +3,17 @@ a createContainer hook (the state on stdin): links and modes in C, the linker ca
 plugin's process through the rootfs descriptor the hook sends (shim/nri/hookserver.py); with the
 plugin away, by the --fallback program; refused requests answered with a reason."""
 import os
-import re
 import socket
 import stat
 import subprocess
 
 import pytest
 
-from shim.nri.hookserver import HookServer
 from tests.conftest import tool
 from tests.nri.test_hook import bundle
 
 LINK = "libz.so.1.2.13::/usr/lib/x86_64-linux-gnu/libz.so"
 FOLDER = "/usr/lib/x86_64-linux-gnu"
-
-
-@pytest.fixture
-def server(tmp_path):
-    logged = []
-    served = HookServer(str(tmp_path / "hook" / "h.sock"),   # (the line's time taken left out)
-                        lambda level, message: logged.append(re.sub(r" \([0-9.]+ ms, planned\)$", "", message))).start()
-    yield served, logged
-    served.close()
 
 
 def nshook(args, state):
