@@ -11,7 +11,18 @@ glibc folder), `debian12` and `debian13` (debootstrap minbase, merged /usr), `rp
   own CDI does) and run by plain runc, which runs the real nvidia-cdi-hook v1.20.0 (built by
   benchmarks/toolkit.py) as the OCI hooks;
 - `preinjected`: the same config.json run by cdi-shim-runtime;
-- `annotation`: the device asked by a `cdi.k8s.io/` annotation, run by cdi-shim-runtime.
+- `annotation`: the device asked by a `cdi.k8s.io/` annotation, run by cdi-shim-runtime;
+- `nri`: the NRI plugin's path without containerd: the device asked by a pod annotation of the
+  plugin's policy (shim/nri/policy.py), its adjustment applied to config.json as containerd
+  applies it (tests/nri/containerd_nri.py), run by plain runc on an overlay rootfs (the case's
+  image the lower layer, a fresh upper, as containerd's snapshotter mounts it): the one native
+  hook (`cdi-shim-nshook nri`, no --fallback) makes the links and modes and hands the rootfs to
+  the plugin's hook server (shim/nri/hookserver.py, in this process, with the memos the plugin
+  runs with), which writes the linker cache;
+- `nri-kept`: a second such container of the same image (the same lower layer, a new upper):
+  the hook server's answer kept by the image's layers (shim/nri/layers.py), written without a
+  plan (the settle window is 0 here: nothing changes the layers once built). Each case line
+  says when an answer was not kept.
 
 A static probe inside (benchmarks/hook_probe.c) prints what the container sees: the entries
 of the library folder, the compat folder, /etc/ld.so.conf.d, /dev/dri, /opt/data, with modes
@@ -23,10 +34,13 @@ a documented difference (docs/hooks.md), or left.
     .venv/bin/python benchmarks/hook_differential.py --cases 200 --seed 1        # as root
     .venv/bin/python benchmarks/hook_differential.py --seed 1 --only 17 -v       # one case, its diff
     .venv/bin/python benchmarks/hook_differential.py --cases 50 --layout rpm     # one layout's images only
+    .venv/bin/python benchmarks/hook_differential.py --way nri --way nri-kept    # the NRI path only
 
-Counts are printed per layout and in all: identical, harmless, documented, left.
+Counts are printed per layout and in all, and per way: identical, harmless, documented, left
+(a case counts as its worst way). With an NRI way the run is in a mount namespace of its own
+(unshare -m), so that no overlay outlives it.
 
-Needs root, runc, gcc with static glibc, debootstrap (the Debian tarballs, made once by
+Needs root, runc, unshare, gcc with static glibc, debootstrap (the Debian tarballs, made once by
 tests/linker/roots.py in /var/cache/cdi-shim-tests), and the toolkit (benchmarks/toolkit.py builds it).
 """
 import argparse
@@ -36,13 +50,14 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-for sub in ("tests", "tests/runtime", "tests/linker"):
+for sub in ("tests", "tests/runtime", "tests/linker", "tests/nri"):
     sys.path.insert(0, os.path.join(REPO, sub))
 sys.path.insert(0, HERE)
 
@@ -54,7 +69,9 @@ from test_hook_fidelity import note_source  # noqa: E402
 from test_runtime_toolkit_hooks import preinject  # noqa: E402
 from toolkit import ToolkitUnavailable, toolkit_programs  # noqa: E402
 
-WAYS = ("toolkit", "preinjected", "annotation")
+WAYS = ("toolkit", "preinjected", "annotation", "nri", "nri-kept")
+NRI_WAYS = ("nri", "nri-kept")
+NOT_KEPT = "(the answer not kept)"      # nri-kept's note where the hook server planned it after all
 CLASSES = ("identical", "harmless", "documented", "left")
 GLIBC = rh.GLIBC_LIBDIR
 COMPAT = hl.COMPAT
@@ -270,7 +287,84 @@ def probe_args(case):
 
 # ---- running and comparing -----------------------------------------------------------------
 
-def run_way(world, case, parts, layouts, way):
+class NRISide:
+    """The NRI plugin's side: its hook server (remember on, as `cdi-shim nri` starts it) serving
+    the native hook at a socket in WORK, and a policy per case on the case's spec folders."""
+
+    def __init__(self, work):
+        from shim.nri.hookserver import HookServer
+        from shim.nri.layers import AnswerMemo
+        from shim.nri.nativehook import ToolkitFiles
+
+        self.dir = os.path.join(work, "nri")
+        os.environ["CDI_SHIM_CACHE_DIR"] = os.path.join(self.dir, "registry-cache")
+        os.environ["CDI_SHIM_NVIDIA_PARAMS"] = os.path.join(self.dir, "no-params")
+        self.logged = []
+        self.server = HookServer(os.path.join(self.dir, "hook", "h.sock"), self._log, remember=True).start()
+        self.server.answers = AnswerMemo(settle_ns=0)
+        self.files = ToolkitFiles(os.path.join(self.dir, "files"))
+        self.hook = os.path.join(rh.VENV_BIN, "cdi-shim-nshook")
+        self.lower = None           # (world's base, the case's image as a lower layer)
+
+    def _log(self, level, message):
+        self.logged.append(f"{level}: {message}")
+
+    def image(self, world, case, parts, layouts):
+        """The case's image, made once per case, the lower layer of each of its NRI containers."""
+        if self.lower is None or self.lower[0] != world.base:
+            lower = os.path.join(world.base, "nri-lower")
+            hl.clone(layouts.path(case["layout"]), lower)
+            make_image(lower, case, parts)
+            self.lower = (world.base, lower)
+        return self.lower[1]
+
+    def adjusted(self, world, config):
+        """CONFIG with the plugin's adjustment for a pod asking for nvidia.com/gpu=0, applied."""
+        from containerd_nri import container_of, nri_apply
+        from shim.config import Config
+        from shim.nri.messages import nri
+        from shim.nri.policy import Policy
+
+        policy = Policy(Config(spec_dirs=(world.spec_dir_low, world.spec_dir)), ("*",), self.hook, self._log,
+                        hook_options=("--socket", self.server.path), files=self.files)
+        pod = nri.PodSandbox(id="p", name="diff", namespace="default",
+                             annotations={"cdi.k8s.io/diff": "nvidia.com/gpu=0"})
+        return nri_apply(config, policy.create_container(pod, container_of(config)))
+
+    def close(self):
+        self.server.close()
+
+
+def _mount_overlay(lower, top, rootfs):
+    for sub in ("upper", "work"):
+        os.makedirs(os.path.join(top, sub))
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                    f"lowerdir={lower},upperdir={top}/upper,workdir={top}/work", rootfs], check=True, timeout=60)
+
+
+def run_nri(world, case, parts, layouts, way, side):
+    """WAY (nri, nri-kept) of CASE: the plugin's adjustment, runc on an overlay of the case's image."""
+    bundle = world.bundle(args=probe_args(case), tag=way[:3])
+    lower = side.image(world, case, parts, layouts)
+    shutil.rmtree(bundle.rootfs)
+    os.makedirs(bundle.rootfs)
+    _mount_overlay(lower, os.path.join(world.base, "overlay-" + bundle.id), bundle.rootfs)
+    try:
+        config = bundle.config()
+        config["root"]["readonly"] = case["readonly"]
+        with open(bundle.config_path, "w") as out:
+            json.dump(side.adjusted(world, config), out)
+        hits = side.server.answers.hits
+        done = world.runc_cmd("run", "--bundle", bundle.path, bundle.id)
+        world.runc_cmd("delete", "--force", bundle.id)
+    finally:
+        subprocess.run(["umount", "-l", bundle.rootfs], capture_output=True, timeout=60)
+    return {"rc": done.returncode, "out": done.stdout, "err": done.stderr, "kept": side.server.answers.hits > hits}
+
+
+def run_way(world, case, parts, layouts, way, side=None):
+    if way in NRI_WAYS:
+        return run_nri(world, case, parts, layouts, way, side)
     bundle = world.bundle(args=probe_args(case), tag=way[:3])
     shutil.rmtree(bundle.rootfs)
     hl.clone(layouts.path(case["layout"]), bundle.rootfs)
@@ -445,8 +539,9 @@ def _failed(result):
     return result["rc"] != 0 and not result["out"]
 
 
-def run_case(world, case, parts, layouts, verbose, dump=None):
-    results = {way: run_way(world, case, parts, layouts, way) for way in WAYS}
+def run_case(world, case, parts, layouts, verbose, dump=None, ways=WAYS, side=None):
+    """{way: (class, reasons)} of CASE's WAYS against the toolkit's (WAYS[0])."""
+    results = {way: run_way(world, case, parts, layouts, way, side) for way in ways}
     if any(_failed(r) for r in results.values()) and not all(_failed(r) for r in results.values()):
         # once more, after a pause: a create of ours that failed while another session on this
         # machine reinstalled the venv or rebuilt the front end is not a difference; a real one
@@ -454,16 +549,18 @@ def run_case(world, case, parts, layouts, verbose, dump=None):
         first = {w: (r["err"] or "").strip().splitlines()[-1:] for w, r in results.items() if _failed(r)}
         print(f"case {case['number']}: a create failed, run again: {first}", flush=True)
         time.sleep(3)
-        results = {way: run_way(world, case, parts, layouts, way) for way in WAYS}
+        results = {way: run_way(world, case, parts, layouts, way, side) for way in ways}
     if dump:
         os.makedirs(dump, exist_ok=True)
         with open(os.path.join(dump, f"case-{case['number']}.json"), "w") as out:
             json.dump({"case": case, "ways": results}, out, indent=1)
     seen = {way: facts(result) for way, result in results.items()}
     outcome = {}
-    for way in WAYS[1:]:
+    for way in ways[1:]:
         diff = differences(seen["toolkit"], seen[way])
         outcome[way] = classify(case, diff, (seen["toolkit"], seen[way]))
+        if way == "nri-kept" and not results[way].get("kept") and not _failed(results[way]):
+            outcome[way] = (outcome[way][0], "; ".join(r for r in (outcome[way][1], NOT_KEPT) if r))
         if verbose and diff:
             print(f"  {way}: {outcome[way][0]}")
             for side in ("toolkit", way):
@@ -481,10 +578,19 @@ def main(argv=None):
     parser.add_argument("--only", type=int, action="append", help="run only case N (repeatable)")
     parser.add_argument("--layout", action="append", choices=hl.LAYOUTS,
                         help="draw the images from this layout only (repeatable; default: all of them)")
+    parser.add_argument("--way", action="append", choices=WAYS[1:],
+                        help="compare this way with the toolkit's (repeatable; default: all of them)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each case and each difference")
     parser.add_argument("--json", help="write each case and its outcome to this file")
     parser.add_argument("--dump", help="write each case's probe outputs, each way's, into this folder")
     args = parser.parse_args(argv)
+    ways = ("toolkit", *[way for way in WAYS[1:] if way in (args.way or WAYS)])
+    if any(way in NRI_WAYS for way in ways) and os.environ.get("CDI_SHIM_DIFF_NAMESPACE") != str(os.getpid()):
+        # (a mount namespace of its own: the overlays go with it, whatever ends the run)
+        command = [sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv)]
+        done = subprocess.run([rh.need("unshare", "util-linux"), "-m", "--propagation", "private", "sh", "-c",
+                               'CDI_SHIM_DIFF_NAMESPACE=$$ exec "$@"', "sh", *command])
+        return done.returncode
     try:
         hook = toolkit_programs()["nvidia-cdi-hook"]
     except ToolkitUnavailable as err:
@@ -497,32 +603,44 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="hookdiff.")
     counts, reasons, records, start = collections.Counter(), collections.Counter(), [], time.monotonic()
     per_layout = collections.defaultdict(collections.Counter)
-    changed = []
+    per_way = collections.defaultdict(collections.Counter)
+    changed, side, kept = [], None, collections.Counter()
     try:
         parts = Parts(work)
         layouts = Layouts(work, parts)
+        if any(way in NRI_WAYS for way in ways):
+            side = NRISide(work)
         for case in cases:
             if args.verbose:
                 print(json.dumps(case))
             world = rh.World(os.path.join(work, f"w{case['number']}"))
             world.write_spec("nvidia-gpu.yaml", spec_text(world, case, parts, hook))
             try:
-                outcome = run_case(world, case, parts, layouts, args.verbose, args.dump)
+                outcome = run_case(world, case, parts, layouts, args.verbose, args.dump, ways, side)
             finally:
                 world.cleanup()
                 shutil.rmtree(world.base, ignore_errors=True)
             worst = max((o[0] for o in outcome.values()), key=CLASSES.index)
             counts[worst] += 1
             per_layout[case["layout"]][worst] += 1
-            for reason in {r for o in outcome.values() if o[0] != "left" for r in o[1].split("; ") if r}:
+            for way, result in outcome.items():
+                per_way[way][result[0]] += 1
+            if "nri-kept" in outcome:
+                kept["not kept" if NOT_KEPT in outcome["nri-kept"][1] else "kept"] += 1
+            for reason in {r for o in outcome.values() if o[0] != "left" for r in o[1].split("; ") if r} - {NOT_KEPT}:
                 reasons[reason] += 1
-            for key in {k for o in outcome.values() if o[0] == "left" for k in o[1].split("; ")}:
+            for key in {k for o in outcome.values() if o[0] == "left" for k in o[1].split("; ")} - {NOT_KEPT}:
                 reasons["left: " + DROPIN_NAME.sub("N", key)] += 1
             records.append({"case": case, "outcome": outcome})
             print(f"case {case['number']} ({case['layout']}): {worst}"
-                  + "".join(f"  [{w}: {o[0]}: {o[1]}]" for w, o in outcome.items() if o[0] != "identical"), flush=True)
+                  + "".join(f"  [{w}: {o[0]}: {o[1]}]" for w, o in outcome.items() if o[0] != "identical" or o[1]),
+                  flush=True)
         changed = layouts.check()
     finally:
+        if side is not None:
+            side.close()
+            if args.verbose:
+                print("the NRI hook server's log:\n  " + "\n  ".join(side.logged))
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
         with open(args.json, "w") as out:
@@ -533,6 +651,11 @@ def main(argv=None):
         if per_layout[layout]:
             print(f"  {layout:9s} {sum(per_layout[layout].values()):4d} cases: "
                   + ", ".join(f"{k} {per_layout[layout][k]}" for k in CLASSES))
+    if len(ways) > 2:
+        for way in ways[1:]:
+            print(f"  {way:11s} " + ", ".join(f"{k} {per_way[way][k]}" for k in CLASSES))
+    if kept:
+        print(f"  nri-kept: the answer kept by the image's layers in {kept['kept']} of {sum(kept.values())} cases")
     print(f"{len(cases)} cases, seed {args.seed}, {time.monotonic() - start:.0f} s: "
           + ", ".join(f"{k} {counts[k]}" for k in CLASSES))
     if changed:

@@ -7,9 +7,11 @@
 runc runs it in the container's mount namespace after its mounts, before pivot_root, with the
 container state on stdin. In order: the links (as create-symlinks: what is at LINK replaced,
 parents made), the modes (as chmod: a missing path skipped, EPERM ignored), then the linker
-cache with FOLDERS (as update-ldcache), each --cuda-compat (as enable-cuda-compat, with those
-host versions) before it read first (cache.py: the runtime's decision and engine) -- all inside
-the root, nothing of the image run or loaded.
+cache with FOLDERS (as update-ldcache; an empty one: an update-ldcache without a folder) and the
+soname links beside the library files mounted below the root (read from this mount namespace),
+each --cuda-compat (as enable-cuda-compat, with those host versions) before it read first
+(cache.py: the runtime's decision and engine) -- all inside the root, nothing of the image run
+or loaded.
 With --rootfs (what cdi-shim-nshook nri execs when the plugin is away) the work is done on DIR
 and the state is not read.
 Errors: "Error: ..." on stderr, exit 1: runc fails the create, naming the hook.
@@ -58,6 +60,25 @@ def parse(argv):
     return values
 
 
+def _mounted(rootfs):
+    """The container paths of the mounts below ROOTFS (this process runs in the container's
+    mount namespace), or none where that cannot be read."""
+    import os
+
+    from .layers import Unaccounted, mounts_below
+
+    try:
+        fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        return [path for path, _ in mounts_below(os.getpid(), fd)]
+    except Unaccounted:
+        return []
+    finally:
+        os.close(fd)
+
+
 def run(values, state_text):
     """Do the work on the container whose OCI state is STATE_TEXT: None, or what went wrong."""
     from ..ldconfig.ldcache import LdcacheError
@@ -76,7 +97,7 @@ def run(values, state_text):
                                                                  "--path", path]})
             chmod({}, rootfs, call, _Everywhere())
         if values["cache"]:
-            update(rootfs, values["cache"])
+            update(rootfs, values["cache"], _mounted(rootfs))
     except (HookError, HookFailure) as err:
         return str(err)
     except (LdcacheError, OSError) as err:

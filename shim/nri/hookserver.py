@@ -121,7 +121,7 @@ class HookServer:
         items = []
         for part in (os.fsdecode(part) for part in parts[1:-1]):
             items.append(("compat", part[len(COMPAT):]) if part.startswith(COMPAT) else ("folder", part))
-        if not items or not all(value.startswith("/") for kind, value in items if kind == "folder"):
+        if not items or not all(value.startswith("/") or not value for kind, value in items if kind == "folder"):
             return "nri: a malformed request to the NRI plugin (folders)"
         if not stat.S_ISDIR(os.fstat(fds[0]).st_mode):
             return "nri: the hook's rootfs is not a folder"
@@ -139,10 +139,10 @@ class HookServer:
             where = os.readlink(f"/proc/self/fd/{fds[0]}")
         except OSError:
             where = "a container's rootfs"
-        if folders:
+        if folders is not None:
             compat = f"; enable-cuda-compat: {', '.join(first)} first" if first else ""
             kept = ", the answer kept for its image's layers" if kept else ", planned"
-            self.log("info", f"hook: the linker cache of {where} written ({', '.join(folders)}){compat} "
+            self.log("info", f"hook: the linker cache of {where} written ({', '.join(folders) or 'no folder'}){compat} "
                              f"({took:.1f} ms{kept})")
         if alone:
             self.log("info", f"hook: enable-cuda-compat's drop-in of {where} written ({', '.join(alone)})")
@@ -153,10 +153,14 @@ class HookServer:
         on and the hook's namespace accounts for the container (layers.py); and whether the
         answer was a kept one."""
         from .cache import update, work, write
-        from .layers import Container, Unaccounted, roots_of
+        from .layers import Container, Unaccounted, mounts_below, roots_of
 
+        try:    # (the spec's library files among them: their soname links, cache.py)
+            mounted = [path for path, _ in mounts_below(pid, rootfd)] if pid > 0 else []
+        except Unaccounted:
+            mounted = []
         if self.answers is None or pid <= 0:
-            return (*update(rootfs, items), False)
+            return (*update(rootfs, items, mounted), False)
         answer = key = None
         kept = False
         # (the memo's own failures, a bug included, never fail a container: the work is done)
@@ -171,7 +175,7 @@ class HookServer:
             key = None
             self._not_kept(f"unexpected {type(err).__name__}: {err}")
         if answer is None:
-            answer = work(rootfs, items)
+            answer = work(rootfs, items, mounted)
             if key is not None:
                 try:   # (the state before anything is written)
                     roots = roots_of(rootfs, items, answer.dirs, answer.first + answer.alone)
@@ -180,7 +184,7 @@ class HookServer:
                     self._not_kept(why)
                 except Exception as err:  # noqa: BLE001
                     self._not_kept(f"unexpected {type(err).__name__}: {err}")
-        write(rootfs, answer.files)
+        write(rootfs, answer.files, answer.links)
         return answer.folders, answer.first, answer.alone, kept
 
     def _not_kept(self, why):

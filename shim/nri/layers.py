@@ -52,9 +52,9 @@ def _field_path(text):
     return text
 
 
-def overlay_of(pid, rootfd):
-    """(lowerdirs, upperdir, [(container path, fstype)] of the mounts below it) of the rootfs
-    ROOTFD, as the process PID's mount namespace has it. Raises Unaccounted."""
+def _rootfs_mount(pid, rootfd):
+    """(the rootfs ROOTFD's own mount, as (id, root, mount point, fstype, options), every mount
+    of the process PID's mount namespace likewise). Raises Unaccounted."""
     try:
         with open(f"/proc/self/fdinfo/{rootfd}") as stream:
             mnt_id = next(line.split()[1] for line in stream if line.startswith("mnt_id:"))
@@ -75,20 +75,47 @@ def overlay_of(pid, rootfd):
             top = mounts[-1]
     if top is None:
         raise Unaccounted("the rootfs's mount is not in the hook's namespace")
-    _, root, point, fstype, options = top
+    return top, mounts
+
+
+def _below(point, mounts):
+    prefix = _field_path(point).rstrip("/") + "/"
+    return [("/" + _field_path(where)[len(prefix):], kind) for _, _, where, kind, _ in mounts
+            if where.startswith(prefix)]
+
+
+def mounts_below(pid, rootfd):
+    """[(container path, fstype)] of the mounts below the rootfs ROOTFD (whatever it is), as the
+    process PID's mount namespace has them: runc's, the spec's library files among them. The
+    rootfs is its mount's top (runc binds it onto itself), or else the folder its descriptor
+    names, where that path leads to it in PID's namespace too. Raises Unaccounted."""
+    top, mounts = _rootfs_mount(pid, rootfd)
+    try:
+        st = os.fstat(rootfd)
+        named = os.readlink(f"/proc/self/fd/{rootfd}")
+    except OSError:
+        raise Unaccounted("the rootfs's descriptor") from None
+    for place in dict.fromkeys((_field_path(top[2]), named)):
+        try:
+            there = os.stat(f"/proc/{pid}/root{place}")
+        except OSError:
+            continue
+        if place.startswith("/") and (there.st_dev, there.st_ino) == (st.st_dev, st.st_ino):
+            return _below(place, mounts)
+    raise Unaccounted("the rootfs's place in the hook's namespace")
+
+
+def overlay_of(pid, rootfd):
+    """(lowerdirs, upperdir, [(container path, fstype)] of the mounts below it) of the rootfs
+    ROOTFD, as the process PID's mount namespace has it. Raises Unaccounted."""
+    (_, root, point, fstype, options), mounts = _rootfs_mount(pid, rootfd)
     if fstype != "overlay" or root != "/":
         raise Unaccounted("the rootfs is not an overlay mount of its own")
-    point = _field_path(point)
     opts = dict(option.partition("=")[::2] for option in _field_path(options).split(","))
     lower, upper = opts.get("lowerdir"), opts.get("upperdir")
     if not lower or not upper:
         raise Unaccounted("an overlay without an upper layer")
-    below = []
-    prefix = point.rstrip("/") + "/"
-    for _, _, where, kind, _ in mounts:
-        if where.startswith(prefix):
-            below.append(("/" + _field_path(where)[len(prefix):], kind))
-    return tuple(lower.split(":")), upper, below
+    return tuple(lower.split(":")), upper, _below(point, mounts)
 
 
 def _identity(st):
@@ -260,7 +287,7 @@ def roots_of(rootfs, items, result_dirs, compat):
     each placed inside the rootfs. Raises Unaccounted."""
     from ..ldconfig.engine import Root
 
-    spelled = ([value for kind, value in items if kind == "folder"] + list(result_dirs) + list(compat)
+    spelled = ([value for kind, value in items if kind == "folder" and value] + list(result_dirs) + list(compat)
                + conf_dirs(rootfs) + list(FIXED_ROOTS))
     roots = set()
     with Root(rootfs, observed=False) as tree:

@@ -12,7 +12,8 @@ hook): one process instead of one per hook, none of them the toolkit's. It does 
 their order -- links, modes, then the linker cache -- inside the container's root, after runc's
 mounts. The cache's items keep the spec's order: an enable-cuda-compat before an update-ldcache
 has its compat folder read first by that cache (as the runtime's step; cache.py), one after
-every update-ldcache only its drop-in written. A hook with an option we do not know is left as
+every update-ldcache only its drop-in written; an update-ldcache without a --folder is
+`--folder ""` (it rebuilds the cache all the same). A hook with an option we do not know is left as
 the spec has it; disable-device-node-modification and update-application-profile are done by
 the plugin's files (native_files).
 """
@@ -34,7 +35,8 @@ def _arguments(call):
     if call.command == "enable-cuda-compat":
         versions = [(call.options.get(key) or [""])[-1] for key in ("host-driver-version", "host-cuda-version")]
         return ["--cuda-compat", ":".join(versions)]
-    return [arg for folder in call.options.get("folder") or () for arg in ("--folder", folder)]
+    # (an update-ldcache without a folder rebuilds the cache all the same: "" says it is there)
+    return [arg for folder in call.options.get("folder") or [""] for arg in ("--folder", folder)]
 
 
 def _replaceable(call):

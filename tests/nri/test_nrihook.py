@@ -181,3 +181,57 @@ def test_params_bound_over_the_rootfs_params(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout == "ModifyDeviceFiles: 0\n"
     assert (rootfs / "proc" / "driver" / "nvidia" / "params").read_text() == "ModifyDeviceFiles: 1\n"
+
+
+def test_an_update_ldcache_without_a_folder_still_writes_the_cache(tmp_path, server):
+    """The toolkit's update-ldcache with no --folder runs ldconfig all the same (the cache, its
+    zz-nvcr drop-in): the policy passes it as `--folder ""`, the plugin writes both (seen by
+    the hook differential: benchmarks/hook_differential.py seed 1 case 24)."""
+    from shim.nri.nativehook import native_hooks
+
+    hook = {"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache"]}
+    (ours,) = native_hooks({"createContainer": [hook]}, "/x/cdi-shim-nshook")["createContainer"]
+    assert ours["args"] == ["cdi-shim-nshook", "nri", "--folder", ""]
+    served, logged = server
+    rootfs, state = bundle(tmp_path)
+    (rootfs / "etc" / "ld.so.conf").write_text(f"{FOLDER}\n")
+    done = nshook(["--socket", served.path, "--folder", ""], state)
+    assert done.returncode == 0, done.stderr
+    assert f"{FOLDER}/libz.so.1" in cache_listing(rootfs)
+    assert [name for name in os.listdir(rootfs / "etc" / "ld.so.conf.d") if name.startswith("zz-nvcr")]
+    assert logged == [f"hook: the linker cache of {rootfs} written (no folder)"]
+
+
+@pytest.mark.parametrize("how", ["plugin", "fallback"])
+def test_soname_links_beside_the_mounted_libraries(tmp_path, server, how):
+    """As the hook's ldconfig (and the runtime, links.soname_links_to_make): the soname link
+    beside a library file mounted into the folder (a bind mount, in a mount namespace of its
+    own here as runc's), the cache naming it; create-symlinks' dev link to that soname link
+    dangled during ldconfig's scan and is not listed. The mounts are read from the hook's
+    mount namespace (its mountinfo), by the plugin or by the fallback program in it."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or not unshare:
+        pytest.skip("needs root and unshare (a bind mount in a private namespace)")
+    rootfs, state = bundle(tmp_path)
+    folder = rootfs / FOLDER.lstrip("/")
+    driver = tmp_path / "driver"
+    driver.mkdir()
+    shutil.copy(folder / "libz.so.1.2.13", driver / "libz.so.1.2.13")   # (soname libz.so.1: the "driver's")
+    os.unlink(folder / "libz.so.1.2.13")
+    (folder / "libz.so.1.2.13").touch()                                 # runc's mount point
+    (rootfs / "etc" / "ld.so.conf").write_text(f"{FOLDER}\n")
+    if how == "plugin":
+        hook = f"{tool('cdi-shim-nshook')} nri --socket {server[0].path} --link libz.so.1::{FOLDER}/libz.so"
+    else:
+        hook = f"{tool('cdi-shim-nshook')} nri --link libz.so.1::{FOLDER}/libz.so && {tool('cdi-shim-hook')} nri " \
+               f"--rootfs {rootfs}"
+    script = f"mount --bind {driver}/libz.so.1.2.13 {folder}/libz.so.1.2.13 && {hook} --folder {FOLDER}"
+    done = subprocess.run([unshare, "-m", "--propagation", "private", "sh", "-c", script], input=state,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(folder / "libz.so.1") == "libz.so.1.2.13"
+    listing = cache_listing(rootfs)
+    assert f"libz.so.1 (libc6,x86-64) => {FOLDER}/libz.so.1\n" in listing, listing
+    assert f"=> {FOLDER}/libz.so\n" not in listing, listing

@@ -1,8 +1,6 @@
 """The NRI plugin's policy: which requests, which namespaces, and an adjustment that gives the
 container exactly what the runtime's injection gives (the adjustment applied as containerd's NRI
-applies it: containerd/nri pkg/runtime-tools/generate, modelled below)."""
-import os
-
+applies it: containerd/nri pkg/runtime-tools/generate, modelled in containerd_nri.py)."""
 import pytest
 
 from cdi.registry import Registry
@@ -10,6 +8,7 @@ from shim.config import Config
 from shim.nri.messages import nri
 from shim.nri.policy import CreateFailure, Policy, oci_config, requested_devices
 from tests.conftest import write_spec
+from tests.nri.containerd_nri import nri_apply
 
 HOOK = "/opt/cdi-shim/bin/cdi-shim-hook"
 SPEC = """cdiVersion: "0.6.0"
@@ -69,55 +68,6 @@ def container(name="cuda", env=("PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"), anno
     if uid is not None:
         made.user.uid, made.user.gid = uid, uid
     return made
-
-
-def nri_apply(config, adjust):
-    """ADJUST applied to CONFIG as containerd's NRI does (generate.go: AdjustEnv, AdjustDevices,
-    AdjustResources' device rules, AdjustMounts with its sort, AdjustHooks)."""
-    config = {key: (dict(value) if isinstance(value, dict) else value) for key, value in config.items()}
-    env = list(config["process"]["env"])
-    changes = {kv.key: kv.value for kv in adjust.env}
-    out = []
-    for entry in env:
-        key = entry.partition("=")[0]
-        out.append(f"{key}={changes.pop(key)}" if key in changes else entry)
-    out += [f"{kv.key}={kv.value}" for kv in adjust.env if kv.key in changes]
-    config["process"] = dict(config["process"], env=out)
-    linux = dict(config["linux"])
-    devices = list(linux.get("devices") or [])
-    rules = []
-    for device in adjust.linux.devices:
-        devices = [d for d in devices if d["path"] != device.path]
-        entry = {"path": device.path, "type": device.type, "major": device.major, "minor": device.minor}
-        if device.HasField("file_mode"):
-            entry["fileMode"] = device.file_mode.value
-        for key in ("uid", "gid"):
-            if device.HasField(key):
-                entry[key] = getattr(device, key).value
-        devices.append(entry)
-        rules.append({"allow": True, "type": device.type, "major": device.major, "minor": device.minor,
-                      "access": "rw" + ("m" if device.type == "b" else "")})
-    for rule in adjust.linux.resources.devices:
-        rules.append({"allow": rule.allow, "type": rule.type, "major": rule.major.value, "minor": rule.minor.value,
-                      "access": rule.access})
-    linux["devices"] = devices
-    if rules:
-        linux["resources"] = {"devices": rules}
-    config["linux"] = linux
-    mounts = list(config["mounts"])
-    for mount in adjust.mounts:
-        mounts = [m for m in mounts if m["destination"] != mount.destination]
-        mounts.append({"destination": mount.destination, "type": mount.type, "source": mount.source,
-                       "options": list(mount.options)})
-    mounts.sort(key=lambda m: (os.path.normpath(m["destination"]).count("/"), m["destination"]))
-    config["mounts"] = mounts
-    hooks = {stage: list(entries) for stage, entries in (config.get("hooks") or {}).items()}
-    for stage, field in (("createContainer", "create_container"), ("prestart", "prestart")):
-        for hook in getattr(adjust.hooks, field):
-            hooks.setdefault(stage, []).append({"path": hook.path, "args": list(hook.args), "env": list(hook.env)})
-    if hooks:
-        config["hooks"] = hooks
-    return config
 
 
 def mount_set(config):
