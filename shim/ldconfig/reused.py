@@ -38,45 +38,78 @@ def extras_own(tree, scan, ptr, d, extras, same_tick):
     must be one of those entries or have its own."""
     hosts = dict(extras.by_dir[d.ident])
     names = set(hosts)
-    here = []
+    extra_linked = _ExtraLinked(tree, d.path, names)
+    if not _hide_nothing_read(tree, d.path, names, extra_linked):
+        return None
+    found = _entries_own(tree, ptr, d.path, hosts, _sonames(scan), same_tick, extra_linked)
+    if found is None:
+        return None
+    own, links, listed = found
+    if same_tick and not _links_listed(tree, d.path, names | {name for name, _ in links}, listed):
+        return None
+    return own, links
 
-    def extra_linked(path):
-        """The extra of D the link at PATH leads to, or None."""
-        if not here:
-            here.append(tree.resolved(d.path))
-        there = tree.resolved(path)
-        if there is None or here[0] is None or posixpath.dirname(there) != here[0]:
+
+class _ExtraLinked:
+    """Called with a path: the extra (one of NAMES) of the directory PATH in TREE the link there
+    leads to, or None. (The directory's own place is resolved once, when first needed.)"""
+
+    def __init__(self, tree, path, names):
+        self.tree, self.path, self.names, self.here = tree, path, names, []
+
+    def __call__(self, path):
+        if not self.here:
+            self.here.append(self.tree.resolved(self.path))
+        there = self.tree.resolved(path)
+        if there is None or self.here[0] is None or posixpath.dirname(there) != self.here[0]:
             return None
         name = posixpath.basename(there)
-        return name if name in names else None
+        return name if name in self.names else None
 
+
+def _hide_nothing_read(tree, path, names, extra_linked):
+    """Whether each of NAMES in the directory PATH of TREE is absent, an empty file or a link to
+    an extra there (EXTRA_LINKED): nothing ldconfig reads of its own."""
     for name in sorted(names):
-        path = d.path + "/" + name
-        st = tree.stat(path, follow=False)
+        at = path + "/" + name
+        st = tree.stat(at, follow=False)
         if st is None:
             if tree.errno != ENOENT:
-                return None
+                return False
             continue
         if stat.S_ISLNK(st[0]):
-            if extra_linked(path) is None:
-                return None
+            if extra_linked(at) is None:
+                return False
         elif stat.S_ISREG(st[0]):
-            fd = tree.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = tree.open(at, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             if fd < 0:
-                return None
+                return False
             try:
                 if os.fstat(fd).st_size != 0:
-                    return None
+                    return False
             finally:
                 os.close(fd)
         else:
-            return None
+            return False
+    return True
+
+
+def _sonames(scan):
+    """The sonames of SCAN's libraries, as _sameness gives them."""
     lib_ = ffi.new("struct cds_dlib *")
     sonames = set()
     for i in range(lib.cds_scan_count(scan)):
         lib.cds_scan_lib(scan, i, lib_)
         sonames.add(_sameness(ffi.string(lib_.soname)))
-    prefix = os.fsencode(d.path) + b"/"
+    return sonames
+
+
+def _entries_own(tree, ptr, path, hosts, sonames, same_tick, extra_linked):
+    """(own, links, listed) of the cache PTR's entries in the directory PATH (see extras_own;
+    LISTED: the names they are at, when SAME_TICK), or None when an entry is not the extras'
+    own: at an extra's name (of HOSTS) without one of their SONAMES, or with one elsewhere but
+    not a link to an extra."""
+    prefix = os.fsencode(path) + b"/"
     entry = ffi.new("struct cds_cache_entry *")
     own, links, listed = [], [], set()
     for i in range(lib.cds_cache_count(ptr)):
@@ -88,23 +121,21 @@ def extras_own(tree, scan, ptr, d, extras, same_tick):
         name = os.fsdecode(value[len(prefix):])
         if same_tick:
             listed.add(name)
-        if name in names:
+        if name in hosts:
             if not ours:
                 return None
             own.append(value)
         elif ours:
             # the soname link an earlier step made to an extra (not one now: it is there):
             # planned as that mounted file at its name, as the step plans a link it makes
-            path = d.path + "/" + name
-            st = tree.stat(path, follow=False)
-            linked = extra_linked(path) if st is not None and stat.S_ISLNK(st[0]) else None
+            at = path + "/" + name
+            st = tree.stat(at, follow=False)
+            linked = extra_linked(at) if st is not None and stat.S_ISLNK(st[0]) else None
             if linked is None:
                 return None
             own.append(value)
             links.append((name, hosts[linked]))
-    if same_tick and not _links_listed(tree, d.path, names | {name for name, _ in links}, listed):
-        return None
-    return own, links
+    return own, links, listed
 
 
 def _links_listed(tree, path, extras, listed):
