@@ -99,7 +99,7 @@ WARM_ROUNDS = 2     # not counted: the first create keeps the step, the recipe, 
 
 def serve(socket_path, off):
     """The resident process (shim.runtime.resident.serve) with the layers OFF turned off in its
-    workers, after its own warm-up turned every layer on."""
+    workers, after its own warm-up and each worker's memos (resident._Worker) turned every layer on."""
     from shim.runtime import resident
 
     warm_up = resident.warm_up
@@ -109,11 +109,16 @@ def serve(socket_path, off):
         if "file" in off:
             from shim.ldconfig import ldcache
 
-            ldcache.remember_files(False)
+            worker_init = resident._Worker.__init__
+
+            def worker_without_file_memo(self, declined):
+                worker_init(self, declined)
+                ldcache.remember_files(False)       # (its Memos turned the file memo on)
+            resident._Worker.__init__ = worker_without_file_memo
         if "plan" in off:
             from shim.ldconfig import plan
 
-            plan._recall = lambda tree, arguments, mounts: None
+            plan.PlanMemo.recall = lambda self, tree, arguments, mounts: None
         if "step" in off:
             from shim.linker import stepmemo
 

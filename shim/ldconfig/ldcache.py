@@ -58,16 +58,20 @@ out of it, nothing is written into it unless a function says so):
     update(root, folders=(), extra=None, output=None, **options) -> Plan
         plan() and write: the cache to OUTPUT (a host path), or into ROOT's
         /etc/ld.so.cache (and a musl image's .path file) when OUTPUT is None.
+    Memos() -> .open() / .using() / .close()
+        For long-lived processes (the resident worker, the NRI hook server), one object
+        holding both memos below from open() to close() (dropped with it): the file memo is on
+        while it is open; its plan memo is consulted within using() (one create, one answer).
     remember_files(enabled=True, forget=None, settle=None) / memo_stats()
-        For long-lived processes (the resident worker): keep what reading library files
-        and listing library directories gave, by stat identity, so that the next plan for
-        the same image (or with the same driver files) stats instead of reading -- what
-        ldconfig's aux cache does, in memory (csrc/engine/filememo.h).
-    remember_plans(enabled=True, forget=None)
-        Also for long-lived processes: keep whole plans that read nothing of the image but
+        The file memo (Memos holds it): keep what reading library files and listing library
+        directories gave, by stat identity, so that the next plan for the same image (or with
+        the same driver files) stats instead of reading -- what ldconfig's aux cache does, in
+        memory (csrc/engine/filememo.h). One in a process.
+    PlanMemo() / PlanMemo.using()
+        The plan memo (Memos holds one): keep whole plans that read nothing of the image but
         its configuration, its cache and directory identities, and give a later plan with
         the same arguments whose paths all have the same identities a copy (Plan.remembered;
-        plan.py says when one is kept and why it is safe).
+        plan.py says when one is kept and why it is safe). Two share nothing.
 
 Emulated: glibc 2.36's ldconfig as Debian 12 builds it (x86-64 and AArch64): ld.so.conf
 parsing (include globs, "hwcap" lines, "=libc6" types), glibc-hwcaps subdirectories and the
@@ -86,13 +90,13 @@ from .cachefile import Cache, Entry, format_listing, read_cache, read_host_bytes
 from .engine import (CACHE_PATH, DROPIN_FIRST, DROPIN_LAST, GENERATOR, LINKER_TIME_LIMIT, MACHINES,
                      MAX_GLOB_DIRS, MAX_GLOB_NAMES, O_DIRECTORY, O_PATH, Deadline, LdcacheError,
                      LdcacheLimitError, Root, os_error)
-from .plan import Plan, plan, plan_cache, remember_plans
+from .plan import Plan, PlanMemo, plan, plan_cache
 
 __all__ = [
     "LdcacheError", "LdcacheLimitError", "Deadline", "MAX_GLOB_DIRS", "MAX_GLOB_NAMES",
     "LINKER_TIME_LIMIT", "Cache", "Entry", "Plan", "read_cache", "read_root_cache", "read_host_bytes",
     "read_root_bytes", "format_listing", "plan", "plan_cache", "write_cache", "write_in_root", "update",
-    "remember_files", "remember_plans", "memo_stats", "MACHINES", "CACHE_PATH", "DROPIN_FIRST", "DROPIN_LAST",
+    "Memos", "PlanMemo", "remember_files", "memo_stats", "MACHINES", "CACHE_PATH", "DROPIN_FIRST", "DROPIN_LAST",
     "GENERATOR",
 ]
 
@@ -117,6 +121,45 @@ def remember_files(enabled=True, forget=None, settle=None):
     forget = not enabled if forget is None else forget
     settle_ns = -1 if settle is None else int(settle * 1e9)
     return bool(lib.cds_scan_memo(1 if enabled else 0, 1 if forget else 0, settle_ns, ffi.NULL))
+
+
+class Memos:
+    """The memos of one long-lived process (a resident worker, the NRI hook server), held from
+    open() to close(), and dropped with this object: a plan memo of its own (PLANS, a PlanMemo),
+    consulted by the plans within using() (a create, an answer), and the file memo
+    (remember_files). The file memo is one in a process, shared by whatever plans in it (it
+    keeps file reads by identity, whoever reads): the Memos that turned it on turns it off,
+    forgetting it, when it closes."""
+
+    __slots__ = ("plans", "files")
+
+    def __init__(self):
+        self.plans = None       # the PlanMemo while open
+        self.files = False      # whether this one turned the file memo on (and turns it off)
+
+    def open(self):
+        if self.plans is None:
+            self.files = not remember_files(True, forget=False)
+            self.plans = PlanMemo()
+        return self
+
+    def close(self):
+        """Forget the plans; turn the file memo off (forgetting it) where this one turned it on."""
+        if self.plans is not None:
+            self.plans = None
+            if self.files:
+                self.files = False
+                remember_files(False)
+
+    def using(self):
+        """A context in which plans keep and recall plans in this object's plan memo (open), or
+        in none (closed)."""
+        return PlanMemo.using(self.plans)
+
+    __enter__ = open
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def memo_stats():

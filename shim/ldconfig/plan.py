@@ -34,7 +34,7 @@ class Plan:
         self.skipped = []
         self.dirs = []
         self.scanned = 0  # directories listed and read (not taken from the image's cache)
-        self.remembered = False  # a copy of an earlier plan for the same files (remember_plans)
+        self.remembered = False  # a copy of an earlier plan for the same files (PlanMemo)
         self.looked = None  # with the memo on: the paths it depends on (memo entries), or None past _MAX_PATHS
         self.covered = []   # configured folders a directory mount provides (mounted.py)
         self.providers = ()  # ((folder, mount destination, host source)) of those (mounted.coverage; None: unknown)
@@ -211,17 +211,14 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     them provides is read through its host source, the image's content there hidden
     (mounted.UnknownFolder where it cannot be known).
     COMPAT: the folders of enable-cuda-compat's 00-compat-*.conf drop-in (read before the
-    update-ldcache drop-in, whether the image configures them or not); the scan is full."""
+    update-ldcache drop-in, whether the image configures them or not); the scan is full.
+    With a PlanMemo in use (PlanMemo.using), a plan of the same files is taken from it."""
     machine = machine_name(machine)
-    if mode not in ("auto", "full", "incremental"):
-        raise ValueError(f"mode must be auto, full or incremental, not {mode!r}")
-    if links not in LINKS:
-        raise ValueError(f"links must be one of {', '.join(LINKS)}, not {links!r}")
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+    _check_options(mode, links, format)
     folders = [os.fspath(f) for f in folders]
     mounts = list(mounts)
-    arguments = None if _plans is None else (
+    memo = _in_use[0]
+    arguments = None if memo is None else (
         machine, mode, links, format, generator, tuple(folders), tuple(compat),
         tuple((os.fspath(k), os.fspath(v)) for k, v in (extra or {}).items()))
     result = Plan()
@@ -232,55 +229,17 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         written = {mount: dest for mount, (dest, _) in zip(placed, mounts)}   # (as config.json says it)
         mounts = placed
         if arguments is not None:
-            kept = _recall(tree, arguments, mounts)
+            kept = memo.recall(tree, arguments, mounts)
             if kept is not None:
                 return kept
             started = lib.cds_memo_clock_ns()
             tree.seen = {}
-        extras = Extras(tree, extra)
-        config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
-        hidden, hosts = {}, []
-        if mounts:
-            hidden, brought, linked, sources = mounted.folders(mounts, _candidates(config, tree), config.target)
-            # (a kept plan is checked against the host folders and what they showed: an entry
-            # added, removed or renamed changes its folder's mtime, a file rewritten its own)
-            hosts = sources + sorted(set(brought.values()))
-            if hidden:
-                # again, with the mounted folders' libraries (a folder only a mount makes is
-                # configured only where something is to be mounted into it)
-                files = {os.fspath(k): os.fspath(v) for k, v in (extra or {}).items()}
-                extras = Extras(tree, {**brought, **files},   # (file mounts go on top)
-                                links={p for p in linked if p not in files})
-                config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
-                mounted.hide(config, hidden, tree.place)
-                result.covered = sorted(hidden)
-                providers = mounted.coverage(mounts, result.covered, config.target)
-                result.providers = providers and tuple((folder, written[(dest, source)], source)
-                                                       for folder, dest, source in providers)
+        extras, config, hidden, hosts = _configure(tree, result, machine, folders, extra, deadline, compat, mounts,
+                                                   written)
         target = config.target
         result.warnings = config.warnings
-        builder = _Builder(target)
-        scanner = _Scanner(tree, config, builder, LINKS[links], result, deadline)
-
-        reason = ""
-        if compat and mode == "auto":
-            mode = "full"
-        if mode != "full":
-            reason = _incremental(tree, config, builder, scanner, folders, extras, hidden)
-            if reason and mode == "incremental":
-                raise LdcacheError(f"incremental update impossible: {reason}")
-        if mode == "full" or reason:
-            builder = _Builder(target)
-            scanner.builder = builder
-            result.skipped = []
-            i = 0
-            while i < len(config.dirs):
-                scanner.scan(i)
-                i += 1
-            result.mode = "full"
-            result.reason = reason or "full scan requested"
-        else:
-            result.mode = "incremental"
+        builder, scanner = _fill(tree, config, result, mode, LINKS[links], folders, extras, hidden,
+                                 compat, deadline)
         for name in sorted(config.hwcaps_names):
             lib.cds_builder_intern(builder.ptr, os.fsencode(name))
         result.entries = lib.cds_builder_count(builder.ptr)
@@ -293,9 +252,74 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
         if arguments is not None:
             result.looked = _looked(tree, arguments, _files_read(tree, target, scanner.listed), hosts)
             folders_seen = _candidates(config, tree)
-            _keep(arguments, started, tree, result, (target, folders_seen),
-                  mounted.coverage(mounts, folders_seen, target))
+            memo.keep(arguments, started, tree, result, (target, folders_seen),
+                      mounted.coverage(mounts, folders_seen, target))
     return result
+
+
+def _check_options(mode, links, format):
+    if mode not in ("auto", "full", "incremental"):
+        raise ValueError(f"mode must be auto, full or incremental, not {mode!r}")
+    if links not in LINKS:
+        raise ValueError(f"links must be one of {', '.join(LINKS)}, not {links!r}")
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+
+
+def _configure(tree, result, machine, folders, extra, deadline, compat, mounts, written):
+    """(extras, config, hidden, hosts): the EXTRA files and the configuration of TREE with
+    FOLDERS; with MOUNTS (placed; WRITTEN: their destinations as config.json says them), the
+    folders they provide read through their host sources (HIDDEN, mounted.folders) and the host
+    paths a kept plan is checked against (HOSTS), RESULT's covered and providers set."""
+    extras = Extras(tree, extra)
+    config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
+    hidden, hosts = {}, []
+    if mounts:
+        hidden, brought, linked, sources = mounted.folders(mounts, _candidates(config, tree), config.target)
+        # (a kept plan is checked against the host folders and what they showed: an entry
+        # added, removed or renamed changes its folder's mtime, a file rewritten its own)
+        hosts = sources + sorted(set(brought.values()))
+        if hidden:
+            # again, with the mounted folders' libraries (a folder only a mount makes is
+            # configured only where something is to be mounted into it)
+            files = {os.fspath(k): os.fspath(v) for k, v in (extra or {}).items()}
+            extras = Extras(tree, {**brought, **files},   # (file mounts go on top)
+                            links={p for p in linked if p not in files})
+            config = LdConfig(tree, machine, folders, extras, deadline, compat).build()
+            mounted.hide(config, hidden, tree.place)
+            result.covered = sorted(hidden)
+            providers = mounted.coverage(mounts, result.covered, config.target)
+            result.providers = providers and tuple((folder, written[(dest, source)], source)
+                                                   for folder, dest, source in providers)
+    return extras, config, hidden, hosts
+
+
+def _fill(tree, config, result, mode, links, folders, extras, hidden, compat, deadline):
+    """(builder, scanner): a builder holding CONFIG's libraries, from the image's cache and
+    rescans (_incremental) or from a full scan, as MODE says (COMPAT: full); RESULT's mode,
+    reason and skipped set. LINKS: the engine's value for plan()'s links."""
+    builder = _Builder(config.target)
+    scanner = _Scanner(tree, config, builder, links, result, deadline)
+    reason = ""
+    if compat and mode == "auto":
+        mode = "full"
+    if mode != "full":
+        reason = _incremental(tree, config, builder, scanner, folders, extras, hidden)
+        if reason and mode == "incremental":
+            raise LdcacheError(f"incremental update impossible: {reason}")
+    if mode == "full" or reason:
+        builder = _Builder(config.target)
+        scanner.builder = builder
+        result.skipped = []
+        i = 0
+        while i < len(config.dirs):
+            scanner.scan(i)
+            i += 1
+        result.mode = "full"
+        result.reason = reason or "full scan requested"
+    else:
+        result.mode = "incremental"
+    return builder, scanner
 
 
 def soname_links(root, folders=(), extra=None, *, machine=None, deadline=None, compat=()):
@@ -360,7 +384,9 @@ _PER_ARGUMENTS = 4      # trees tried for one set of arguments (each try stats e
 # Past this many paths, checking them all costs what a new plan costs with the file memo (a
 # full scan of ~900 remembered files ~1.2 ms; a path checked here ~5 us).
 _MAX_PATHS = 256
-_plans = None           # {arguments: [_Kept, newest first]} while remembering
+# The PlanMemo plan() consults, for the length of a PlanMemo.using() block (its holder's: a
+# long-lived process's shim.linker.memos.Memos), or None: plans are kept nowhere.
+_in_use = [None]
 
 
 class _Kept:
@@ -372,42 +398,73 @@ class _Kept:
         self.coverage = coverage    # mounted.coverage() of those folders by the plan's mounts
 
 
-def remember_plans(enabled=True, forget=None):
-    """Keep whole plans and give a copy to a later plan of the same files (see above): for
-    long-lived processes, the resident worker. Off by default; turning it off forgets them
-    unless FORGET is False. Returns the previous setting."""
-    global _plans
-    previous = _plans is not None
-    forget = not enabled if forget is None else forget
-    if forget or not enabled:
-        _plans = {} if enabled else None
-    elif _plans is None:
-        _plans = {}
-    return previous
+class PlanMemo:
+    """Whole plans kept (see above) and given to later plans of the same files: held by one
+    object, a long-lived process's (the resident worker's, the NRI hook server's: their
+    shim.linker.memos.Memos), dropped with it. plan() consults the memo in use (using()); two
+    memos share nothing."""
+
+    def __init__(self):
+        self.kept = {}          # {arguments: [_Kept, newest first]}
+
+    def using(self):
+        """A context in which plan() keeps and recalls plans here (the one in use before it
+        again after it); PlanMemo.using(None): in none."""
+        return _Using(self)
+
+    def recall(self, tree, arguments, mounts):
+        """A copy of the plan kept for ARGUMENTS whose paths are unchanged in TREE (the host
+        folders mounts provided to it among them) and whose folders MOUNTS provide as they
+        were provided to it (the same folders, mount destinations and sources; other mounts, a
+        pod's own, do not matter), or None."""
+        candidates = self.kept.get(arguments, ())
+        for at, kept in enumerate(candidates):
+            if kept.coverage is None or \
+                    mounted.coverage(mounts, kept.folders[1], kept.folders[0]) != kept.coverage:
+                continue
+            if lib.cds_memo_same(tree.fd, kept.paths, len(kept.paths), kept.count, kept.identities) == 1:
+                if at:
+                    candidates.insert(0, candidates.pop(at))
+                copy = kept.plan.copy()
+                copy.remembered, copy.looked = True, kept.paths
+                return copy
+        return None
+
+    def keep(self, arguments, started, tree, result, folders, coverage):
+        """Keep RESULT with the identities of the paths it looked at (result.looked) and how
+        its mounts provided FOLDERS (COVERAGE; None: not known, not kept)."""
+        paths = result.looked
+        if paths is None or coverage is None:
+            return
+        count = paths.count(b"\0")
+        identities = ffi.new("struct cds_identity[]", count)
+        if lib.cds_memo_identify(tree.fd, paths, len(paths), count, started, identities) != 0:
+            return      # changed too recently to be trusted (or the list was refused)
+        if sum(len(kept) for kept in self.kept.values()) >= _MAX_PLANS:
+            self.kept.clear()
+        candidates = self.kept.setdefault(arguments, [])
+        candidates.insert(0, _Kept(paths, count, identities, result.copy(), folders, coverage))
+        del candidates[_PER_ARGUMENTS:]
+
+
+class _Using:
+    __slots__ = ("memo", "before")
+
+    def __init__(self, memo):
+        self.memo, self.before = memo, None
+
+    def __enter__(self):
+        self.before, _in_use[0] = _in_use[0], self.memo
+        return self.memo
+
+    def __exit__(self, *exc):
+        _in_use[0], self.before = self.before, None
 
 
 def _candidates(config, tree):
     """Where the folders the configuration names lead in TREE, found there or not
     (mounted.folders: compared with the mounts' places)."""
     return [tree.place(path) for path in [d.path for d in config.dirs] + config.absent]
-
-
-def _recall(tree, arguments, mounts):
-    """A copy of the plan kept for ARGUMENTS whose paths are unchanged in TREE (the host
-    folders mounts provided to it among them) and whose folders MOUNTS provide as they were
-    provided to it (the same folders, mount destinations and sources; other mounts, a pod's
-    own, do not matter), or None."""
-    candidates = _plans.get(arguments, ())
-    for at, kept in enumerate(candidates):
-        if kept.coverage is None or mounted.coverage(mounts, kept.folders[1], kept.folders[0]) != kept.coverage:
-            continue
-        if lib.cds_memo_same(tree.fd, kept.paths, len(kept.paths), kept.count, kept.identities) == 1:
-            if at:
-                candidates.insert(0, candidates.pop(at))
-            copy = kept.plan.copy()
-            copy.remembered, copy.looked = True, kept.paths
-            return copy
-    return None
 
 
 def _files_read(tree, target, listed):
@@ -439,23 +496,6 @@ def _looked(tree, arguments, files, hosts=()):
     if any(b"\0" in entry for entry in entries):
         return None
     return b"\0".join(entries) + b"\0"
-
-
-def _keep(arguments, started, tree, result, folders, coverage):
-    """Keep RESULT with the identities of the paths it looked at (result.looked) and how its
-    mounts provided FOLDERS (COVERAGE; None: not known, not kept)."""
-    paths = result.looked
-    if paths is None or coverage is None:
-        return
-    count = paths.count(b"\0")
-    identities = ffi.new("struct cds_identity[]", count)
-    if lib.cds_memo_identify(tree.fd, paths, len(paths), count, started, identities) != 0:
-        return      # changed too recently to be trusted (or the list was refused)
-    if sum(len(kept) for kept in _plans.values()) >= _MAX_PLANS:
-        _plans.clear()
-    candidates = _plans.setdefault(arguments, [])
-    candidates.insert(0, _Kept(paths, count, identities, result.copy(), folders, coverage))
-    del candidates[_PER_ARGUMENTS:]
 
 
 def _cache_dirs(ptr):
@@ -527,8 +567,41 @@ def _incremental(tree, config, builder, scanner, folders, extras, hidden):
         return f"{CACHE_PATH} is not in ldconfig's order (entry {at})"
     if config.conf_mtime > mtime:
         return f"{CACHE_PATH} is older than the configuration"
-    # Legacy hwcap subdirectories are found by scanning their parents; take the ones the
-    # cache names from it (ldconfig appends them after every configured directory).
+    counts = _cached_dirs(tree, config, ptr, mtime, hidden)
+    _legacy_extras(config, extras)
+    rescan, overlays, dropped = _rescans(tree, config, scanner, extras, ptr, mtime, counts)
+    dirs = [os.fsencode(d.path) for d in config.dirs]
+    c_dirs = [ffi.new("char[]", p) for p in dirs]
+    ranks = ffi.new("uint32_t[]", [lib.CDS_RANK_DROP if i in rescan else i
+                                   for i in range(len(dirs))] or [0])
+    except_ = b"".join(path + b"\0" for path in dropped)
+    unknown = lib.cds_builder_add_cache_except(builder.ptr, ptr,
+                                               ffi.new("const char *[]", c_dirs or [ffi.NULL]),
+                                               ranks, len(dirs), lib.CDS_RANK_DROP,
+                                               except_ or ffi.NULL, len(except_), len(dropped))
+    if unknown < 0:
+        raise os_error("cannot merge the image's cache")
+    if unknown > 0:
+        # Directories no longer configured (or named otherwise): ldconfig would not list them.
+        scanner.plan.warnings.append(
+            f"{CACHE_PATH}: {unknown} entries of directories not configured, left out")
+    for i, scan in overlays.items():
+        scanner.add(i, scan)
+        scanner.add_virtual_subdirs(i)
+    builder.keep = parsed
+    i = 0
+    while i < len(config.dirs):
+        if i in rescan or i >= len(dirs):
+            scanner.scan(i)
+        i += 1
+    return ""
+
+
+def _cached_dirs(tree, config, ptr, mtime, hidden):
+    """{index in CONFIG's directories: its entries} of the directories the image's cache PTR
+    (of MTIME) has entries of. Legacy hwcap subdirectories are found by scanning their parents;
+    the ones the cache names (and TREE still has, not HIDDEN by a mount) are taken from it and
+    added to CONFIG (ldconfig appends them after every configured directory)."""
     by_path = {d.path: i for i, d in enumerate(config.dirs)}
     counts = {}
     legacy = []
@@ -547,9 +620,12 @@ def _incremental(tree, config, builder, scanner, folders, extras, hidden):
         d = ConfDir(path, parent.flag, ("d", st[1], st[2]), mtime=st[3], base=parent.ident)
         if config.add_single(d):
             counts[len(config.dirs) - 1] = count
+    return counts
 
-    # Extras under a legacy hwcap subdirectory the cache knows nothing of (an empty tls/):
-    # ldconfig would find it scanning its parent.
+
+def _legacy_extras(config, extras):
+    """Extras under a legacy hwcap subdirectory the cache knows nothing of (an empty tls/),
+    added to CONFIG: ldconfig would find it scanning its parent."""
     for ident, where in extras.paths.items():
         if ident not in config.by_ident:
             parent, _rest = _legacy_parent(config, where)
@@ -557,13 +633,18 @@ def _incremental(tree, config, builder, scanner, folders, extras, hidden):
                 config.add_single(ConfDir(where, parent.flag, ident, real=ident[0] == "d",
                                         base=parent.ident))
 
-    # The cache as a memo per directory: kept where it is fresh (the directory no newer than
-    # the cache) and complete (a directory it has nothing of has no libraries); the rest is
-    # scanned again, in place.
+
+def _rescans(tree, config, scanner, extras, ptr, mtime, counts):
+    """(rescan, overlays, dropped): the image's cache PTR (of MTIME; COUNTS: _cached_dirs) as a
+    memo per directory, kept where it is fresh (the directory no newer than the cache) and
+    complete (a directory it has nothing of has no libraries). RESCAN: the indexes of the
+    directories to scan again, in place; OVERLAYS: {index: the scan of the extras to add to
+    the cache's entries of that directory}; DROPPED: paths of cache entries the extras make
+    again (reused.extras_own)."""
     rescan = set()
     rescanned = set()
     overlays = {}
-    dropped = []        # paths of cache entries the extras make again (reused.extras_own)
+    dropped = []
     for i, d in enumerate(config.dirs):
         if not d.real or d.base in rescanned or d.mtime > mtime:
             rescan.add(i)
@@ -592,31 +673,7 @@ def _incremental(tree, config, builder, scanner, folders, extras, hidden):
                 overlays[i] = scan
         if i in rescan:
             rescanned.add(d.ident)
-    dirs = [os.fsencode(d.path) for d in config.dirs]
-    c_dirs = [ffi.new("char[]", p) for p in dirs]
-    ranks = ffi.new("uint32_t[]", [lib.CDS_RANK_DROP if i in rescan else i
-                                   for i in range(len(dirs))] or [0])
-    except_ = b"".join(path + b"\0" for path in dropped)
-    unknown = lib.cds_builder_add_cache_except(builder.ptr, ptr,
-                                               ffi.new("const char *[]", c_dirs or [ffi.NULL]),
-                                               ranks, len(dirs), lib.CDS_RANK_DROP,
-                                               except_ or ffi.NULL, len(except_), len(dropped))
-    if unknown < 0:
-        raise os_error("cannot merge the image's cache")
-    if unknown > 0:
-        # Directories no longer configured (or named otherwise): ldconfig would not list them.
-        scanner.plan.warnings.append(
-            f"{CACHE_PATH}: {unknown} entries of directories not configured, left out")
-    for i, scan in overlays.items():
-        scanner.add(i, scan)
-        scanner.add_virtual_subdirs(i)
-    builder.keep = parsed
-    i = 0
-    while i < len(config.dirs):
-        if i in rescan or i >= len(dirs):
-            scanner.scan(i)
-        i += 1
-    return ""
+    return rescan, overlays, dropped
 
 
 def plan_cache(root, folders=(), extra=None, **options):

@@ -11,7 +11,7 @@ runtime decides it, the cache written with the runtime's engine, the compat drop
 done inside it as in any root (`/proc/self/fd/N`; every path resolved inside, no link followed
 out). With `remember` (the plugin's own process, long-lived as the resident worker is) the
 engine keeps what it read of library files and whole plans between containers
-(ldcache.remember_files, remember_plans): a node starts the same images with the same driver
+(ldcache.Memos, the server's from start() to close()): a node starts the same images with the same driver
 files again and again. It keeps whole answers too, by the image's layers (layers.py): the
 peer's pid (SO_PEERCRED) names the hook's mount namespace, whose mountinfo gives the rootfs's
 overlay layers and the mounts below it; a container whose layers, upper layer and mounts put
@@ -43,17 +43,17 @@ class HookServer:
         self.served = 0
         self.remember = remember
         self.answers = None         # layers.AnswerMemo, with remember
+        self.memos = None           # ldcache.Memos, open with remember
         self._unkept = None         # why the last answer was not kept (logged when it changes)
         self._work = threading.Lock()
 
     def start(self):
         if self.remember:
-            from ..ldconfig import ldcache
+            from ..ldconfig.ldcache import Memos
 
             from .layers import AnswerMemo
 
-            ldcache.remember_files(True)
-            ldcache.remember_plans(True)
+            self.memos = Memos().open()
             self.answers = AnswerMemo()
         folder = os.path.dirname(self.path)
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -77,6 +77,9 @@ class HookServer:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        if self.memos is not None:
+            with self._work:    # (not under an answer's plan)
+                self.memos.close()
 
     def _accept(self):
         while self.sock is not None:
@@ -111,7 +114,7 @@ class HookServer:
     def answer(self, data, fds, pid=0):
         """"ok", or what went wrong, for the request DATA with the descriptors FDS (from the
         hook process PID, 0: not known)."""
-        from ..ldconfig.ldcache import LdcacheError
+        from ..ldconfig.ldcache import LdcacheError, PlanMemo
         from ..linker.toolkit_hooks import HookFailure
         from .cache import COMPAT
 
@@ -126,7 +129,7 @@ class HookServer:
         if not stat.S_ISDIR(os.fstat(fds[0]).st_mode):
             return "nri: the hook's rootfs is not a folder"
         try:
-            with self._work:
+            with self._work, self.memos.using() if self.memos else PlanMemo.using(None):
                 started = time.perf_counter()
                 folders, first, alone, kept = self._update(f"/proc/self/fd/{fds[0]}", items, fds[0], pid)
                 took = (time.perf_counter() - started) * 1000

@@ -239,13 +239,20 @@ class _CallerContext:
 
 class _Worker:
     """What a worker keeps between requests: its mount namespace and root (_our_place), the
-    memory file a create's messages go to, and the server's shared record of the last front
-    end version declined (so a stale front end is logged once, not once a create)."""
+    memory file a create's messages go to, the server's shared record of the last front
+    end version declined (so a stale front end is logged once, not once a create), and its
+    memos (ldcache.Memos, in use for each create it serves; dropped with the worker): it lives
+    long, so it stats the host's driver libraries and the files of images seen before instead of
+    reading them again for every container, and takes a whole plan of an image seen before with
+    the same driver files once its paths are found unchanged."""
 
     def __init__(self, declined):
+        from ..ldconfig.ldcache import Memos
+
         self.place = _our_place()
         self.messages = os.memfd_create("cdi-shim-messages", os.MFD_CLOEXEC)
         self.declined = declined
+        self.memos = Memos().open()
 
     def decline(self, conn, version):
         """Answer b"F": the caller runs the interpreter. VERSION: the front end's, when that is
@@ -301,8 +308,9 @@ def handle(incoming, worker):
                 return      # the caller gave up waiting and runs the interpreter: not here
             conn.sendall(b"A")
             try:
-                status, exec_argv = decide(request.argv, f" in resident process {os.getpid()}",
-                                           commit=lambda: _take(request.claim_fd, PERMIT))
+                with worker.memos.using():
+                    status, exec_argv = decide(request.argv, f" in resident process {os.getpid()}",
+                                               commit=lambda: _take(request.claim_fd, PERMIT))
             except Exception:  # noqa: BLE001 - decide has reported it; the caller must fail
                 status, exec_argv = 1, None
         finally:
@@ -471,14 +479,8 @@ def warm_up():
 
     for name in _WARM_MODULES:
         importlib.import_module(name)
-    # Workers live long: let them stat the host's driver libraries and the files of images
-    # seen before instead of reading them again for every container, and take a whole plan
-    # of an image seen before with the same driver files once its paths are found unchanged
-    # (shim.ldconfig.ldcache.remember_files, remember_plans).
-    ldcache = importlib.import_module("shim.ldconfig.ldcache")
-    ldcache.remember_files(True)
-    ldcache.remember_plans(True)
-    # ... and replay a whole linker step of an image and spec seen before (stepmemo.py)
+    # (each worker holds its own memos of library files and whole plans: _Worker.memos)
+    # Workers live long: let them replay a whole linker step of an image and spec seen before (stepmemo.py)
     importlib.import_module("shim.linker.stepmemo").remember_steps(True)
 
 
@@ -559,10 +561,6 @@ def serve(path=DEFAULT_SOCKET, ready=None, workers=2, max_requests=10000):
         warm_up()
         gc.freeze()  # the imported modules stay shared with the workers; the GC never walks them
         listener = _listen(path)
-        # what a step left in a reused root, for whichever worker steps there next (stepleft.py)
-        from ..linker import stepleft
-
-        stepleft.share(os.path.join(os.path.dirname(os.path.abspath(path)), "steps", ".left"))
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         raise

@@ -1,5 +1,5 @@
-"""The memo of whole plans (shim.ldconfig.ldcache.remember_plans), which the runtime's resident
-workers turn on: a container of an image planned before with the same driver files gets a copy
+"""The memo of whole plans (shim.ldconfig.ldcache.PlanMemo), which the runtime's resident
+workers hold (ldcache.Memos): a container of an image planned before with the same driver files gets a copy
 of that plan once every path the plan looked at -- in its own root, and the host files it added
 -- has the same identity; any change to one of them (a configuration file, a directory's
 entries, the image's cache, a driver file, a path that was missing) makes a new plan, equal to
@@ -26,10 +26,8 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 def plans():
     """The plan memo on and empty, the file memo off (so each plan's reads are its own), and
     files trusted however new (the settle rule has its own test)."""
-    with file_memo(False):
-        previous = ldcache.remember_plans(True, forget=True)
+    with file_memo(False), ldcache.PlanMemo().using():
         yield
-        ldcache.remember_plans(previous, forget=True)
 
 
 @pytest.fixture
@@ -43,11 +41,8 @@ def image(host_tree, scratch):
 
 def fresh_plan(root, extra, folders=(LIBDIR,)):
     """The plan made without the memo (the answer a remembered one must equal)."""
-    previous = ldcache.remember_plans(False, forget=False)
-    try:
+    with ldcache.PlanMemo.using(None):
         return ldcache.plan(root, list(folders), extra)
-    finally:
-        ldcache.remember_plans(previous, forget=False)
 
 
 def test_a_second_container_of_an_image_gets_the_first_ones_plan(image, scratch, plans):
@@ -193,34 +188,74 @@ def test_a_debian_image_whose_cache_leaves_a_directory_out(scratch, plans):
 
 def test_files_changed_within_the_settle_time_are_not_trusted(image, scratch):
     lower, extra = image
-    previous = ldcache.remember_plans(True, forget=True)
-    try:
-        with overlay_mounts(lower, scratch, 2) as (first, second):
-            with file_memo(False, settle=5):      # every file here is younger
-                ldcache.plan(first, [LIBDIR], extra)
-                assert not ldcache.plan(second, [LIBDIR], extra).remembered
-            with file_memo(False):
-                ldcache.plan(first, [LIBDIR], extra)
-                assert ldcache.plan(second, [LIBDIR], extra).remembered
-    finally:
-        ldcache.remember_plans(previous, forget=True)
-
-
-def test_off_by_default_and_off_forgets(image, scratch):
-    lower, extra = image
-    assert ldcache.remember_plans(False) is False               # nothing turned it on in this process
-    try:
-        with file_memo(False), overlay_mounts(lower, scratch, 2) as (first, second):
+    with ldcache.PlanMemo().using(), overlay_mounts(lower, scratch, 2) as (first, second):
+        with file_memo(False, settle=5):      # every file here is younger
             ldcache.plan(first, [LIBDIR], extra)
             assert not ldcache.plan(second, [LIBDIR], extra).remembered
-            ldcache.remember_plans(True)
+        with file_memo(False):
             ldcache.plan(first, [LIBDIR], extra)
             assert ldcache.plan(second, [LIBDIR], extra).remembered
-            ldcache.remember_plans(False)
-            ldcache.remember_plans(True)
-            assert not ldcache.plan(second, [LIBDIR], extra).remembered
-    finally:
-        ldcache.remember_plans(False)
+
+
+def test_none_in_use_by_default_and_each_memo_its_own(image, scratch):
+    """Plans are kept only in the memo a holder puts in use, for that block: two memos share
+    nothing, and none is in use after."""
+    lower, extra = image
+    with file_memo(False), overlay_mounts(lower, scratch, 2) as (first, second):
+        ldcache.plan(first, [LIBDIR], extra)
+        assert not ldcache.plan(second, [LIBDIR], extra).remembered      # nothing put one in use
+        one, other = ldcache.PlanMemo(), ldcache.PlanMemo()
+        with one.using():
+            ldcache.plan(first, [LIBDIR], extra)
+            assert ldcache.plan(second, [LIBDIR], extra).remembered
+            with other.using():
+                assert not ldcache.plan(second, [LIBDIR], extra).remembered   # nothing of one's
+                assert ldcache.plan(second, [LIBDIR], extra).remembered       # its own
+            assert ldcache.plan(second, [LIBDIR], extra).remembered           # one's again
+        assert not ldcache.plan(second, [LIBDIR], extra).remembered
+        assert len(one.kept) == len(other.kept) == 1
+
+
+def test_memos_hold_the_file_memo_and_plans_from_open_to_close(image, scratch):
+    """ldcache.Memos (a resident worker's, the NRI hook server's): the file memo on while it is
+    open (turned off by the one that turned it on); its plans consulted within using(); closed
+    (its holder gone), both are forgotten."""
+    lower, extra = image
+    with file_memo(False), overlay_mounts(lower, scratch, 2) as (first, second):
+        memos = ldcache.Memos()
+        with memos:
+            assert ldcache.remember_files(True, forget=False)            # on
+            with ldcache.Memos() as other:                               # (found it on: leaves it on)
+                assert other.plans is not memos.plans
+            assert ldcache.remember_files(True, forget=False)
+            with memos.using():
+                ldcache.plan(first, [LIBDIR], extra)
+                assert ldcache.plan(second, [LIBDIR], extra).remembered
+            assert not ldcache.plan(second, [LIBDIR], extra).remembered  # outside using()
+            plans = memos.plans
+        assert memos.plans is None and len(plans.kept) == 1
+        assert not ldcache.remember_files(False, forget=False)           # off once closed
+        assert ldcache.memo_stats()[2] == 0                              # and forgotten
+        with memos.using():
+            assert not ldcache.plan(second, [LIBDIR], extra).remembered  # closed: none in use
+
+
+def test_a_resident_worker_holds_memos_of_its_own():
+    """Each worker of the resident server opens memos of its own (after the fork: none are
+    shared), put in use for each create it serves (resident.handle)."""
+    from shim.runtime import resident
+
+    with file_memo(False):
+        workers = [resident._Worker(None), resident._Worker(None)]
+        try:
+            assert all(worker.memos.plans is not None for worker in workers)
+            assert workers[0].memos.plans is not workers[1].memos.plans
+            assert ldcache.remember_files(True, forget=False)
+        finally:
+            for worker in workers:
+                worker.memos.close()
+                os.close(worker.messages)
+        assert not ldcache.remember_files(False, forget=False)
 
 
 def test_the_same_tree_planned_again_outside_overlayfs(image, scratch, plans):
@@ -307,8 +342,5 @@ def test_a_mounted_folder_is_remembered_until_its_host_folder_changes(image, scr
         four = ldcache.plan(fourth, [folder], mounts=mounts)
         assert not four.remembered
         assert ldcache.read_cache(four.cache).lookup("libnvidia-other.so.1") == [f"{folder}/libnvidia-extra.so.1"]
-        previous = ldcache.remember_plans(False, forget=False)
-        try:
+        with ldcache.PlanMemo.using(None):
             assert four.cache == ldcache.plan(fourth, [folder], mounts=mounts).cache
-        finally:
-            ldcache.remember_plans(previous, forget=False)

@@ -41,14 +41,12 @@ def reused(host_tree, scratch, monkeypatch):
         time.sleep(0.02)    # (the next run comes later: the clock's tick passed)
         return log
 
-    with file_memo(False):
-        plans = ldcache.remember_plans(True, forget=True)
+    with file_memo(False), ldcache.PlanMemo().using():
         steps = stepmemo.remember_steps(True)
         try:
             yield root, made, step
         finally:
             stepmemo.remember_steps(steps)
-            ldcache.remember_plans(plans, forget=True)
 
 
 def _extra(made):

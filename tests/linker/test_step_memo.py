@@ -49,12 +49,10 @@ class Log:
 def steps():
     """Both memos on and empty, the file memo off, files trusted however new (the settle rule
     is the plan memo's, tested there)."""
-    with file_memo(False):
-        previous_plans = ldcache.remember_plans(True, forget=True)
+    with file_memo(False), ldcache.PlanMemo().using():
         previous = stepmemo.remember_steps(True)
         yield
         stepmemo.remember_steps(previous)
-        ldcache.remember_plans(previous_plans, forget=True)
 
 
 @pytest.fixture

@@ -23,10 +23,9 @@ from shim.nri.hookserver import HookServer
 from shim.nri.layers import AnswerMemo
 
 base, folder, libs, other = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
-ldcache.remember_files(True)
-ldcache.remember_plans(True)
 logged = []
 server = HookServer(os.path.join(base, "h.sock"), lambda level, text: logged.append(text))
+server.memos = ldcache.Memos().open()
 server.answers = AnswerMemo(settle_ns=0)   # (the files are new: no settle window here)
 items = [("folder", folder)]
 out = []
@@ -54,7 +53,8 @@ def container(name, lower="lower", mounted=None, upper_file=None, overlay=True, 
         subprocess.run(["mount", "--bind", os.path.join(work, "hosts"), root + "/etc/hosts"], check=True)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        result = server._update(f"/proc/self/fd/{fd}", items, fd, os.getpid())
+        with server.memos.using():
+            result = server._update(f"/proc/self/fd/{fd}", items, fd, os.getpid())
     finally:
         os.close(fd)
     with open(root + "/etc/ld.so.cache", "rb") as stream:

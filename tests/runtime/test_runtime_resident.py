@@ -561,7 +561,7 @@ def test_a_link_made_before_planning_still_lets_the_second_container_take_the_st
 
 def test_a_second_container_of_an_image_takes_the_first_ones_step(world, nvml_library, tmp_path):
     """Nothing written into the image's directories before the plan (no link to make): the
-    first container's plan is kept (ldcache.remember_plans) and so is its whole linker step
+    first container's plan is kept (the worker's ldcache.Memos) and so is its whole linker step
     (stepmemo.py); the second container, every path of both found unchanged in its own root,
     gets the step replayed from its recipe, and its program still links and runs."""
     spec = _spec(world, nvml_library)
