@@ -87,22 +87,32 @@ def mounted_libraries(rootfs, mounted):
 
 def _dangling(rootfs, sonames):
     """{link: its own path through ROOTFS} of the links beside the soname links SONAMES that lead
-    nowhere now: the hook's ldconfig scans before it makes its soname links, so a dev link made
-    by create-symlinks to one of them (libcuda.so -> libcuda.so.1) dangles during its scan and
-    is not listed (the runtime makes such links after planning: links.dangling_later). As
-    extras they hide what the folder has there, and lead nowhere: skipped as ldconfig does."""
-    import stat
-
+    to one of them and nowhere now: the hook's ldconfig scans before it makes its soname links,
+    so a dev link made by create-symlinks to one (libcuda.so -> libcuda.so.1) dangles during its
+    scan and is not listed (the runtime makes such links after planning: links.dangling_later).
+    As extras they hide what the folder has there, and lead nowhere: skipped as ldconfig does.
+    (Only links are read, by their type in the listing: a folder has hundreds of entries.)"""
     from ..ldconfig.engine import Root
 
+    names = {posixpath.basename(link) for _, link, _ in sonames}
     hidden = {}
     with Root(rootfs, observed=False) as tree:
         for folder in dict.fromkeys(posixpath.dirname(link) for _, link, _ in sonames):
-            for name, _ in tree.listdir(folder) or ():
-                path = posixpath.join(folder, name)
-                there = tree.stat(path, follow=False)
-                if there is not None and stat.S_ISLNK(there[0]) and tree.stat(path) is None:
-                    hidden[path] = rootfs + path
+            fd = tree.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            if fd < 0:
+                continue
+            try:
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        if not entry.is_symlink():
+                            continue
+                        path = posixpath.join(folder, entry.name)
+                        if posixpath.basename(os.readlink(entry.name, dir_fd=fd)) in names and tree.stat(path) is None:
+                            hidden[path] = rootfs + path
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
     return hidden
 
 
