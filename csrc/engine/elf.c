@@ -362,7 +362,6 @@ struct load {
             return CDS_ELF_TRUNCATED;                                                                                  \
     } while (0)
 
-/* elf/readelflib.c's process_elf_file for one class. */
 /* Entry N of the dynamic section at ADDR: 0 with *TAG and *VALUE, or what the caller
  * returns: -1 (I/O error) or CDS_ELF_TRUNCATED (past the file or too many entries). */
 static int dyn_entry(struct src *s, uint32_t addr, uint32_t n, int is64, uint64_t *tag, uint64_t *value)
@@ -397,52 +396,56 @@ static int read_soname(struct src *s, uint64_t at, struct cds_elf_info *info)
     return 0;
 }
 
-static int process(struct src *s, const uint8_t *eh, int bits, int target, int flag_overridden,
-                   struct cds_elf_info *info)
-{
-    int is64 = bits == 64;
-    if (eh[4] != (is64 ? 2 : 1))
-        return CDS_ELF_WRONG_CLASS;
-    if (le16(eh + 16) != ET_DYN)
-        return CDS_ELF_NOT_DSO;
-    uint64_t phoff = is64 ? le64(eh + 32) : le32(eh + 28);
-    uint32_t phnum = le16(eh + (is64 ? 56 : 44));
-    uint32_t phsize = is64 ? 56 : 32;
-    CHECK_PTR(phoff);
-
-    info->flags = CDS_FLAG_ELF;
-    uint32_t dynamic_addr = 0; /* ldconfig keeps it in an unsigned int */
-    uint64_t dynamic_size = 0;
+/* The program headers process() reads: where the dynamic section is and the PT_LOADs that
+ * map the string table's address to a file offset. */
+struct phdrs {
+    int is64;
+    uint64_t phoff;
+    uint32_t phnum, phsize;
+    uint32_t dynamic_addr; /* ldconfig keeps it in an unsigned int */
+    uint64_t dynamic_size;
     struct load loads[64];
-    unsigned nloads = 0, nloads_seen = 0;
-    uint64_t loads_from = 0; /* where the PT_LOADs not kept in loads[] start */
-    const char *const *interpreters = target == CDS_TARGET_AARCH64 ? interpreters_aarch64 : interpreters_x86_64;
+    unsigned nloads, nloads_seen;
+    uint64_t loads_from; /* where the PT_LOADs not kept in loads[] start */
+};
 
-    for (uint32_t i = 0; i < phnum; i++) {
-        uint64_t at = phoff + (uint64_t)i * phsize;
+/* The fields of program header PH that process() uses. */
+static inline void phdr_fields(const uint8_t *ph, int is64, uint64_t *offset, uint64_t *vaddr, uint64_t *filesz)
+{
+    *offset = is64 ? le64(ph + 8) : le32(ph + 4);
+    *vaddr = is64 ? le64(ph + 16) : le32(ph + 8);
+    *filesz = is64 ? le64(ph + 32) : le32(ph + 16);
+}
+
+/* Walk the program headers into P: the PT_LOADs and PT_DYNAMIC, and on the way INFO's flag
+ * from PT_INTERP, its OS version from PT_NOTE and its ISA level from PT_GNU_PROPERTY. 0, -1
+ * (I/O error) or CDS_ELF_TRUNCATED. */
+static int read_phdrs(struct src *s, struct phdrs *p, int bits, int target, struct cds_elf_info *info)
+{
+    const char *const *interpreters = target == CDS_TARGET_AARCH64 ? interpreters_aarch64 : interpreters_x86_64;
+    for (uint32_t i = 0; i < p->phnum; i++) {
+        uint64_t at = p->phoff + (uint64_t)i * p->phsize;
         uint8_t ph[56];
         CHECK_PTR(at);
-        int rc = src_read(s, at, phsize, ph);
+        int rc = src_read(s, at, p->phsize, ph);
         if (rc == READ_IO)
             return -1;
         if (rc != READ_OK)
             return CDS_ELF_TRUNCATED;
-        uint32_t type = le32(ph);
-        uint64_t offset = is64 ? le64(ph + 8) : le32(ph + 4);
-        uint64_t vaddr = is64 ? le64(ph + 16) : le32(ph + 8);
-        uint64_t filesz = is64 ? le64(ph + 32) : le32(ph + 16);
-        uint64_t palign = is64 ? le64(ph + 48) : le32(ph + 28);
-        switch (type) {
+        uint64_t offset, vaddr, filesz;
+        phdr_fields(ph, p->is64, &offset, &vaddr, &filesz);
+        uint64_t palign = p->is64 ? le64(ph + 48) : le32(ph + 28);
+        switch (le32(ph)) {
         case PT_LOAD:
-            if (nloads < 64)
-                loads[nloads++] = (struct load){vaddr, offset, filesz};
-            else if (nloads_seen == 64)
-                loads_from = at;
-            nloads_seen++;
+            if (p->nloads < 64)
+                p->loads[p->nloads++] = (struct load){vaddr, offset, filesz};
+            else if (p->nloads_seen == 64)
+                p->loads_from = at;
+            p->nloads_seen++;
             break;
         case PT_DYNAMIC:
-            dynamic_addr = (uint32_t)offset;
-            dynamic_size = filesz;
+            p->dynamic_addr = (uint32_t)offset;
+            p->dynamic_size = filesz;
             break;
         case PT_INTERP: {
             char name[64];
@@ -460,99 +463,103 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target, int f
         default: break;
         }
     }
+    return 0;
+}
 
-    if (dynamic_size == 0)
-        return CDS_ELF_NO_DYNAMIC;
-    CHECK_PTR(dynamic_addr);
+/* The load offset (vaddr - offset) of the PT_LOAD that maps address VALUE, 0 if none does. */
+static uint64_t load_offset(struct src *s, const struct phdrs *p, uint64_t value)
+{
+    for (unsigned j = 0; j < p->nloads; j++)
+        if (value >= p->loads[j].vaddr && value - p->loads[j].vaddr < p->loads[j].filesz)
+            return p->loads[j].vaddr - p->loads[j].offset;
+    /* More PT_LOADs than we keep: look through the rest in the file. */
+    for (uint32_t i = 0; p->nloads_seen > 64 && i < p->phnum; i++) {
+        uint64_t ph_at = p->phoff + (uint64_t)i * p->phsize;
+        uint8_t ph[56];
+        if (ph_at < p->loads_from || src_read(s, ph_at, p->phsize, ph) != READ_OK)
+            continue;
+        uint64_t offset, vaddr, filesz;
+        phdr_fields(ph, p->is64, &offset, &vaddr, &filesz);
+        if (le32(ph) == PT_LOAD && value >= vaddr && value - vaddr < filesz)
+            return vaddr - offset;
+    }
+    return 0;
+}
 
+/* The file offset of the dynamic string table (the first DT_STRTAB) into *STRTAB: 0, -1 (I/O
+ * error), CDS_ELF_TRUNCATED or CDS_ELF_NO_STRTAB. */
+static int find_strtab(struct src *s, const struct phdrs *p, uint64_t *strtab)
+{
+    int is64 = p->is64;
     uint32_t dynsize = is64 ? 16 : 8;
-    uint64_t strtab = 0;
-    int have_strtab = 0;
     for (uint32_t n = 0;; n++) {
         uint64_t tag, value;
-        int rc = dyn_entry(s, dynamic_addr, n, is64, &tag, &value);
+        int rc = dyn_entry(s, p->dynamic_addr, n, is64, &tag, &value);
         if (rc != 0)
             return rc;
         if (tag == DT_NULL)
-            break;
-        CHECK_PTR((uint64_t)dynamic_addr + (uint64_t)n * dynsize);
+            return CDS_ELF_NO_STRTAB;
+        CHECK_PTR((uint64_t)p->dynamic_addr + (uint64_t)n * dynsize);
         if (tag != DT_STRTAB)
             continue;
-        uint64_t loadoff = 0;
-        int found = 0;
-        for (unsigned j = 0; j < nloads && !found; j++)
-            if (value >= loads[j].vaddr && value - loads[j].vaddr < loads[j].filesz) {
-                loadoff = loads[j].vaddr - loads[j].offset;
-                found = 1;
-            }
-        /* More PT_LOADs than we keep: look through the rest in the file. */
-        for (uint32_t i = 0; !found && nloads_seen > 64 && i < phnum; i++) {
-            uint64_t ph_at = phoff + (uint64_t)i * phsize;
-            uint8_t ph[56];
-            if (ph_at < loads_from || src_read(s, ph_at, phsize, ph) != READ_OK)
-                continue;
-            uint64_t vaddr = is64 ? le64(ph + 16) : le32(ph + 8);
-            uint64_t offset = is64 ? le64(ph + 8) : le32(ph + 4);
-            uint64_t filesz = is64 ? le64(ph + 32) : le32(ph + 16);
-            if (le32(ph) == PT_LOAD && value >= vaddr && value - vaddr < filesz) {
-                loadoff = vaddr - offset;
-                found = 1;
-            }
-        }
+        uint64_t loadoff = load_offset(s, p, value);
         if (!is64)
             loadoff &= 0xffffffffu;
         if (loadoff == (is64 ? UINT64_MAX : 0xffffffffu))
             loadoff = 0; /* ldconfig's "very strange" marker */
-        strtab = value - loadoff;
+        *strtab = value - loadoff;
         if (!is64)
-            strtab &= 0xffffffffu; /* 32-bit address arithmetic */
-        CHECK_PTR(strtab);
-        have_strtab = 1;
-        break;
+            *strtab &= 0xffffffffu; /* 32-bit address arithmetic */
+        CHECK_PTR(*strtab);
+        return 0;
     }
-    if (!have_strtab)
-        return CDS_ELF_NO_STRTAB;
+}
 
-    /* When the machine wrapper overrides the flag anyway (x86-64 objects for x86-64,
-     * 64-bit ones for AArch64), DT_NEEDED names cannot change the answer as long as every
-     * name offset is in range and there is at most one DT_SONAME: read just the SONAME. */
-    if (flag_overridden) {
-        uint64_t soname_at = 0;
-        unsigned sonames = 0;
-        int in_range = 1;
-        for (uint32_t n = 0;; n++) {
-            uint64_t tag, value;
-            int rc = dyn_entry(s, dynamic_addr, n, is64, &tag, &value);
-            if (rc != 0)
-                return rc;
-            if (tag == DT_NULL)
-                break;
-            if (tag != DT_NEEDED && tag != DT_SONAME)
-                continue;
-            uint64_t name = strtab + value;
-            int inside = name < strtab ? 0 : within(s, name);
-            if (inside < 0)
-                return -1;
-            if (!inside) {
-                in_range = 0;
-                break;
-            }
-            if (tag == DT_SONAME && sonames++ == 0)
-                soname_at = name;
-        }
-        if (in_range && sonames <= 1) {
-            if (sonames == 1) {
-                int rc = read_soname(s, soname_at, info);
-                if (rc != 0)
-                    return rc;
-            }
-            return CDS_ELF_LIBRARY;
-        }
-    }
+#define READ_ALL_NAMES (-2)
 
+/* When the machine wrapper overrides the flag anyway (x86-64 objects for x86-64, 64-bit ones
+ * for AArch64), DT_NEEDED names cannot change the answer as long as every name offset is in
+ * range and there is at most one DT_SONAME: read just the SONAME. CDS_ELF_LIBRARY, -1,
+ * another status, or READ_ALL_NAMES when the names must be read in full. */
+static int read_soname_only(struct src *s, const struct phdrs *p, uint64_t strtab, struct cds_elf_info *info)
+{
+    uint64_t soname_at = 0;
+    unsigned sonames = 0;
     for (uint32_t n = 0;; n++) {
         uint64_t tag, value;
-        int rc = dyn_entry(s, dynamic_addr, n, is64, &tag, &value);
+        int rc = dyn_entry(s, p->dynamic_addr, n, p->is64, &tag, &value);
+        if (rc != 0)
+            return rc;
+        if (tag == DT_NULL)
+            break;
+        if (tag != DT_NEEDED && tag != DT_SONAME)
+            continue;
+        uint64_t name = strtab + value;
+        int inside = name < strtab ? 0 : within(s, name);
+        if (inside < 0)
+            return -1;
+        if (!inside)
+            return READ_ALL_NAMES;
+        if (tag == DT_SONAME && sonames++ == 0)
+            soname_at = name;
+    }
+    if (sonames > 1)
+        return READ_ALL_NAMES;
+    if (sonames == 1) {
+        int rc = read_soname(s, soname_at, info);
+        if (rc != 0)
+            return rc;
+    }
+    return CDS_ELF_LIBRARY;
+}
+
+/* The DT_NEEDED and DT_SONAME names, as ldconfig reads them: the SONAME, and the libc6 flag
+ * when a needed name is one of known_libs. A CDS_ELF_* status or -1. */
+static int read_names(struct src *s, const struct phdrs *p, uint64_t strtab, struct cds_elf_info *info)
+{
+    for (uint32_t n = 0;; n++) {
+        uint64_t tag, value;
+        int rc = dyn_entry(s, p->dynamic_addr, n, p->is64, &tag, &value);
         if (rc != 0)
             return rc;
         if (tag == DT_NULL)
@@ -578,6 +585,45 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target, int f
             break;
     }
     return CDS_ELF_LIBRARY;
+}
+
+/* elf/readelflib.c's process_elf_file for one class. */
+static int process(struct src *s, const uint8_t *eh, int bits, int target, int flag_overridden,
+                   struct cds_elf_info *info)
+{
+    struct phdrs p;
+    p.is64 = bits == 64;
+    if (eh[4] != (p.is64 ? 2 : 1))
+        return CDS_ELF_WRONG_CLASS;
+    if (le16(eh + 16) != ET_DYN)
+        return CDS_ELF_NOT_DSO;
+    p.phoff = p.is64 ? le64(eh + 32) : le32(eh + 28);
+    p.phnum = le16(eh + (p.is64 ? 56 : 44));
+    p.phsize = p.is64 ? 56 : 32;
+    CHECK_PTR(p.phoff);
+
+    info->flags = CDS_FLAG_ELF;
+    p.dynamic_addr = 0;
+    p.dynamic_size = 0;
+    p.nloads = p.nloads_seen = 0;
+    p.loads_from = 0;
+    int rc = read_phdrs(s, &p, bits, target, info);
+    if (rc != 0)
+        return rc;
+    if (p.dynamic_size == 0)
+        return CDS_ELF_NO_DYNAMIC;
+    CHECK_PTR(p.dynamic_addr);
+
+    uint64_t strtab = 0;
+    rc = find_strtab(s, &p, &strtab);
+    if (rc != 0)
+        return rc;
+    if (flag_overridden) {
+        rc = read_soname_only(s, &p, strtab, info);
+        if (rc != READ_ALL_NAMES)
+            return rc;
+    }
+    return read_names(s, &p, strtab, info);
 }
 
 static int classify(struct src *s, int target, struct cds_elf_info *info)
