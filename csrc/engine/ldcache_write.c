@@ -225,6 +225,139 @@ static int compare_names(const void *l, const void *r, void *ctx)
     return strcmp(items[*(const uint32_t *)l].s, items[*(const uint32_t *)r].s);
 }
 
+/* The glibc-hwcaps index: the subdirectory names in use into HW_NAMES (string ids), sorted,
+ * with HW_INDEX[id] each one's place there. Returns how many. */
+static uint32_t index_hwcaps(const struct cds_builder *b, int32_t *hw_index, uint32_t *hw_names)
+{
+    for (uint32_t i = 0; i < b->strings.count; i++)
+        hw_index[i] = -1;
+    uint32_t nhw = 0;
+    for (uint32_t i = 0; i < b->count; i++) {
+        int32_t id = b->entries[i].hwcaps_id;
+        if (id >= 0 && hw_index[id] < 0) {
+            hw_index[id] = 0;
+            hw_names[nhw++] = (uint32_t)id;
+        }
+    }
+    qsort_r(hw_names, nhw, sizeof *hw_names, compare_names, b->strings.items);
+    for (uint32_t i = 0; i < nhw; i++)
+        hw_index[hw_names[i]] = (int32_t)i;
+    return nhw;
+}
+
+/* Where each part of the file goes. */
+struct layout {
+    uint64_t old_count, old_size, pad, new_size;
+    uint64_t str_offset; /* what string offsets in entries count from */
+    uint64_t strings_at, strings_size;
+    uint64_t ext_off, gen_len, gen_off, hw_off, total;
+};
+
+/* Lay out a FORMAT file of B's entries, STRINGS_SIZE bytes of strings, NHW hwcaps names and
+ * GENERATOR: 0, or -1 with EFBIG when it would pass 4 GiB. */
+static int lay_out(const struct cds_builder *b, int format, const char *generator, size_t strings_size, uint32_t nhw,
+                   struct layout *l)
+{
+    *l = (struct layout){.strings_size = strings_size};
+    for (uint32_t i = 0; i < b->count; i++)
+        if (b->entries[i].k.hwcap == 0)
+            l->old_count++;
+    if (format != CDS_FORMAT_NEW) {
+        if (format == CDS_FORMAT_COMPAT)
+            l->old_count = (l->old_count + 1) & ~(uint64_t)1;
+        l->old_size = OLD_HEADER + l->old_count * OLD_ENTRY;
+    }
+    if (format != CDS_FORMAT_OLD) {
+        l->new_size = NEW_HEADER + (uint64_t)b->count * NEW_ENTRY;
+        if (format == CDS_FORMAT_COMPAT)
+            l->pad = ((l->old_size + 7) & ~(uint64_t)7) - l->old_size;
+    }
+    l->str_offset = format != CDS_FORMAT_OLD ? l->new_size : 0;
+    l->strings_at = l->old_size + l->pad + l->new_size;
+    if (format != CDS_FORMAT_OLD) {
+        l->gen_len = generator != NULL ? strlen(generator) : 0;
+        l->ext_off = (l->strings_at + strings_size + 3) & ~(uint64_t)3;
+        l->hw_off = l->ext_off + 8 + 2 * 16;
+        l->gen_off = nhw == 0 ? l->hw_off - 16 : l->hw_off + 4ull * nhw;
+        l->total = l->gen_off + l->gen_len;
+    } else {
+        l->total = l->strings_at + strings_size;
+    }
+    if (l->total > UINT32_MAX) {
+        errno = EFBIG;
+        return -1;
+    }
+    return 0;
+}
+
+/* The old format's header and entries (no hwcap entries: it has none). */
+static void write_old(const struct cds_builder *b, const struct layout *l, uint8_t *file)
+{
+    uint64_t str_offset = l->str_offset; /* (a local: the stores below may alias *L) */
+    memcpy(file, OLD_MAGIC, 11);
+    put32(file + 12, (uint32_t)l->old_count);
+    uint64_t idx = 0;
+    for (uint32_t i = 0; i < b->count; i++) {
+        const struct bentry *e = &b->entries[i];
+        if (e->k.hwcap != 0)
+            continue;
+        uint8_t *o = file + OLD_HEADER + idx * OLD_ENTRY;
+        put32(o, (uint32_t)e->k.flags);
+        put32(o + 4, (uint32_t)(str_offset + b->strings.items[e->soname_id].offset));
+        put32(o + 8, (uint32_t)(str_offset + b->strings.items[e->path_id].offset));
+        idx++;
+    }
+    if (idx > 0 && idx < l->old_count)
+        memcpy(file + OLD_HEADER + idx * OLD_ENTRY, file + OLD_HEADER + (idx - 1) * OLD_ENTRY, OLD_ENTRY);
+}
+
+/* The new format's header and entries; HW_INDEX places each hwcaps subdirectory's name. */
+static void write_new(const struct cds_builder *b, const struct layout *l, const int32_t *hw_index, uint8_t *file)
+{
+    uint64_t str_offset = l->str_offset; /* (a local: the stores below may alias *L) */
+    uint8_t *h = file + l->old_size + l->pad;
+    memcpy(h, NEW_MAGIC, 20);
+    put32(h + 20, b->count);
+    put32(h + 24, (uint32_t)l->strings_size);
+    h[28] = ENDIAN_LITTLE;
+    put32(h + 32, (uint32_t)l->ext_off);
+    for (uint32_t i = 0; i < b->count; i++) {
+        const struct bentry *e = &b->entries[i];
+        uint8_t *o = h + NEW_HEADER + (uint64_t)i * NEW_ENTRY;
+        uint64_t hwcap = e->k.hwcap;
+        if (e->hwcaps_id >= 0)
+            hwcap = HWCAP_EXTENSION | (uint64_t)e->isa_level << 32 | (uint32_t)hw_index[e->hwcaps_id];
+        put32(o, (uint32_t)e->k.flags);
+        put32(o + 4, (uint32_t)(str_offset + b->strings.items[e->soname_id].offset));
+        put32(o + 8, (uint32_t)(str_offset + b->strings.items[e->path_id].offset));
+        put32(o + 12, 0);
+        put64(o + 16, hwcap);
+    }
+}
+
+/* The new format's extensions: the generator, and the hwcaps names HW_NAMES when any. */
+static void write_extensions(const struct cds_builder *b, const struct layout *l, const char *generator,
+                             const uint32_t *hw_names, uint32_t nhw, uint8_t *file)
+{
+    uint8_t *x = file + l->ext_off;
+    put32(x, EXT_MAGIC);
+    put32(x + 4, nhw ? 2 : 1);
+    put32(x + 8, EXT_TAG_GENERATOR);
+    put32(x + 12, 0);
+    put32(x + 16, (uint32_t)l->gen_off);
+    put32(x + 20, (uint32_t)l->gen_len);
+    if (nhw) {
+        put32(x + 24, EXT_TAG_HWCAPS);
+        put32(x + 28, 0);
+        put32(x + 32, (uint32_t)l->hw_off);
+        put32(x + 36, 4u * nhw);
+        for (uint32_t i = 0; i < nhw; i++)
+            put32(file + l->hw_off + 4ull * i, (uint32_t)(l->str_offset + b->strings.items[hw_names[i]].offset));
+    }
+    if (l->gen_len)
+        memcpy(file + l->gen_off, generator, l->gen_len);
+}
+
 int cds_builder_build(struct cds_builder *b, int format, const char *generator, uint8_t **out, size_t *len)
 {
     *out = NULL;
@@ -241,125 +374,33 @@ int cds_builder_build(struct cds_builder *b, int format, const char *generator, 
     if (sort_entries(b) < 0)
         return -1;
 
-    /* The glibc-hwcaps index: the names in use, sorted. */
     uint32_t nstrings = b->strings.count;
     cleanup_free int32_t *hw_index = malloc((nstrings ? nstrings : 1) * sizeof *hw_index);
     cleanup_free uint32_t *hw_names = malloc((nstrings ? nstrings : 1) * sizeof *hw_names);
     if (hw_index == NULL || hw_names == NULL)
         return -1;
-    for (uint32_t i = 0; i < nstrings; i++)
-        hw_index[i] = -1;
-    uint32_t nhw = 0;
-    for (uint32_t i = 0; i < b->count; i++) {
-        int32_t id = b->entries[i].hwcaps_id;
-        if (id >= 0 && hw_index[id] < 0) {
-            hw_index[id] = 0;
-            hw_names[nhw++] = (uint32_t)id;
-        }
-    }
-    qsort_r(hw_names, nhw, sizeof *hw_names, compare_names, b->strings.items);
-    for (uint32_t i = 0; i < nhw; i++)
-        hw_index[hw_names[i]] = (int32_t)i;
+    uint32_t nhw = index_hwcaps(b, hw_index, hw_names);
 
     cleanup_free uint8_t *strings = NULL;
     size_t strings_size;
     if (strtab_finalize(&b->strings, &strings, &strings_size) < 0)
         return -1;
-
-    uint64_t n = b->count, old_count = 0;
-    for (uint32_t i = 0; i < b->count; i++)
-        if (b->entries[i].k.hwcap == 0)
-            old_count++;
-    uint64_t old_size = 0, pad = 0, new_size = 0;
-    if (format != CDS_FORMAT_NEW) {
-        if (format == CDS_FORMAT_COMPAT)
-            old_count = (old_count + 1) & ~(uint64_t)1;
-        old_size = OLD_HEADER + old_count * OLD_ENTRY;
-    }
-    if (format != CDS_FORMAT_OLD) {
-        new_size = NEW_HEADER + n * NEW_ENTRY;
-        if (format == CDS_FORMAT_COMPAT)
-            pad = ((old_size + 7) & ~(uint64_t)7) - old_size;
-    }
-    uint64_t str_offset = format != CDS_FORMAT_OLD ? new_size : 0;
-    uint64_t strings_at = old_size + pad + new_size;
-    uint64_t ext_off = 0, gen_len = 0, gen_off = 0, hw_off = 0, total;
-    if (format != CDS_FORMAT_OLD) {
-        gen_len = generator != NULL ? strlen(generator) : 0;
-        ext_off = (strings_at + strings_size + 3) & ~(uint64_t)3;
-        hw_off = ext_off + 8 + 2 * 16;
-        gen_off = nhw == 0 ? hw_off - 16 : hw_off + 4ull * nhw;
-        total = gen_off + gen_len;
-    } else {
-        total = strings_at + strings_size;
-    }
-    if (total > UINT32_MAX) {
-        errno = EFBIG;
+    struct layout l;
+    if (lay_out(b, format, generator, strings_size, nhw, &l) < 0)
         return -1;
-    }
 
-    uint8_t *file = calloc(total ? total : 1, 1);
+    uint8_t *file = calloc(l.total ? l.total : 1, 1);
     if (file == NULL)
         return -1;
-    if (format != CDS_FORMAT_NEW) {
-        memcpy(file, OLD_MAGIC, 11);
-        put32(file + 12, (uint32_t)old_count);
-        uint64_t idx = 0;
-        for (uint32_t i = 0; i < b->count; i++) {
-            struct bentry *e = &b->entries[i];
-            if (e->k.hwcap != 0)
-                continue; /* the old format has no hwcap entries */
-            uint8_t *o = file + OLD_HEADER + idx * OLD_ENTRY;
-            put32(o, (uint32_t)e->k.flags);
-            put32(o + 4, (uint32_t)(str_offset + b->strings.items[e->soname_id].offset));
-            put32(o + 8, (uint32_t)(str_offset + b->strings.items[e->path_id].offset));
-            idx++;
-        }
-        if (idx > 0 && idx < old_count)
-            memcpy(file + OLD_HEADER + idx * OLD_ENTRY, file + OLD_HEADER + (idx - 1) * OLD_ENTRY, OLD_ENTRY);
-    }
-    if (format != CDS_FORMAT_OLD) {
-        uint8_t *h = file + old_size + pad;
-        memcpy(h, NEW_MAGIC, 20);
-        put32(h + 20, (uint32_t)n);
-        put32(h + 24, (uint32_t)strings_size);
-        h[28] = ENDIAN_LITTLE;
-        put32(h + 32, (uint32_t)ext_off);
-        for (uint32_t i = 0; i < b->count; i++) {
-            struct bentry *e = &b->entries[i];
-            uint8_t *o = h + NEW_HEADER + (uint64_t)i * NEW_ENTRY;
-            uint64_t hwcap = e->k.hwcap;
-            if (e->hwcaps_id >= 0)
-                hwcap = HWCAP_EXTENSION | (uint64_t)e->isa_level << 32 | (uint32_t)hw_index[e->hwcaps_id];
-            put32(o, (uint32_t)e->k.flags);
-            put32(o + 4, (uint32_t)(str_offset + b->strings.items[e->soname_id].offset));
-            put32(o + 8, (uint32_t)(str_offset + b->strings.items[e->path_id].offset));
-            put32(o + 12, 0);
-            put64(o + 16, hwcap);
-        }
-    }
+    if (format != CDS_FORMAT_NEW)
+        write_old(b, &l, file);
+    if (format != CDS_FORMAT_OLD)
+        write_new(b, &l, hw_index, file);
     if (strings_size > 0)
-        memcpy(file + strings_at, strings, strings_size);
-    if (format != CDS_FORMAT_OLD) {
-        uint8_t *x = file + ext_off;
-        put32(x, EXT_MAGIC);
-        put32(x + 4, nhw ? 2 : 1);
-        put32(x + 8, EXT_TAG_GENERATOR);
-        put32(x + 12, 0);
-        put32(x + 16, (uint32_t)gen_off);
-        put32(x + 20, (uint32_t)gen_len);
-        if (nhw) {
-            put32(x + 24, EXT_TAG_HWCAPS);
-            put32(x + 28, 0);
-            put32(x + 32, (uint32_t)hw_off);
-            put32(x + 36, 4u * nhw);
-            for (uint32_t i = 0; i < nhw; i++)
-                put32(file + hw_off + 4ull * i, (uint32_t)(str_offset + b->strings.items[hw_names[i]].offset));
-        }
-        if (gen_len)
-            memcpy(file + gen_off, generator, gen_len);
-    }
+        memcpy(file + l.strings_at, strings, strings_size);
+    if (format != CDS_FORMAT_OLD)
+        write_extensions(b, &l, generator, hw_names, nhw, file);
     *out = file;
-    *len = (size_t)total;
+    *len = (size_t)l.total;
     return 0;
 }
