@@ -133,6 +133,62 @@ static int read_link_at(int fd, char *buf, size_t size)
     return 0;
 }
 
+/* Cut the next component off *CURSOR (past any slashes; empty at the end of the path): its
+ * name, with *REST the path after it and *LAST whether nothing but slashes follows. */
+static const char *next_component(char **cursor, char **rest, int *last)
+{
+    char *at = *cursor;
+    while (*at == '/')
+        at++;
+    *cursor = at;
+    char *slash = strchr(at, '/');
+    *rest = slash != NULL ? slash + 1 : at + strlen(at);
+    if (slash != NULL)
+        *slash = '\0';
+    *last = 1;
+    for (const char *p = *rest; *p != '\0'; p++)
+        if (*p != '/') {
+            *last = 0;
+            break;
+        }
+    return at;
+}
+
+/* FD is a link met on the walk: splice its text before REST into *PENDING (from the root
+ * when it is absolute). 0, or -1 with errno (ELOOP past MAX_LINKS links). */
+static int follow_link(struct walk *w, int fd, char **pending, const char *rest, int *links)
+{
+    char target[PATH_MAX + 1];
+    if (++*links > MAX_LINKS) {
+        errno = ELOOP;
+        return -1;
+    }
+    if (read_link_at(fd, target, sizeof target) < 0)
+        return -1;
+    if (target[0] == '/')
+        walk_reset(w);
+    return splice_link(pending, rest, target);
+}
+
+/* The last component NAME, opened O_PATH as *FD (ST its stat) and not a link to follow: the
+ * descriptor to return for OFLAGS, or -1 with errno. */
+static int open_last(struct walk *w, int *fd, const char *name, const struct stat *st, int oflags)
+{
+    if (S_ISLNK(st->st_mode) && !(oflags & O_PATH)) {
+        errno = ELOOP; /* O_NOFOLLOW on a link */
+        return -1;
+    }
+    if ((oflags & O_DIRECTORY) && !S_ISDIR(st->st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    if (oflags & O_PATH)
+        return cds_take_fd(fd);
+    /* Reopened by name relative to its held parent and never followed: a swap to a link in
+     * between fails with ELOOP instead of leaving the tree. */
+    return openat(w->cur, name, final_flags(oflags) | O_NOFOLLOW);
+}
+
 static int open_with_walk(int rootfd, const char *path, int oflags)
 {
     struct walk w = {.rootfd = rootfd, .depth = 0, .cur = rootfd};
@@ -145,26 +201,15 @@ static int open_with_walk(int rootfd, const char *path, int oflags)
         errno = ENAMETOOLONG;
         return -1;
     }
-    char *cursor = pending;
+    char *cursor = pending, *rest;
     for (;;) {
-        while (*cursor == '/')
-            cursor++;
-        if (*cursor == '\0') {
+        int last;
+        const char *name = next_component(&cursor, &rest, &last);
+        if (*name == '\0') {
             /* Nothing left: the result is the current directory itself. */
             result = openat(w.cur, ".", final_flags(oflags & ~O_NOFOLLOW));
             break;
         }
-        char *slash = strchr(cursor, '/');
-        char *rest = slash != NULL ? slash + 1 : cursor + strlen(cursor);
-        if (slash != NULL)
-            *slash = '\0';
-        const char *name = cursor;
-        int last = 1;
-        for (const char *p = rest; *p != '\0'; p++)
-            if (*p != '/') {
-                last = 0;
-                break;
-            }
         if (strcmp(name, ".") == 0) {
             cursor = rest;
             continue;
@@ -181,47 +226,23 @@ static int open_with_walk(int rootfd, const char *path, int oflags)
         if (fstat(fd, &st) < 0)
             break;
         if (S_ISLNK(st.st_mode) && !(last && (oflags & O_NOFOLLOW))) {
-            char target[PATH_MAX + 1];
-            if (++links > MAX_LINKS) {
-                errno = ELOOP;
-                break;
-            }
-            if (read_link_at(fd, target, sizeof target) < 0)
-                break;
-            if (target[0] == '/')
-                walk_reset(&w);
-            if (splice_link(&pending, rest, target) < 0)
+            if (follow_link(&w, fd, &pending, rest, &links) < 0)
                 break;
             cursor = pending;
             continue;
         }
-        if (!last) {
-            if (!S_ISDIR(st.st_mode)) {
-                errno = ENOTDIR;
-                break;
-            }
-            if (walk_down(&w, fd) < 0)
-                break;
-            fd = -1; /* now owned by the walk */
-            cursor = rest;
-            continue;
-        }
-        /* The last component, not a link to follow. */
-        if (S_ISLNK(st.st_mode) && !(oflags & O_PATH)) {
-            errno = ELOOP; /* O_NOFOLLOW on a link */
+        if (last) {
+            result = open_last(&w, &fd, name, &st, oflags);
             break;
         }
-        if ((oflags & O_DIRECTORY) && !S_ISDIR(st.st_mode)) {
+        if (!S_ISDIR(st.st_mode)) {
             errno = ENOTDIR;
             break;
         }
-        if (oflags & O_PATH)
-            result = cds_take_fd(&fd);
-        else
-            /* Reopened by name relative to its held parent and never followed: a swap to a
-             * link in between fails with ELOOP instead of leaving the tree. */
-            result = openat(w.cur, name, final_flags(oflags) | O_NOFOLLOW);
-        break;
+        if (walk_down(&w, fd) < 0)
+            break;
+        fd = -1; /* now owned by the walk */
+        cursor = rest;
     }
     walk_reset(&w);
     return result;
