@@ -32,14 +32,6 @@ static int add_skip(struct cds_scan *s, const char *name, int status)
     return 0;
 }
 
-static int is_prelink_temp(const char *name)
-{
-    size_t len = strlen(name);
-    if (len >= 10 && strcmp(name + len - 10, ".#prelink#") == 0)
-        return 1;
-    return len >= 17 && memcmp(name + len - 17, ".#prelink#.", 11) == 0;
-}
-
 static long find_dlib(const struct cds_scan *s, const char *soname)
 {
     if (s->soname_slots == 0)
@@ -96,15 +88,63 @@ static const char *implicit_soname(struct cds_scan *s, const char *name, int32_t
     return cds_arena_strndup(&s->arena, name, len);
 }
 
-/* search_dir's first filter: which listed names it looks at at all. */
-int scan_is_candidate(const struct cds_scan *s, const struct item *it, const struct cds_scan_opts *opts)
+/* Item INDEX, a glibc-hwcaps subdirectory (IS_LINK: listed as a link, so already resolved):
+ * kept to scan after the directory. -1 only on ENOMEM. */
+static int add_subdir(struct cds_scan *s, uint32_t index, int is_link)
 {
-    uint8_t type = it->dtype;
-    if (type != DT_UNKNOWN && type != DT_LNK && type != DT_REG && type != DT_DIR)
+    const char *name = s->items[index].name;
+    if (!is_link && scan_resolve(s, index, 0) < 0)
+        return -1;
+    const struct item *it = &s->items[index];
+    if (it->state != RESOLVED)
+        return add_skip(s, name, it->err);
+    if (grow((void **)&s->subdirs, &s->subdirs_cap, s->nsubdirs + 1, sizeof *s->subdirs) < 0)
+        return -1;
+    s->subdirs[s->nsubdirs++] = (struct subdir){name, it->dev, it->ino};
+    return 0;
+}
+
+/* The library of item INDEX (file F, as SONAME with FLAG; IS_LINK: keyed by its link name)
+ * among the ones kept per soname: added, or in place of the one kept when ldconfig prefers
+ * it. -1 only on ENOMEM. */
+static int keep_library(struct cds_scan *s, uint32_t index, long f, const char *soname, int32_t flag, int is_link)
+{
+    const char *name = s->items[index].name;
+    const struct file *file = &s->files[f];
+    long existing = find_dlib(s, soname);
+    if (existing < 0) {
+        struct dlib d = {
+            .name = name,
+            .soname = soname,
+            .file = (int32_t)f,
+            .flags = flag,
+            .isa_level = file->isa_level,
+            .is_link = is_link,
+            .extra = s->items[index].extra,
+            .soname_link_ok = 0,
+            .dev = file->dev,
+            .ino = file->ino,
+        };
+        return add_dlib(s, &d);
+    }
+    struct dlib *d = &s->dlibs[existing];
+    if (!((!is_link && d->is_link) || (is_link == d->is_link && cds_libcmp(d->name, name, s->target) < 0)))
         return 0;
-    if (!cds_is_dso_name(it->name) && (type == DT_REG || opts->in_hwcaps || !cds_is_hwcap_subdir(s->target, it->name)))
-        return 0;
-    return !is_prelink_temp(it->name);
+    if (d->flags != flag) {
+        if (d->flags == CDS_FLAG_ELF && (flag == CDS_FLAG_ELF_LIBC5 || flag == CDS_FLAG_ELF_LIBC6))
+            d->flags = flag;
+        else if ((d->flags == CDS_FLAG_ELF_LIBC5 || d->flags == CDS_FLAG_ELF_LIBC6) && flag == CDS_FLAG_ELF)
+            d->flags = flag;
+        /* otherwise ldconfig complains and keeps the first type */
+    }
+    d->name = name;
+    d->file = (int32_t)f;
+    d->is_link = is_link;
+    d->isa_level = file->isa_level;
+    d->extra = s->items[index].extra;
+    d->dev = file->dev;
+    d->ino = file->ino;
+    return 0;
 }
 
 /* One entry of the listing, as search_dir's loop body. -1 only on ENOMEM. */
@@ -129,17 +169,8 @@ static int consider(struct cds_scan *s, uint32_t index, const struct cds_scan_op
     } else {
         is_dir = type == DT_DIR;
     }
-    if (!opts->in_hwcaps && is_dir && cds_is_hwcap_subdir(s->target, name)) {
-        if (!is_link && scan_resolve(s, index, 0) < 0)
-            return -1;
-        it = &s->items[index];
-        if (it->state != RESOLVED)
-            return add_skip(s, name, it->err);
-        if (grow((void **)&s->subdirs, &s->subdirs_cap, s->nsubdirs + 1, sizeof *s->subdirs) < 0)
-            return -1;
-        s->subdirs[s->nsubdirs++] = (struct subdir){name, it->dev, it->ino};
-        return 0;
-    }
+    if (!opts->in_hwcaps && is_dir && cds_is_hwcap_subdir(s->target, name))
+        return add_subdir(s, index, is_link);
     if (type != DT_REG && !is_link)
         return 0;
     if (is_link && !S_ISREG(it->mode))
@@ -165,41 +196,7 @@ static int consider(struct cds_scan *s, uint32_t index, const struct cds_scan_op
         soname = name;
     if (flag == CDS_FLAG_ELF && (opts->dir_flag == CDS_FLAG_ELF_LIBC5 || opts->dir_flag == CDS_FLAG_ELF_LIBC6))
         flag = opts->dir_flag;
-
-    long existing = find_dlib(s, soname);
-    if (existing >= 0) {
-        struct dlib *d = &s->dlibs[existing];
-        if ((!is_link && d->is_link) || (is_link == d->is_link && cds_libcmp(d->name, name, s->target) < 0)) {
-            if (d->flags != flag) {
-                if (d->flags == CDS_FLAG_ELF && (flag == CDS_FLAG_ELF_LIBC5 || flag == CDS_FLAG_ELF_LIBC6))
-                    d->flags = flag;
-                else if ((d->flags == CDS_FLAG_ELF_LIBC5 || d->flags == CDS_FLAG_ELF_LIBC6) && flag == CDS_FLAG_ELF)
-                    d->flags = flag;
-                /* otherwise ldconfig complains and keeps the first type */
-            }
-            d->name = name;
-            d->file = (int32_t)f;
-            d->is_link = is_link;
-            d->isa_level = file->isa_level;
-            d->extra = s->items[index].extra;
-            d->dev = file->dev;
-            d->ino = file->ino;
-        }
-        return 0;
-    }
-    struct dlib d = {
-        .name = name,
-        .soname = soname,
-        .file = (int32_t)f,
-        .flags = flag,
-        .isa_level = file->isa_level,
-        .is_link = is_link,
-        .extra = s->items[index].extra,
-        .soname_link_ok = 0,
-        .dev = file->dev,
-        .ino = file->ino,
-    };
-    return add_dlib(s, &d);
+    return keep_library(s, index, f, soname, flag, is_link);
 }
 
 /* Whether DIR/SONAME is the file the entry was read from (then the cache may name it). */

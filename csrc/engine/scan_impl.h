@@ -135,6 +135,8 @@ static inline int grow(void **array, uint32_t *cap, uint32_t need, size_t size)
 }
 
 /* scan_listing.c */
+/* search_dir's first filter: whether the loop looks at listed item IT at all. */
+int scan_is_candidate(const struct cds_scan *s, const struct item *it, const struct cds_scan_opts *opts);
 long scan_find_item(const struct cds_scan *s, const char *name);
 long scan_find_listed(const struct cds_scan *s, const char *name);
 /* A name index of the scan's items (replacing the one before); 0, or -1 (ENOMEM). */
@@ -153,9 +155,6 @@ void scan_read_link(const struct cds_scan *s, struct item *it);
 int scan_lstat_item(struct cds_scan *s, struct item *it);
 int scan_resolve(struct cds_scan *s, uint32_t index, int hops);
 long scan_file_of(struct cds_scan *s, uint32_t index);
-
-/* scan.c */
-int scan_is_candidate(const struct cds_scan *s, const struct item *it, const struct cds_scan_opts *opts);
 
 /* scan_prefetch.c */
 int scan_prefetch(struct cds_scan *s, const struct cds_scan_opts *opts);

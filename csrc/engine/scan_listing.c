@@ -1,6 +1,8 @@
 /* A scan's items: the directory's listing (read with getdents64, or from the file memo where it
  * knows the directory), kept in the memo after a scan, the extras (files that bind mounts will
- * put there) laid over it, and the name indexes that find an item by name. */
+ * put there) laid over it, the name indexes that find an item by name, and the filter that picks
+ * the items the scan looks at (used by the loop in scan.c and the up-front reads in
+ * scan_prefetch.c alike). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +17,25 @@
 #include "dirents.h"
 #include "filememo.h"
 #include "scan_impl.h"
+
+static int is_prelink_temp(const char *name)
+{
+    size_t len = strlen(name);
+    if (len >= 10 && strcmp(name + len - 10, ".#prelink#") == 0)
+        return 1;
+    return len >= 17 && memcmp(name + len - 17, ".#prelink#.", 11) == 0;
+}
+
+/* search_dir's first filter: which listed names it looks at at all. */
+int scan_is_candidate(const struct cds_scan *s, const struct item *it, const struct cds_scan_opts *opts)
+{
+    uint8_t type = it->dtype;
+    if (type != DT_UNKNOWN && type != DT_LNK && type != DT_REG && type != DT_DIR)
+        return 0;
+    if (!cds_is_dso_name(it->name) && (type == DT_REG || opts->in_hwcaps || !cds_is_hwcap_subdir(s->target, it->name)))
+        return 0;
+    return !is_prelink_temp(it->name);
+}
 
 static long find_name(const struct item *items, const uint32_t *index, uint32_t slots, const char *name)
 {
