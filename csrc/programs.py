@@ -21,8 +21,9 @@ PROGRAMS = {
     "cdi-shim": (["csrc/launcher/launcher.c"] + LAUNCHER, ['-DCDS_MODULE="shim.cli.main"']),
     "cdi-shim-hook": (["csrc/launcher/launcher.c"] + LAUNCHER, ['-DCDS_MODULE="shim.cli.hook_main"']),
     # the hooks the runtime leaves to runc (work under /proc and runc's /dev, the library binds)
-    "cdi-shim-nshook": (["csrc/hooks/nshook.c", "csrc/hooks/nrihook.c", "csrc/hooks/ocistate.c",
-                         "csrc/engine/ociconf.c", "csrc/engine/inroot.c", "csrc/engine/devlinks.c"], []),
+    "cdi-shim-nshook": (["csrc/hooks/nshook.c", "csrc/hooks/nrihook.c", "csrc/hooks/rootfs_ops.c",
+                         "csrc/hooks/ocistate.c", "csrc/engine/ociconf.c", "csrc/engine/inroot.c",
+                         "csrc/engine/devlinks.c"], []),
     # Docker's --gpus: dockerd offers the flag only with this name on its PATH; it fails when run,
     # saying to select the cdi-shim runtime (which drops it: shim/runtime/requests.py LEGACY_HOOK)
     "nvidia-container-runtime-hook": (["csrc/hooks/legacy_hook.c"], []),

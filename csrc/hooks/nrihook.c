@@ -32,8 +32,9 @@
 #include <unistd.h>
 
 #include "../engine/devlinks.h"
-#include "nshook.h"
+#include "nrihook.h"
 #include "ocistate.h"
+#include "rootfs_ops.h"
 
 #define MAX_ITEMS CDS_MAX_DEVICE_LINKS
 #define MAX_REQUEST (256u << 10)
