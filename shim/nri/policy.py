@@ -73,6 +73,27 @@ def _oci_mount(mount):
     return entry
 
 
+def oci_device(device):
+    """The OCI config's linux.devices entry of an NRI LinuxDevice."""
+    entry = {"path": device.path, "type": device.type, "major": device.major, "minor": device.minor}
+    for key in ("file_mode", "uid", "gid"):
+        if device.HasField(key):
+            entry["fileMode" if key == "file_mode" else key] = getattr(device, key).value
+    return entry
+
+
+def oci_hook(hook):
+    """The OCI config's hook entry of an NRI Hook."""
+    entry = {"path": hook.path}
+    if hook.args:
+        entry["args"] = list(hook.args)
+    if hook.env:
+        entry["env"] = list(hook.env)
+    if hook.HasField("timeout"):
+        entry["timeout"] = hook.timeout.value
+    return entry
+
+
 def oci_config(container):
     """The parts of the OCI config CONTAINER (an NRI Container) will have that CDI edits read."""
     config = {"process": {"env": list(container.env)},
@@ -81,23 +102,11 @@ def oci_config(container):
                                                       for n in container.linux.namespaces]}}
     if container.HasField("user"):
         config["process"]["user"] = {"uid": container.user.uid, "gid": container.user.gid}
-    for device in container.linux.devices:
-        entry = {"path": device.path, "type": device.type, "major": device.major, "minor": device.minor}
-        for key in ("file_mode", "uid", "gid"):
-            if device.HasField(key):
-                entry["fileMode" if key == "file_mode" else key] = getattr(device, key).value
-        config["linux"]["devices"].append(entry)
+    config["linux"]["devices"] = [oci_device(device) for device in container.linux.devices]
     hooks = {}
     for oci, field in HOOK_STAGES:
         for hook in getattr(container.hooks, field):
-            entry = {"path": hook.path}
-            if hook.args:
-                entry["args"] = list(hook.args)
-            if hook.env:
-                entry["env"] = list(hook.env)
-            if hook.HasField("timeout"):
-                entry["timeout"] = hook.timeout.value
-            hooks.setdefault(oci, []).append(entry)
+            hooks.setdefault(oci, []).append(oci_hook(hook))
     if hooks:
         config["hooks"] = hooks
     return config

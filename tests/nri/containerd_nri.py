@@ -6,6 +6,7 @@ AdjustResources' device rules, AdjustMounts with its sort, AdjustHooks)."""
 import os
 
 from shim.nri.messages import nri
+from shim.nri.policy import HOOK_STAGES, oci_device, oci_hook
 
 
 def container_of(config, name="c", container_id="c1"):
@@ -47,13 +48,7 @@ def nri_apply(config, adjust):
     rules = []
     for device in adjust.linux.devices:
         devices = [d for d in devices if d["path"] != device.path]
-        entry = {"path": device.path, "type": device.type, "major": device.major, "minor": device.minor}
-        if device.HasField("file_mode"):
-            entry["fileMode"] = device.file_mode.value
-        for key in ("uid", "gid"):
-            if device.HasField(key):
-                entry[key] = getattr(device, key).value
-        devices.append(entry)
+        devices.append(oci_device(device))
         rules.append({"allow": True, "type": device.type, "major": device.major, "minor": device.minor,
                       "access": "rw" + ("m" if device.type == "b" else "")})
     for rule in adjust.linux.resources.devices:
@@ -73,14 +68,9 @@ def nri_apply(config, adjust):
     mounts.sort(key=lambda m: (os.path.normpath(m["destination"]).count("/"), m["destination"]))
     config["mounts"] = mounts
     hooks = {stage: list(entries) for stage, entries in (config.get("hooks") or {}).items()}
-    for stage, field in (("createContainer", "create_container"), ("prestart", "prestart"),
-                         ("createRuntime", "create_runtime"), ("startContainer", "start_container"),
-                         ("poststart", "poststart"), ("poststop", "poststop")):
-        for hook in getattr(adjust.hooks, field):
-            entry = {"path": hook.path, "args": list(hook.args), "env": list(hook.env)}
-            if hook.HasField("timeout"):
-                entry["timeout"] = hook.timeout.value
-            hooks.setdefault(stage, []).append(entry)
+    for stage, field in HOOK_STAGES:
+        hooks.setdefault(stage, []).extend(oci_hook(hook) for hook in getattr(adjust.hooks, field))
+    hooks = {stage: entries for stage, entries in hooks.items() if entries}
     if hooks:
         config["hooks"] = hooks
     return config
