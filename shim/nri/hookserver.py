@@ -156,15 +156,11 @@ class HookServer:
         on and the hook's namespace accounts for the container (layers.py); and whether the
         answer was a kept one."""
         from .cache import update, work, write
-        from .layers import Container, Unaccounted, mounts_below, roots_of
+        from .layers import Container, Unaccounted, roots_of
 
-        try:    # (the spec's library files among them: their soname links, cache.py)
-            mounted = [path for path, _ in mounts_below(pid, rootfd)] if pid > 0 else []
-        except Unaccounted:
-            mounted = []
         if self.answers is None or pid <= 0:
-            return (*update(rootfs, items, mounted), False)
-        answer = key = None
+            return (*update(rootfs, items, _mounted(pid, rootfd)), False)
+        answer = key = container = None
         kept = False
         # (the memo's own failures, a bug included, never fail a container: the work is done)
         try:
@@ -177,8 +173,9 @@ class HookServer:
         except Exception as err:  # noqa: BLE001
             key = None
             self._not_kept(f"unexpected {type(err).__name__}: {err}")
-        if answer is None:
-            answer = work(rootfs, items, mounted)
+        if answer is None:     # (the mounts read once: the container's, where its layers were)
+            answer = work(rootfs, items, [path for path, _ in container.mounts] if container is not None
+                          else _mounted(pid, rootfd))
             if key is not None:
                 try:   # (the state before anything is written)
                     roots = roots_of(rootfs, items, answer.dirs, answer.first + answer.alone)
@@ -194,3 +191,14 @@ class HookServer:
         if str(why) != self._unkept:
             self._unkept = str(why)
             self.log("info", f"hook: answers are not kept by the image's layers here ({why})")
+
+
+def _mounted(pid, rootfd):
+    """The container paths of the mounts below the rootfs ROOTFD in the hook PID's namespace (the
+    spec's library files among them: their soname links, cache.py); none where unknown."""
+    from .layers import Unaccounted, mounts_below
+
+    try:
+        return [path for path, _ in mounts_below(pid, rootfd)] if pid > 0 else []
+    except Unaccounted:
+        return []
