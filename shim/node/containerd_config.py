@@ -139,37 +139,23 @@ class Plan:
         return "".join(change.diff() for change in self.changes if change.changed)
 
 
-def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary=None,
-                   annotation_prefixes=("cdi.k8s.io/",), set_as_default=False, config_version="auto",
-                   drop_in=None, containerd="containerd", import_as=None, binary_root=None,
-                   spec_dirs=DEFAULT_CDI_SPEC_DIRS, enable_cdi=None, migrate=False):
-    """Decide the new text of the config file(s); reads only.
-
-    `import_as` is the text the main file's `imports` names the drop-in by (default: its absolute
-    path); a path relative to the main file's directory stays right when the tree is mounted
-    elsewhere (a node image under --root), since containerd resolves it against the main file.
-    `binary_root`: the tree in which an explicit `binary` must be executable (besides here).
-    On containerd 1.7+ also keeps its enable_cdi / cdi_spec_dirs consistent with `spec_dirs`
-    (cdi-shim's); `enable_cdi` True/False sets enable_cdi, None keeps it. `migrate`: a file older
-    than the installed containerd 2.x writes is first rewritten by its `config migrate`; without
-    it such a file is refused, with that fix; "auto" (install --node): migrated exactly when it
-    would be refused."""
-    check_runtime_name(runtime_name)
-    # a linked config stays linked: the file it names is edited (a link others control is refused)
-    path = trusted_path(path, ContainerdConfigError)
-    binary = runtime_binary(binary, root=binary_root)
+def _annotation_patterns(prefixes):
+    """The container_annotations patterns of the annotation PREFIXES ("PREFIX*"), each once."""
     patterns = []
-    for prefix in annotation_prefixes:
+    for prefix in prefixes:
         pattern = prefix + "*"
         if pattern not in patterns:
             patterns.append(pattern)
     if not patterns:
         raise ContainerdConfigError("no annotation prefixes are configured: containerd would pass no CDI "
                                     "annotation to the runtime")
-    old = read_text(path)
-    doc = parse_toml(path, old) if old is not None else tomlkit.document()
-    installed = containerd_version(containerd)
-    newest = _newest_version(installed)
+    return patterns
+
+
+def _migrated(path, doc, installed, newest, migrate, containerd):
+    """(DOC, None), or, where MIGRATE (plan_configure's) has it so, (the installed containerd's
+    `config migrate` of PATH, the version it was migrated from). A file whose sections the
+    installed containerd 2.x no longer reads is refused unless migrated."""
     raw_version = unwrap(doc.get("version", 1)) if doc else None
     if isinstance(raw_version, bool):
         raw_version = None  # file_version says what is wrong with it
@@ -194,6 +180,13 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
                 f"`config migrate` and installs its output, after a backup), or {MIGRATE_BY_HAND}")
         doc = parse_toml(f"`containerd config migrate` of {path}", containerd_migrate(path, containerd))
         migrated_from = raw_version
+    return doc, migrated_from
+
+
+def _config_version(path, doc, old, config_version, installed, newest, migrated_from):
+    """(the version DOC declares or None, the version to write, where that came from): the file's
+    own, else --config-version (CONFIG_VERSION), else what the installed containerd writes; refused
+    when it disagrees with --config-version or the installed containerd cannot load it."""
     declared = file_version(doc, path)
     if migrated_from is not None and declared != newest:
         raise ContainerdConfigError(f"`containerd config migrate` of {path} gave version {declared}, not {newest}; "
@@ -225,6 +218,35 @@ def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary
             f"{path} is a version {version} config, which the installed containerd {installed[0]}.{installed[1]} "
             f"cannot load (version {version} needs containerd {first[0]}.{first[1]} or later"
             + (": run `containerd config migrate` on a newer containerd only" if version == 4 else "") + ")")
+    return declared, version, source
+
+
+def plan_configure(path=DEFAULT_CONTAINERD_CONFIG, runtime_name="nvidia", binary=None,
+                   annotation_prefixes=("cdi.k8s.io/",), set_as_default=False, config_version="auto",
+                   drop_in=None, containerd="containerd", import_as=None, binary_root=None,
+                   spec_dirs=DEFAULT_CDI_SPEC_DIRS, enable_cdi=None, migrate=False):
+    """Decide the new text of the config file(s); reads only.
+
+    `import_as` is the text the main file's `imports` names the drop-in by (default: its absolute
+    path); a path relative to the main file's directory stays right when the tree is mounted
+    elsewhere (a node image under --root), since containerd resolves it against the main file.
+    `binary_root`: the tree in which an explicit `binary` must be executable (besides here).
+    On containerd 1.7+ also keeps its enable_cdi / cdi_spec_dirs consistent with `spec_dirs`
+    (cdi-shim's); `enable_cdi` True/False sets enable_cdi, None keeps it. `migrate`: a file older
+    than the installed containerd 2.x writes is first rewritten by its `config migrate`; without
+    it such a file is refused, with that fix; "auto" (install --node): migrated exactly when it
+    would be refused."""
+    check_runtime_name(runtime_name)
+    # a linked config stays linked: the file it names is edited (a link others control is refused)
+    path = trusted_path(path, ContainerdConfigError)
+    binary = runtime_binary(binary, root=binary_root)
+    patterns = _annotation_patterns(annotation_prefixes)
+    old = read_text(path)
+    doc = parse_toml(path, old) if old is not None else tomlkit.document()
+    installed = containerd_version(containerd)
+    newest = _newest_version(installed)
+    doc, migrated_from = _migrated(path, doc, installed, newest, migrate, containerd)
+    declared, version, source = _config_version(path, doc, old, config_version, installed, newest, migrated_from)
     plan = Plan(path, version, source, runtime_name, binary, patterns)
     plan.notes.append(f"config version {version} ({CONTAINERD_FOR[version]}), from {source}"
                       + (f"; installed: containerd {installed[0]}.{installed[1]}" if installed else ""))

@@ -155,7 +155,18 @@ def plan_configure(path=DEFAULT_DOCKER_CONFIG, runtime_name=DEFAULT_RUNTIME_NAME
     plan.notes.append(f"dockerd {_shown(version)}" if version else
                       f"dockerd is not installed here ({dockerd}): the file is written for Docker 25 or later")
     before = json.loads(json.dumps(doc))
+    _add_runtime(plan, doc, set_as_default)
+    _set_cdi(plan, doc, cdi, spec_dirs, dockerd)
+    plan.changed_keys = sorted(key for key in set(doc) | set(before) if doc.get(key) != before.get(key))
+    text = json.dumps(doc, indent=4, ensure_ascii=False) + "\n"  # other keys' text stays as written
+    plan.change = FileChange(path, old, text if plan.changed_keys or old is None else old)
+    return plan
 
+
+def _add_runtime(plan, doc, set_as_default):
+    """The plan's runtime entry in DOC (an entry of that name must already name its binary), and
+    default-runtime set to it when SET_AS_DEFAULT; what changed in PLAN's notes."""
+    path, runtime_name, binary = plan.path, plan.name, plan.binary
     runtimes = doc.get("runtimes")
     if runtimes is None:
         runtimes = doc["runtimes"] = {}
@@ -184,6 +195,11 @@ def plan_configure(path=DEFAULT_DOCKER_CONFIG, runtime_name=DEFAULT_RUNTIME_NAME
     elif doc.get("default-runtime") not in (None, "runc", runtime_name):
         plan.notes.append(f'default-runtime stays "{doc["default-runtime"]}"')
 
+
+def _set_cdi(plan, doc, cdi, spec_dirs, dockerd):
+    """With CDI: features.cdi on in DOC and cdi-spec-dirs cdi-shim's SPEC_DIRS (refused on a Docker
+    older than CDI_FROM); without, a note where this Docker could do it."""
+    path, runtime_name, version = plan.path, plan.name, plan.version
     if cdi:
         if version is not None and version[:2] < CDI_FROM:
             raise DockerConfigError(
@@ -211,11 +227,6 @@ def plan_configure(path=DEFAULT_DOCKER_CONFIG, runtime_name=DEFAULT_RUNTIME_NAME
                           "selects it")
     elif version is not None and version[:2] >= CDI_FROM and (doc.get("features") or {}).get("cdi") is not True:
         plan.notes.append("pass --cdi to have dockerd inject --device vendor/class=name itself (Docker 25+)")
-
-    plan.changed_keys = sorted(key for key in set(doc) | set(before) if doc.get(key) != before.get(key))
-    text = json.dumps(doc, indent=4, ensure_ascii=False) + "\n"  # other keys' text stays as written
-    plan.change = FileChange(path, old, text if plan.changed_keys or old is None else old)
-    return plan
 
 
 def validate_with_dockerd(path, dockerd="dockerd"):
