@@ -116,6 +116,9 @@ PROBE_LIBS = ("echo cache=$(tr '\\000' '\\n' < /etc/ld.so.cache "
               "echo image=$(tr '\\000' '\\n' < /etc/ld.so.cache | grep -c '^/'); "
               "echo link=$(readlink /usr/lib/x86_64-linux-gnu/libnvidia-bench0.so); "
               "echo link1=$(readlink /usr/lib/x86_64-linux-gnu/libnvidia-bench1.so); "
+              "echo soname=$(readlink /usr/lib/x86_64-linux-gnu/libnvidia-bench5.so.1); "
+              "echo named=$(tr '\\000' '\\n' < /etc/ld.so.cache "
+              "| grep -c '^/.*/libnvidia-bench[0-9]*[.]so[.]1$'); "
               "echo profile=$(cat /etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf 2>/dev/null "
               "| wc -c)")
 
@@ -133,9 +136,9 @@ def hook_lines(path):
 def test_linker_cache_and_links_from_inside(nri_lab, toolkit_devices):
     """A spec as `nvidia-ctk cdi generate` writes it (30 driver libraries, the toolkit's six hooks,
     the hook program named nvidia-cdi-hook: here a stand-in that logs each run): the container
-    finds every driver library in its ld.so.cache, beside the image's own entries, and both
-    create-symlinks links; update-ldcache and create-symlinks ran as our one hook, not as the
-    toolkit's processes: one cdi-shim-nshook nri (C), whose cache the plugin's own process wrote
+    finds every driver library in its ld.so.cache, beside the image's own entries, both
+    create-symlinks links and the soname links ldconfig makes (the cache naming them);
+    update-ldcache and create-symlinks ran as our one hook, not as the toolkit's processes: one cdi-shim-nshook nri (C), whose cache the plugin's own process wrote
     (no interpreter started for it)."""
     from cdi_shim_lab.lab import LIB_IMAGE
 
@@ -147,6 +150,9 @@ def test_linker_cache_and_links_from_inside(nri_lab, toolkit_devices):
     seen = seen_in(run)
     assert seen["cache"] == "30" and int(seen["image"]) > 30, seen
     assert seen["link"] == "libnvidia-bench0.so.1" and seen["link1"] == "libnvidia-bench1.so.1", seen
+    # the soname links the toolkit's ldconfig makes beside the mounted libraries, named by the cache
+    # (through /lib/x86_64-linux-gnu, the spelling by which this image's configuration reaches them)
+    assert seen["soname"] == "libnvidia-bench5.so.550.54.15" and seen["named"] == "30", seen
     hooks = run.container_spec["hooks"]["createContainer"]
     ours = [hook for hook in hooks if hook["args"][:2] == ["cdi-shim-nshook", "nri"]]
     assert len(ours) == 1, hooks
