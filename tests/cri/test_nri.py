@@ -138,8 +138,9 @@ def test_linker_cache_and_links_from_inside(nri_lab, toolkit_devices):
     the hook program named nvidia-cdi-hook: here a stand-in that logs each run): the container
     finds every driver library in its ld.so.cache, beside the image's own entries, both
     create-symlinks links and the soname links ldconfig makes (the cache naming them);
-    update-ldcache and create-symlinks ran as our one hook, not as the toolkit's processes: one cdi-shim-nshook nri (C), whose cache the plugin's own process wrote
-    (no interpreter started for it)."""
+    update-ldcache and create-symlinks ran as our one hook, not as the toolkit's processes: one
+    cdi-shim-nshook nri (C), whose cache the plugin's own process wrote (no interpreter started
+    for it)."""
     from cdi_shim_lab.lab import LIB_IMAGE
 
     before = len(hook_lines(toolkit_devices["hook_log"]))
