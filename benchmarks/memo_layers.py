@@ -1,11 +1,12 @@
 """What each cache layer of the create step saves a create, with the other layers on.
 
 The layers (docs/fast.md, "The caches, in one table"):
-- replay: the front end's replay of a recipe (csrc/engine/replay.c: a step's; request.c: a
-  request's injection); off: the recipes' directory opened to others, so the front end refuses
-  them and asks the worker (which then refuses them too);
-- step: the worker's memo of whole linker steps (shim/linker/stepmemo.py); off: it never
-  replays a kept step (steps are still kept, and recipes still written, from its result);
+- replay: the C replay of a recipe (csrc/engine/replay.c: a step's; request.c: a request's
+  injection), the one applier of a kept step; off: the recipes' directory opened to others, so
+  the front end and the worker refuse them (and the worker writes none: there is no memo of steps
+  in its memory any more);
+- step: the worker's own C replay of a step's recipe, tried before it steps (shim/linker/
+  stepmemo.py, StepMemo.replay); off: it never replays (recipes are still written);
 - plan: the memo of whole ldconfig plans (shim/ldconfig/plan.py); off: it never gives a kept plan
   (the paths each plan looked at are still recorded, for the step memo);
 - file: the engine's file memo (csrc/engine/filememo.c); off: remember_files(False);
@@ -27,7 +28,7 @@ other layer as in the first), with a bootstrap 95 % interval. Each worker's laye
 the layers above it are on (the "others on" figure; with replay on, no create reaches the worker
 after the first, so these are nothing by construction) and where they
 are off, as for a create whose step is not kept (a step that warned, ran chmod, or whose plan
-looked at more paths than a memo checks): the plan memo below the step memo, the file memo below
+looked at more paths than a memo checks): the plan memo with the replay off, the file memo below
 the plan memo.
 
     .venv/bin/python benchmarks/memo_layers.py [--runs 40] [--bin-true] [--dir /run] [--debug-log DIR]
@@ -60,18 +61,16 @@ SIDES = {
     "pre -plan": ("pre", ("plan",)),
     "pre -file": ("pre", ("file",)),
     "pre -replay": ("pre", ("replay",)),
-    "pre -replay -step": ("pre", ("replay", "step")),
-    "pre -replay -step -plan": ("pre", ("replay", "step", "plan")),
-    "pre -replay -step -file": ("pre", ("replay", "step", "file")),
-    "pre -replay -step -plan -file": ("pre", ("replay", "step", "plan", "file")),
+    "pre -replay -plan": ("pre", ("replay", "plan")),
+    "pre -replay -file": ("pre", ("replay", "file")),
+    "pre -replay -plan -file": ("pre", ("replay", "plan", "file")),
     "ann all": ("ann", ()),
     "ann -step": ("ann", ("step",)),
     "ann -replay": ("ann", ("replay",)),
     "ann -replay -registry": ("ann", ("replay", "registry")),
-    "ann -replay -step": ("ann", ("replay", "step")),
-    "ann -replay -step -plan": ("ann", ("replay", "step", "plan")),
-    "ann -replay -step -file": ("ann", ("replay", "step", "file")),
-    "ann -replay -step -plan -file": ("ann", ("replay", "step", "plan", "file")),
+    "ann -replay -plan": ("ann", ("replay", "plan")),
+    "ann -replay -file": ("ann", ("replay", "file")),
+    "ann -replay -plan -file": ("ann", ("replay", "plan", "file")),
     "runc": ("runc", ()),
 }
 
@@ -81,17 +80,15 @@ WORTH = {
             ("step, replay on", "pre -step", "pre all"),
             ("plan, replay on", "pre -plan", "pre all"),
             ("file, replay on", "pre -file", "pre all"),
-            ("step, replay off", "pre -replay -step", "pre -replay"),
-            ("plan, replay and step off", "pre -replay -step -plan", "pre -replay -step"),
-            ("file, replay and step off", "pre -replay -step -file", "pre -replay -step"),
-            ("file, replay, step and plan off", "pre -replay -step -plan -file", "pre -replay -step -plan")],
+            ("plan, replay off", "pre -replay -plan", "pre -replay"),
+            ("file, replay off", "pre -replay -file", "pre -replay"),
+            ("file, replay and plan off", "pre -replay -plan -file", "pre -replay -plan")],
     "ann": [("replay", "ann -replay", "ann all"),
             ("step, replay on", "ann -step", "ann all"),
             ("registry, replay off", "ann -replay -registry", "ann -replay"),
-            ("step, replay off", "ann -replay -step", "ann -replay"),
-            ("plan, replay and step off", "ann -replay -step -plan", "ann -replay -step"),
-            ("file, replay and step off", "ann -replay -step -file", "ann -replay -step"),
-            ("file, replay, step and plan off", "ann -replay -step -plan -file", "ann -replay -step -plan")],
+            ("plan, replay off", "ann -replay -plan", "ann -replay"),
+            ("file, replay off", "ann -replay -file", "ann -replay"),
+            ("file, replay and plan off", "ann -replay -plan -file", "ann -replay -plan")],
 }
 
 WARM_ROUNDS = 2     # not counted: the first create keeps the step, the recipe, the plan
@@ -122,15 +119,7 @@ def serve(socket_path, off):
         if "step" in off:
             from shim.linker import stepmemo
 
-            stepmemo.replay = lambda *args, **options: None
-            export = stepmemo.export_recipe
-
-            def export_once(final, rootfs, bundle, directory):
-                # (each step is kept anew: write its recipe only where it is not there yet)
-                kept = stepmemo._last_key
-                if kept is None or not os.path.exists(os.path.join(directory, stepmemo.recipe_name(kept))):
-                    export(final, rootfs, bundle, directory)
-            stepmemo.export_recipe = export_once
+            stepmemo.StepMemo.replay = lambda self, raw, bundle, mode: False
     resident.warm_up = warm_up_with_layers_off
     resident.serve(socket_path, workers=1)
 

@@ -12,7 +12,7 @@ LAUNCHER = ["csrc/launcher/pylaunch.c"]
 FRONTEND = ["runtime_main", "settings", "cmdline", "request_scan", "passthrough", "runlog", "resident_client",
             "after_create"]
 # the engine's parts it links
-FRONTEND_ENGINE = ["replay", "replay_etc", "request", "ociconf", "inroot", "filememo", "devlinks"]
+FRONTEND_ENGINE = ["recipe", "replay", "replay_etc", "request", "ociconf", "inroot", "filememo", "devlinks"]
 PROGRAMS = {
     # the runtime front end: runc's command line, passthrough without Python
     "cdi-shim-runtime": ([f"csrc/frontend/{name}.c" for name in FRONTEND]

@@ -10,11 +10,11 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Headers in dependency order: their declarations are the cffi surface.
-HEADERS = ["native.h", "inroot.h", "elf.h", "ldcache.h", "scan.h", "ociconf.h", "resident.h", "request.h", "replay.h",
-           "devlinks.h"]
+HEADERS = ["native.h", "inroot.h", "elf.h", "ldcache.h", "scan.h", "ociconf.h", "resident.h", "request.h", "recipe.h",
+           "replay.h", "devlinks.h"]
 SOURCES = ["native.c", "inroot.c", "elf.c", "ldcache.c", "ldcache_write.c", "ldcache_strtab.c", "scan.c",
            "scan_listing.c", "scan_resolve.c", "scan_prefetch.c", "hwcaps.c", "filememo.c", "ociconf.c",
-           "replay.c", "replay_etc.c", "request.c", "devlinks.c"]
+           "recipe.c", "replay.c", "replay_etc.c", "request.c", "devlinks.c"]
 
 
 def _cdef_text():

@@ -1,5 +1,6 @@
-/* The replay of a linker step a resident worker kept (shim/linker/stepmemo.py, export_recipe):
- * the same step again, from C. The front end replays it for a config.json someone else
+/* The replay of a linker step a resident worker kept (its recipe: recipe.c, written from the
+ * step's result by shim/linker/stepmemo.py): the same step again, from C, the one way a kept
+ * step is applied. The front end replays it for a config.json someone else
  * injected (hooks, no request) without the round trip to the worker and its interpreter; a
  * worker replays it for the config it just injected from a request (shim/runtime/main.py).
  *
@@ -8,9 +9,10 @@
  * of every path it looked at (filememo.c's cds_memo_same), the links it made, the files it
  * wrote into the bundle, the programs of the hooks it changed, the hooks as it left them and
  * the mounts it bound or moved to its binds hook (the rootfs and bundle paths left blank: \1
- * and \2), and the files it wrote into the root (the linker cache and configuration). The
- * replay reads the recipe named by this config's key, checks it is ours (owner, mode, version,
- * the whole key), checks every path and the params file, then makes the links inside the
+ * and \2), and the files it wrote into the root (the linker cache and configuration); up to
+ * four such variants, for roots that differed. The replay reads the recipe named by this
+ * config's key, checks it is ours (owner, mode, version, the whole key), takes the first
+ * variant whose paths and params file are as they were, then makes the links inside the
  * rootfs (never following anything out of it), writes the files there and into the bundle,
  * then config.json (temp file and rename). Any doubt or failure before config.json is renamed
  * leaves the work to the worker, which makes the same links and files again (both idempotent)
@@ -30,75 +32,14 @@
 #include "memo_rules.h"
 #include "ociconf.h"
 #include "replay.h"
+#include "recipe_blocks.h"
 #include "replay_etc.h"
 #include "request.h"
 #include "scan.h"
 
-#define RECIPE_MAGIC "CDSSTEP6"
-#define REQUEST_MAGIC "CDSREQ1"
-#define DRIVER_VERSION_BYTES 4096
-#define MAX_RECIPE (8u << 20)
 #define MAX_PARAMS (1u << 20)
 #define PARAMS_PATH CDS_PARAMS_PATH
 #define PARAMS_ENV "CDI_SHIM_NVIDIA_PARAMS" /* testing only, as in shim/linker/toolkit_hooks.py */
-
-struct recipe {
-    struct block version, key, params, paths, count, identities, links, files, programs, hooks, binds, roots, etc,
-        sources;
-};
-
-/* TEXT (LEN bytes): MAGIC, then the COUNT blocks into ORDER; its last 8 bytes are the FNV-1a of
- * all before them (a recipe changed or cut since it was written is refused as a whole). */
-static int parse_blocks(const char *text, size_t len, const char *magic, struct block *const *order, size_t count)
-{
-    size_t magic_len = strlen(magic);
-    uint64_t sum;
-    if (len < magic_len + 8 || memcmp(text, magic, magic_len) != 0)
-        return -1;
-    len -= 8;
-    memcpy(&sum, text + len, 8);
-    if (sum != cds_fnv1a((const uint8_t *)text, len))
-        return -1;
-    const char *at = text + magic_len, *end = text + len;
-    for (size_t i = 0; i < count; i++)
-        if (next_block(&at, end, order[i]) < 0)
-            return -1;
-    return at == end ? 0 : -1;
-}
-
-static int parse_recipe(const char *text, size_t len, struct recipe *r)
-{
-    struct block *const order[] = {&r->version,    &r->key,   &r->params, &r->paths,    &r->count,
-                                   &r->identities, &r->links, &r->files,  &r->programs, &r->hooks,
-                                   &r->binds,      &r->roots, &r->etc,    &r->sources};
-    return parse_blocks(text, len, RECIPE_MAGIC, order, sizeof order / sizeof order[0]);
-}
-
-/* A file of ours: a regular file (never a link) owned by us, not writable by others, read
- * whole (cds_read_fd) into *OUT. Its length, or -1. */
-static long read_private(int dirfd, const char *name, size_t limit, char **out)
-{
-    cleanup_fd int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    struct stat owner;
-    struct cds_stat st;
-    uint8_t *data;
-    size_t len;
-    if (fd < 0 || fstat(fd, &owner) < 0 || owner.st_uid != geteuid() || (owner.st_mode & 022)
-        || cds_read_fd(fd, limit, &data, &len, &st) < 0)
-        return -1;
-    *out = (char *)data;
-    return (long)len;
-}
-
-/* The recipe NAME in STEPS_DIR, a directory of ours no one else may write (read_private). */
-static long read_recipe(const char *steps_dir, const char *name, char **out)
-{
-    cleanup_fd int dirfd = open(steps_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    struct stat st;
-    if (dirfd < 0 || fstat(dirfd, &st) < 0 || st.st_uid != geteuid() || (st.st_mode & 022))
-        return -1;
-    return read_private(dirfd, name, MAX_RECIPE, out);
-}
 
 /* The host's params file as the step saw it: recorded state 0 (no such hook), 1 (absent),
  * 2 + its bytes. */
@@ -345,7 +286,7 @@ static int out_mounts(struct out *o, const char *json, const struct cds_oci_view
 /* The new config.json text: the hooks and mounts replaced, every other byte as it was. A config
  * without hooks (a request's injection that added none) gets the step's, if any, first in it. */
 static int new_config(struct out *o, const char *json, size_t len, const struct cds_oci_view *view,
-                      const struct recipe *r, const struct etc_overlay *e, const char *rootfs, const char *bundle)
+                      const struct step_variant *r, const struct etc_overlay *e, const char *rootfs, const char *bundle)
 {
     struct cds_span hooks = view->hooks;
     int insert = hooks.end == 0, none = r->hooks.len == 4 && memcmp(r->hooks.data, "null", 4) == 0;
@@ -399,87 +340,87 @@ static int write_config(int bundlefd, const struct out *o, mode_t mode)
     return 0;
 }
 
+/* The rootfs of the config (root.path, a string without escapes, relative to BUNDLE unless
+ * absolute) into ROOTFS (CAP bytes): 0, or -1 when it is not a plain path. */
+static int rootfs_of(const char *json, const struct cds_oci_view *view, const char *bundle, char *rootfs, size_t cap)
+{
+    int root_len = (int)(view->root_path.end - view->root_path.start - 2);
+    const char *root = json + view->root_path.start + 1;
+    int made = root_len > 0 && root[0] == '/' ? snprintf(rootfs, cap, "%.*s", root_len, root)
+                                              : snprintf(rootfs, cap, "%s/%.*s", bundle, root_len, root);
+    return made < 0 || (size_t)made >= cap || !plain_path(rootfs) ? -1 : 0;
+}
+
+struct target {
+    const char *json, *rootfs, *bundle;
+    size_t len;
+    const struct cds_oci_view *view;
+    int rootfd, bundlefd;
+    unsigned config_mode;
+};
+
+/* Variant V of a recipe, when it holds for T (the params file, the programs, the sources, the
+ * overlay's mount points, every path's identity): its links and files made and config.json
+ * written. 1 done, 0 it does not hold, -1 it held and a write failed (the worker does it all). */
+static int apply_variant(const struct step_variant *v, const struct target *t)
+{
+    struct etc_overlay etc;
+    uint32_t count;
+    memcpy(&count, v->count.data, 4);
+    if (cds_etc_parse(&v->etc, &etc) < 0 || v->identities.len != (size_t)count * sizeof(struct cds_identity)
+        || !params_unchanged(&v->params) || !programs_there(&v->programs)
+        || !same_sources(&v->sources, t->json, t->view) || !cds_etc_same_points(&etc, t->json, t->view, t->bundle))
+        return 0;
+    /* (the identities are copied out: the recipe's text need not be aligned) */
+    cleanup_free char *ids = malloc(v->identities.len ? v->identities.len : 1);
+    if (!ids)
+        return 0;
+    memcpy(ids, v->identities.data, v->identities.len);
+    if (cds_memo_same(t->rootfd, v->paths.data, v->paths.len, count, (const struct cds_identity *)ids) != 1)
+        return 0;
+    struct out o = {0};
+    int done = make_links(t->rootfd, &v->links) == 0 && write_root_files(t->rootfd, &v->roots) == 0
+        && write_files(t->bundlefd, &v->files) == 0 && cds_etc_make(t->bundlefd, t->rootfs, t->bundle, &etc) == 0
+        && new_config(&o, t->json, t->len, t->view, v, &etc, t->rootfs, t->bundle) == 0
+        && write_config(t->bundlefd, &o, t->config_mode) == 0;
+    free(o.data);
+    return done ? 1 : -1;
+}
+
 int replay_step(const char *steps_dir, const char *bundle, const char *json, size_t len, unsigned config_mode,
                 const char *version)
 {
     struct cds_oci_view view;
     uint8_t *key;
     size_t key_len;
-    char name[32];
+    cleanup_free char *text = NULL;
+    struct block variants;
+    struct step_variant v;
+    char rootfs[4096];
 
     if (!plain_path(bundle) || cds_step_key(json, len, &key, &key_len) < 0)
         return 0;
-    snprintf(name, sizeof name, "%016llx", (unsigned long long)cds_fnv1a(key, key_len));
-    cleanup_free char *text = NULL;
-    long text_len = read_recipe(steps_dir, name, &text);
-    struct recipe r;
-    struct etc_overlay etc;
-    int ours = text_len >= 0 && parse_recipe(text, (size_t)text_len, &r) == 0 && cds_etc_parse(&r.etc, &etc) == 0
-        && r.version.len == strlen(version) && memcmp(r.version.data, version, r.version.len) == 0
-        && r.key.len == key_len && memcmp(r.key.data, key, key_len) == 0;
+    int ours = cds_step_recipe_read(steps_dir, key, key_len, version, &text, &variants) == 0;
     cds_step_key_free(key);
-    if (!ours || r.count.len != 4 || cds_oci_view(json, len, &view) < 0)
+    if (!ours || cds_oci_view(json, len, &view) < 0)
         return 0;
     int done = 0;
-    struct out o = {0};
-    char rootfs[4096];
-    uint32_t count;
-    memcpy(&count, r.count.data, 4);
-    if (view.mounts.end == 0 || view.root_path.end == 0
-        || r.identities.len != (size_t)count * sizeof(struct cds_identity))
-        goto out;
-    /* root.path (a string without escapes), relative to the bundle unless absolute */
-    int root_len = (int)(view.root_path.end - view.root_path.start - 2);
-    const char *root = json + view.root_path.start + 1;
-    int made = root_len > 0 && root[0] == '/' ? snprintf(rootfs, sizeof rootfs, "%.*s", root_len, root)
-                                              : snprintf(rootfs, sizeof rootfs, "%s/%.*s", bundle, root_len, root);
-    if (made < 0 || made >= (int)sizeof rootfs || !plain_path(rootfs) || !params_unchanged(&r.params)
-        || !programs_there(&r.programs) || !same_sources(&r.sources, json, &view)
-        || !cds_etc_same_points(&etc, json, &view, bundle))
-        goto out;
-    {
+    if (view.mounts.end && view.root_path.end && rootfs_of(json, &view, bundle, rootfs, sizeof rootfs) == 0) {
         cleanup_fd int rootfd = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC);
         cleanup_fd int bundlefd = open(bundle, O_PATH | O_DIRECTORY | O_CLOEXEC);
-        /* (the identities are copied out: the recipe's text need not be aligned) */
-        cleanup_free char *ids = malloc(r.identities.len ? r.identities.len : 1);
-        if (rootfd < 0 || bundlefd < 0 || !ids)
-            goto out;
-        memcpy(ids, r.identities.data, r.identities.len);
-        if (cds_memo_same(rootfd, r.paths.data, r.paths.len, count, (const struct cds_identity *)ids) != 1
-            || make_links(rootfd, &r.links) < 0 || write_root_files(rootfd, &r.roots) < 0
-            || write_files(bundlefd, &r.files) < 0 || cds_etc_make(bundlefd, rootfs, bundle, &etc) < 0
-            || new_config(&o, json, len, &view, &r, &etc, rootfs, bundle) < 0
-            || write_config(bundlefd, &o, config_mode) < 0)
-            goto out;
-        done = 1;
+        struct target t = {json, rootfs, bundle, len, &view, rootfd, bundlefd, config_mode};
+        while (done == 0 && rootfd >= 0 && bundlefd >= 0 && cds_step_variant_next(&variants, &v) == 1)
+            done = apply_variant(&v, &t);
     }
-out:
-    free(o.data);
     cds_oci_view_free(&view);
-    return done;
-}
-
-/* A request's recipe (shim/runtime/requestmemo.py): the key, the host paths whose identities the
- * resolution depended on (the spec directories and files, the files the edits need), the driver
- * version file as it was ('0': unreadable; '1' and its first bytes), the devices (for the log),
- * whether a step follows ('S': the step's recipe for the injected text; 'N': none, the injected
- * text is config.json), and the edits (request.c). */
-struct request_recipe {
-    struct block version, key, paths, count, identities, driver, devices, step, edits;
-};
-
-static int parse_request_recipe(const char *text, size_t len, struct request_recipe *r)
-{
-    struct block *const order[] = {&r->version, &r->key,     &r->paths, &r->count, &r->identities,
-                                   &r->driver,  &r->devices, &r->step,  &r->edits};
-    return parse_blocks(text, len, REQUEST_MAGIC, order, sizeof order / sizeof order[0]);
+    return done == 1;
 }
 
 /* The driver version file as the resolution saw it (shim/driver_version.py reads 4 KiB). */
 static int driver_unchanged(const struct block *recorded)
 {
     const char *path = getenv(CDS_DRIVER_VERSION_FILE_ENV);
-    char buf[DRIVER_VERSION_BYTES];
+    char buf[CDS_DRIVER_VERSION_BYTES];
     size_t got = 0;
     if (!path || !*path)
         path = CDS_DRIVER_VERSION_FILE;
@@ -502,18 +443,13 @@ int replay_request(const char *steps_dir, const char *bundle, const char *json, 
 {
     uint8_t *key;
     size_t key_len;
-    char name[24];
     if (cds_request_key(json, len, rules->prefixes, rules->prefixes_len, rules->device_env, rules->devices,
                         rules->devices_len, rules->settings, rules->settings_len, &key, &key_len)
         < 0)
         return 0;
-    snprintf(name, sizeof name, "q%016llx", (unsigned long long)cds_fnv1a(key, key_len));
     cleanup_free char *text = NULL;
-    long text_len = read_recipe(steps_dir, name, &text);
     struct request_recipe r;
-    int ours = text_len >= 0 && parse_request_recipe(text, (size_t)text_len, &r) == 0
-        && r.version.len == strlen(version) && memcmp(r.version.data, version, r.version.len) == 0
-        && r.key.len == key_len && memcmp(r.key.data, key, key_len) == 0 && r.count.len == 4;
+    int ours = cds_request_recipe_read(steps_dir, key, key_len, version, &text, &r) == 0;
     cds_request_free(key);
     if (!ours || !driver_unchanged(&r.driver))
         return 0;

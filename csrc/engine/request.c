@@ -532,4 +532,32 @@ int cds_request_apply(const char *json, size_t len, const uint8_t *edits, size_t
     return 0;
 }
 
+static void put_u32(struct buffer *b, size_t value)
+{
+    uint32_t v = (uint32_t)value;
+    b->failed |= value > UINT32_MAX;
+    put(b, &v, 4);
+}
+
+/* The record cds_request_apply reads, written from the places the injection changed. */
+int cds_request_edits(const struct cds_request_place *places, size_t n, uint8_t **out, size_t *out_len)
+{
+    struct buffer b = {0};
+    put(&b, "", 0);
+    for (size_t i = 0; i < n; i++) {
+        const struct cds_request_place *p = &places[i];
+        put(&b, &p->target, 1);
+        put_text(&b, p->value ? "V" : "L");
+        put_u32(&b, p->value ? p->len : p->n_items);
+        put(&b, p->value, p->value ? p->len : 0);
+        for (size_t j = 0; !p->value && j < p->n_items; j++) {
+            const struct cds_request_item *item = &p->items[j];
+            put_text(&b, item->text ? "T" : "I");
+            put_u32(&b, item->text ? item->len : (size_t)item->index);
+            put(&b, item->text, item->text ? item->len : 0);
+        }
+    }
+    return hand_over(&b, 0, out, out_len);
+}
+
 void cds_request_free(void *data) { free(data); }

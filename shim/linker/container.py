@@ -36,10 +36,8 @@ import sys
 import time
 
 from ..bundle import rootfs_path
-from .etcfiles import compat_alone, compat_files, etc_overlay, overlay_etc, readonly_root, write_etc_in_root, \
-    write_in_root
-from .links import MountPlaces, call_links, dangling_later, made_links, make_links, make_soname_links, \
-    soname_links_to_make
+from .etcfiles import compat_alone, compat_files, overlay_etc, readonly_root, write_etc_in_root
+from .links import MountPlaces, call_links, dangling_later, made_links, make_soname_links, soname_links_to_make
 from .mountpoints import make_mount_points
 
 CACHE_FILE = "cdi-shim.ld.so.cache"
@@ -138,46 +136,34 @@ def _no_place_for(rootfs, destination):
     return ""
 
 
-def prepare_linker(config, bundle, log, file_binds=True, raw=None):
+def prepare_linker(config, bundle, log, file_binds=True, raw=None, memo=None):
     """Return `config` with the linker cache prepared and the hooks we replaced removed; FILE_BINDS:
-    whether the library mounts and our bundle files may go to our binds hook (_bind_files). RAW:
-    config.json's bytes when CONFIG is exactly what they say (the step memo's key is read from
-    them; else from CONFIG written out)."""
-    from . import stepmemo, toolkit_hooks as toolkit
+    whether the library mounts and our bundle files may go to our binds hook (_bind_files). MEMO:
+    a resident worker's stepmemo.StepMemo, which keeps the step as a recipe for the C replay
+    (with the binds hook only: what a recipe replays); RAW: config.json's bytes when CONFIG is
+    exactly what they say (the step's key is read from them; else from CONFIG written out)."""
+    from . import stepleft, stepmemo, toolkit_hooks as toolkit
     from .stepresult import StepResult
 
     start = time.monotonic()
-    stepmemo.begin()    # (whatever this step does, no recipe of an earlier one is exported for it)
     calls, mounts, libraries = _step_inputs(config, log)
     if not calls and not libraries:
         return config
     rootfs = rootfs_path(config, bundle) or os.path.join(bundle, "rootfs")
-    if not stepmemo.enabled():
+    if memo is None or not file_binds:
         return _step(StepResult(log, config), bundle, rootfs, calls, mounts, libraries, start, file_binds).config
-    host = {}
-
-    def params():       # (the file's bytes kept too: the front end's replay compares them)
-        host["params"] = toolkit.params_file()
-        return toolkit.modified_params(host["params"])
-
+    # (the params file as the step reads it, for the recipe: the C replay compares it)
+    params = toolkit.params_file() if any(c.command == "disable-device-node-modification" for c in calls) else False
+    with StepResult(log, config, observe=True) as out:
+        out.trusted = stepleft.trusted(memo.left_folder, rootfs)
+        _step(out, bundle, rootfs, calls, mounts, libraries, start, file_binds)
     if raw is None:
         from .. import fastjson
 
         raw = fastjson.dumpb(config)
-    step_key = stepmemo.key(raw, calls, lambda: toolkit.application_profile(config), params)
-    if step_key is not None:
-        step_key += (file_binds,)
-    replayed = stepmemo.replay(step_key, config, bundle, rootfs, make_links, _write_file, _bind, host, write_in_root,
-                               etc_overlay)
-    if replayed is not None:
-        log.debug(f"linker step: the one of an earlier container of these files and spec, replayed in {rootfs}")
-        return replayed
-    with StepResult(log, config, observe=True) as out:
-        out.trusted = stepmemo.trusted(rootfs)
-        _step(out, bundle, rootfs, calls, mounts, libraries, start, file_binds)
-    why = stepmemo.keep(step_key, out, rootfs, bundle, host)
+    why = memo.keep(stepmemo.step_key_of(raw), out, rootfs, bundle, params, isolate_hooks(out.config))
     if why:
-        stepmemo.left(out, rootfs)
+        stepleft.left(memo.left_folder, out, rootfs)
         log.debug(f"linker step not kept for a later container: {why}")
     return out.config
 
@@ -251,154 +237,185 @@ def _bind_files(config, bundle, rootfs, out):
     return config
 
 
+class _Work:
+    """One step's linker work in progress (_linker_work): the config as it stands, the hooks whose
+    work is done (DROP: their (stage, index)) and why others were left to run (REASONS), the
+    links made once the cache is planned (DEFERRED)."""
+
+    def __init__(self, config, bundle, rootfs, calls, out):
+        self.config = self.original = config
+        self.bundle, self.rootfs, self.calls, self.out = bundle, rootfs, calls, out
+        self.updates = [call for call in calls if call.command == "update-ldcache"]
+        self.symlinks = [call for call in calls if call.command == "create-symlinks"]
+        self.drop, self.reasons, self.deferred = set(), {}, []
+        self.compat, self.compat_calls, self.alone = [], [], []
+
+    def alone_dropin(self, config):
+        """CONFIG with enable-cuda-compat's drop-in that no cache of ours reads written."""
+        if not self.alone:
+            return config
+        return compat_alone(config, self.bundle, self.rootfs, [f for _, f in self.alone], self.out)
+
+    def give_up(self, config, why):
+        """The cache's hooks run as written, and an enable-cuda-compat after them (so its
+        drop-in comes after their ldconfig, unread): the reasons, for _finish."""
+        for call in self.updates + self.compat_calls + ([c for c, _ in self.alone] if self.updates else []):
+            self.reasons[call.at] = why
+            self.drop.discard(call.at)
+        return self.finish(config if self.updates else self.alone_dropin(config))
+
+    def finish(self, config):
+        return _finish(config, self.drop, self.rootfs, self.deferred, self.out, self.calls, self.reasons)
+
+
 def _linker_work(config, bundle, rootfs, calls, mounts, libraries, out, start):
     """The cache, the links and the toolkit hooks' work (_step)."""
-    from . import toolkit_hooks as toolkit
+    work = _Work(config, bundle, rootfs, calls, out)
+    work.config, work.compat, work.compat_calls, work.alone = _toolkit_hooks(config, bundle, rootfs, calls, mounts,
+                                                                             work.drop, out)
+    _make_links(work, mounts, libraries)
+    if work.updates or libraries or work.compat:
+        return _cache_work(work, mounts, libraries, start)
+    return work.finish(work.alone_dropin(work.config))
 
-    updates = [call for call in calls if call.command == "update-ldcache"]
-    symlinks = [call for call in calls if call.command == "create-symlinks"]
-    drop, original = set(), config   # drop: the (stage, index) of each hook whose work is done
-    config, compat, compat_calls, alone = _toolkit_hooks(config, bundle, rootfs, calls, mounts, drop, out)
 
-    def alone_dropin(config):   # enable-cuda-compat's drop-in that no cache of ours reads
-        return compat_alone(config, bundle, rootfs, [f for _, f in alone], out) if alone else config
-
-    def give_up(config, why):
-        # The cache's hooks run as written, and an enable-cuda-compat after them (so its
-        # drop-in comes after their ldconfig, unread): the reasons, for _finish.
-        for call in updates + compat_calls + ([c for c, _ in alone] if updates else []):
-            reasons[call.at] = why
-            drop.discard(call.at)
-        return config if updates else alone_dropin(config)
-
-    destinations = [m.get("destination", "") for m in mounts]
-    # Links that lead nowhere yet (their target neither in the image nor mounted) are made
-    # once the cache is planned: the cache would not list them either way, and a directory
-    # changed now would be scanned again in full rather than taken from the image's cache.
-    deferred, links_made = [], {link for call in symlinks for _, link in call_links(call)}
-    reasons = {}  # (stage, index) of a hook -> why its work was left to it
-    with MountPlaces(rootfs, destinations, libraries) as places:
-        for call in symlinks:
+def _make_links(work, mounts, libraries):
+    """create-symlinks' links, made now, or (leading nowhere yet: their target neither in the
+    image nor mounted) once the cache is planned: the cache would not list them either way, and
+    a directory changed now would be scanned again in full rather than taken from the image's
+    cache."""
+    rootfs, out = work.rootfs, work.out
+    links_made = {link for call in work.symlinks for _, link in call_links(call)}
+    with MountPlaces(rootfs, [m.get("destination", "") for m in mounts], libraries) as places:
+        for call in work.symlinks:
             links = list(call_links(call))
             pending = [(target, link) for target, link in links if not places.at_a_mount(link)]
             if any(places.under_a_mount(link) for _, link in pending):
                 # (the toolkit's /dev/dri/by-path links: /dev is runc's mount) made in the
                 # container's mount namespace by the hook: expected, so not a warning
                 out.log.debug("keeping a create-symlinks hook: a link lies under a mounted directory")
-                reasons[call.at] = UNDER_A_MOUNT
+                work.reasons[call.at] = UNDER_A_MOUNT
                 continue
             later = []
-            if updates or libraries or compat:
+            if work.updates or libraries or work.compat:
                 pending, later = dangling_later(rootfs, pending, libraries, links_made, places)
-            if not made_links(rootfs, call, pending, out, reasons):
+            if not made_links(rootfs, call, pending, out, work.reasons):
                 continue
             if later:
-                deferred.append((call, later))
+                work.deferred.append((call, later))
             else:
-                drop.add(call.at)
+                work.drop.add(call.at)
 
-    if updates or libraries or compat:
-        from ..ldconfig.ldcache import (LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats,
-                                        plan, write_cache)
 
-        unfit = _no_place_for(rootfs, "/etc/ld.so.cache")
-        if unfit and updates:
-            # the spec needs a cache (the toolkit's hook would fail on this image too): say why
-            raise NoPlaceForCache(
-                f"the spec's update-ldcache hook needs a linker cache at /etc/ld.so.cache, but {unfit}: "
-                "runc cannot mount one there (nor could the hook write one), and without it the injected "
-                "libraries cannot be found by soname; the image needs an /etc directory")
-        if unfit and compat:
-            raise toolkit.HookFailure("enable-cuda-compat", f"the image's CUDA compat libraries need a linker "
-                                      f"cache at /etc/ld.so.cache, but {unfit}")
-        if unfit:
-            # our own idea (no hook asked for it): run as the toolkit would, without a cache
-            out.warn(f"linker cache not mounted for {rootfs}: {unfit}; the injected libraries are found "
-                        "only in the linker's default directories")
-            return _finish(alone_dropin(config), drop, rootfs, deferred, out, calls, reasons)
-        folders = _update_folders(updates, libraries)
-        # The soname links the hook's ldconfig makes beside the mounted libraries, after its
-        # scan: planned as the mounted file at that name (the cache names the link, as
-        # ldconfig's does), made once the cache is planned (a create-symlinks link to one of
-        # them dangled during ldconfig's scan, and is not listed: dangling_later)
-        sonames = soname_links_to_make(rootfs, folders, updates, libraries, compat, out.log, start)
-        counting = getattr(out.log, "debug_enabled", True)  # the memo's counts are for the debug line only
-        hits, misses, _ = memo_stats() if counting else (0, 0, 0)
-        from ..ldconfig.mounted import directory_mounts
+def _cache_work(work, mounts, libraries, start):
+    """The linker cache planned and put in place: into the root (or a read-only root's /etc
+    overlay) as the hook's ldconfig leaves it, or bound from the bundle (_bind_cache)."""
+    from . import toolkit_hooks as toolkit
+    from ..ldconfig.ldcache import LINKER_TIME_LIMIT, Deadline, LdcacheError, LdcacheLimitError, memo_stats, plan
+    from ..ldconfig.mounted import directory_mounts
 
-        # (a folder a directory mount provides is read through its source: mounted.py)
-        others = directory_mounts(m for m in mounts if m.get("destination") not in libraries)
-        try:
-            result = plan(rootfs, folders, extra=dict(libraries, **{link: source for _, link, source in sonames}),
-                          deadline=Deadline(LINKER_TIME_LIMIT, start), compat=compat, mounts=others)
-        except LdcacheLimitError as err:
-            raise LinkerLimitError(f"the linker cache of {rootfs} is refused: {err}; the container is not "
-                                   "created rather than its update-ldcache hook left to repeat this "
-                                   "inside runc") from None
-        except (LdcacheError, OSError) as err:
-            out.warn(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
-            config = give_up(config, f"linker cache not prepared: {err}")
-            return _finish(config, drop, rootfs, deferred, out, calls, reasons)
-        except Exception as err:  # noqa: BLE001 - a bug here must not fail a container the hooks can serve
-            out.fail(f"linker cache: unexpected {type(err).__name__}: {err}; the spec's hooks run as written")
-            config = give_up(config, f"linker cache: unexpected {type(err).__name__}: {err}")
-            return _finish(config, drop, rootfs, deferred, out, calls, reasons)
-        if result.covered:
-            # The key has a mount's source only where it names a library (a pod's own mounts
-            # differ pod to pod): a replay checks these sources as well as the host folders'
-            # identities (the plan's looked).
-            out.sources_of(original, result.providers)
-        out.plans.append(result.looked)
-        for warning in result.warnings:
-            out.log.debug(f"linker cache: {warning}")
-        if updates:
-            # As the hook's ldconfig leaves it: a later ldconfig in the container works, and the
-            # drop-ins keep the folders (a bind over /etc/ld.so.cache could not be renamed over).
-            # A read-only root gets them in an overlay of its /etc instead (etcfiles.overlay_etc).
-            after = compat_files([f for _, f in alone])
-            readonly = readonly_root(config)
-            overlaid = overlay_etc(config, bundle, rootfs, result, sonames, out, after) if readonly else None
-            # (runc's mount points made first in a reused root: the cache stays newer than its folders)
-            points = lambda: make_mount_points(original, rootfs, out)  # noqa: E731
-            if overlaid is not None or not readonly and write_etc_in_root(rootfs, result, sonames, out, after,
-                                                                          points):
-                config = overlaid or config
-                drop.update(call.at for call in updates + compat_calls)
-                _memo_line(out.log, counting, result, hits, misses, compat, memo_stats)
-                return _finish(config, drop, rootfs, deferred, out, calls, reasons)
-        files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
-        files += [(path, f"cdi-shim.musl-{index}.path", data)
-                  for index, (path, data) in enumerate(sorted(result.musl.items()))]
-        written = []
-        try:
-            for destination, name, data in files:
-                unfit = destination != "/etc/ld.so.cache" and _no_place_for(rootfs, destination)
-                if unfit:
-                    out.warn(f"musl library path file not mounted for {rootfs}: {unfit}")
-                    continue
-                source = os.path.abspath(os.path.join(bundle, name))
-                write_cache(source, data)  # temp file + rename, mode 0644
-                written.append((destination, source))
-                out.wrote(source, data, 0o644)
-        except (LdcacheError, OSError) as err:
-            # A full or read-only bundle directory: the hooks can still do it, as for any
-            # other linker error. (A temp file of a worker killed mid-write is removed by the
-            # next write of config.json in this bundle: shim.bundle.)
-            for _, source in written:
-                try:
-                    os.unlink(source)
-                except OSError:
-                    pass
-            out.warn(f"linker cache not written into the bundle ({err}); the spec's hooks run as written")
-            config = give_up(config, f"linker cache not written into the bundle: {err}")
-            return _finish(config, drop, rootfs, deferred, out, calls, reasons)
-        for destination, source in written:
-            config = _bind(config, destination, source, out)
-        if sonames:
-            make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
-        drop.update(call.at for call in updates + compat_calls)
-        _memo_line(out.log, counting, result, hits, misses, compat, memo_stats)
-    return _finish(alone_dropin(config), drop, rootfs, deferred, out, calls, reasons)
+    rootfs, out, config = work.rootfs, work.out, work.config
+    unfit = _no_place_for(rootfs, "/etc/ld.so.cache")
+    if unfit and work.updates:
+        # the spec needs a cache (the toolkit's hook would fail on this image too): say why
+        raise NoPlaceForCache(
+            f"the spec's update-ldcache hook needs a linker cache at /etc/ld.so.cache, but {unfit}: "
+            "runc cannot mount one there (nor could the hook write one), and without it the injected "
+            "libraries cannot be found by soname; the image needs an /etc directory")
+    if unfit and work.compat:
+        raise toolkit.HookFailure("enable-cuda-compat", f"the image's CUDA compat libraries need a linker "
+                                  f"cache at /etc/ld.so.cache, but {unfit}")
+    if unfit:
+        # our own idea (no hook asked for it): run as the toolkit would, without a cache
+        out.warn(f"linker cache not mounted for {rootfs}: {unfit}; the injected libraries are found "
+                 "only in the linker's default directories")
+        return work.finish(work.alone_dropin(config))
+    folders = _update_folders(work.updates, libraries)
+    # The soname links the hook's ldconfig makes beside the mounted libraries, after its scan:
+    # planned as the mounted file at that name (the cache names the link, as ldconfig's does),
+    # made once the cache is planned (a create-symlinks link to one of them dangled during
+    # ldconfig's scan, and is not listed: dangling_later)
+    sonames = soname_links_to_make(rootfs, folders, work.updates, libraries, work.compat, out.log, start)
+    counting = getattr(out.log, "debug_enabled", True)  # the memo's counts are for the debug line only
+    counts = memo_stats()[:2] if counting else (0, 0)
+    # (a folder a directory mount provides is read through its source: mounted.py)
+    others = directory_mounts(m for m in mounts if m.get("destination") not in libraries)
+    try:
+        result = plan(rootfs, folders, extra=dict(libraries, **{link: source for _, link, source in sonames}),
+                      deadline=Deadline(LINKER_TIME_LIMIT, start), compat=work.compat, mounts=others)
+    except LdcacheLimitError as err:
+        raise LinkerLimitError(f"the linker cache of {rootfs} is refused: {err}; the container is not "
+                               "created rather than its update-ldcache hook left to repeat this "
+                               "inside runc") from None
+    except (LdcacheError, OSError) as err:
+        out.warn(f"linker cache not prepared for {rootfs} ({err}); the spec's hooks run as written")
+        return work.give_up(config, f"linker cache not prepared: {err}")
+    except Exception as err:  # noqa: BLE001 - a bug here must not fail a container the hooks can serve
+        out.fail(f"linker cache: unexpected {type(err).__name__}: {err}; the spec's hooks run as written")
+        return work.give_up(config, f"linker cache: unexpected {type(err).__name__}: {err}")
+    if result.covered:
+        # The key has a mount's source only where it names a library (a pod's own mounts differ
+        # pod to pod): a replay checks these sources as well as the host folders' identities
+        # (the plan's looked).
+        out.sources_of(work.original, result.providers)
+    out.plans.append(result.looked)
+    for warning in result.warnings:
+        out.log.debug(f"linker cache: {warning}")
+    if work.updates:
+        # As the hook's ldconfig leaves it: a later ldconfig in the container works, and the
+        # drop-ins keep the folders (a bind over /etc/ld.so.cache could not be renamed over).
+        # A read-only root gets them in an overlay of its /etc instead (etcfiles.overlay_etc).
+        after = compat_files([f for _, f in work.alone])
+        readonly = readonly_root(config)
+        overlaid = overlay_etc(config, work.bundle, rootfs, result, sonames, out, after) if readonly else None
+        # (runc's mount points made first in a reused root: the cache stays newer than its folders)
+        points = lambda: make_mount_points(work.original, rootfs, out)  # noqa: E731
+        if overlaid is not None or not readonly and write_etc_in_root(rootfs, result, sonames, out, after, points):
+            work.drop.update(call.at for call in work.updates + work.compat_calls)
+            _memo_line(out.log, counting, result, *counts, work.compat, memo_stats)
+            return work.finish(overlaid or config)
+    return _bind_cache(work, result, sonames, lambda: _memo_line(out.log, counting, result, *counts, work.compat,
+                                                                  memo_stats))
+
+
+def _bind_cache(work, result, sonames, memo_line):
+    """The step finished with the planned cache (and musl's path files) written into the bundle
+    and bound, the soname links made; or, when they cannot be written, with the hooks left to do
+    it, as for any other linker error."""
+    from ..ldconfig.ldcache import LdcacheError, write_cache
+
+    rootfs, bundle, out, config = work.rootfs, work.bundle, work.out, work.config
+    files = [("/etc/ld.so.cache", CACHE_FILE, result.cache)]
+    files += [(path, f"cdi-shim.musl-{index}.path", data)
+              for index, (path, data) in enumerate(sorted(result.musl.items()))]
+    written = []
+    try:
+        for destination, name, data in files:
+            unfit = destination != "/etc/ld.so.cache" and _no_place_for(rootfs, destination)
+            if unfit:
+                out.warn(f"musl library path file not mounted for {rootfs}: {unfit}")
+                continue
+            source = os.path.abspath(os.path.join(bundle, name))
+            write_cache(source, data)  # temp file + rename, mode 0644
+            written.append((destination, source))
+            out.wrote(source, data, 0o644)
+    except (LdcacheError, OSError) as err:
+        # (A temp file of a worker killed mid-write is removed by the next write of config.json
+        # in this bundle: shim.bundle.)
+        for _, source in written:
+            try:
+                os.unlink(source)
+            except OSError:
+                pass
+        out.warn(f"linker cache not written into the bundle ({err}); the spec's hooks run as written")
+        return work.give_up(config, f"linker cache not written into the bundle: {err}")
+    for destination, source in written:
+        config = _bind(config, destination, source, out)
+    if sonames:
+        make_soname_links(rootfs, [(target, link) for target, link, _ in sonames], out)
+    work.drop.update(call.at for call in work.updates + work.compat_calls)
+    memo_line()
+    return work.finish(work.alone_dropin(config))
 
 
 def _memo_line(log, counting, result, hits, misses, compat, memo_stats):

@@ -3,33 +3,25 @@
 A plain-folder bundle run again and again (`cdi-shim-runtime --device ... run --bundle B`) keeps
 its root: each create finds the files, links and mount points the step before it made, younger
 than the settle window. The step memo trusts such a path while it shows the identity our own
-step left (stepmemo.trusted). The server's workers take creates in turn, so what one worker's
-step left must reach the next worker: each note is also a file in a folder beside the recipes
+step left (stepmemo.StepMemo.trusted). The server's workers take creates in turn, so what one
+worker's step left must reach the next worker: each note is a file in a folder beside the recipes
 (``steps/.left/``, 0700, each file 0600, named by the root's device and inode), read back only
 when it is a regular file of ours that no one else may write, in such a folder, of this
 version, whole (its checksum) and of this very root. Roots on overlayfs (every engine's: a new
-mount and an empty upper folder per container) are never reused, and their notes stay in the
-worker's memory. At most MAX_NOTES files, the oldest removed.
+mount and an empty upper folder per container) are never reused, and get no note. At most
+MAX_NOTES files, the oldest removed.
 """
 import os
 import stat
 import struct
 
+from .._native import ffi, lib
+
 MAGIC = b"cdi-shim left 1\n"
 MAX_NOTES = 64
-_shared = None       # the folder of the notes, or None (the memory alone)
-
-
-def share(directory):
-    """Keep the notes in DIRECTORY too (None: in memory alone); the resident server's, beside its
-    socket's steps folder."""
-    global _shared
-    _shared = directory
 
 
 def _name(root):
-    from .._native import lib
-
     text = b"%d:%d" % root
     return f"{lib.cds_fnv1a(text, len(text)):016x}"
 
@@ -52,15 +44,13 @@ def _private(path):
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
 
 
-def write(root, left, rootfs):
-    """Note LEFT ({memo entry: identity bytes}) for ROOT ((device, inode) of ROOTFS) in the shared
-    folder; nothing for a root on overlayfs (never reused)."""
-    if _shared is None or not left or _on_overlay(rootfs):
+def write(folder, root, left, rootfs):
+    """Note LEFT ({memo entry: identity bytes}) for ROOT ((device, inode) of ROOTFS) in FOLDER (the
+    steps folder's .left); nothing for a root on overlayfs (never reused)."""
+    if not left or _on_overlay(rootfs):
         return
     from cdi import __version__
     from cdi.safeio import write_file_atomic
-
-    from .._native import lib
 
     body = _block(__version__.encode()) + struct.pack("<QQ", *root)
     body += b"".join(_block(entry) + _block(identity) for entry, identity in sorted(left.items()))
@@ -68,21 +58,21 @@ def write(root, left, rootfs):
     data += struct.pack("<Q", lib.cds_fnv1a(data, len(data)))
     name = _name(root)
     try:
-        os.makedirs(_shared, mode=0o700, exist_ok=True)
-        if not _private(_shared) or not _private(os.path.dirname(_shared)):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if not _private(folder) or not _private(os.path.dirname(folder)):
             return
-        write_file_atomic(os.path.join(_shared, name), data, 0o600, temp_name=f".{name}.{os.getpid()}")
-        _prune()
+        write_file_atomic(os.path.join(folder, name), data, 0o600, temp_name=f".{name}.{os.getpid()}")
+        _prune(folder)
     except OSError:
         return
 
 
-def read(root):
-    """The note for ROOT in the shared folder ({memo entry: identity bytes}), or {}."""
-    if _shared is None or not _private(_shared) or not _private(os.path.dirname(_shared)):
+def read(folder, root):
+    """The note for ROOT in FOLDER ({memo entry: identity bytes}), or {}."""
+    if not _private(folder) or not _private(os.path.dirname(folder)):
         return {}
     try:
-        fd = os.open(os.path.join(_shared, _name(root)), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(os.path.join(folder, _name(root)), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return {}
     try:
@@ -100,8 +90,6 @@ def read(root):
 
 def _parse(data, root):
     from cdi import __version__
-
-    from .._native import ffi, lib
 
     size = ffi.sizeof("struct cds_identity")
     if len(data) < len(MAGIC) + 8 or not data.startswith(MAGIC) \
@@ -136,22 +124,22 @@ def _take(data, at, end):
     return data[at + 4:at + 4 + length], at + 4 + length
 
 
-def _prune():
-    names = [name for name in os.listdir(_shared) if not name.startswith(".")]
-    for name in os.listdir(_shared):    # (a temp file of a writer that is gone)
+def _prune(folder):
+    names = [name for name in os.listdir(folder) if not name.startswith(".")]
+    for name in os.listdir(folder):    # (a temp file of a writer that is gone)
         pid = name.rsplit(".", 1)[-1] if name.startswith(".") else ""
         if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-            _unlink(os.path.join(_shared, name))
+            _unlink(os.path.join(folder, name))
     if len(names) <= MAX_NOTES:
         return
 
     def age(name):
         try:
-            return os.stat(os.path.join(_shared, name)).st_mtime_ns
+            return os.stat(os.path.join(folder, name)).st_mtime_ns
         except OSError:
             return 0
     for name in sorted(names, key=age)[:len(names) - MAX_NOTES]:
-        _unlink(os.path.join(_shared, name))
+        _unlink(os.path.join(folder, name))
 
 
 def _unlink(path):
@@ -159,3 +147,92 @@ def _unlink(path):
         os.unlink(path)
     except OSError:
         pass
+
+
+def trusted(folder, rootfs):
+    """{memo entry: identity} of the paths the last step kept in ROOTFS (this folder, by device and
+    inode) left there, as noted in FOLDER: the next step in that root (whatever its key: a bundle
+    run directly has its config.json rewritten by the first run) finds its own writes, links and
+    mount points within the settle window, and takes each as settled while it shows the identity
+    the step left (a root reused run after run: a plain-folder bundle). Any other writer's change,
+    even of one of those files, gives another identity (a new inode, size or time), which the
+    settle window judges as ever."""
+    root = _root_id(rootfs)
+    return read(folder, root) if root is not None else {}
+
+
+def left(folder, done, rootfs, seen=None):
+    """Note in FOLDER what an observed step left in ROOTFS (DONE: stepresult.StepResult): SEEN
+    ({entry: identity} of what a kept step looked at, as it left them; None: the note there so
+    far) and the paths its own writes, links and mount points changed, as they are now, for the
+    next step there (trusted). A step that was refused for one of them being too new still made
+    them so: the next one finds them young, and ours."""
+    root = _root_id(rootfs)
+    now = identify(rootfs, done.changed) if done.changed else None
+    if root is None or not done.changed and seen is None:
+        return
+    size = ffi.sizeof("struct cds_identity")
+    made = dict(trusted(folder, rootfs) if seen is None else seen)
+    if now is not None:
+        made.update((entry, bytes(ffi.buffer(now + index, size))) for index, entry in enumerate(done.changed))
+    try:
+        os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
+    except OSError:
+        return
+    write(folder, root, made, rootfs)
+
+
+def _root_id(rootfs):
+    try:
+        st = os.stat(rootfs)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def places_of(rootfs, entries):
+    """[((kind, place), entry)] of memo ENTRIES (a kind byte and a path) in ROOTFS: the path with
+    its folders' links followed (engine.Root.canonical), the last name as written (what the links
+    of a step change is that name, never the folders above it), looked up without being observed."""
+    from ..ldconfig.engine import LdcacheError, Root
+
+    if not entries:
+        return []
+    try:
+        root = Root(rootfs, observed=False)
+    except LdcacheError:
+        return []
+    with root:
+        return [((entry[:1], root.canonical(os.fsdecode(entry[1:]))), entry) for entry in entries]
+
+
+def identify(rootfs, entries, started=None, trusted=None):
+    """The identities (struct cds_identity[]) of memo ENTRIES in ROOTFS, or None when one of
+    them changed within the settle time before STARTED (unless None), or the root cannot be
+    opened. TRUSTED ({entry: identity bytes}, stepmemo.trusted): an entry showing that identity
+    is exempt from the settle time (our own step left it so)."""
+    identities = _identify(rootfs, entries, started if not trusted else None)
+    if identities is None or not trusted or started is None:
+        return identities
+    size = ffi.sizeof("struct cds_identity")
+    shown = {entry: bytes(ffi.buffer(identities + index, size)) for index, entry in enumerate(entries)}
+    young = [entry for entry in entries if trusted.get(entry) != shown[entry]]
+    if young:
+        # (our own writes, noted as the mounts spell them, read under another spelling: merged /usr)
+        ours = {place: trusted[entry] for place, entry in places_of(rootfs, list(trusted))}
+        young = [entry for place, entry in places_of(rootfs, young) if ours.get(place) != shown[entry]]
+    return identities if not young or _identify(rootfs, young, started) is not None else None
+
+
+def _identify(rootfs, entries, started):
+    paths = b"\0".join(entries) + b"\0"
+    identities = ffi.new("struct cds_identity[]", max(1, len(entries)))
+    try:
+        rootfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        unsettled = lib.cds_memo_identify(rootfd, paths, len(paths), len(entries), started or 0, identities)
+    finally:
+        os.close(rootfd)
+    return identities if unsettled == 0 or (started is None and unsettled > 0) else None

@@ -13,7 +13,7 @@ from cdi import __version__
 from cdi.errors import CDIError
 
 from .. import fastjson
-from ..bundle import BundleError, read_config, rootfs_path, write_config
+from ..bundle import BundleError, read_config, write_config
 from ..config import ConfigError, load_config
 from .requests import collect_requests, drop_legacy_hook
 from .runc_args import ArgvError, parse_runc_argv
@@ -255,7 +255,7 @@ def _inject(create):
 
 
 def _recordable(create):
-    """Whether the injection is recorded for the front end (requestmemo.py): only when it can be
+    """Whether the injection is recorded for the front end (requestmemo.py, injected.py): only when it can be
     replayed as it was done (no warning, no Docker hook)."""
     return create.steps and not create.log.warnings and not create.legacy_hook
 
@@ -268,33 +268,29 @@ def _step(create):
     injection is keyed by the text the front end's apply gives, so that the front end finds the
     step's recipe after its own apply; one that has nothing to do is recorded as the config.json
     it leaves, with no step."""
-    from ..linker import stepmemo
     from ..linker.container import needs_step
 
     recordable = _recordable(create)
     if recordable:
-        from . import requestmemo
-    edited, steps = create.edited, create.steps
+        from . import injected
+    edited = create.edited
     found = why = None
     stepped = needs_step(edited)
     if recordable and stepped:
-        found, why = requestmemo.injection(create.raw, create.args.devices, create.config, edited, create.merged,
+        found, why = injected.record(create.raw, create.args.devices, create.config, edited, create.merged,
                                            create.settings, stepped)
     create.recorded, create.why = found, why
     text = found.text if found else fastjson.dumpb(edited)
-    if steps and stepped and _replayed(create, text):
-        create.phases.done("replay")
-        create.log.debug(f"container {create.container}: the linker step of an earlier container of these "
-                         "files and spec, replayed from its recipe")
+    memo = _memo(create)
+    if memo and stepped and _replayed(create, memo, text):
         return
-    final = _linker(create, edited, f"cannot inject {', '.join(create.devices)}: ", raw=text)
+    final = _linker(create, edited, f"cannot inject {', '.join(create.devices)}: ", raw=text, memo=memo)
     create.phases.done("linker")
     _write(create, final)
     create.phases.done("write")
-    kept = steps and final is not edited and stepmemo.export_recipe(
-        final, rootfs_path(edited, create.bundle), create.bundle, steps)
+    kept = memo and final is not edited and memo.why == ""
     if recordable and not stepped:
-        create.recorded, create.why = requestmemo.injection(create.raw, create.args.devices, create.config, final,
+        create.recorded, create.why = injected.record(create.raw, create.args.devices, create.config, final,
                                                             create.merged, create.settings, stepped)
     elif not kept:
         create.recorded = None
@@ -328,14 +324,15 @@ def once(original, edited):
     return edited
 
 
-def _linker(create, config, what="", raw=None):
-    """CONFIG after CREATE's linker step (prepare_linker): our hooks' work done, they dropped."""
+def _linker(create, config, what="", raw=None, memo=None):
+    """CONFIG after CREATE's linker step (prepare_linker): our hooks' work done, they dropped; the
+    step kept by MEMO (a worker's stepmemo.StepMemo) as a recipe when it can be."""
     from ..linker.container import LinkerLimitError, NoPlaceForCache, isolate_hooks, prepare_linker
     from ..linker.toolkit_hooks import HookFailure
 
     try:
         return isolate_hooks(prepare_linker(config, create.bundle, create.log,
-                                            file_binds=create.settings.file_binds == "hook", raw=raw))
+                                            file_binds=create.settings.file_binds == "hook", raw=raw, memo=memo))
     except NoPlaceForCache as err:
         raise RuntimeFailure(f"container {create.container}: {what}{err}") from None
     except (LinkerLimitError, HookFailure) as err:
@@ -352,9 +349,9 @@ def _write(create, config):
 
 def _prepare_injected(create):
     """A config with no request but with hooks whose work we do: do it, drop them. In a
-    resident worker, the step's recipe goes beside the socket for the front end to replay the
-    next time (shim/linker/stepmemo.py)."""
-    from ..linker import stepmemo
+    resident worker, a step kept before is replayed from its recipe (as the front end does),
+    and a step done is kept as a recipe beside the socket for the front end to replay the next
+    time (shim/linker/stepmemo.py)."""
     from ..linker.container import has_known_hooks
 
     config = create.config
@@ -362,16 +359,23 @@ def _prepare_injected(create):
     if not has_known_hooks(config):
         return
     create.writes.begin()
-    edited = _linker(create, config, raw=create.raw)
+    memo = _memo(create)
+    if memo and not create.legacy_hook and _replayed(create, memo, create.raw):   # (RAW: config.json as it is)
+        return
+    edited = _linker(create, config, raw=create.raw, memo=memo)
     create.phases.done("linker")
     if edited is not config:
         _write(create, edited)
         create.phases.done("write")
         create.log.debug(f"container {create.container}: the work of the injected spec's hooks done natively")
-        steps = _steps_dir(create.settings)
-        if steps:
-            stepmemo.export_recipe(edited, rootfs_path(config, create.bundle), create.bundle, steps)
-            create.phases.done("recipe")
+
+
+def _memo(create):
+    """The worker's memo of steps (stepmemo.StepMemo: the recipes in CREATE's steps folder), or None."""
+    from ..linker.stepmemo import StepMemo
+
+    steps = create.steps or _steps_dir(create.settings)
+    return StepMemo(steps) if steps else None
 
 
 def _steps_dir(settings):
@@ -384,14 +388,16 @@ def _steps_dir(settings):
     return None
 
 
-def _replayed(create, text):
-    """True when the step kept for the config TEXT (as injected from a request) was replayed from
-    its recipe in CREATE's STEPS by the C replay the front end runs for a pre-injected config
-    (csrc/engine/replay.c), config.json written; False: the step is to be done."""
-    from .._native import lib
-
-    return lib.replay_step(os.fsencode(create.steps), os.fsencode(os.path.abspath(create.bundle)), text, len(text),
-                           create.info.st_mode & 0o7777, __version__.encode()) == 1
+def _replayed(create, memo, text):
+    """True when the step kept for the config TEXT (as read, or as injected from a request) was
+    replayed from its recipe by the C replay the front end runs (csrc/engine/replay.c, through
+    MEMO), config.json written; False: the step is to be done."""
+    if not memo.replay(text, create.bundle, create.info.st_mode):
+        return False
+    create.phases.done("replay")
+    create.log.debug(f"container {create.container}: the linker step of an earlier container of these files and "
+                     "spec, replayed from its recipe")
+    return True
 
 
 def _clock_ns():

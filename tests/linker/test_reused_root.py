@@ -13,9 +13,9 @@ import pytest
 
 from ldcache_helpers import fake_driver, generator_of, toolkit_ldconfig
 from shim.ldconfig import ldcache
-from shim.linker import container, stepmemo
+from shim.linker import stepmemo
 from shim.linker.toolkit_hooks import PARAMS_ENV
-from test_step_memo import LIBDIR, PARAMS, Log, config_for
+from test_step_memo import LIBDIR, PARAMS, step as one_step
 from tests.helpers import file_memo
 
 
@@ -34,19 +34,15 @@ def reused(host_tree, scratch, monkeypatch):
 
     def step():
         bundle = os.path.join(scratch, f"bundle-{len(runs)}")
-        os.makedirs(bundle)
-        log = Log()
-        container.prepare_linker(config_for({"driver": made}, root), bundle, log)
+        log = one_step({"driver": made}, root, bundle, memo)[3]     # (the C replay of its recipe, or the step)
         runs.append(log)
         time.sleep(0.02)    # (the next run comes later: the clock's tick passed)
         return log
 
+    os.makedirs(os.path.join(scratch, "run"), mode=0o700)
+    memo = stepmemo.StepMemo(os.path.join(scratch, "run", "steps"))
     with file_memo(False), ldcache.PlanMemo().using():
-        steps = stepmemo.remember_steps(True)
-        try:
-            yield root, made, step
-        finally:
-            stepmemo.remember_steps(steps)
+        yield root, made, step
 
 
 def _extra(made):

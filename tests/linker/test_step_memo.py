@@ -1,10 +1,11 @@
 """The memo of whole linker steps (shim.linker.stepmemo), which the runtime's resident workers
-turn on: a container of an image and spec seen before gets the first container's step
-replayed -- its links, bundle files, mounts and hooks -- once every path the step looked at is
-found unchanged in its own root; the result must be what the step itself gives (a third
-container, memo off). Any change the step depends on (a path in the root, a host file, the
-params file, the devices) makes the whole step run again. Containers are overlay mounts of one
-layer, as containerd makes them."""
+use: the first container's step is kept as a recipe file (written by C, csrc/engine/recipe.c),
+and a container of an image and spec seen before gets it applied by the C replay
+(csrc/engine/replay.c) -- its links, bundle and root files, mounts and hooks -- once every path
+the step looked at is found unchanged in its own root; the result must be what the Python step
+itself gives (a third container, no memo). Any change the step depends on (a path in the root,
+a host file, the params file, the devices) makes the whole step run again. Containers are
+overlay mounts of one layer, as containerd makes them."""
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ from test_plan_memo import _replace_cache
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 HOOK = "/usr/bin/nvidia-cdi-hook"
 PARAMS = "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileMode: 438\n"
-REPLAYED = "linker step: the one of an earlier container of these files and spec, replayed"
+REPLAYED = "linker step: the one of an earlier container of these files and spec, replayed by C"
 
 
 class Log:
@@ -46,13 +47,19 @@ class Log:
 
 
 @pytest.fixture
-def steps():
-    """Both memos on and empty, the file memo off, files trusted however new (the settle rule
-    is the plan memo's, tested there)."""
+def steps(scratch):
+    """A worker's memo of steps (its recipes in a private folder), a plan memo in use (the plans
+    say what they looked at), the file memo off, files trusted however new (the settle rule is
+    the plan memo's, tested there)."""
     with file_memo(False), ldcache.PlanMemo().using():
-        previous = stepmemo.remember_steps(True)
-        yield
-        stepmemo.remember_steps(previous)
+        folder = os.path.join(scratch, "run")
+        os.makedirs(folder, mode=0o700)
+        yield stepmemo.StepMemo(os.path.join(folder, "steps"))
+
+
+def recipes(memo):
+    return sorted(name for name in os.listdir(memo.directory) if not name.startswith(".")) \
+        if os.path.isdir(memo.directory) else []
 
 
 @pytest.fixture
@@ -89,21 +96,26 @@ def config_for(world, rootfs, minor=0):
             "linux": {"devices": [{"path": f"/dev/nvidia{minor}", "type": "c", "major": 195, "minor": minor}]}}
 
 
-def step(world, rootfs, bundle, memo=True, minor=0):
-    """(the new config, its bundle files, the links and linker files in the rootfs, the log) of one step,
-    without the memo unless MEMO; paths of this container written as ROOTFS and BUNDLE, so
-    that two containers compare."""
+def step(world, rootfs, bundle, memo=None, minor=0, config=None):
+    """(the new config, its bundle files, the links and linker files in the rootfs, the log) of one
+    container: the C replay of MEMO's recipe when one holds, else the Python step (kept by MEMO
+    when given; none: no memo); paths of this container written as ROOTFS and BUNDLE, so that two
+    containers compare."""
     os.makedirs(bundle, exist_ok=True)
-    log, kept = Log(), stepmemo._steps
-    if not memo:
-        stepmemo._steps = None
-    try:
-        out = container.prepare_linker(config_for(world, rootfs, minor), bundle, log)
-    finally:
-        stepmemo._steps = kept
+    log = Log()
+    config = config or config_for(world, rootfs, minor)
+    raw = json.dumps(config).encode()
+    with open(os.path.join(bundle, "config.json"), "wb") as out:
+        out.write(raw)
+    if memo is not None and memo.replay(raw, bundle, 0o600):
+        log.debug(REPLAYED)
+        with open(os.path.join(bundle, "config.json")) as f:
+            out = json.load(f)
+    else:
+        out = container.isolate_hooks(container.prepare_linker(config, bundle, log, raw=raw, memo=memo))
     text = json.dumps(out, sort_keys=True).replace(rootfs, "ROOTFS").replace(os.path.abspath(bundle), "BUNDLE")
     files = {name: (open(os.path.join(bundle, name), "rb").read(), oct(os.stat(os.path.join(bundle, name)).st_mode))
-             for name in sorted(os.listdir(bundle))}
+             for name in sorted(os.listdir(bundle)) if name != "config.json"}
     link = os.path.join(rootfs, LIBDIR.lstrip("/"), "libcuda.so")
     links = {f"{LIBDIR}/libcuda.so": os.readlink(link)} if os.path.islink(link) else {}
     return json.loads(text), files, dict(links, **linker_files(rootfs)), log
@@ -123,11 +135,11 @@ def linker_files(rootfs):
 def test_a_second_container_replays_the_first_ones_step(world, steps):
     with overlay_mounts(world["lower"], world["scratch"], 3) as (first, second, third):
         scratch = world["scratch"]
-        one = step(world, first, f"{scratch}/b1")
+        one = step(world, first, f"{scratch}/b1", steps)
         assert not one[3].replayed() and not [line for line in one[3].lines if line[0] != "debug"]
-        two = step(world, second, f"{scratch}/b2")
+        two = step(world, second, f"{scratch}/b2", steps)
         assert two[3].replayed()
-        fresh = step(world, third, f"{scratch}/b3", memo=False)
+        fresh = step(world, third, f"{scratch}/b3")
         assert not fresh[3].replayed()
         assert two[:3] == fresh[:3] == one[:3]
         new, files, links, _ = two
@@ -135,7 +147,7 @@ def test_a_second_container_replays_the_first_ones_step(world, steps):
         # profile bound from the bundle, the link made in the rootfs, the cache and the
         # drop-ins written in the root as the hook's ldconfig leaves them (no cache bound)
         assert [hook["args"][:2] for hook in new["hooks"]["createContainer"]] == [["cdi-shim-nshook", "bind-params"]]
-        assert new["hooks"]["prestart"] == [{"path": "/usr/bin/true"}]
+        assert [hook["path"] for hook in new["hooks"]["prestart"]] == ["/usr/bin/true"]
         assert new["mounts"][-1]["destination"] == "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf"
         assert "/etc/ld.so.cache" not in [m["destination"] for m in new["mounts"]]
         assert not [name for name in files if name.startswith("cdi-shim.ld")]
@@ -167,17 +179,17 @@ IN_ROOT = {"compat-libraries-appear": _compat_libraries, "a-link-target-appears"
 def test_a_changed_root_runs_the_whole_step(world, steps, change):
     with overlay_mounts(world["lower"], world["scratch"], 3) as (first, second, third):
         scratch = world["scratch"]
-        step(world, first, f"{scratch}/b1")
+        step(world, first, f"{scratch}/b1", steps)
         time.sleep(0.01)
         for rootfs in (second, third):
             IN_ROOT[change](rootfs)
         if change == "the-cache-place-a-directory":
             with pytest.raises(container.NoPlaceForCache):
-                step(world, second, f"{scratch}/b2")
+                step(world, second, f"{scratch}/b2", steps)
             return
-        two = step(world, second, f"{scratch}/b2")
+        two = step(world, second, f"{scratch}/b2", steps)
         assert not two[3].replayed()
-        assert two[:3] == step(world, third, f"{scratch}/b3", memo=False)[:3]
+        assert two[:3] == step(world, third, f"{scratch}/b3")[:3]
 
 
 def _driver_file_replaced(world):
@@ -198,20 +210,20 @@ ON_THE_HOST = {"a-driver-file-replaced": _driver_file_replaced, "the-params-file
 def test_a_changed_host_runs_the_whole_step(world, steps, change):
     with overlay_mounts(world["lower"], world["scratch"], 3) as (first, second, third):
         scratch = world["scratch"]
-        one = step(world, first, f"{scratch}/b1")
+        one = step(world, first, f"{scratch}/b1", steps)
         time.sleep(0.01)
         ON_THE_HOST[change](world)
-        two = step(world, second, f"{scratch}/b2")
+        two = step(world, second, f"{scratch}/b2", steps)
         assert not two[3].replayed()
-        assert two[:3] == step(world, third, f"{scratch}/b3", memo=False)[:3]
+        assert two[:3] == step(world, third, f"{scratch}/b3")[:3]
         assert two[:3] != one[:3]     # (the params file, or the cache in the root)
 
 
 def test_other_devices_are_another_step(world, steps):
     with overlay_mounts(world["lower"], world["scratch"], 2) as (first, second):
         scratch = world["scratch"]
-        one = step(world, first, f"{scratch}/b1", minor=0)
-        two = step(world, second, f"{scratch}/b2", minor=3)
+        one = step(world, first, f"{scratch}/b1", steps, minor=0)
+        two = step(world, second, f"{scratch}/b2", steps, minor=3)
         assert not two[3].replayed()
         assert one[1]["cdi-shim.application-profile.conf"] != two[1]["cdi-shim.application-profile.conf"]
 
@@ -222,8 +234,8 @@ def test_a_step_that_warned_or_ran_chmod_is_not_kept(world, steps):
         config = config_for(world, first)
         config["hooks"]["createContainer"].append(_hook("chmod", "--mode", "755", "--path", "/dev/dri"))
         os.makedirs(os.path.join(world["scratch"], "b1"))
-        container.prepare_linker(config, os.path.join(world["scratch"], "b1"), Log())
-        assert stepmemo._steps == {}
+        container.prepare_linker(config, os.path.join(world["scratch"], "b1"), Log(), memo=steps)
+        assert recipes(steps) == [] and steps.why
         # a read-only root whose cache cannot be written into the bundle (a directory in its
         # place, a read-only mount where the /etc overlay's folder goes): the step warns and
         # keeps the update-ldcache hook, whose program (here) is on the host
@@ -237,21 +249,47 @@ def test_a_step_that_warned_or_ran_chmod_is_not_kept(world, steps):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", in_the_way], check=True)
         try:
             log = Log()
-            out = container.prepare_linker(config, bundle, log)
+            out = container.prepare_linker(config, bundle, log, memo=steps)
         finally:
             subprocess.run(["umount", in_the_way], check=True)
         assert [level for level, _ in log.lines if level != "debug"] == ["warning"]
         assert out["hooks"]["createContainer"][0]["path"] == "/bin/true"
-        assert stepmemo._steps == {}
+        assert recipes(steps) == [] and steps.why == "it warned"
 
 
-def test_off_by_default_and_forgotten_when_turned_off(world, steps):
-    with overlay_mounts(world["lower"], world["scratch"], 1) as (first,):
+def test_a_kept_step_is_one_private_recipe_file(world, steps):
+    """The recipe goes into a folder of ours (0700) as a file of ours (0600), named by the config's
+    key; without a memo (a process that is no worker) nothing is kept."""
+    with overlay_mounts(world["lower"], world["scratch"], 2) as (first, second):
         step(world, first, f"{world['scratch']}/b1")
-        assert sum(len(recipes) for recipes in stepmemo._steps.values()) == 1
-    assert stepmemo.remember_steps(False) is True
-    assert not stepmemo.enabled() and stepmemo._steps is None
-    assert stepmemo.remember_steps(True) is False and stepmemo._steps == {}
+        assert not os.path.exists(steps.directory) and not stepmemo.enabled()
+        step(world, second, f"{world['scratch']}/b2", steps)
+        (name,) = recipes(steps)
+        raw = json.dumps(config_for(world, second)).encode()
+        assert name == f"{stepmemo.lib.cds_fnv1a(stepmemo.step_key_of(raw), len(stepmemo.step_key_of(raw))):016x}"
+        assert os.stat(steps.directory).st_mode & 0o777 == 0o700
+        assert os.stat(os.path.join(steps.directory, name)).st_mode & 0o777 == 0o600
+
+
+def test_two_images_of_one_config_alternate_on_one_recipe(world, steps):
+    """One config key, two images (the key holds no root): each image's step is a variant of the
+    one recipe file, the newest first, up to four; a container of either image is replayed,
+    and gives what the Python step gives."""
+    scratch = world["scratch"]
+    other = roots.copy_tree(world["lower"], os.path.join(scratch, "layer-b"))    # (other files: other inodes)
+    with overlay_mounts(world["lower"], scratch + "/a", 4) as a, overlay_mounts(other, scratch + "/b", 4) as b:
+        made = [step(world, rootfs, f"{scratch}/b{n}", steps) for n, rootfs in enumerate([a[0], b[0], a[1], b[1]])]
+        assert [m[3].replayed() for m in made] == [False, False, True, True]
+        assert len(recipes(steps)) == 1
+        assert made[2][:3] == made[0][:3] and made[3][:3] == made[1][:3]
+        fresh = [step(world, rootfs, f"{scratch}/f{n}") for n, rootfs in enumerate([a[2], b[2]])]
+        assert fresh[0][:3] == made[0][:3] and fresh[1][:3] == made[1][:3]
+        # (a root of neither image: a third variant, first; the two others still replayed after it)
+        os.makedirs(os.path.join(a[3], "usr/local/cuda/compat"))
+        assert not step(world, a[3], f"{scratch}/b4", steps)[3].replayed()
+        assert step(world, b[3], f"{scratch}/b5", steps)[3].replayed()
+    with overlay_mounts(world["lower"], scratch + "/c", 1) as (again,):
+        assert step(world, again, f"{scratch}/b6", steps)[3].replayed()
 
 
 # ---- the front end's key of a step (csrc/engine/ociconf.c), through the worker's binding ----
@@ -371,59 +409,37 @@ def test_what_the_key_reader_takes_is_json_python_reads_alike():
     assert taken > 100
 
 
-def test_the_worker_s_key_takes_each_mount_whole_and_the_namespaces():
-    """stepmemo.key (the worker's memo): the same fields as the front end's key above."""
-    def worker_key(config):
-        return stepmemo.key(json.dumps(config).encode(), [], lambda: None, lambda: None)
-
-    base = worker_key(CONFIG)
-    same = json.loads(json.dumps(CONFIG))
-    same["mounts"][0]["source"] = "elsewhere"
-    assert worker_key(same) == base
-    for change in (lambda c: c["mounts"][1].update(options=["ro"]),
-                   lambda c: c["mounts"][1].update(source="/host/other.so.1"),
-                   lambda c: c["mounts"][0].update(options=["nosuid"], type="tmpfs"),
-                   lambda c: c["mounts"][0].update(source="/b/cdi-shim.ld.so.cache"),
-                   lambda c: c["linux"].update(namespaces=[{"type": "user"}]),
-                   lambda c: c["linux"].update(uidMappings=[{"containerID": 0, "hostID": 1, "size": 1}]),
-                   lambda c: c["linux"].update(gidMappings=[{"containerID": 0, "hostID": 1, "size": 1}])):
-        other = json.loads(json.dumps(CONFIG))
-        change(other)
-        assert worker_key(other) != base
-
-
 POD_NAMESPACES = [{"type": "pid"}, {"type": "ipc", "path": "/proc/4242/ns/ipc"},
                   {"type": "uts", "path": "/proc/4242/ns/uts"}, {"type": "mount"},
                   {"type": "network", "path": "/var/run/netns/cni-1"}]
 
 
-def test_both_keys_read_of_a_namespace_its_type_and_only_a_user_or_mount_one_s_path():
+def test_the_key_reads_of_a_namespace_its_type_and_only_a_user_or_mount_one_s_path():
     """A pod's container joins its sandbox's network, IPC and UTS namespaces by path: those paths
     differ pod to pod and the step reads none of them, so they must not keep the next pod's
     create from a kept step; the types, and the user and mount namespaces' paths, do count."""
-    def both(namespaces):
+    def key(namespaces):
         config = json.loads(json.dumps(CONFIG))
         config["linux"]["namespaces"] = namespaces
-        return key_of(config), stepmemo.key(json.dumps(config).encode(), [], lambda: None, lambda: None)
+        return key_of(config)
 
-    base = both(POD_NAMESPACES)
-    assert base[0] is not None
+    base = key(POD_NAMESPACES)
+    assert base is not None
     another_pod = json.loads(json.dumps(POD_NAMESPACES).replace("4242", "777").replace("cni-1", "cni-2"))
-    assert both(another_pod) == base
+    assert key(another_pod) == base
     for change in ([*POD_NAMESPACES, {"type": "user"}],
                    [*POD_NAMESPACES[:3], {"type": "mount", "path": "/proc/1/ns/mnt"}, POD_NAMESPACES[4]],
                    [*POD_NAMESPACES, {"type": "user", "path": "/proc/1/ns/user"}],
                    POD_NAMESPACES[:4]):
-        changed = both(change)
-        assert changed[0] not in (None, base[0]) and changed[1] != base[1], change
-    assert both([*POD_NAMESPACES, {"type": "user", "path": "/proc/1/ns/user"}]) != \
-        both([*POD_NAMESPACES, {"type": "user", "path": "/proc/2/ns/user"}])
+        assert key(change) not in (None, base), change
+    assert key([*POD_NAMESPACES, {"type": "user", "path": "/proc/1/ns/user"}]) != \
+        key([*POD_NAMESPACES, {"type": "user", "path": "/proc/2/ns/user"}])
 
 
 def test_the_step_returns_all_it_did_and_leaves_its_config_alone(world, steps):
     """Recording is explicit (issue 28): the step returns what it did (stepresult.StepResult) --
-    the links, the bundle and root files, the binds, the hooks by position -- and that is all
-    the memo keeps; the config it was given is not changed in place."""
+    the links, the bundle and root files, the binds, the hooks -- and that is all its recipe is
+    written from; the config it was given is not changed in place."""
     import copy
 
     from shim.linker.stepresult import StepResult
@@ -449,13 +465,12 @@ def test_the_step_returns_all_it_did_and_leaves_its_config_alone(world, steps):
     assert all(now[path][0] == data for path, data, _ in out.root_files) and out.root_files
     assert [destination for destination, _ in out.binds] == \
         [m["destination"] for m in out.config["mounts"] if m.get("source", "").startswith(os.path.abspath(bundle))]
-    # the hooks by position: the prestart hook kept as it was, each toolkit hook dropped or replaced
-    assert out.hooks["prestart"] == [0]
+    # the hooks: the prestart hook kept as it was, each toolkit hook dropped or replaced by ours
     hooks = out.config["hooks"]
-    assert [hooks[stage] for stage in hooks] == [[config["hooks"][stage][e] if isinstance(e, int) else e
-                                                  for e in entries] for stage, entries in out.hooks.items()]
+    assert hooks["prestart"] == config["hooks"]["prestart"]
     assert not any("nvidia-cdi-hook" in json.dumps(hook) for hook in hooks.get("createContainer", ()))
-    assert stepmemo.keep(("key",), out, rootfs, bundle, {}) == ""
+    assert steps.keep(b"key", out, rootfs, bundle, False, container.isolate_hooks(out.config)) == ""
+    assert len(recipes(steps)) == 1
 
 
 def test_one_key_for_the_worker_and_the_front_end():
@@ -463,8 +478,6 @@ def test_one_key_for_the_worker_and_the_front_end():
     computed once), whether it was given the bytes or only the parsed config (written out):
     the two cannot drift. And which mount's source the key holds (a library destination) is
     the step's own rule of what a library is (container._is_library, ociconf.c library_named)."""
-    text = json.dumps(CONFIG).encode()
-    assert stepmemo.key(text, [], lambda: None, lambda: None)[0] == stepmemo.step_key_of(text)
     from shim import fastjson
 
     assert stepmemo.step_key_of(fastjson.dumpb(CONFIG)) is not None
@@ -478,12 +491,12 @@ def test_one_key_for_the_worker_and_the_front_end():
 
 def test_our_own_young_write_is_trusted_under_another_spelling(tmp_path):
     """A file our step wrote is young for the settle window; it is trusted while it shows the
-    identity the step left (stepmemo.trusted), under any spelling of its place: the note names
+    identity the step left (stepleft.trusted), under any spelling of its place: the note names
     it as the mount does (/usr/lib/x86_64-linux-gnu/...), the planner reads it through merged
     /usr's link (/lib/x86_64-linux-gnu/...). A file another writer changed is not trusted, and
     stays too new."""
     from shim._native import ffi, lib
-    from shim.linker.stepresult import identify
+    from shim.linker.stepleft import identify
 
     root = str(tmp_path / "root")
     os.makedirs(root + "/usr/lib/x86_64-linux-gnu")

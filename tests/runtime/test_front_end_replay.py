@@ -1,5 +1,5 @@
 """The front end replays a linker step a resident worker kept (csrc/engine/replay.c; the
-recipe: shim/linker/stepmemo.py, export_recipe).
+recipe: written by csrc/engine/recipe.c from the step's result, shim/linker/stepmemo.py).
 
 Containers of one image -- overlay mounts of one layer, as containerd makes them -- each get a
 config.json as containerd's own CDI writes it for a toolkit-generated spec (the six hooks,
@@ -109,21 +109,18 @@ def result(bundle):
 
 
 def each_way(world, made, check=None, replayed=True):
-    """The result of one container of MADE's image made by the worker, by the front end's replay,
-    by the worker's memo, then by the Python step alone (no resident process), in that order;
-    CHECK(how, bundle) must hold for each. REPLAYED false: the front end may leave it to the worker."""
+    """The result of one container of MADE's image made by the Python step (the worker's, which
+    keeps it as a recipe), then of one made by the C replay of that recipe (the front end's, no
+    request reaching the worker): the one claim to hold, the step and the replay of its recipe
+    give the same container. CHECK(how, bundle) must hold for each. REPLAYED false: the front end
+    may leave it to the worker."""
     results = []
-    for how in ("worker", "front end", "worker's memo", "python"):
-        if how == "worker's memo":
-            shutil.rmtree(made.steps)
-        if how == "python":
-            world.resident_socket = os.path.join(world.base, "no-resident.sock")
-            world.write_config(log_level="debug", log_file=made.log)
+    for how in ("worker", "front end"):
         bundle = made.container()
         run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
         assert run.returncode == 0 and run.stdout.startswith("linked=42"), (how, run.stderr)
-        if how != "python" and replayed:
-            assert made.served() == {"worker": 1, "front end": 1, "worker's memo": 2}[how], how
+        if replayed:
+            assert made.served() == 1, how
         results.append(result(bundle))
         assert check is None or check(how, bundle), how
     return results
@@ -163,8 +160,8 @@ def test_a_kept_step_is_replayed_by_the_front_end(image):
 
 def test_a_step_with_the_binds_hook_is_replayed_alike(world, driver, tmp_path):
     """With a toolkit-sized driver (sixteen libraries) the step moves the library mounts into
-    our binds hook (shim/linker/filebinds.py): the front end's replay, the worker's own replay
-    and the Python step alone give the same config.json, bundle files and links."""
+    our binds hook (shim/linker/filebinds.py): the worker's step and the front end's replay of
+    its recipe give the same config.json, bundle files and links."""
     more = build_driver_libraries(str(tmp_path / "more"), 14, rh.need("gcc", "gcc"), "550.54.15")
     made = Image(world, driver, tmp_path, more_libraries=more)
     try:
@@ -366,8 +363,8 @@ def test_file_binds_runc_leaves_every_mount_to_runc(world, driver, tmp_path):
     """`file-binds = "runc"` (for `runc checkpoint`, which tells CRIU only of config.json's
     mounts): the toolkit-sized driver's library mounts stay in config.json, no
     binds hook; the front end replays nothing and the worker writes no recipe, so every create
-    reaches the worker. Set back to "hook", the next container gets the hook: the worker's
-    memo keeps the two modes apart."""
+    reaches the worker, which keeps no step. Set back to "hook", the next container gets the
+    hook."""
     more = build_driver_libraries(str(tmp_path / "more"), 14, rh.need("gcc", "gcc"), "550.54.15")
     made = Image(world, driver, tmp_path, more_libraries=more)
     try:
@@ -462,8 +459,8 @@ def test_a_recipe_is_not_replayed_for_another_mount_or_namespace(world, driver, 
 @pytest.mark.parametrize("image_link", [False, True], ids=["stub-alone", "stub-with-a-soname-link-to-it"])
 def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path, image_link):
     """The image holds a file where the spec's create-symlinks puts libcuda.so (issue 32: the
-    hook replaces it): the worker's step, the front end's replay, the worker's memo and the
-    Python step alone each replace it with the link, and give the same config and files."""
+    hook replaces it): the worker's step and the front end's replay of its recipe each replace it
+    with the link, and give the same config and files."""
     made = Image(world, driver, tmp_path)
     try:
         with open(made.layer + f"{LIBDIR}/libcuda.so", "w") as out:
@@ -482,8 +479,8 @@ def test_a_replaced_link_is_replayed_alike(world, driver, tmp_path, image_link):
 def test_a_compat_decision_by_the_elf_note_is_replayed_alike(world, driver, tmp_path):
     """The image's CUDA compat libcuda (550.90.07: a newer minor of the host's 550) carries a
     fwd_compatibility note listing 550, so the spec's enable-cuda-compat puts the compat folder
-    first (issue 32 item 3): the worker's step, the front end's replay, the worker's memo and the
-    Python step alone give the same config and files, the cache naming the compat library first."""
+    first (issue 32 item 3): the worker's step and the front end's replay of its recipe give the
+    same config and files, the cache naming the compat library first."""
     import ldcache_helpers as lh
     from test_hook_fidelity import COMPAT_MARK, _note, note_source
     from test_runtime_toolkit_hooks import COMPAT
@@ -522,8 +519,8 @@ def _linker_after(bundle, readonly):
 def test_a_later_ldconfig_after_a_replayed_step(world, driver, tmp_path, readonly):
     """Issue 32, 6: an entrypoint that loads the driver libraries by soname, prints the sums of
     the linker files as the step left them, runs ldconfig, then loads them again -- in
-    containers of one image and spec made by the worker, by the front end's replay, by the
-    worker's memo and by the Python step alone: ldconfig exits 0, its cache keeps the driver
+    containers of one image and spec made by the worker's step and by the front end's replay of
+    its recipe: ldconfig exits 0, its cache keeps the driver
     libraries (the drop-ins name the folders), and every way gives the same output, the same
     files in /etc and the same config.json. A read-only root's /etc is a read-only overlay with
     our layer from the bundle (the image's /etc not written), replayed alike: there ldconfig
@@ -533,18 +530,12 @@ def test_a_later_ldconfig_after_a_replayed_step(world, driver, tmp_path, readonl
         os.makedirs(made.layer + "/sbin", exist_ok=True)
         shutil.copy2(rh.need("ldconfig", "libc-bin"), made.layer + "/sbin/ldconfig")     # (static)
         outputs, after = [], []
-        for how in ("worker", "front end", "worker's memo", "python"):
-            if how == "worker's memo":
-                shutil.rmtree(made.steps)
-            if how == "python":
-                world.resident_socket = os.path.join(world.base, "no-resident.sock")
-                world.write_config(log_level="debug", log_file=made.log)
+        for how in ("worker", "front end"):
             bundle = made.container(args=("sh", "-c", LATER_LDCONFIG),
                                     change=lambda config: config["root"].update(readonly=readonly))
             run = world.shim("run", "--bundle", bundle.path, bundle.id, env=made.env())
             assert run.returncode == 0, (how, run.stderr)
-            if how != "python":
-                assert made.served() == {"worker": 1, "front end": 1, "worker's memo": 2}[how], how
+            assert made.served() == 1, how
             outputs.append(run.stdout)
             after.append(_linker_after(bundle, readonly))
         lines = outputs[0].splitlines()
@@ -574,8 +565,8 @@ def test_a_later_ldconfig_after_a_replayed_step(world, driver, tmp_path, readonl
 def test_a_compat_drop_in_no_cache_reads_is_replayed_alike(world, driver, tmp_path):
     """A spec without update-ldcache whose enable-cuda-compat uses the image's compat libcuda
     (570 over the host's 550, no note): the hook's 00-compat drop-in is written into the root
-    all the same (issue 32; test_hook_fidelity), by the worker, the front end's replay, the
-    worker's memo and the Python step alone, with the same config and files."""
+    all the same (issue 32; test_hook_fidelity), by the worker's step and by the front end's
+    replay of its recipe, with the same config and files."""
     from test_hook_fidelity import COMPAT_MARK
     from test_runtime_toolkit_hooks import COMPAT, _hook
 

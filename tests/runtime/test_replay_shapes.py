@@ -1,9 +1,9 @@
 """Every create-symlinks shape `nvidia-ctk cdi generate` writes (shim/generate/discover.py,
 graphics.py, hostdir.py) and every link ldconfig makes is replayed by the front end (issue 28):
-each shape's container is made by the worker, by the front end's replay (its log says
-phase=replay and no request reaches the worker), by the worker's memo and by the Python step
-alone, through real runc, and all four give the same config.json, bundle files, links and
-program output."""
+each shape's container is made by the worker's Python step (which keeps it as a recipe) and by
+the front end's C replay of that recipe (its log says phase=replay and no request reaches the
+worker), through real runc, and both give the same config.json, bundle files, links and program
+output."""
 import json
 import os
 

@@ -16,7 +16,7 @@ import pytest
 from cdi.container_edits import apply_edits, merge_edits
 from shim.config import Config
 from shim.linker.container import isolate_hooks, needs_step
-from shim.runtime import requestmemo
+from shim.runtime import injected
 from shim.runtime.main import once
 from shim.runtime.requests import DEVICE_MOUNT_ROOT, collect_requests, drop_legacy_hook
 
@@ -79,7 +79,7 @@ EDITS = {
 
 def key_field_names():
     """The key's fields as request.c lists them ("process.env[]")."""
-    text = requestmemo.ffi.string(requestmemo.lib.cds_request_key_fields()).decode()
+    text = injected.ffi.string(injected.lib.cds_request_key_fields()).decode()
     return [line.split(" ", 1)[0] for line in text.splitlines()]
 
 
@@ -276,7 +276,7 @@ def _places(config, field, at=()):
 
 
 def _key(config):
-    return requestmemo.key(requestmemo.fastjson.dumpb(config), _settings())
+    return injected.key(injected.fastjson.dumpb(config), _settings())
 
 
 @pytest.mark.parametrize("field", key_field_names())
