@@ -31,13 +31,11 @@ at most 1.10x (paired per round).
 """
 import os
 import re
-import shutil
 import statistics
 import tempfile
-import time
 
-from .lab import LIB_IMAGE, LabError
-from .pods import COMMAND, PROBE, BenchError, _phases_since, _rotate, _tool_version
+from .lab import LIB_IMAGE
+from .pods import BenchError, _phases_since, _rotate, _tool_version, check_device_pod, lab_run, new_lab, run_meta
 
 NAME = "nri-30-libs"
 TITLE = ("NRI on containerd 2.1: one device + 30 driver libraries + the toolkit's six hooks, the same spec on "
@@ -78,25 +76,9 @@ def _request(kind, device):
 
 
 def _check(lab, key, devices, side):
-    """One more pod of a hooked side, not measured, running PROBE: the hooks' work is there."""
+    """One more pod of a hooked side, not measured (pods.check_device_pod), asked for as SIDE asks."""
     _, handler, device, kind, expected = side
-    before = _hook_count(devices["hook_log"])
-    pod = lab.run_pod(handler or lab.runtime_name, ["sh", "-c", PROBE], name=f"check-{key}", image=LIB_IMAGE,
-                      **_request(kind, devices[device]))
-    seen = dict(line.split("=", 1) for line in pod.output if "=" in line)
-    found = {"cache_driver_libraries": int(seen.get("cache") or 0), "link": seen.get("link", ""),
-             "profile_bytes": int(seen.get("profile") or 0),
-             "hook_processes": _hook_count(devices["hook_log"]) - before}
-    wanted = {"cache_driver_libraries": len(devices["libraries"]), "link": "libnvidia-bench0.so.1",
-              "hook_processes": expected}
-    if device == "hooked" and not devices["hook_log_counts_hooked"]:
-        found["hook_processes"] = None
-        del wanted["hook_processes"]
-    wrong = {k: found[k] for k, v in wanted.items() if found[k] != v}
-    if pod.status.exit_code != 0 or wrong or not found["profile_bytes"]:
-        raise BenchError(f"{NAME} {key}: the device's work is not all there (exit {pod.status.exit_code}, "
-                         f"found {found}, wanted {wanted} and a profile): {pod.output}")
-    return found
+    return check_device_pod(lab, NAME, key, devices, (handler, device, expected), _request(kind, devices[device]))
 
 
 def plugin_cache_work(text):
@@ -108,11 +90,6 @@ def plugin_cache_work(text):
     return work
 
 
-def _hook_count(path):
-    with open(path, "rb") as stream:
-        return stream.read().count(b"\n")
-
-
 def run(rounds=10, warmup=2, workdir=None, log=print, toolkit_hook=None, time_runc=False, state_on_disk=False):
     """The NRI scenario; returns a result dict as cdi_shim_lab.pods.run does (pods.report prints it)."""
     from .nrilab import NRILab
@@ -120,18 +97,10 @@ def run(rounds=10, warmup=2, workdir=None, log=print, toolkit_hook=None, time_ru
     program, program_note = toolkit_hook_program(toolkit_hook)
     log(f"{NAME}: {program_note}")
     base = tempfile.mkdtemp(prefix="cdi-shim-podbench-", dir=workdir)
-    try:
-        lab = NRILab(base, runtime_log=True, log_level="debug", resident=True, containerd="2.1", native_cdi=True,
-                     time_runc=time_runc, state_on_tmpfs=not state_on_disk)
-    except LabError as err:
-        shutil.rmtree(base, ignore_errors=True)
-        raise BenchError(str(err)) from None
-    result = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pairs": rounds, "warmup": warmup,
-                       "containerd": _tool_version([lab.containerd, "--version"]),
-                       "runc": _tool_version([lab.runc, "--version"]), "kernel": os.uname().release,
-                       "cpus": os.cpu_count(), "command": COMMAND, "resident": True, "time_runc": time_runc,
-                       "state": "disk" if state_on_disk else "tmpfs"}, "scenarios": {}}
-    try:
+    lab = new_lab(NRILab, base, resident=True, containerd="2.1", native_cdi=True, time_runc=time_runc,
+                  state_on_tmpfs=not state_on_disk)
+    result = {"meta": run_meta(lab, rounds, warmup, True, time_runc, state_on_disk), "scenarios": {}}
+    with lab_run(lab, base, result):
         lab.setup(library_image=True)
         lab.start_plugin()
         devices = lab.write_native_cdi_specs(30, hook_program=program)
@@ -161,12 +130,6 @@ def run(rounds=10, warmup=2, workdir=None, log=print, toolkit_hook=None, time_ru
                                         else f"CDIDevices {devices[device]}"), "image": LIB_IMAGE}
                       for key, (label, handler, device, kind, _) in SIDES.items()},
             "samples": samples, "ratios": [list(r) for r in RATIOS]}
-        result["meta"]["load_after"] = os.getloadavg()
-    except LabError as err:
-        raise BenchError(str(err)) from None
-    finally:
-        lab.stop()
-        shutil.rmtree(base, ignore_errors=True)
     return result
 
 

@@ -56,6 +56,7 @@ from Debian trixie / forky, fetched once into a cache: cdi_shim_lab/releases.py)
 default for enable_cdi (1.7 off, 2.1 on, with cdi_spec_dirs = the lab's spec dir): on 2.1,
 containerd itself injects the annotated device before the runtime runs.
 """
+import contextlib
 import importlib.util
 import json
 import os
@@ -157,6 +158,39 @@ def _tool_version(argv):
         return ""
 
 
+def new_lab(make, base, **options):
+    """MAKE(base, **OPTIONS) (Lab or NRILab), with the lab's options of every pod benchmark; a
+    LabError is a BenchError, BASE removed."""
+    try:
+        return make(base, runtime_log=True, log_level="debug", **options)
+    except LabError as err:
+        shutil.rmtree(base, ignore_errors=True)
+        raise BenchError(str(err)) from None
+
+
+def run_meta(lab, pairs, warmup, resident, time_runc, state_on_disk):
+    """The result's "meta" of a run on LAB."""
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pairs": pairs, "warmup": warmup,
+            "containerd": _tool_version([lab.containerd, "--version"]),
+            "runc": _tool_version([lab.runc, "--version"]), "kernel": platform.release(),
+            "cpus": os.cpu_count(), "command": COMMAND, "resident": resident, "time_runc": time_runc,
+            "state": "disk" if state_on_disk else "tmpfs"}
+
+
+@contextlib.contextmanager
+def lab_run(lab, base, result):
+    """The body of a run on LAB: a LabError is a BenchError; the load after it noted in RESULT's
+    meta; the lab stopped and BASE removed however it ends."""
+    try:
+        yield
+        result["meta"]["load_after"] = os.getloadavg()
+    except LabError as err:
+        raise BenchError(str(err)) from None
+    finally:
+        lab.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=True, containerd=None,
         time_runc=False, state_on_disk=False, toolkit_hook=None):
     """Run the benchmark; returns a JSON-able dict of every measurement. The NATIVE_SCENARIOS need
@@ -184,21 +218,10 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
         raise BenchError(f"{', '.join(missing)} not installed: the CRI client needs grpcio "
                          "(pip install 'cdi-shim[bench]')")
     base = tempfile.mkdtemp(prefix="cdi-shim-podbench-", dir=workdir)
-    try:
-        lab = Lab(base, runtime_log=True, log_level="debug", resident=resident, containerd=containerd,
-                  native_cdi=True if native else None, time_runc=time_runc, state_on_tmpfs=not state_on_disk)
-    except LabError as err:
-        shutil.rmtree(base, ignore_errors=True)
-        raise BenchError(str(err)) from None
-    result = {
-        "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pairs": pairs, "warmup": warmup,
-                 "containerd": _tool_version([lab.containerd, "--version"]),
-                 "runc": _tool_version([lab.runc, "--version"]), "kernel": platform.release(),
-                 "cpus": os.cpu_count(), "command": COMMAND, "resident": resident, "time_runc": time_runc,
-                 "state": "disk" if state_on_disk else "tmpfs"},
-        "scenarios": {},
-    }
-    try:
+    lab = new_lab(Lab, base, resident=resident, containerd=containerd, native_cdi=True if native else None,
+                  time_runc=time_runc, state_on_tmpfs=not state_on_disk)
+    result = {"meta": run_meta(lab, pairs, warmup, resident, time_runc, state_on_disk), "scenarios": {}}
+    with lab_run(lab, base, result):
         lab.setup(library_image=bool(native or one_mount))
         libraries = lab.write_libraries_spec(30) if any(n.startswith("device-30-libs") for n in scenarios) else []
         native_devices = lab.write_native_cdi_specs(30, hook_program=toolkit_hook) if native else None
@@ -243,12 +266,6 @@ def run(pairs=20, warmup=2, scenarios=None, workdir=None, log=print, resident=Tr
                         samples[side].append(sample)
             result["scenarios"][name] = {"title": title, "target": target, "A": samples["A"], "B": samples["B"],
                                          "A_handler": lab.runtime_name, "B_handler": "runc"}
-        result["meta"]["load_after"] = os.getloadavg()
-    except LabError as err:
-        raise BenchError(str(err)) from None
-    finally:
-        lab.stop()
-        shutil.rmtree(base, ignore_errors=True)
     return result
 
 
@@ -350,12 +367,23 @@ PROBE = ("echo cache=$(tr '\\000' '\\n' < /etc/ld.so.cache "
 
 
 def _check_side(lab, name, key, devices, side):
-    """One more pod of a device side, not measured, running PROBE: the work of the hooks must be
-    there (every driver library in the cache, the link, the profile), whoever did it."""
+    """One more pod of a device side (label, handler, device key, hook processes), asked for
+    through the CRI CDIDevices field: check_device_pod."""
     _, handler, device, expected_hooks = side
+    return check_device_pod(lab, name, key, devices, (handler, device, expected_hooks),
+                            dict(cdi_devices=[devices[device]]))
+
+
+def check_device_pod(lab, name, key, devices, side, request):
+    """One more pod of a device side, not measured, running PROBE: the work of the hooks must be
+    there (every driver library in the cache, the link, the profile), whoever did it. SIDE:
+    (handler, device key of Lab.write_native_cdi_specs, hook processes the pod must show);
+    REQUEST: run_pod's arguments asking for the device (CDIDevices, or the NRI plugin's pod
+    annotation: cdi_shim_lab/nripods.py)."""
+    handler, device, expected_hooks = side
     hooks_before = _hook_lines(devices["hook_log"])
-    pod = lab.run_pod(handler or lab.runtime_name, ["sh", "-c", PROBE], cdi_devices=[devices[device]],
-                      name=f"check-{key}", image=LIB_IMAGE)
+    pod = lab.run_pod(handler or lab.runtime_name, ["sh", "-c", PROBE], name=f"check-{key}", image=LIB_IMAGE,
+                      **request)
     seen = dict(line.split("=", 1) for line in pod.output if "=" in line)
     found = {"cache_driver_libraries": int(seen.get("cache") or 0), "link": seen.get("link", ""),
              "profile_bytes": int(seen.get("profile") or 0),
