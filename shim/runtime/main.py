@@ -108,17 +108,18 @@ class Create:
     of `prepare` reads and what it leaves for the next.
 
     Given: ARGS (parse_runc_argv's; the bundle is ARGS.bundle), SETTINGS, LOG, WRITES (_Writes),
-    and the phases' timings (PHASES). Read: config.json as CONFIG (without Docker's legacy hook,
+    MEMOS (the resident worker's ldcache.Memos, or None: not a worker, no step is kept), and the
+    phases' timings (PHASES). Read: config.json as CONFIG (without Docker's legacy hook,
     LEGACY_HOOK says whether it had one), its bytes RAW and its stat INFO; the DEVICES requested;
     STEPS, where a resident worker keeps its steps' recipes (None: nowhere). Injected: the
     specs' edit BLOCKS, MERGED, and the config with them applied, EDITED. Stepped: RECORDED (the
     injection for the front end to replay, requestmemo's) or WHY it is not kept."""
 
-    __slots__ = ("args", "settings", "log", "writes", "phases", "config", "raw", "info", "legacy_hook", "devices",
-                 "steps", "blocks", "merged", "edited", "recorded", "why")
+    __slots__ = ("args", "settings", "log", "writes", "memos", "phases", "config", "raw", "info", "legacy_hook",
+                 "devices", "steps", "blocks", "merged", "edited", "recorded", "why")
 
-    def __init__(self, args, settings, log, writes):
-        self.args, self.settings, self.log, self.writes = args, settings, log, writes
+    def __init__(self, args, settings, log, writes, memos=None):
+        self.args, self.settings, self.log, self.writes, self.memos = args, settings, log, writes, memos
         self.phases = _Phases(log)
         self.config = self.raw = self.info = None
         self.legacy_hook = False
@@ -170,14 +171,15 @@ def check_freshness(blocks, origins, container, log):
                     "with the old driver's libraries)")
 
 
-def prepare(args, settings, log, commit=_always):
+def prepare(args, settings, log, commit=_always, memos=None):
     """Do the create/run work for parsed runc args; returns the devices injected.
 
     On any failure raises RuntimeFailure and leaves config.json exactly as it was, and the
     bundle without files of ours it did not have. COMMIT() is asked before the first write:
-    when it says False, raises Abandoned with nothing written.
+    when it says False, raises Abandoned with nothing written. MEMOS: a resident worker's (see
+    Create).
     """
-    create = Create(args, settings, log, _Writes(args.bundle, commit))
+    create = Create(args, settings, log, _Writes(args.bundle, commit), memos)
     try:
         return _prepare(create)
     except Exception:
@@ -207,7 +209,7 @@ def _prepare(create):
         _prepare_injected(create)
         phases.report()
         return []
-    create.steps = _steps_dir(create.settings)
+    create.steps = _steps_dir(create)
     started = _clock_ns() if create.steps else None     # (a request's recipe: the settle window's reference)
     _inject(create)
     _refuse_rootless_devices(create.edited, create.args)
@@ -374,16 +376,16 @@ def _memo(create):
     """The worker's memo of steps (stepmemo.StepMemo: the recipes in CREATE's steps folder), or None."""
     from ..linker.stepmemo import StepMemo
 
-    steps = create.steps or _steps_dir(create.settings)
+    steps = create.steps or _steps_dir(create)
     return StepMemo(steps) if steps else None
 
 
-def _steps_dir(settings):
+def _steps_dir(create):
     """Where a resident worker keeps its steps' recipes (beside its socket), or None: not a
-    worker, or runc binds the files (a recipe replays only what the hook mode gives)."""
-    from ..linker import stepmemo
-
-    if stepmemo.enabled() and settings.resident_socket and settings.file_binds == "hook":
+    worker (CREATE has no memos), or runc binds the files (a recipe replays only what the hook
+    mode gives)."""
+    settings = create.settings
+    if create.memos is not None and settings.resident_socket and settings.file_binds == "hook":
         return os.path.join(os.path.dirname(settings.resident_socket), "steps")
     return None
 
@@ -414,12 +416,13 @@ def _refuse_rootless_devices(config, args):
         raise RuntimeFailure(problem)
 
 
-def decide(argv, where="", commit=_always):
+def decide(argv, where="", commit=_always, memos=None):
     """Everything `cdi-shim-runtime` does before it execs runc, for one command line.
 
     Returns (status, exec_argv): exec_argv is the runtime and its arguments to exec when the
     status is 0; otherwise the reason has been reported and the process should exit with
     the status. Status None: COMMIT (see prepare) said False, nothing was written or reported.
+    MEMOS: the resident worker's (ldcache.Memos; None: not a worker).
     Reads the config, PATH and the bundle through the current environment and working
     directory, so the resident process runs it in a child that has the caller's (and says so in
     WHERE, for the debug log).
@@ -442,7 +445,7 @@ def decide(argv, where="", commit=_always):
         if args.help:
             pass  # runc prints help (the front end printed ours first)
         elif args.command in ("create", "run"):
-            prepare(args, settings, log, commit)
+            prepare(args, settings, log, commit, memos)
         elif args.devices and args.command:
             log.warning(f"--device is ignored for the {args.command} command")
     except Abandoned:

@@ -241,10 +241,11 @@ class _Worker:
     """What a worker keeps between requests: its mount namespace and root (_our_place), the
     memory file a create's messages go to, the server's shared record of the last front
     end version declined (so a stale front end is logged once, not once a create), and its
-    memos (ldcache.Memos, in use for each create it serves; dropped with the worker): it lives
-    long, so it stats the host's driver libraries and the files of images seen before instead of
-    reading them again for every container, and takes a whole plan of an image seen before with
-    the same driver files once its paths are found unchanged."""
+    memos (ldcache.Memos, in use for each create it serves and passed to it; dropped with the
+    worker): it lives long, so it stats the host's driver libraries and the files of images seen
+    before instead of reading them again for every container, takes a whole plan of an image seen
+    before with the same driver files once its paths are found unchanged, and keeps its steps as
+    recipes (a create given memos: shim.runtime.main.Create)."""
 
     def __init__(self, declined):
         from ..ldconfig.ldcache import Memos
@@ -310,7 +311,7 @@ def handle(incoming, worker):
             try:
                 with worker.memos.using():
                     status, exec_argv = decide(request.argv, f" in resident process {os.getpid()}",
-                                               commit=lambda: _take(request.claim_fd, PERMIT))
+                                               commit=lambda: _take(request.claim_fd, PERMIT), memos=worker.memos)
             except Exception:  # noqa: BLE001 - decide has reported it; the caller must fail
                 status, exec_argv = 1, None
         finally:
@@ -479,9 +480,8 @@ def warm_up():
 
     for name in _WARM_MODULES:
         importlib.import_module(name)
-    # (each worker holds its own memos of library files and whole plans: _Worker.memos)
-    # Workers live long: let them replay a whole linker step of an image and spec seen before (stepmemo.py)
-    importlib.import_module("shim.linker.stepmemo").remember_steps(True)
+    # (each worker holds its own memos, _Worker.memos, and passes them to each create: that it
+    # keeps and replays steps, stepmemo.py, follows from them)
 
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
