@@ -344,3 +344,15 @@ def test_a_mounted_folder_is_remembered_until_its_host_folder_changes(image, scr
         assert ldcache.read_cache(four.cache).lookup("libnvidia-other.so.1") == [f"{folder}/libnvidia-extra.so.1"]
         with ldcache.PlanMemo.using(None):
             assert four.cache == ldcache.plan(fourth, [folder], mounts=mounts).cache
+
+
+def test_the_nri_hook_server_holds_its_memos_from_start_to_close(tmp_path):
+    from shim.nri.hookserver import HookServer
+
+    with file_memo(False):
+        server = HookServer(str(tmp_path / "hook" / "h.sock"), lambda level, text: None, remember=True).start()
+        try:
+            assert server.memos.plans is not None and ldcache.remember_files(True, forget=False)
+        finally:
+            server.close()
+        assert server.memos.plans is None and not ldcache.remember_files(False, forget=False)
