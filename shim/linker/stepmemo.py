@@ -22,20 +22,6 @@ from .stepleft import identify as _identify, places_of as _places_of
 _MAX_PATHS = 320    # the plan's (at most plan._MAX_PATHS) and the step's own
 OURS_PREFIX = "cdi-shim."  # the names of the bundle files a step writes
 
-_worker = False     # whether this process keeps steps (remember_steps: the resident workers)
-
-
-def remember_steps(enabled=True):
-    """Turn keeping steps on or off (off by default); the previous setting."""
-    global _worker
-    previous, _worker = _worker, enabled
-    return previous
-
-
-def enabled():
-    return _worker
-
-
 def step_key_of(raw):
     """The front end's key of the step for config.json's bytes RAW, or None (see ociconf.h)."""
     key, size = ffi.new("uint8_t **"), ffi.new("size_t *")
