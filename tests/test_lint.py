@@ -46,3 +46,38 @@ def test_no_source_module_over_the_line_bound():
         if lines > MAX_MODULE_LINES:
             over.append(f"{path} ({lines} lines)")
     assert not over, f"over {MAX_MODULE_LINES} lines, split by concern: " + ", ".join(sorted(over))
+
+
+# A function longer than this does more than one thing: name its parts.
+MAX_FUNCTION_LINES = 80
+PRODUCT_TREES = ("shim", "cdi")     # (what users install; the lab and the tests are not bound)
+# The memo and recipe machinery in Python: the recipes are written and read by C alone.
+MEMO_FILES_MAX_LINES = 400
+
+
+def test_no_product_function_over_the_bound():
+    import ast
+
+    over = []
+    for path in tracked(*PRODUCT_TREES):
+        if not path.endswith(".py"):
+            continue
+        with open(os.path.join(TOP, path), encoding="utf-8") as stream:
+            tree = ast.parse(stream.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    over.append(f"{path}:{node.lineno} {node.name} ({lines} lines)")
+    assert not over, f"over {MAX_FUNCTION_LINES} lines, split into named parts: " + ", ".join(over)
+
+
+def test_the_memo_and_recipe_python_is_small():
+    names = [path for path in tracked(*PRODUCT_TREES) if path.endswith(".py")
+             and any(word in os.path.basename(path) for word in ("memo", "recipe", "stepresult"))]
+    assert names, "no memo or recipe module found: the test looks at nothing"
+    lines = {}
+    for path in names:
+        with open(os.path.join(TOP, path), "rb") as stream:
+            lines[path] = stream.read().count(b"\n")
+    assert sum(lines.values()) <= MEMO_FILES_MAX_LINES, lines
