@@ -179,12 +179,16 @@ static int read_soname(struct src *s, uint64_t at, struct cds_elf_info *info)
     return 0;
 }
 
+/* A program header's size (a constant of the class, not a field: the reads' sizes stay in a
+ * range the compiler knows). */
+#define PHDR_SIZE(is64) ((is64) ? 56u : 32u)
+
 /* The program headers process() reads: where the dynamic section is and the PT_LOADs that
  * map the string table's address to a file offset. */
 struct phdrs {
     int is64;
     uint64_t phoff;
-    uint32_t phnum, phsize;
+    uint32_t phnum;
     uint32_t dynamic_addr; /* ldconfig keeps it in an unsigned int */
     uint64_t dynamic_size;
     struct load loads[64];
@@ -207,10 +211,10 @@ static int read_phdrs(struct src *s, struct phdrs *p, int bits, int target, stru
 {
     const char *const *interpreters = target == CDS_TARGET_AARCH64 ? interpreters_aarch64 : interpreters_x86_64;
     for (uint32_t i = 0; i < p->phnum; i++) {
-        uint64_t at = p->phoff + (uint64_t)i * p->phsize;
+        uint64_t at = p->phoff + (uint64_t)i * PHDR_SIZE(p->is64);
         uint8_t ph[56];
         CHECK_PTR(at);
-        int rc = src_read(s, at, p->phsize, ph);
+        int rc = src_read(s, at, PHDR_SIZE(p->is64), ph);
         if (rc == READ_IO)
             return -1;
         if (rc != READ_OK)
@@ -257,9 +261,9 @@ static uint64_t load_offset(struct src *s, const struct phdrs *p, uint64_t value
             return p->loads[j].vaddr - p->loads[j].offset;
     /* More PT_LOADs than we keep: look through the rest in the file. */
     for (uint32_t i = 0; p->nloads_seen > 64 && i < p->phnum; i++) {
-        uint64_t ph_at = p->phoff + (uint64_t)i * p->phsize;
+        uint64_t ph_at = p->phoff + (uint64_t)i * PHDR_SIZE(p->is64);
         uint8_t ph[56];
-        if (ph_at < p->loads_from || src_read(s, ph_at, p->phsize, ph) != READ_OK)
+        if (ph_at < p->loads_from || src_read(s, ph_at, PHDR_SIZE(p->is64), ph) != READ_OK)
             continue;
         uint64_t offset, vaddr, filesz;
         phdr_fields(ph, p->is64, &offset, &vaddr, &filesz);
@@ -382,7 +386,6 @@ static int process(struct src *s, const uint8_t *eh, int bits, int target, int f
         return CDS_ELF_NOT_DSO;
     p.phoff = p.is64 ? le64(eh + 32) : le32(eh + 28);
     p.phnum = le16(eh + (p.is64 ? 56 : 44));
-    p.phsize = p.is64 ? 56 : 32;
     CHECK_PTR(p.phoff);
 
     info->flags = CDS_FLAG_ELF;
