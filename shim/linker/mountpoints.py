@@ -8,7 +8,7 @@ happens once, during the first create, after its step: the folders the step read
 folder, /etc) then change under it, and the next step finds them too new to keep. Made here,
 before the step's result is taken, they are the step's own changes (their earlier identities
 noted: stepresult.StepResult.linking), and the next create of that root finds the root as the
-step left it (stepmemo.trusted). Only where the step memo observes the step (an overlay root
+step left it (stepleft.trusted). Only where the step memo observes the step (an overlay root
 gets them in its upper folder, as from runc), the root is not read-only and has no user
 namespace (runc makes them as the container's root); any doubt leaves the rest to runc.
 """

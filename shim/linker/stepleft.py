@@ -209,7 +209,7 @@ def places_of(rootfs, entries):
 def identify(rootfs, entries, started=None, trusted=None):
     """The identities (struct cds_identity[]) of memo ENTRIES in ROOTFS, or None when one of
     them changed within the settle time before STARTED (unless None), or the root cannot be
-    opened. TRUSTED ({entry: identity bytes}, stepmemo.trusted): an entry showing that identity
+    opened. TRUSTED ({entry: identity bytes}, trusted): an entry showing that identity
     is exempt from the settle time (our own step left it so)."""
     identities = _identify(rootfs, entries, started if not trusted else None)
     if identities is None or not trusted or started is None:

@@ -333,12 +333,23 @@ def _linker(create, config, what="", raw=None, memo=None):
     from ..linker.toolkit_hooks import HookFailure
 
     try:
-        return isolate_hooks(prepare_linker(config, create.bundle, create.log,
-                                            file_binds=create.settings.file_binds == "hook", raw=raw, memo=memo))
+        # (a per-create interpreter that keeps its step: a plan memo of its own says what plans looked at)
+        with _plans(create, memo):
+            return isolate_hooks(prepare_linker(config, create.bundle, create.log,
+                                                file_binds=create.settings.file_binds == "hook", raw=raw, memo=memo))
     except NoPlaceForCache as err:
         raise RuntimeFailure(f"container {create.container}: {what}{err}") from None
     except (LinkerLimitError, HookFailure) as err:
         raise RuntimeFailure(f"container {create.container}: {err}") from None
+
+
+def _plans(create, memo):
+    """The plan memo a step MEMO keeps needs in use: a worker's is (its memos'); else a new one."""
+    import contextlib
+
+    from ..ldconfig.ldcache import PlanMemo
+
+    return PlanMemo().using() if memo is not None and create.memos is None else contextlib.nullcontext()
 
 
 def _write(create, config):
@@ -381,13 +392,35 @@ def _memo(create):
 
 
 def _steps_dir(create):
-    """Where a resident worker keeps its steps' recipes (beside its socket), or None: not a
-    worker (CREATE has no memos), or runc binds the files (a recipe replays only what the hook
-    mode gives)."""
+    """Where CREATE keeps its steps' and injection's recipes: the steps folder beside the configured
+    resident socket; a resident worker's (CREATE has memos), or, for a per-create interpreter (a
+    direct `--device` run without the resident process), when that folder is safely ours
+    (_own_folder), so that the front end replays the next run. None: no socket configured, or runc
+    binds the files (a recipe replays only what the hook mode gives)."""
     settings = create.settings
-    if create.memos is not None and settings.resident_socket and settings.file_binds == "hook":
-        return os.path.join(os.path.dirname(settings.resident_socket), "steps")
-    return None
+    if not settings.resident_socket or settings.file_binds != "hook":
+        return None
+    steps = os.path.join(os.path.dirname(settings.resident_socket), "steps")
+    return steps if create.memos is not None or _own_folder(steps) else None
+
+
+def _own_folder(path):
+    """Whether PATH is a folder no one but us may write (it and its parent made 0700 if missing):
+    owned by us, not a link, no folder on its way writable by others (cdi.safeio's rule)."""
+    import stat
+
+    from cdi.safeio import private_dir_problem
+
+    try:
+        if private_dir_problem(path, must_exist=False):
+            return False
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022 \
+        and private_dir_problem(path) is None
 
 
 def _replayed(create, memo, text):

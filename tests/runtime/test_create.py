@@ -24,13 +24,33 @@ def test_the_create_names_its_bundle_and_container(tmp_path):
     assert (create.config, create.devices, create.steps, create.recorded, create.why) == (None, [], None, None, None)
 
 
-def test_only_a_workers_create_keeps_steps(tmp_path):
+def test_a_create_keeps_steps_beside_the_socket_in_a_folder_of_ours(tmp_path):
+    """A worker's create (given memos) keeps its steps beside the socket; a per-create
+    interpreter's too (issue 47), where that folder is ours alone: made 0700 when missing, refused
+    when others may write it, when it is a link, or another user's."""
     sock = str(tmp_path / "run" / "runtime.sock")
+    steps = str(tmp_path / "run" / "steps")
     memos = ldcache.Memos()     # (not opened: whether there are memos is what counts here)
-    assert _steps_dir(_create(tmp_path, resident_socket=sock)) is None
-    assert _steps_dir(_create(tmp_path, memos, resident_socket=sock)) == str(tmp_path / "run" / "steps")
+    assert _steps_dir(_create(tmp_path, memos, resident_socket=sock)) == steps
+    assert not os.path.exists(steps)        # (the worker's server made its folder; C makes steps/)
     assert _steps_dir(_create(tmp_path, memos, resident_socket=sock, file_binds="runc")) is None
     assert _steps_dir(_create(tmp_path, memos, resident_socket="")) is None
+    assert _steps_dir(_create(tmp_path, resident_socket=sock)) == steps
+    assert os.stat(steps).st_mode & 0o777 == os.stat(os.path.dirname(steps)).st_mode & 0o777 == 0o700
+    assert _steps_dir(_create(tmp_path, resident_socket=sock, file_binds="runc")) is None
+    os.chmod(steps, 0o770)
+    assert _steps_dir(_create(tmp_path, resident_socket=sock)) is None
+    os.rmdir(steps)
+    os.makedirs(tmp_path / "elsewhere", mode=0o700)
+    os.symlink(tmp_path / "elsewhere", steps)
+    assert _steps_dir(_create(tmp_path, resident_socket=sock)) is None
+    os.unlink(steps)
+    os.makedirs(steps, mode=0o700)
+    os.chown(steps, 12345, 12345)
+    assert _steps_dir(_create(tmp_path, resident_socket=sock)) is None
+    os.chown(steps, 0, 0)
+    os.chmod(os.path.dirname(steps), 0o777)     # (the socket's folder open to others)
+    assert _steps_dir(_create(tmp_path, resident_socket=sock)) is None
 
 
 def test_a_create_with_nothing_to_do_leaves_the_bundle_as_it_was(tmp_path):

@@ -5,13 +5,17 @@ The first run rewrites config.json (the device injected, the library mounts move
 hook) and writes the cache and drop-ins into the root's /etc; the second injects onto that and
 its config.json comes out the same (an earlier binds hook of ours is replaced, not kept beside
 the new one: filebinds.replaced), so from then on every run has one key. The files our own
-steps left are young, and trusted while they show the identity the step left (stepmemo.trusted),
+steps left are young, and trusted while they show the identity the step left (stepleft.trusted),
 whichever of the server's workers stepped there (stepleft.py). The front end replays the
-request from the fourth run at the latest (the third, where the second's step was kept); each container sees what
-a step in that root gives. Another writer's change to /etc/ld.so.cache or to one of our
-drop-ins between runs stops the replay. Without the resident process every run steps (nothing
-is kept: docs/fast.md), and config.json stays the same all the same."""
+request from the fourth run: the second run's step still changes the root (it steps on what a
+step of another config left), so the first recipe whose paths the next root shows as they were
+is the third run's; each container sees what a step in that root gives. Another writer's change
+to /etc/ld.so.cache or to one of our drop-ins between runs stops the replay. Without the
+resident process the per-create interpreter keeps them alike, in the steps folder beside the
+configured socket when that folder is ours alone (docs/fast.md), and the front end replays
+those too."""
 import os
+import time
 
 import pytest
 
@@ -22,6 +26,7 @@ from test_runtime_toolkit_hooks import LIBDIR, VERSION, _image, toolkit_spec
 from test_image_layouts import merge_usr
 
 from cdi_shim_lab.images import build_driver_libraries
+from tests.helpers import ENGINE_SETTLE
 
 FRONT_END = "replayed by the front end"
 RUNS = 6
@@ -141,18 +146,31 @@ def test_another_writer_between_runs_stops_the_replay(direct, path):
     assert _seen(direct.bundle)[1:] == before[1:]
 
 
-def test_without_the_resident_process_every_run_steps(world, driver, tmp_path):
-    """No resident process: nothing is kept (no recipe), each run steps, and config.json comes
-    out the same from the second run on."""
+def test_without_the_resident_process_runs_are_replayed_too(world, driver, tmp_path):
+    """No resident process: each per-create interpreter keeps its injection and step as recipes in
+    the steps folder beside the configured socket (made 0700: ours alone), and the front end
+    replays them as it does a worker's, from the fourth run (as with the resident process); the
+    replayed container sees what a step in that root gives; a folder others may write is
+    refused, and the interpreter steps."""
     made = Direct(world, driver, tmp_path, resident=False)
-    texts = []
-    for n in range(3):
-        made.run("run", n=n)
+    # (a per-create interpreter's settle window cannot be set as a server's is: cli_with_settle;
+    # the image's files must age past it, the one wait of these tests)
+    newest = max(os.lstat(os.path.join(folder, name)).st_ctime
+                 for folder, dirs, files in os.walk(made.bundle.rootfs) for name in dirs + files + ["."])
+    time.sleep(max(0.0, ENGINE_SETTLE + 0.1 - (time.time() - newest)))
+    names, texts = [], []
+    for n in range(RUNS):
+        names.append(made.run("run", n=n))
         texts.append(made.bundle.read_bytes())
-    assert texts[1] == texts[2]
-    assert not os.path.exists(os.path.join(world.base, "run", "steps"))
-    with open(made.log) as f:
-        assert not any(FRONT_END in line for line in f)
+    replayed = [made.replayed(name) for name in names]
+    assert all(text == texts[1] for text in texts[1:])
+    assert not replayed[0] and all(replayed[3:]), replayed
+    steps = os.path.join(os.path.dirname(world.resident_socket), "steps")
+    assert os.stat(steps).st_mode & 0o777 == 0o700 and any(name.startswith("q") for name in os.listdir(steps))
+    replayed_seen = _seen(made.bundle)
+    os.chmod(steps, 0o777)      # (open to others: refused, the interpreter steps)
+    again = made.run("run", n=RUNS)
+    assert not made.replayed(again) and _seen(made.bundle) == replayed_seen
 
 
 def test_repeated_direct_runs_on_merged_usr_are_replayed(world, driver, tmp_path):
