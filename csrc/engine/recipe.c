@@ -1,6 +1,7 @@
-/* The two recipe formats of the steps folder beside a resident worker's socket, each written and
- * read here alone: a kept linker step's (STEP_MAGIC, named by the FNV-1a of the config's step key
- * in hex) and a request's injection (REQUEST_MAGIC, 'q' and the hash of the request's key).
+/* The formats of the steps folder beside the resident socket, each written and read here alone:
+ * a kept linker step's recipe (STEP_MAGIC, named by the FNV-1a of the config's step key in hex), a
+ * request's injection (REQUEST_MAGIC, 'q' and the hash of the request's key), and, at the end,
+ * the notes of what a step left in a reused root (LEFT_MAGIC, in .left/).
  *
  * A recipe is its magic, then u32-sized blocks, then the FNV-1a (64 bits) of all before it: one
  * changed or cut since it was written is refused whole. A step recipe holds the version and the
@@ -487,3 +488,86 @@ int cds_request_recipe_write(const char *steps_dir, const struct cds_request_rec
     free(o.data);
     return done;
 }
+
+/* The third format of the steps folder: what a step left in a reused root (shim/linker/stepleft.py),
+ * a note in its .left folder named by the FNV-1a of "DEV:INO": LEFT_MAGIC, the version, the
+ * root's device and inode (u64 each), the entries (each NUL-terminated) and their identities,
+ * then the sum. Read back only of this version, this root, whole, from a file of ours in a folder
+ * of ours inside another (the steps folder), neither of which anyone else may write. */
+#define LEFT_MAGIC "CDSLEFT1"
+#define MAX_NOTE (1u << 20)
+
+static void note_name(uint64_t dev, uint64_t ino, char *name, size_t cap)
+{
+    char text[48];
+    int len = snprintf(text, sizeof text, "%llu:%llu", (unsigned long long)dev, (unsigned long long)ino);
+    snprintf(name, cap, "%016llx", (unsigned long long)cds_fnv1a((const uint8_t *)text, (size_t)len));
+}
+
+/* FOLDER opened when it and the folder above it are ours and no one else may write them; MAKE:
+ * FOLDER made (0700) when missing. */
+static int open_notes(const char *folder, int make)
+{
+    char parent[4096];
+    const char *slash = strrchr(folder, '/');
+    if (!slash || slash == folder || (size_t)(slash - folder) >= sizeof parent)
+        return -1;
+    snprintf(parent, sizeof parent, "%.*s", (int)(slash - folder), folder);
+    cleanup_fd int above = open_steps(parent, 0);
+    return above < 0 ? -1 : open_steps(folder, make);
+}
+
+int cds_left_write(const char *folder, const char *version, uint64_t dev, uint64_t ino, const char *entries,
+                   size_t entries_len, size_t count, const struct cds_identity *identities)
+{
+    struct out o = {0};
+    uint64_t root[2] = {dev, ino};
+    char name[24];
+    cleanup_fd int dirfd = open_notes(folder, 1);
+    if (dirfd < 0)
+        return -1;
+    note_name(dev, ino, name, sizeof name);
+    put(&o, LEFT_MAGIC, strlen(LEFT_MAGIC));
+    put_block(&o, version, strlen(version));
+    put_block(&o, root, sizeof root);
+    put_block(&o, entries, entries_len);
+    put_block(&o, identities, count * sizeof *identities);
+    int done = write_recipe(folder, name, &o);
+    free(o.data);
+    return done;
+}
+
+long cds_left_read(const char *folder, const char *version, uint64_t dev, uint64_t ino, char **entries,
+                   size_t *entries_len, struct cds_identity **identities)
+{
+    struct block found_version, found_root, found_entries, found_identities;
+    struct block *const order[] = {&found_version, &found_root, &found_entries, &found_identities};
+    uint64_t root[2] = {dev, ino};
+    char name[24];
+    cleanup_free char *text = NULL;
+    cleanup_fd int dirfd = open_notes(folder, 0);
+    note_name(dev, ino, name, sizeof name);
+    long len = dirfd < 0 ? -1 : read_private(dirfd, name, MAX_NOTE, &text);
+    if (len < 0 || parse_blocks(text, (size_t)len, LEFT_MAGIC, order, 4, NULL) < 0
+        || !same(&found_version, version, strlen(version)) || !same(&found_root, root, sizeof root))
+        return -1;
+    size_t count = 0;
+    for (size_t i = 0; i < found_entries.len; i++)
+        count += found_entries.data[i] == '\0';
+    if (found_identities.len != count * sizeof **identities
+        || (found_entries.len && found_entries.data[found_entries.len - 1] != '\0'))
+        return -1;
+    *entries = malloc(found_entries.len + 1);
+    *identities = malloc(found_identities.len + 1);
+    if (!*entries || !*identities) {
+        free(*entries);
+        free(*identities);
+        return -1;
+    }
+    memcpy(*entries, found_entries.data, found_entries.len);
+    memcpy(*identities, found_identities.data, found_identities.len);
+    *entries_len = found_entries.len;
+    return (long)count;
+}
+
+void cds_recipe_free(void *data) { free(data); }

@@ -106,4 +106,18 @@ struct cds_request_recipe {
 /* Write R's recipe into STEPS_DIR, with the driver version file as it is now. 0, or -1. */
 int cds_request_recipe_write(const char *steps_dir, const struct cds_request_recipe *r);
 
+/* What a step left in a reused root (shim/linker/stepleft.py): COUNT memo entries (ENTRIES, each
+ * NUL-terminated, ENTRIES_LEN bytes) and their IDENTITIES as the step left them, for the root
+ * (DEV, INO), as a note in FOLDER (the steps folder's .left: made 0700 when missing; it and the
+ * steps folder ours, no one else may write them). 0, or -1. */
+int cds_left_write(const char *folder, const char *version, uint64_t dev, uint64_t ino, const char *entries,
+                   size_t entries_len, size_t count, const struct cds_identity *identities);
+
+/* The note of VERSION for the root (DEV, INO) in FOLDER, whole: its count of entries, with
+ * *ENTRIES (*ENTRIES_LEN bytes) and *IDENTITIES (free both with cds_recipe_free); or -1. */
+long cds_left_read(const char *folder, const char *version, uint64_t dev, uint64_t ino, char **entries,
+                   size_t *entries_len, struct cds_identity **identities);
+
+void cds_recipe_free(void *data);
+
 #endif

@@ -1,30 +1,21 @@
-"""What the last step in a root left there, shared by the resident workers (issue 47).
+"""What the last step in a root left there, shared by the resident workers and the per-create
+interpreters (issue 47).
 
 A plain-folder bundle run again and again (`cdi-shim-runtime --device ... run --bundle B`) keeps
 its root: each create finds the files, links and mount points the step before it made, younger
-than the settle window. The step memo trusts such a path while it shows the identity our own
-step left (stepmemo.StepMemo.trusted). The server's workers take creates in turn, so what one
-worker's step left must reach the next worker: each note is a file in a folder beside the recipes
-(``steps/.left/``, 0700, each file 0600, named by the root's device and inode), read back only
-when it is a regular file of ours that no one else may write, in such a folder, of this
-version, whole (its checksum) and of this very root. Roots on overlayfs (every engine's: a new
-mount and an empty upper folder per container) are never reused, and get no note. At most
-MAX_NOTES files, the oldest removed.
+than the settle window. A step trusts such a path while it shows the identity our own step left
+(trusted). The server's workers take creates in turn, so what one step left must reach the next:
+each note is a file beside the recipes (``steps/.left/``, 0700, each file 0600, named by the
+root's device and inode), written and read by C (csrc/engine/recipe.c, the steps folder's third
+format): read back only when it is a file of ours that no one else may write, in such a folder,
+of this version, whole (its checksum) and of this very root. Roots on overlayfs (every engine's:
+a new mount and an empty upper folder per container) are never reused, and get no note. At most
+64 notes, the oldest removed. Also here: the identities of memo entries (identify, places_of),
+with that trust.
 """
 import os
-import stat
-import struct
 
 from .._native import ffi, lib
-
-MAGIC = b"cdi-shim left 1\n"
-MAX_NOTES = 64
-
-
-def _name(root):
-    text = b"%d:%d" % root
-    return f"{lib.cds_fnv1a(text, len(text)):016x}"
-
 
 OVERLAYFS_MAGIC = 0x794C7630
 
@@ -36,117 +27,37 @@ def _on_overlay(rootfs):
     return _fs_type(rootfs) == OVERLAYFS_MAGIC
 
 
-def _private(path):
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
-
-
 def write(folder, root, left, rootfs):
     """Note LEFT ({memo entry: identity bytes}) for ROOT ((device, inode) of ROOTFS) in FOLDER (the
-    steps folder's .left); nothing for a root on overlayfs (never reused)."""
+    steps folder's .left), written by C (cds_left_write, csrc/engine/recipe.c); nothing for a
+    root on overlayfs (never reused)."""
     if not left or _on_overlay(rootfs):
         return
     from cdi import __version__
-    from cdi.safeio import write_file_atomic
 
-    body = _block(__version__.encode()) + struct.pack("<QQ", *root)
-    body += b"".join(_block(entry) + _block(identity) for entry, identity in sorted(left.items()))
-    data = MAGIC + body
-    data += struct.pack("<Q", lib.cds_fnv1a(data, len(data)))
-    name = _name(root)
-    try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        if not _private(folder) or not _private(os.path.dirname(folder)):
-            return
-        write_file_atomic(os.path.join(folder, name), data, 0o600, temp_name=f".{name}.{os.getpid()}")
-        _prune(folder)
-    except OSError:
-        return
+    entries = sorted(left)
+    identities = ffi.new("struct cds_identity[]", len(entries))
+    ffi.memmove(identities, b"".join(left[entry] for entry in entries), len(entries) * ffi.sizeof(identities[0]))
+    joined = b"\0".join(entries) + b"\0"
+    lib.cds_left_write(os.fsencode(folder), __version__.encode(), *root, joined, len(joined), len(entries), identities)
 
 
 def read(folder, root):
-    """The note for ROOT in FOLDER ({memo entry: identity bytes}), or {}."""
-    if not _private(folder) or not _private(os.path.dirname(folder)):
-        return {}
-    try:
-        fd = os.open(os.path.join(folder, _name(root)), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return {}
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077 \
-                or info.st_size > 1 << 20:
-            return {}
-        data = os.read(fd, info.st_size + 1)
-    except OSError:
-        return {}
-    finally:
-        os.close(fd)
-    return _parse(data, root)
-
-
-def _parse(data, root):
+    """The note for ROOT in FOLDER ({memo entry: identity bytes}), or {} (cds_left_read)."""
     from cdi import __version__
 
-    size = ffi.sizeof("struct cds_identity")
-    if len(data) < len(MAGIC) + 8 or not data.startswith(MAGIC) \
-            or struct.unpack("<Q", data[-8:])[0] != lib.cds_fnv1a(data[:-8], len(data) - 8):
+    entries, size, identities = ffi.new("char **"), ffi.new("size_t *"), ffi.new("struct cds_identity **")
+    count = lib.cds_left_read(os.fsencode(folder), __version__.encode(), *root, entries, size, identities)
+    if count < 0:
         return {}
-    at, end = len(MAGIC), len(data) - 8
     try:
-        version, at = _take(data, at, end)
-        if version != __version__.encode() or struct.unpack_from("<QQ", data, at) != tuple(root):
-            return {}
-        at += 16
-        left = {}
-        while at < end:
-            entry, at = _take(data, at, end)
-            identity, at = _take(data, at, end)
-            if len(identity) != size:
-                return {}
-            left[entry] = identity
-    except (ValueError, struct.error):
-        return {}
-    return left
-
-
-def _block(data):
-    return struct.pack("<I", len(data)) + data
-
-
-def _take(data, at, end):
-    (length,) = struct.unpack_from("<I", data, at)
-    if at + 4 + length > end:
-        raise ValueError("cut")
-    return data[at + 4:at + 4 + length], at + 4 + length
-
-
-def _prune(folder):
-    names = [name for name in os.listdir(folder) if not name.startswith(".")]
-    for name in os.listdir(folder):    # (a temp file of a writer that is gone)
-        pid = name.rsplit(".", 1)[-1] if name.startswith(".") else ""
-        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-            _unlink(os.path.join(folder, name))
-    if len(names) <= MAX_NOTES:
-        return
-
-    def age(name):
-        try:
-            return os.stat(os.path.join(folder, name)).st_mtime_ns
-        except OSError:
-            return 0
-    for name in sorted(names, key=age)[:len(names) - MAX_NOTES]:
-        _unlink(os.path.join(folder, name))
-
-
-def _unlink(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+        names = ffi.buffer(entries[0], size[0])[:].split(b"\0")[:-1]
+        width = ffi.sizeof("struct cds_identity")
+        data = ffi.buffer(identities[0], count * width)[:]
+        return {name: data[at * width:(at + 1) * width] for at, name in enumerate(names)}
+    finally:
+        lib.cds_recipe_free(entries[0])
+        lib.cds_recipe_free(identities[0])
 
 
 def trusted(folder, rootfs):
