@@ -8,8 +8,9 @@ paired ratio.
   create-none  `create` of a bundle that requests no device
   create-1dev  `create` with one CDI device requested by annotation, against runc `create` of
                the same bundle with the device already injected (by `cdi-shim cdi inject`);
-               once with the interpreter started per create, once through the resident process
-               (`cdi-shim runtime serve`)
+               once with the interpreter started per create (which keeps recipes beside the
+               configured socket since issue 47: every create after the first is the front
+               end's replay), once through the resident process (`cdi-shim runtime serve`)
 
     .venv/bin/python benchmarks/runtime_overhead.py [--runs 30] [--versus OTHER-cdi-shim-runtime]
 
