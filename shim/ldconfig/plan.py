@@ -3,6 +3,7 @@ image's own cache kept as a memo per directory and only what changed scanned aga
 import os
 import posixpath
 import stat
+from contextvars import ContextVar
 from errno import ENOENT
 
 from .._native import ffi, lib
@@ -217,7 +218,7 @@ def plan(root, folders=(), extra=None, *, machine=None, mode="auto", links="exis
     _check_options(mode, links, format)
     folders = [os.fspath(f) for f in folders]
     mounts = list(mounts)
-    memo = _in_use[0]
+    memo = _in_use.get()
     arguments = None if memo is None else (
         machine, mode, links, format, generator, tuple(folders), tuple(compat),
         tuple((os.fspath(k), os.fspath(v)) for k, v in (extra or {}).items()))
@@ -385,8 +386,9 @@ _PER_ARGUMENTS = 4      # trees tried for one set of arguments (each try stats e
 # full scan of ~900 remembered files ~1.2 ms; a path checked here ~5 us).
 _MAX_PATHS = 256
 # The PlanMemo plan() consults, for the length of a PlanMemo.using() block (its holder's: a
-# long-lived process's shim.linker.memos.Memos), or None: plans are kept nowhere.
-_in_use = [None]
+# long-lived process's ldcache.Memos), or None: plans are kept nowhere. A context variable, not
+# state: the memo lives in its holder, and each thread (the NRI hook server's) sees its own.
+_in_use = ContextVar("cdi_shim_plan_memo", default=None)
 
 
 class _Kept:
@@ -401,7 +403,7 @@ class _Kept:
 class PlanMemo:
     """Whole plans kept (see above) and given to later plans of the same files: held by one
     object, a long-lived process's (the resident worker's, the NRI hook server's: their
-    shim.linker.memos.Memos), dropped with it. plan() consults the memo in use (using()); two
+    ldcache.Memos), dropped with it. plan() consults the memo in use (using()); two
     memos share nothing."""
 
     def __init__(self):
@@ -448,17 +450,18 @@ class PlanMemo:
 
 
 class _Using:
-    __slots__ = ("memo", "before")
+    __slots__ = ("memo", "token")
 
     def __init__(self, memo):
-        self.memo, self.before = memo, None
+        self.memo, self.token = memo, None
 
     def __enter__(self):
-        self.before, _in_use[0] = _in_use[0], self.memo
+        self.token = _in_use.set(self.memo)
         return self.memo
 
     def __exit__(self, *exc):
-        _in_use[0], self.before = self.before, None
+        _in_use.reset(self.token)
+        self.token = None
 
 
 def _candidates(config, tree):

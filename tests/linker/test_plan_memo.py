@@ -216,6 +216,24 @@ def test_none_in_use_by_default_and_each_memo_its_own(image, scratch):
         assert len(one.kept) == len(other.kept) == 1
 
 
+def test_a_memo_in_use_is_that_threads_alone(image, scratch):
+    """The memo in use is the using() block's, in its own thread only (the NRI hook server
+    answers in threads): another thread's plans keep nothing in it and recall nothing of it."""
+    import threading
+
+    lower, extra = image
+    with file_memo(False), overlay_mounts(lower, scratch, 2) as (first, second):
+        memo, seen = ldcache.PlanMemo(), []
+        with memo.using():
+            ldcache.plan(first, [LIBDIR], extra)
+            worker = threading.Thread(target=lambda: seen.append(ldcache.plan(second, [LIBDIR], extra).remembered))
+            worker.start()
+            worker.join()
+            assert seen == [False]                                       # not the other thread's
+            assert ldcache.plan(second, [LIBDIR], extra).remembered      # this one's
+        assert len(memo.kept) == 1
+
+
 def test_memos_hold_the_file_memo_and_plans_from_open_to_close(image, scratch):
     """ldcache.Memos (a resident worker's, the NRI hook server's): the file memo on while it is
     open (turned off by the one that turned it on); its plans consulted within using(); closed
