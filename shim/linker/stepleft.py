@@ -11,7 +11,7 @@ format): read back only when it is a file of ours that no one else may write, in
 of this version, whole (its checksum) and of this very root. Roots on overlayfs (every engine's:
 a new mount and an empty upper folder per container) are never reused, and get no note. At most
 64 notes, the oldest removed. Also here: the identities of memo entries (identify, places_of),
-with that trust.
+with that trust, and when a step left the root as a step there leaves it (only_the_cache).
 """
 import os
 
@@ -147,3 +147,26 @@ def _identify(rootfs, entries, started):
     finally:
         os.close(rootfd)
     return identities if unsettled == 0 or (started is None and unsettled > 0) else None
+
+
+_CACHE_AND_ITS_FOLDER = {b"/etc/ld.so.cache", b"/etc"}
+
+
+def only_the_cache(changed, done, rootfs):
+    """True when the only entries the step changed (CHANGED, of those it looked at; and of all
+    that its links, writes and mount points change: done.changed) are the linker cache it wrote
+    and /etc above it: a step in the root it left then writes the same and changes nothing. The
+    cache is the planner's for the folders and drop-ins, which the step left as they were (the
+    root's own cache only spares a scan: the same bytes as a full one, test_reused_root); its
+    links, mount points and drop-ins were there already. (Not so a first run in a fresh root: the
+    link create-symlinks makes to a soname link ldconfig makes after its scan dangles during the
+    scan and is made after the cache, so the next step's cache lists it, as the toolkit's
+    ldconfig does on a reused root: test_direct_runs.)"""
+    if not any(path == "/etc/ld.so.cache" for path, _, _ in done.root_files) or \
+            any(entry[1:] not in _CACHE_AND_ITS_FOLDER for entry in changed):
+        return False
+    others = [entry for entry in done.changed if entry[1:] not in _CACHE_AND_ITS_FOLDER]
+    now = identify(rootfs, others) if others else None
+    size = ffi.sizeof("struct cds_identity")
+    return not others or now is not None and all(
+        done.before.get(entry) == bytes(ffi.buffer(now + index, size)) for index, entry in enumerate(others))

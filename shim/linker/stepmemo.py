@@ -140,7 +140,7 @@ class StepMemo:
         if now is None:
             return "the root cannot be opened"
         size = ffi.sizeof("struct cds_identity")
-        found, unchanged = [], []
+        found, unchanged, changed = [], [], []
         others = [entry for entry in entries if entry not in done.before] if done.places else []
         by_place = {entry: done.places.get(place) for place, entry in _places_of(rootfs, others)}
         for index, entry in enumerate(entries):
@@ -151,9 +151,14 @@ class StepMemo:
             if before is None:
                 before = bytes(ffi.buffer(now + index, size))
                 unchanged.append(entry)
+            elif before != bytes(ffi.buffer(now + index, size)):
+                changed.append(entry)
             found.append(before)
         if unchanged and _identify(rootfs, unchanged, done.started, done.trusted) is None:
             return "a path changed within the settle window"
+        if changed and stepleft.only_the_cache(changed, done, rootfs):
+            # (the root left as a step there leaves it: a recipe of it as left, replayed next)
+            found = [bytes(ffi.buffer(now + index, size)) for index in range(len(entries))]
         identities = ffi.new("struct cds_identity[]", max(1, len(entries)))
         ffi.memmove(identities, b"".join(found), len(entries) * size)
         # What the step left (NOW: after it), for the next step in this root (stepleft.trusted)
