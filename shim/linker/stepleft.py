@@ -161,9 +161,10 @@ def only_the_cache(changed, done, rootfs):
     links, mount points and drop-ins were there already. (Not so a first run in a fresh root: the
     link create-symlinks makes to a soname link ldconfig makes after its scan dangles during the
     scan and is made after the cache, so the next step's cache lists it, as the toolkit's
-    ldconfig does on a reused root: test_direct_runs.)"""
+    ldconfig does on a reused root: test_direct_runs.) Never on overlayfs: an engine's next
+    container starts from the image again, so the recipe is of the root as the step found it."""
     if not any(path == "/etc/ld.so.cache" for path, _, _ in done.root_files) or \
-            any(entry[1:] not in _CACHE_AND_ITS_FOLDER for entry in changed):
+            any(entry[1:] not in _CACHE_AND_ITS_FOLDER for entry in changed) or _on_overlay(rootfs):
         return False
     others = [entry for entry in done.changed if entry[1:] not in _CACHE_AND_ITS_FOLDER]
     now = identify(rootfs, others) if others else None
