@@ -36,6 +36,12 @@ a documented difference (docs/hooks.md), or left.
     .venv/bin/python benchmarks/hook_differential.py --seed 1 --only 17 -v       # one case, its diff
     .venv/bin/python benchmarks/hook_differential.py --cases 50 --layout rpm     # one layout's images only
     .venv/bin/python benchmarks/hook_differential.py --way nri --way nri-kept    # the NRI path only
+    .venv/bin/python benchmarks/hook_differential.py --reference preinjected --way nri    # NRI against our runtime
+
+With `--reference WAY` the ways are compared with WAY's container instead of the toolkit's, and
+the toolkit is neither needed nor run: the spec's hooks then name a stand-in nvidia-cdi-hook that
+fails when run, so a case where any way ran a hook process is a difference. Only `identical`
+means the same there (the documented rules are the toolkit's differences from ours).
 
 Counts are printed per layout and in all, and per way: identical, harmless, documented, left
 (a case counts as its worst way). With an NRI way the run is in a mount namespace of its own
@@ -541,7 +547,8 @@ def _failed(result):
 
 
 def run_case(world, case, parts, layouts, verbose, dump=None, ways=WAYS, side=None):
-    """{way: (class, reasons)} of CASE's WAYS against the toolkit's (WAYS[0])."""
+    """{way: (class, reasons)} of CASE's WAYS against the first of them (the reference: the
+    toolkit's, unless --reference)."""
     results = {way: run_way(world, case, parts, layouts, way, side) for way in ways}
     if any(_failed(r) for r in results.values()) and not all(_failed(r) for r in results.values()):
         # once more, after a pause: a create of ours that failed while another session on this
@@ -556,21 +563,33 @@ def run_case(world, case, parts, layouts, verbose, dump=None, ways=WAYS, side=No
         with open(os.path.join(dump, f"case-{case['number']}.json"), "w") as out:
             json.dump({"case": case, "ways": results}, out, indent=1)
     seen = {way: facts(result) for way, result in results.items()}
+    reference = ways[0]
     outcome = {}
     for way in ways[1:]:
-        diff = differences(seen["toolkit"], seen[way])
-        outcome[way] = classify(case, diff, (seen["toolkit"], seen[way]))
+        diff = differences(seen[reference], seen[way])
+        outcome[way] = classify(case, diff, (seen[reference], seen[way]))
         asks = any(hook[0] in ("update-ldcache", "enable-cuda-compat") for hook in case["hooks"])
         if way == "nri-kept" and asks and not results[way].get("kept") and not _failed(results[way]):
             outcome[way] = (outcome[way][0], "; ".join(r for r in (outcome[way][1], NOT_KEPT) if r))
         if verbose and diff:
             print(f"  {way}: {outcome[way][0]}")
-            for side in ("toolkit", way):
+            for side in (reference, way):
                 if "error" in seen[side]:
                     print(f"    {side}'s create fails: {seen[side]['error']}")
             for key, (theirs, ours) in diff.items():
-                print(f"    {key}\n      toolkit: {theirs!r}\n      {way}: {ours!r}")
+                print(f"    {key}\n      {reference}: {theirs!r}\n      {way}: {ours!r}")
     return outcome
+
+
+def _stand_in_hook(work):
+    """An nvidia-cdi-hook that fails, saying so, when run: the spec's hooks name it where no way
+    is the toolkit's (every way does the hooks' work natively, and must not run one)."""
+    path = os.path.join(work, "stand-in", "nvidia-cdi-hook")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as out:
+        out.write("#!/bin/sh\necho \"stand-in nvidia-cdi-hook run: $*\" >&2\nexit 1\n")
+    os.chmod(path, 0o755)
+    return path
 
 
 def main(argv=None):
@@ -581,28 +600,34 @@ def main(argv=None):
     parser.add_argument("--layout", action="append", choices=hl.LAYOUTS,
                         help="draw the images from this layout only (repeatable; default: all of them)")
     parser.add_argument("--way", action="append", choices=WAYS[1:],
-                        help="compare this way with the toolkit's (repeatable; default: all of them)")
+                        help="compare this way with the reference's (repeatable; default: all of them)")
+    parser.add_argument("--reference", choices=WAYS, default="toolkit",
+                        help="the way the others are compared with (default: the real toolkit's; another "
+                             "needs no toolkit, and its hooks name a stand-in that fails if run)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each case and each difference")
     parser.add_argument("--json", help="write each case and its outcome to this file")
     parser.add_argument("--dump", help="write each case's probe outputs, each way's, into this folder")
     args = parser.parse_args(argv)
-    ways = ("toolkit", *[way for way in WAYS[1:] if way in (args.way or WAYS)])
+    ways = (args.reference, *[way for way in WAYS[1:] if way in (args.way or WAYS) and way != args.reference])
     if any(way in NRI_WAYS for way in ways) and os.environ.get("CDI_SHIM_DIFF_NAMESPACE") != str(os.getpid()):
         # (a mount namespace of its own: the overlays go with it, whatever ends the run)
         command = [sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv)]
         done = subprocess.run([rh.need("unshare", "util-linux"), "-m", "--propagation", "private", "sh", "-c",
                                'CDI_SHIM_DIFF_NAMESPACE=$$ exec "$@"', "sh", *command])
         return done.returncode
-    try:
-        hook = toolkit_programs()["nvidia-cdi-hook"]
-    except ToolkitUnavailable as err:
-        print(f"hook_differential.py: {err}", file=sys.stderr)
-        return 1
+    work = tempfile.mkdtemp(prefix="hookdiff.")
+    if "toolkit" in ways:
+        try:
+            hook = toolkit_programs()["nvidia-cdi-hook"]
+        except ToolkitUnavailable as err:
+            print(f"hook_differential.py: {err}", file=sys.stderr)
+            return 1
+    else:
+        hook = _stand_in_hook(work)
     rng = random.Random(args.seed)
     cases = [random_case(rng, n, tuple(args.layout or hl.LAYOUTS)) for n in range(args.cases)]
     if args.only:
         cases = [c for c in cases if c["number"] in args.only]
-    work = tempfile.mkdtemp(prefix="hookdiff.")
     counts, reasons, records, start = collections.Counter(), collections.Counter(), [], time.monotonic()
     per_layout = collections.defaultdict(collections.Counter)
     per_way = collections.defaultdict(collections.Counter)
