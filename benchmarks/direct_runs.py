@@ -1,16 +1,18 @@
 """Repeated direct runs on one plain-folder bundle (issue 47): `cdi-shim-runtime --device
 nvidia.com/gpu=0 run --bundle B ID`, the same bundle run after run, against `runc run` of the
 same config with the spec's mounts already in it (a second bundle, its own copy of the image),
-interleaved, resident process on (two workers, the real settle window).
+interleaved, resident process on (two workers, the real settle window), or with --no-resident
+off: each create is the per-create interpreter's, which keeps its recipes in the steps folder
+beside the configured socket, made by the runtime (0700).
 
 The spec is run_with_libraries.py's: 30 gcc-built driver libraries bind-mounted into the
 library folder and the toolkit's update-ldcache hook. --image small: busybox alone (no
 ld.so.cache); --image libraries: run_with_libraries.py's ~540-library glibc tree (on a reused
 root its library folder is rescanned past the plan's path bound: no step is kept, see
 docs/fast.md). The first WARMUP pairs are left out (the first runs step; the replay starts from
-the 4th at the latest).
+the 3rd: tests/runtime/test_direct_runs.py).
 
-    .venv/bin/python benchmarks/direct_runs.py [--runs 30] [--image small|libraries]
+    .venv/bin/python benchmarks/direct_runs.py [--runs 30] [--image small|libraries] [--no-resident]
 """
 import argparse
 import json
@@ -57,6 +59,8 @@ def main():
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--image", choices=("small", "libraries"), default="small")
     parser.add_argument("--dir", default="/run")
+    parser.add_argument("--no-resident", action="store_true",
+                        help="no resident process: the per-create interpreter steps and keeps the recipes")
     parser.add_argument("--debug-log", metavar="FILE", help="log each create's phases (log-level debug) into FILE")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="cdi-shim-direct.", dir=args.dir)
@@ -74,7 +78,8 @@ def main():
             if args.debug_log:  # (replayed or stepped, and why a step was not kept)
                 out.write(f'log-level = "debug"\nlog-file = "{os.path.abspath(args.debug_log)}"\n')
         env = dict(os.environ, CDI_SHIM_CONFIG=settings, CDI_SHIM_CACHE_DIR=os.path.join(root, "cache"))
-        server = start_resident(f"{root}/run/runtime.sock", env)
+        if not args.no_resident:
+            server = start_resident(f"{root}/run/runtime.sock", env)
         ours = bundle(os.path.join(root, "ours"), args.image)
         mounts = [{"destination": f"{rw.FOLDER}/{os.path.basename(path)}", "type": "bind", "source": path,
                    "options": ["ro", "nosuid", "nodev", "bind"]} for path in libraries]
@@ -95,7 +100,7 @@ def main():
                 base.append(times[0])
                 mine.append(times[1])
         med = statistics.median
-        print(json.dumps({"image": args.image, "runs": args.runs, "driver_libraries": 30,
+        print(json.dumps({"image": args.image, "resident": not args.no_resident, "runs": args.runs, "driver_libraries": 30,
                           "runc_run_ms": round(med(base), 1), "direct_device_run_ms": round(med(mine), 1),
                           "median_paired_ratio": round(med(o / b for o, b in zip(mine, base)), 3),
                           "interval": rw.interval([o / b for o, b in zip(mine, base)])}, indent=2))
