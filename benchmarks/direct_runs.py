@@ -100,7 +100,8 @@ def main():
                 base.append(times[0])
                 mine.append(times[1])
         med = statistics.median
-        print(json.dumps({"image": args.image, "resident": not args.no_resident, "runs": args.runs, "driver_libraries": 30,
+        print(json.dumps({"image": args.image, "resident": not args.no_resident, "runs": args.runs,
+                          "driver_libraries": 30,
                           "runc_run_ms": round(med(base), 1), "direct_device_run_ms": round(med(mine), 1),
                           "median_paired_ratio": round(med(o / b for o, b in zip(mine, base)), 3),
                           "interval": rw.interval([o / b for o, b in zip(mine, base)])}, indent=2))

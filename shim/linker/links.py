@@ -131,8 +131,14 @@ def soname_links_to_make(rootfs, folders, updates, libraries, compat, log, start
                 continue    # (the image's own file: its link is the image's)
             directory = posixpath.dirname(link)
             found = root.stat(directory)
-            if found is None or not stat.S_ISDIR(found[0]):
-                continue    # (a directory only runc's mount will make: the cache names the file)
+            if found is None:
+                # (a folder the image lacks is runc's to make, for the mount, before the hook's
+                # ldconfig runs there and makes the link: make_links makes it, 0755, as runc does)
+                if root.errno == errno.ENOENT:
+                    todo.append((name, link, libraries[file]))
+                continue
+            if not stat.S_ISDIR(found[0]):
+                continue
             there = root.stat(link, follow=False)
             if there is None and root.errno == errno.ENOENT or there is not None and stat.S_ISLNK(there[0]) \
                     and _link_text(root, link) != name:

@@ -25,6 +25,7 @@ linked against libnvidia-ml.so.1, and whether the dev links open.
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -168,8 +169,9 @@ def _hook(*args):
             f"      args: [nvidia-cdi-hook, {', '.join(repr(a) for a in args)}]\n")
 
 
-def spec(world, driver, libdir, compat=False):
-    """The toolkit's shape for a driver mounted into LIBDIR (COMPAT: its enable-cuda-compat too)."""
+def spec(world, driver, libdir, compat=False, dev_links=True):
+    """The toolkit's shape for a driver mounted into LIBDIR (COMPAT: its enable-cuda-compat too;
+    DEV_LINKS: its create-symlinks of the libcuda.so and libnvidia-ml.so dev links)."""
     mounts = "".join(f"    - hostPath: {driver}/{name}\n      containerPath: {libdir}/{name}\n"
                      "      options: [ro, nosuid, nodev, rbind, rprivate]\n"
                      for name in (f"libnvidia-ml.so.{VERSION}", f"libcuda.so.{VERSION}"))
@@ -177,8 +179,9 @@ def spec(world, driver, libdir, compat=False):
             'devices:\n  - name: "0"\n    containerEdits:\n'
             f"      deviceNodes: [{{path: /dev/nvidia0, hostPath: {world.node(0)}}}]\n"
             "containerEdits:\n  hooks:\n"
-            + _hook("create-symlinks", "--link", f"libcuda.so.1::{libdir}/libcuda.so")
-            + _hook("create-symlinks", "--link", f"libnvidia-ml.so.{VERSION}::{libdir}/libnvidia-ml.so")
+            + (_hook("create-symlinks", "--link", f"libcuda.so.1::{libdir}/libcuda.so")
+               + _hook("create-symlinks", "--link", f"libnvidia-ml.so.{VERSION}::{libdir}/libnvidia-ml.so")
+               if dev_links else "")
             + (_hook("enable-cuda-compat", f"--host-driver-version={VERSION}") if compat else "")
             + _hook("update-ldcache", "--folder", libdir)
             + "  mounts:\n" + mounts)
@@ -220,14 +223,17 @@ def _seen(output, kind):
     return [line[len(kind) + 1:] for line in output.splitlines() if line.startswith(kind + " ")]
 
 
-def hook_oracle(rootfs, oracle, driver, libdir, compat_folder=None):
+def hook_oracle(rootfs, oracle, driver, libdir, compat_folder=None, dev_links=True):
     """The image after the real hook's work, in ORACLE: runc's mounts (the files copied), the
-    create-symlinks links, then update-ldcache's ldconfig in place. Returns the cache's bytes."""
+    create-symlinks links (DEV_LINKS), then update-ldcache's ldconfig in place. Returns the
+    cache's bytes."""
     roots.copy_tree(rootfs, oracle)
+    os.makedirs(oracle + libdir, 0o755, exist_ok=True)      # (runc's, for the mounts, where the image has none)
     for name in (f"libnvidia-ml.so.{VERSION}", f"libcuda.so.{VERSION}"):
         shutil.copy2(os.path.join(driver, name), oracle + f"{libdir}/{name}")
-    os.symlink("libcuda.so.1", oracle + f"{libdir}/libcuda.so")
-    os.symlink(f"libnvidia-ml.so.{VERSION}", oracle + f"{libdir}/libnvidia-ml.so")
+    if dev_links:
+        os.symlink("libcuda.so.1", oracle + f"{libdir}/libcuda.so")
+        os.symlink(f"libnvidia-ml.so.{VERSION}", oracle + f"{libdir}/libnvidia-ml.so")
     return lh.toolkit_ldconfig(oracle, [libdir], compat=[compat_folder] if compat_folder else [], in_place=True)
 
 
@@ -271,6 +277,30 @@ def test_the_container_sees_what_the_hook_gives_it(world, driver, tmp_path, debi
     listed = " ".join(_seen(out, "list"))
     assert f"libnvidia-ml.so.1 => {cached_as}/libnvidia-ml.so.1" in listed, out
     assert "opens libcuda.so" in out and "opens libnvidia-ml.so" in out, out
+
+
+@pytest.mark.parametrize("how", ["preinjected", "annotation"])
+def test_a_library_folder_the_image_lacks(world, driver, tmp_path, debian_trees, how):
+    """The spec mounts the driver into a folder the image does not have, and no create-symlinks
+    link makes it first: runc makes it for the mounts, and the hook's ldconfig makes the soname
+    links there and names them in the cache (checked against nvidia-cdi-hook v1.20.0, 2026-12-07:
+    before, ours named the versioned files and made no link, so libcuda.so.1 was not there)."""
+    libdir = "/opt/nvidia/lib"
+    world.write_spec("nvidia-gpu.yaml", spec(world, driver, libdir, dev_links=False))
+    bundle = world.bundle(args=["/probe/busybox", "sh", "-c", probe(libdir) + " 2>/dev/null; true"])  # (no dev links)
+    make_layout("busybox", bundle.rootfs, debian_trees)
+    assert not os.path.exists(bundle.rootfs + "/opt")
+    _program(bundle.rootfs, driver, tmp_path)
+    oracle = str(tmp_path / "oracle")
+    expected_cache = hook_oracle(bundle.rootfs, oracle, driver, libdir, dev_links=False)
+    out = _run(world, bundle, tmp_path, how)
+    assert out.splitlines()[0] == "linked=42 cuda=550", out
+    links = sorted(_seen(out, "link"))
+    assert f"libcuda.so.1 libcuda.so.{VERSION}" in links and links == _links(oracle + libdir), out
+    ours = _entries(_seen(out, "cache"))
+    assert f"libcuda.so.1 (libc6,x86-64) => {libdir}/libcuda.so.1" in ours, out
+    assert ours == _entries(lh.listing(expected_cache).decode().splitlines()), out
+    assert stat.S_IMODE(os.stat(bundle.rootfs + libdir).st_mode) == 0o755
 
 
 def _program(rootfs, driver, tmp_path):
