@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bytebuf.h"
 #include "cleanup.h"
 #include "inroot.h"
 #include "memo_rules.h"
@@ -41,33 +42,9 @@
 #define MAX_RECIPES 64
 #define MAX_VARIANTS 4
 
-struct out {
-    char *data;
-    size_t len, cap;
-    int failed;
-};
+static void put_u32(struct buffer *o, uint32_t value) { put(o, &value, 4); }
 
-static void put(struct out *o, const void *data, size_t len)
-{
-    if (o->failed || len == 0)
-        return;
-    if (o->len + len > o->cap) {
-        size_t cap = (o->len + len) * 2;
-        char *more = realloc(o->data, cap);
-        if (!more) {
-            o->failed = 1;
-            return;
-        }
-        o->data = more;
-        o->cap = cap;
-    }
-    memcpy(o->data + o->len, data, len);
-    o->len += len;
-}
-
-static void put_u32(struct out *o, uint32_t value) { put(o, &value, 4); }
-
-static void put_block(struct out *o, const void *data, size_t len)
+static void put_block(struct buffer *o, const void *data, size_t len)
 {
     if (len > UINT32_MAX)
         o->failed = 1;
@@ -75,10 +52,10 @@ static void put_block(struct out *o, const void *data, size_t len)
     put(o, data, len);
 }
 
-static void put_string(struct out *o, const char *text) { put(o, text, strlen(text) + 1); }
+static void put_string(struct buffer *o, const char *text) { put(o, text, strlen(text) + 1); }
 
 /* The block that O was built into, appended to TO (O freed). */
-static void put_out(struct out *to, struct out *o)
+static void put_out(struct buffer *to, struct buffer *o)
 {
     to->failed |= o->failed;
     put_block(to, o->data, o->len);
@@ -89,7 +66,7 @@ static void put_out(struct out *to, struct out *o)
  * a '=' or ':' in it (an overlay's lowerdir=A:B): ROOTFS (followed by the string's end, '/' or
  * ':') as \1, BUNDLE followed by '/' as \2. The replay writes the next container's in their
  * place (replay.c, out_template); both are plain paths, written as they are in JSON. */
-static void put_marked(struct out *o, const char *text, const char *rootfs, const char *bundle)
+static void put_marked(struct buffer *o, const char *text, const char *rootfs, const char *bundle)
 {
     size_t len = strlen(text), rl = strlen(rootfs), bl = strlen(bundle);
     int in = 0, start = 0;
@@ -119,9 +96,9 @@ static void put_marked(struct out *o, const char *text, const char *rootfs, cons
     }
 }
 
-static void put_files(struct out *o, const struct cds_recipe_file *files, size_t n)
+static void put_files(struct buffer *o, const struct cds_recipe_file *files, size_t n)
 {
-    struct out block = {0};
+    struct buffer block = {0};
     for (size_t i = 0; i < n; i++) {
         put_string(&block, files[i].name);
         put_u32(&block, files[i].mode);
@@ -133,9 +110,9 @@ static void put_files(struct out *o, const struct cds_recipe_file *files, size_t
 }
 
 /* target NUL parent NUL name NUL, a link each (the parent "/" for one at the top). */
-static void put_links(struct out *o, const struct cds_step_recipe *r)
+static void put_links(struct buffer *o, const struct cds_step_recipe *r)
 {
-    struct out block = {0};
+    struct buffer block = {0};
     for (size_t i = 0; i < r->n_links; i++) {
         const char *path = r->links[i].path, *slash = strrchr(path, '/');
         put_string(&block, r->links[i].target);
@@ -150,11 +127,11 @@ static void put_links(struct out *o, const struct cds_step_recipe *r)
     put_out(o, &block);
 }
 
-static void put_binds(struct out *o, const struct cds_step_recipe *r)
+static void put_binds(struct buffer *o, const struct cds_step_recipe *r)
 {
-    struct out block = {0};
+    struct buffer block = {0};
     for (size_t i = 0; i < r->n_binds; i++) {
-        struct out mount = {0};
+        struct buffer mount = {0};
         put_block(&block, r->binds[i].destination, strlen(r->binds[i].destination));
         if (r->binds[i].mount)
             put_marked(&mount, r->binds[i].mount, r->rootfs, r->bundle);
@@ -164,9 +141,9 @@ static void put_binds(struct out *o, const struct cds_step_recipe *r)
 }
 
 /* The overlay's folders, files, filesystems, mount and mount points (replay_etc.c); empty: none. */
-static void put_etc(struct out *o, const struct cds_step_recipe *r)
+static void put_etc(struct buffer *o, const struct cds_step_recipe *r)
 {
-    struct out etc = {0}, dirs = {0}, mount = {0}, points = {0};
+    struct buffer etc = {0}, dirs = {0}, mount = {0}, points = {0};
     if (r->etc_mount) {
         for (size_t i = 0; i < r->n_etc_dirs; i++) {
             const struct cds_recipe_dir *d = &r->etc_dirs[i];
@@ -191,9 +168,9 @@ static void put_etc(struct out *o, const struct cds_step_recipe *r)
 }
 
 /* One variant of a step: its blocks in order (struct step_variant). */
-static void put_variant(struct out *o, const struct cds_step_recipe *r)
+static void put_variant(struct buffer *o, const struct cds_step_recipe *r)
 {
-    struct out params = {0}, hooks = {0}, sources = {0};
+    struct buffer params = {0}, hooks = {0}, sources = {0};
     put(&params, r->params_state == 0 ? "0" : r->params_state == 1 ? "1" : "2", 1);
     if (r->params_state == 2)
         put(&params, r->params, r->params_len);
@@ -399,7 +376,7 @@ static void prune(int dirfd)
 
 /* DATA and its sum as the recipe NAME in STEPS_DIR: a temp file of ours (0600, never through a
  * link) renamed over it (cds_write_at). 0, or -1 with errno. */
-static int write_recipe(const char *steps_dir, const char *name, struct out *data)
+static int write_recipe(const char *steps_dir, const char *name, struct buffer *data)
 {
     uint64_t sum = cds_fnv1a((const uint8_t *)data->data, data->len);
     put(data, &sum, 8);
@@ -416,7 +393,7 @@ static int write_recipe(const char *steps_dir, const char *name, struct out *dat
 
 int cds_step_recipe_write(const char *steps_dir, const struct cds_step_recipe *r)
 {
-    struct out o = {0}, variant = {0};
+    struct buffer o = {0}, variant = {0};
     cleanup_free char *old = NULL;
     struct block rest = {0};
     struct step_variant v;
@@ -444,7 +421,7 @@ int cds_step_recipe_write(const char *steps_dir, const struct cds_step_recipe *r
 
 /* The driver version file as the resolution saw it: '0' (unreadable), or '1' and its first
  * CDS_DRIVER_VERSION_BYTES bytes (what the replay compares: replay.c, driver_unchanged). */
-static void put_driver(struct out *o)
+static void put_driver(struct buffer *o)
 {
     const char *path = getenv(CDS_DRIVER_VERSION_FILE_ENV);
     char buf[CDS_DRIVER_VERSION_BYTES];
@@ -471,7 +448,7 @@ static void put_driver(struct out *o)
 
 int cds_request_recipe_write(const char *steps_dir, const struct cds_request_recipe *r)
 {
-    struct out o = {0};
+    struct buffer o = {0};
     char name[24];
     put(&o, REQUEST_MAGIC, strlen(REQUEST_MAGIC));
     put_block(&o, r->version, strlen(r->version));
@@ -520,7 +497,7 @@ static int open_notes(const char *folder, int make)
 int cds_left_write(const char *folder, const char *version, uint64_t dev, uint64_t ino, const char *entries,
                    size_t entries_len, size_t count, const struct cds_identity *identities)
 {
-    struct out o = {0};
+    struct buffer o = {0};
     uint64_t root[2] = {dev, ino};
     char name[24];
     cleanup_fd int dirfd = open_notes(folder, 1);

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytebuf.h"
 #include "json_reader.h"
 #include "memo_rules.h"
 #include "ociconf.h"
@@ -185,31 +186,6 @@ static int read_view(const char *json, size_t len, struct request_view *v)
     view_free(v);
     errno = EINVAL;
     return -1;
-}
-
-/* A growing byte buffer; failed: out of memory (every later put is dropped). */
-struct buffer {
-    uint8_t *data;
-    size_t len, cap;
-    int failed;
-};
-
-static void put(struct buffer *b, const void *data, size_t len)
-{
-    if (b->failed)
-        return;
-    if (b->len + len + 1 > b->cap) {
-        size_t cap = (b->len + len + 1) * 2;
-        uint8_t *more = realloc(b->data, cap);
-        if (!more) {
-            b->failed = 1;
-            return;
-        }
-        b->data = more;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, data, len);
-    b->len += len;
 }
 
 static void put_text(struct buffer *b, const char *text) { put(b, text, strlen(text)); }

@@ -45,23 +45,22 @@ def key(raw, settings, devices=()):
     options DEVICES under SETTINGS, or None."""
     prefixes = b"".join(os.fsencode(prefix) + b"\0" for prefix in settings.annotation_prefixes)
     options = b"".join(os.fsencode(device) + b"\0" for device in devices)
-    out = ffi.new("uint8_t **")
-    size = ffi.new("size_t *")
     text = settings.text or b""
-    if lib.cds_request_key(raw, len(raw), prefixes, len(prefixes), os.fsencode(settings.device_env), options,
-                           len(options), text, len(text), out, size) != 0:
-        return None
-    try:
-        return bytes(ffi.buffer(out[0], size[0]))
-    finally:
-        lib.cds_request_free(out[0])
+    return _handed_over(lambda out, size: lib.cds_request_key(
+        raw, len(raw), prefixes, len(prefixes), os.fsencode(settings.device_env), options, len(options), text,
+        len(text), out, size))
 
 
 def apply(raw, edits):
     """config.json's bytes RAW with the recorded EDITS applied by the front end's code, or None."""
-    out = ffi.new("char **")
-    size = ffi.new("size_t *")
-    if lib.cds_request_apply(raw, len(raw), edits, len(edits), out, size) != 0:
+    return _handed_over(lambda out, size: lib.cds_request_apply(raw, len(raw), edits, len(edits), out, size),
+                        "char **")
+
+
+def _handed_over(call, pointer="uint8_t **"):
+    """The bytes a cds_request_* CALL(out, size) hands over (freed here), or None when it fails."""
+    out, size = ffi.new(pointer), ffi.new("size_t *")
+    if call(out, size) != 0:
         return None
     try:
         return bytes(ffi.buffer(out[0], size[0]))
@@ -107,14 +106,8 @@ def edits(config, edited, merged):
                 items.append((index, ffi.NULL, 0))
         keep.append(ffi.new("struct cds_request_item[]", items))
         places.append((tag.encode(), ffi.NULL, 0, keep[-1], len(items)))
-    out = ffi.new("uint8_t **")
-    size = ffi.new("size_t *")
-    if lib.cds_request_edits(ffi.new("struct cds_request_place[]", places), len(places), out, size) != 0:
-        return None
-    try:
-        return bytes(ffi.buffer(out[0], size[0]))
-    finally:
-        lib.cds_request_free(out[0])
+    records = ffi.new("struct cds_request_place[]", places)
+    return _handed_over(lambda out, size: lib.cds_request_edits(records, len(places), out, size))
 
 
 def _set_by_edits(tag, element, set_by_edits):
